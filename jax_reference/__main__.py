@@ -1,0 +1,76 @@
+"""`python -m jax_reference`: train CartPole-v1 with the JAX reference EggRoll and print steps to solve.
+
+Exit status: 0 solved, 1 not solved within the step budget, 2 bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from torch_impl.config import PRESETS, check_pairing
+from torch_impl.knobs import CHOICES, KnobError, reference_only
+
+# flag -> Config field
+CONFIG_FLAGS = {"pop": "pop", "hidden": "hidden", "layers": "layers", "rank": "rank", "sigma": "sigma",
+                "lr": "lr", "max_steps": "max_env_steps", "group_size": "group_size"}
+# flag -> knob (only the knobs that describe the reference run)
+KNOB_FLAGS = {"sigma_decay": "sigma_decay", "lr_decay": "lr_decay", "noise_reuse": "noise_reuse",
+              "activation": "activation", "optimizer": "optimizer"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jax_reference", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="hyper-parameter preset (default cpu)")
+    p.add_argument("--quiet", action="store_true", help="print only the final line")
+    p.add_argument("--exact-graph", action="store_true",
+                   help="draw the noise inside every forward call, as upstream's graph does (slower; differs "
+                        "from the default only by float32 rounding)")
+    g = p.add_argument_group("explicit overrides (win over the preset)")
+    g.add_argument("--pop", type=int)
+    g.add_argument("--hidden", type=int)
+    g.add_argument("--layers", type=int, help="number of Linear layers")
+    g.add_argument("--rank", type=int)
+    g.add_argument("--sigma", type=float)
+    g.add_argument("--lr", type=float)
+    g.add_argument("--sigma-decay", type=float)
+    g.add_argument("--lr-decay", type=float)
+    g.add_argument("--noise-reuse", type=int)
+    g.add_argument("--group-size", type=int, help="fitness-shaping group size (0 = whole population)")
+    g.add_argument("--activation", choices=CHOICES["activation"])
+    g.add_argument("--optimizer", choices=CHOICES["optimizer"])
+    g.add_argument("--max-steps", type=int, help="environment-step budget")
+    return p
+
+
+def configure(args: argparse.Namespace):
+    """(Config, Knobs) from the preset, then the explicit flags; raises ValueError/KnobError."""
+    cfg, preset_knobs = PRESETS[args.preset]
+    cfg = cfg.replace(**{field: getattr(args, flag) for flag, field in CONFIG_FLAGS.items()
+                         if getattr(args, flag) is not None})
+    knobs = reference_only(preset_knobs).replace(**{knob: getattr(args, flag) for flag, knob in KNOB_FLAGS.items()
+                                                    if getattr(args, flag) is not None})
+    check_pairing(cfg.pop, "interleaved")
+    return cfg, knobs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg, knobs = configure(args)
+    except (KnobError, ValueError) as err:
+        parser.error(str(err))   # exits 2
+    from jax_reference.train import train   # jax import only once the arguments are known good
+
+    if not args.quiet:
+        print(f"JAX reference EggRoll  seed {args.seed}  {cfg}  {knobs}", flush=True)
+    result = train(cfg, knobs, args.seed, progress=not args.quiet, exact_graph=args.exact_graph)
+    if args.quiet:
+        print(f"steps_to_solve {result.steps_to_solve}" if result.solved else f"not solved ({result.env_steps} steps)")
+    return 0 if result.solved else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
