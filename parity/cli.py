@@ -1,0 +1,166 @@
+"""`python -m parity check`: the parity suite from the command line.
+
+Exit codes: 0 every check within tolerance; 1 a mismatch; 2 bad usage or input (unknown knob,
+value or profile, an unloadable port, a port that breaks the adapter protocol).
+--profile / --torch configure the torch side (torch_impl through parity.torch_adapter); the
+reference run keeps the preset's knobs, so e.g. `--torch noise_reuse=3` is a drift to be caught.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from parity.adapter import UsageError
+from parity.suite import CHECKS, SIZES
+
+EXIT_PASS, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so main() owns the exit code and the message."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message}\n\n{self.format_usage().strip()}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from torch_impl.knobs import CHOICES, NUMERIC, PROFILE_DRIFTS
+
+    knob_help = "; ".join([f"{k}: {'|'.join(v)}" for k, v in CHOICES.items()]
+                          + [f"{k}: {meaning}" for k, (_, meaning) in NUMERIC.items()])
+    p = _Parser(prog="python -m parity check",
+                description="Run the parity suite: does the port compute what the JAX reference computes?")
+    p.add_argument("--profile", default="jax", help=f"torch-side profile: {', '.join(PROFILE_DRIFTS)} (default jax)")
+    p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
+                   help=f"torch-side knob, repeatable, applied after the profile ({knob_help})")
+    p.add_argument("--port", metavar="MODULE:ATTR", help="check a foreign port through the adapter protocol "
+                                                         "(parity/adapter.py) instead of torch_impl")
+    p.add_argument("--out", default="reports/parity", help="report folder (default reports/parity)")
+    p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="size", action="store_const", const="quick", help="the quick suite (default)")
+    size.add_argument("--full", dest="size", action="store_const", const="full", help="paper-sized, longer")
+    size.add_argument("--size", dest="size", choices=sorted(SIZES), help="a named size (selftest: tiny, for tests)")
+    p.add_argument("--device", default="cpu", help="torch device of the torch side (default cpu)")
+    p.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(size="quick")
+    return p
+
+
+def versions() -> dict[str, str]:
+    import jax
+    import numpy
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "jax": jax.__version__,
+            "numpy": numpy.__version__}
+
+
+def device_description(device: str) -> str:
+    import jax
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    torch_dev = device
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch_dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return f"torch side on {torch_dev}; JAX reference on {jax.default_backend()}; host CPU {cpu}"
+
+
+def main(argv: Sequence[str] | None = None, stream=None) -> int:
+    """Run `check` with argv (without the subcommand); returns the exit code."""
+    stream = stream or sys.stdout
+    argv = list(sys.argv[1:] if argv is None else argv)
+    started = time.perf_counter()
+    try:
+        args = build_parser().parse_args(argv)
+        port, configuration, label = _make_port(args)
+        checks = tuple(c.strip() for c in args.checks.split(",") if c.strip())
+        unknown = [c for c in checks if c not in CHECKS]
+        if unknown:
+            raise UsageError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+    except UsageError as err:
+        print(f"parity check: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as err:            # KnobError and Config errors
+        print(f"parity check: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+    import torch
+
+    from parity.report import RunInfo, overall, write_report
+    from parity.suite import run_suite
+
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=stream, flush=True))
+    sizes = SIZES[args.size]
+    log(f"parity check: {label} vs jax_reference, sizes {sizes.name}, seed {args.seed}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # the suite's tensors are small: one thread avoids oversubscription on shared CPUs
+    try:
+        results = run_suite(port, sizes, args.seed, checks=checks, log=log)
+    finally:
+        torch.set_num_threads(threads)
+    info = RunInfo(
+        command="python -m parity check " + " ".join(shlex.quote(a) for a in argv),
+        port=label, configuration=configuration,
+        sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
+              f"MLP {sizes.cfg.sizes}, noise statistics over {sizes.noise_pop} members, trajectory "
+              f"{sizes.traj_epochs} epochs",
+        seed=args.seed, versions=versions(), device=device_description(args.device),
+        started=datetime.datetime.now().isoformat(timespec="seconds"),
+        seconds=time.perf_counter() - started)
+    written = write_report(Path(args.out), results, info)
+    verdict = overall(results)
+    width = max(len(r.name) for r in results)
+    log("")
+    for r in results:
+        cause = f"  <- {r.cause_text}" if r.cause_text else ""
+        log(f"  {r.name:<{width}}  {r.verdict:<5}  {r.observed} (allowed {r.allowed}){cause}")
+    summary = next(p for p in written if p.name == "summary.md")
+    log(f"\n{verdict.upper()}: report in {summary} ({time.perf_counter() - started:.0f} s)")
+    return {"pass": EXIT_PASS, "fail": EXIT_MISMATCH}.get(verdict, EXIT_USAGE)
+
+
+def _make_port(args):
+    """(adapter, configuration text, label) from --port or --profile/--torch."""
+    if args.port:
+        if args.torch or args.profile != "jax":
+            raise UsageError("--profile and --torch configure the torch side; they do not apply with --port")
+        from parity.adapter import load_port
+
+        cfg = SIZES[args.size].cfg
+        port = load_port(args.port, cfg)
+        return port, f"foreign port {args.port}", str(getattr(port, "name", args.port))
+    from parity.torch_adapter import TorchPort
+    from torch_impl.knobs import drifts, resolve
+
+    knobs = resolve(args.profile, args.torch)
+    fallback = ""
+    if knobs.rng == "jax" and importlib.util.find_spec("torch_impl.random") is None:
+        if any(a.replace(" ", "").startswith("rng=") for a in args.torch):
+            raise UsageError("rng=jax needs torch_impl.random (the JAX-compatible generator), which is not installed")
+        knobs = knobs.replace(rng="torch")        # no JAX-compatible generator: compare noise in distribution
+        fallback = "; rng=torch because torch_impl.random is not available"
+    changed = drifts(knobs)
+    text = f"profile {args.profile}" + (f", knobs {' '.join(args.torch)}" if args.torch else "") + fallback
+    text += "; departures from the reference: " + (", ".join(f"{k}={v[1]} (reference {v[0]})"
+                                                             for k, v in changed.items()) or "none")
+    if args.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
+    port = TorchPort(SIZES[args.size].cfg, knobs, args.device)
+    return port, text, port.name

@@ -1,0 +1,1 @@
+"""The learning-curve study and gap attribution (`python -m parity gap`)."""

@@ -1,0 +1,99 @@
+"""Arms of the study: a side (the JAX reference or the torch port) with its knobs, under a readable name.
+
+Names are a pure function of (side, knobs), so the same setting reached two ways (a ladder
+rung that equals a single-drift arm) is one arm, run once:
+`jax_reference`, `torch:jax`, `torch:oop-port` (a profile), `torch:jax+activation=tanh`
+(a profile plus a departure), `torch:oop-port-rng-activation` (a profile with those knobs
+switched back to the reference's value). The name is the shortest such description.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from torch_impl.knobs import KNOB_NAMES, PROFILE_DRIFTS, KnobError, Knobs, profile, reference_only
+
+SIDES = ("jax", "torch")
+JAX_ARM = "jax_reference"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One thing the study trains over seeds."""
+
+    name: str
+    side: str      # "jax" (jax_reference.train) or "torch" (torch_impl.train)
+    knobs: Knobs
+
+    def __post_init__(self) -> None:
+        if self.side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, got {self.side!r}")
+
+
+def knobs_json(knobs: Knobs) -> str:
+    """Canonical text of a Knobs (sorted keys, no spaces): part of a run's identity on disk."""
+    return json.dumps(asdict(knobs), sort_keys=True, separators=(",", ":"))
+
+
+def _value_text(value) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _describe(knobs: Knobs, base: Knobs, reference: Knobs) -> tuple[list[str], list[str]]:
+    """How `knobs` departs from `base`: knobs switched back to the reference, and other values set."""
+    back, set_ = [], []
+    for name in KNOB_NAMES:
+        value = getattr(knobs, name)
+        if value == getattr(base, name):
+            continue
+        if value == getattr(reference, name):
+            back.append(name)
+        else:
+            set_.append(f"{name}={_value_text(value)}")
+    return back, set_
+
+
+def torch_name(knobs: Knobs, reference: Knobs | None = None) -> str:
+    """Shortest readable name of a torch arm, from the named profiles (ties go to the first profile)."""
+    reference = reference or Knobs()
+    best: tuple[int, str] | None = None
+    for pname in PROFILE_DRIFTS:
+        back, set_ = _describe(knobs, profile(pname, reference), reference)
+        text = "torch:" + pname + "".join("-" + b for b in back) + "".join("+" + s for s in set_)
+        cost = len(back) + len(set_)
+        if best is None or cost < best[0]:
+            best = (cost, text)
+    return best[1]
+
+
+def torch_arm(knobs: Knobs, reference: Knobs | None = None) -> Arm:
+    return Arm(torch_name(knobs, reference), "torch", knobs)
+
+
+def jax_arm(reference: Knobs | None = None) -> Arm:
+    """The JAX reference run; it reads only the run knobs (activation, schedules, optimizer, noise_reuse)."""
+    knobs = reference_only(reference or Knobs())
+    name = JAX_ARM
+    if knobs != Knobs():   # a reference run with other run knobs than the default ones
+        name += "".join("+" + s for s in _describe(knobs, Knobs(), Knobs())[1])
+    return Arm(name, "jax", knobs)
+
+
+def profile_arm(name: str, reference: Knobs | None = None) -> Arm:
+    """`jax_reference` or `torch:<profile>`; anything else is a KnobError naming what exists."""
+    if name == JAX_ARM:
+        return jax_arm(reference)
+    if name.startswith("torch:") and name[len("torch:"):] in PROFILE_DRIFTS:
+        return torch_arm(profile(name[len("torch:"):], reference), reference)
+    known = [JAX_ARM] + [f"torch:{p}" for p in PROFILE_DRIFTS]
+    raise KnobError(f"unknown arm {name!r}; arms by profile: {', '.join(known)} (or a name the study plan lists)")
+
+
+def dedupe(arms) -> list[Arm]:
+    """Arms in first-seen order, one per name (a name fixes side and knobs)."""
+    seen: dict[str, Arm] = {}
+    for arm in arms:
+        if arm.name in seen and seen[arm.name] != arm:
+            raise ValueError(f"two different arms share the name {arm.name!r}: {seen[arm.name]} and {arm}")
+        seen.setdefault(arm.name, arm)
+    return list(seen.values())

@@ -1,0 +1,143 @@
+"""Which drift explains how much of the gap: the ladder from a drifted profile back to the faithful one.
+
+Two views, both against the faithful torch arm `torch:jax`:
+- the ladder: start at the drifted profile (rung 0) and switch its drifts back to the
+  reference's value one at a time, cumulatively, in the profile's own order; the last rung
+  is `torch:jax`. Step k compares rung k-1 (drift k still on) with rung k (drift k off);
+  the step ratios multiply to the whole gap, so each step's share of log(gap) is defined.
+- singles: each drift of the profile added alone to `torch:jax` (no interactions).
+Every ratio reads "steps with the drift / steps without it": above 1, the drift costs steps.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from parity.gap import stats
+from parity.gap.arms import Arm, dedupe, jax_arm, torch_arm
+from torch_impl.knobs import DESCRIPTIONS, PROFILE_DRIFTS, KnobError, Knobs, profile
+
+
+class Rung(NamedTuple):
+    index: int                 # 0 = the drifted profile
+    switched: str | None       # the knob switched back to the reference at this rung (None at rung 0)
+    arm: Arm
+
+
+class Study(NamedTuple):
+    """The arms of one study: the main comparison, then the attribution arms."""
+
+    profile: str
+    reference: Arm             # jax_reference
+    faithful: Arm              # torch:jax
+    drifted: Arm               # torch:<profile>
+    ladder: tuple[Rung, ...]   # empty without attribution
+    singles: tuple[tuple[str, Arm], ...]   # (knob, torch:jax + that drift alone)
+
+    @property
+    def main_arms(self) -> list[Arm]:
+        return dedupe([self.reference, self.faithful, self.drifted])
+
+    @property
+    def attribution_arms(self) -> list[Arm]:
+        """Arms only the attribution needs (the main ones excluded)."""
+        main = {a.name for a in self.main_arms}
+        rest = [r.arm for r in self.ladder] + [a for _, a in self.singles]
+        return [a for a in dedupe(rest) if a.name not in main]
+
+
+def drift_order(profile_name: str, reference: Knobs | None = None) -> list[str]:
+    """Knobs where the profile departs from the reference, in the order the profile lists them."""
+    if profile_name not in PROFILE_DRIFTS:
+        raise KnobError(f"unknown profile {profile_name!r}; known profiles: {', '.join(PROFILE_DRIFTS)}")
+    reference = reference or Knobs()
+    drifted = profile(profile_name, reference)
+    return [k for k in PROFILE_DRIFTS[profile_name] if getattr(drifted, k) != getattr(reference, k)]
+
+
+def ladder(profile_name: str, reference: Knobs | None = None) -> list[Rung]:
+    """Rung 0 = the profile; rung k = the profile with its first k drifts switched back; last = reference."""
+    reference = reference or Knobs()
+    knobs = profile(profile_name, reference)
+    rungs = [Rung(0, None, torch_arm(knobs, reference))]
+    for k, name in enumerate(drift_order(profile_name, reference), start=1):
+        knobs = knobs.replace(**{name: getattr(reference, name)})
+        rungs.append(Rung(k, name, torch_arm(knobs, reference)))
+    return rungs
+
+
+def singles(profile_name: str, reference: Knobs | None = None) -> list[tuple[str, Arm]]:
+    """Each drift of the profile added alone to the reference knobs."""
+    reference = reference or Knobs()
+    drifted = profile(profile_name, reference)
+    return [(k, torch_arm(reference.replace(**{k: getattr(drifted, k)}), reference))
+            for k in drift_order(profile_name, reference)]
+
+
+def study(profile_name: str = "oop-port", reference: Knobs | None = None, attribution: bool = True) -> Study:
+    """The default study: jax_reference, torch:jax, torch:<profile>, and (optionally) the attribution arms."""
+    reference = reference or Knobs()
+    return Study(
+        profile=profile_name,
+        reference=jax_arm(reference),
+        faithful=torch_arm(reference, reference),
+        drifted=torch_arm(profile(profile_name, reference), reference),
+        ladder=tuple(ladder(profile_name, reference)) if attribution else (),
+        singles=tuple(singles(profile_name, reference)) if attribution else (),
+    )
+
+
+def describe_drift(knob: str, profile_name: str, reference: Knobs | None = None) -> str:
+    """`hidden activation (pqn -> tanh)`: the knob in the verdicts' words with both values."""
+    reference = reference or Knobs()
+    drifted = profile(profile_name, reference)
+    return f"{DESCRIPTIONS.get(knob, knob)} ({getattr(reference, knob)} -> {getattr(drifted, knob)})"
+
+
+# ---------------------------------------------------------------- analysis
+class Step(NamedTuple):
+    """One attribution row: arm `with_drift` against `without`, for one knob."""
+
+    view: str                  # "ladder" or "single"
+    knob: str
+    without: str               # baseline arm name
+    with_drift: str            # arm name
+    cmp: stats.Comparison | None   # None when an arm has no runs yet
+    holm_p: float              # Gehan p, Holm-adjusted within its view
+    share: float               # ladder only: log(step ratio) / log(whole gap); nan otherwise
+
+
+def _compare(samples: dict[str, stats.Sample], base: str, arm: str, n_resamples: int, seed: int):
+    if base not in samples or arm not in samples:
+        return None
+    return stats.compare(samples[base], samples[arm], n_resamples, seed)
+
+
+def attribute(st: Study, samples: dict[str, stats.Sample], n_resamples: int = stats.N_RESAMPLES,
+              seed: int = 0) -> list[Step]:
+    """Ladder steps then singles, each with its comparison, Holm-adjusted p and (ladder) share of the gap."""
+    whole = _compare(samples, st.faithful.name, st.drifted.name, n_resamples, seed)
+    log_gap = math.log(whole.ratio) if whole is not None and whole.ratio != 1.0 else float("nan")
+    rows: list[Step] = []
+    for view, pairs in (
+        ("ladder", [(r.switched, r.arm.name, prev.arm.name) for prev, r in zip(st.ladder, st.ladder[1:])]),
+        ("single", [(k, st.faithful.name, a.name) for k, a in st.singles]),
+    ):
+        cmps = [_compare(samples, base, arm, n_resamples, seed) for _, base, arm in pairs]
+        adjusted = stats.holm([c.gehan_p if c is not None else np.nan for c in cmps])
+        for (knob, base, arm), c, hp in zip(pairs, cmps, adjusted):
+            share = math.log(c.ratio) / log_gap if view == "ladder" and c is not None else float("nan")
+            rows.append(Step(view, knob, base, arm, c, float(hp), share))
+    return rows
+
+
+def verdict(steps: list[Step], knob: str, alpha: float = 0.05) -> str:
+    """`matters`, `possible` or `no effect detected` for one knob, from both views."""
+    mine = [s for s in steps if s.knob == knob and s.cmp is not None]
+    if any(s.holm_p < alpha for s in mine):
+        return "matters"
+    if any(s.cmp.ratio_lo > 1.0 or s.cmp.ratio_hi < 1.0 for s in mine):
+        return "possible"
+    return "no effect detected" if mine else "not run"

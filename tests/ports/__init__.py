@@ -1,0 +1,1 @@
+"""Ports used by the parity suite's self-tests: an outside numpy port with switchable drifts, and broken adapters."""

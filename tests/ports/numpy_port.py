@@ -1,0 +1,328 @@
+"""A numpy EGGROLL port written only from the adapter protocol's documentation (parity/adapter.py) and
+REFERENCE.md, with one switch per row of PARITY_SPEC.md's knob table: the suite's self-test subject.
+
+`Drift()` is the faithful port; each field set away from its default makes the port drift in that one
+way (the field names are the knob table's). `rng="jax"` draws JAX's own numbers through `jax.random`
+(so it may claim `jax_compatible_rng`); `rng="numpy"` draws from numpy generators seeded per
+(seed, purpose, leaf, generation) and, unless told to lie with `claims_jax_rng=True`, says so.
+Nothing here imports torch_impl, jax_reference or parity: it is an outside port.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MAX_STEPS = 500
+LN_EPS = np.float32(1e-5)
+PURPOSE_WEIGHT, PURPOSE_BIAS, PURPOSE_INIT, PURPOSE_ACTION = 1, 2, 3, 4
+OPTIONAL = ("forward", "init_params", "optimizer_init", "optimizer_step", "es_init", "es_ask", "es_tell",
+            "es_params", "action_uniforms")
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How this port departs from the reference; the defaults are the reference's behaviour."""
+
+    rng: str = "jax"                    # jax (jax.random's numbers) | numpy (numpy's generator)
+    claims_jax_rng: bool | None = None  # what the adapter claims; None: the truth (rng == "jax")
+    antithetic: str = "interleaved"     # interleaved | halves | off
+    fitness: str = "jax"                # jax | std | std_unbiased | rank
+    bias_noise: str = "jax"             # jax | fresh | off
+    bias_grad: str = "jax"              # jax | over_sigma
+    noise_reuse: int = 0
+    activation: str = "pqn"             # pqn | tanh | relu
+    init: str = "jax"                   # jax | torch (nn.Linear's uniform default)
+    optimizer: str = "sgd"              # sgd | adam | adamw (optax's semantics and defaults)
+    lr_decay: float = 1.0
+    sigma_decay: float = 0.999
+
+    def label(self) -> str:
+        changed = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                   if getattr(self, f.name) != f.default]
+        return ", ".join(changed) or "faithful"
+
+
+# ----------------------------------------------------------------------------- names and keys
+def leaf_order(shapes) -> list[str]:
+    """Parameter names in JAX's flatten order: layer keys sorted as strings, "bias" before "weight"."""
+    layers = sorted({name.split(".")[0] for name in shapes})
+    return [f"{layer}.{leaf}" for layer in layers for leaf in ("bias", "weight") if f"{layer}.{leaf}" in shapes]
+
+
+@lru_cache(maxsize=None)
+def _jax_normals(shape: tuple[int, ...]):
+    """Jitted (base key, generation, pair ids (n,)) -> normal(fold_in(fold_in(key, generation), p), shape) (n, *shape)."""
+    def one(key, generation, pair):
+        return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, generation), pair), shape, jnp.float32)
+
+    return jax.jit(jax.vmap(one, in_axes=(None, None, 0)))
+
+
+def _seed_key(seed: int, purpose: int):
+    """split(key(seed), 3)[purpose]: 0 model, 1 ES, 2 actions (DESIGN.md's key scheme)."""
+    return jax.random.split(jax.random.key(int(seed)), 3)[purpose]
+
+
+@lru_cache(maxsize=64)
+def _leaf_keys(seed: int, n_leaves: int):
+    """split(es_key, n_leaves): leaf i of the JAX flatten order gets key i."""
+    return jax.random.split(_seed_key(seed, 1), n_leaves)
+
+
+def _numpy_rng(*parts: int) -> np.random.Generator:
+    return np.random.default_rng([int(p) for p in parts])
+
+
+def _float32(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------- fitness shaping
+def centred_ranks(f: np.ndarray) -> np.ndarray:
+    """Ranks scaled to [-0.5, 0.5], ties sharing their average rank."""
+    n = f.size
+    order = np.sort(f)
+    rank = (np.searchsorted(order, f, "left") + np.searchsorted(order, f, "right") - 1) / 2.0
+    return _float32(rank / max(n - 1, 1) - 0.5)
+
+
+def shape_fitness(f: np.ndarray, method: str, group_size: int = 0) -> np.ndarray:
+    f = _float32(f)
+    if f.ndim != 1 or not np.all(np.isfinite(f)):
+        raise ValueError(f"fitness must be a finite 1-D vector; got shape {f.shape}, {int(np.sum(~np.isfinite(f)))} non-finite")
+    if method == "rank":
+        return centred_ranks(f)
+    centred = (f.reshape(-1, group_size) - f.reshape(-1, group_size).mean(1, keepdims=True)).reshape(-1) \
+        if group_size else f - f.mean()
+    if method == "jax":
+        return centred / np.sqrt(f.var() + np.float32(1e-5))
+    if method == "std":
+        std = np.sqrt(f.var())
+        return np.zeros_like(f) if std < 1e-8 else centred / std
+    if method == "std_unbiased":
+        return centred / (f.std(ddof=1) + np.float32(1e-8))
+    raise ValueError(f"unknown fitness shaping {method!r}")
+
+
+# ----------------------------------------------------------------------------- the port
+class NumpyPort:
+    """The adapter: numpy float32 in and out, built from the run's Config (pop, rank, sigma, lr, group_size)."""
+
+    def __init__(self, cfg, drift: Drift = Drift(), omit: tuple[str, ...] = ()):
+        self.cfg, self.drift = cfg, drift
+        self.name = f"tests.ports.numpy_port ({drift.label()})"
+        self.jax_compatible_rng = drift.rng == "jax" if drift.claims_jax_rng is None else drift.claims_jax_rng
+        for method in omit:         # an absent optional method: the attribute is not callable
+            if method not in OPTIONAL:
+                raise ValueError(f"only optional methods can be omitted, not {method!r}")
+            setattr(self, method, None)
+
+    # ---- schedules
+    def sigma_at(self, epoch: int) -> float:
+        return float(np.float32(self.cfg.sigma * self.drift.sigma_decay ** epoch))
+
+    def lr_at(self, epoch: int) -> float:
+        return float(np.float32(self.cfg.lr * self.drift.lr_decay ** epoch))
+
+    # ---- noise
+    def _layout(self, members: np.ndarray, pop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(draw index, sign) of each member under the antithetic layout."""
+        if self.drift.antithetic == "interleaved":
+            return members // 2, np.where(members % 2 == 0, 1, -1)
+        if self.drift.antithetic == "halves":
+            half = pop // 2
+            return members % half, np.where(members < half, 1, -1)
+        return members, np.ones_like(members)
+
+    def _draws(self, seed: int, leaf: int, name: str, generation: int, draws: np.ndarray,
+               shape: tuple[int, ...], n_leaves: int) -> np.ndarray:
+        """Standard normals (len(draws), *shape) for draw indices `draws` of one leaf and generation."""
+        if self.drift.rng == "jax":
+            key = _leaf_keys(int(seed), n_leaves)[leaf]
+            padded = np.zeros(max(8, 1 << (len(draws) - 1).bit_length()), np.int32)   # few compiled sizes
+            padded[:len(draws)] = draws
+            return np.asarray(_jax_normals(shape)(key, np.int32(generation), padded))[:len(draws)]
+        purpose = PURPOSE_WEIGHT if name.endswith(".weight") else PURPOSE_BIAS
+        block = _numpy_rng(seed, purpose, leaf, generation).standard_normal(
+            (int(draws.max()) + 1, *shape), dtype=np.float32)       # draw p is the p-th block of the stream
+        return block[draws]
+
+    def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
+        d = self.drift
+        members = np.asarray(members, dtype=np.int64)
+        draws, sign = self._layout(members, pop)
+        generation = 0 if d.noise_reuse == 0 else epoch // d.noise_reuse
+        bias_generation = epoch if d.bias_noise == "fresh" else generation
+        sign32 = sign.astype(np.float32)
+        a_scale = sign32 * (np.float32(sigma) / np.sqrt(np.float32(rank)))     # (m,)
+        names = leaf_order(shapes)
+        out = {}
+        for leaf, name in enumerate(names):
+            shape = tuple(shapes[name])
+            if name.endswith(".weight"):
+                n_out, n_in = shape
+                z = self._draws(seed, leaf, name, generation, draws, (n_in + n_out, rank), len(names))
+                out[name] = (z[:, n_in:] * a_scale[:, None, None], np.ascontiguousarray(z[:, :n_in]))
+            elif d.bias_noise != "off":
+                eps = self._draws(seed, leaf, name, bias_generation, draws, shape, len(names))
+                out[name] = eps * (sign32 * np.float32(sigma))[:, None]
+        return out
+
+    # ---- math
+    def perturbed_linear(self, W, A, B, x):
+        return x @ W.T + (x @ B) @ np.swapaxes(A, 1, 2)              # (m, batch, out)
+
+    def shape_fitness(self, f, group_size=0):
+        return shape_fitness(f, self.drift.fitness, group_size)
+
+    def gradient(self, noise, shaped, sigma):
+        shaped = _float32(shaped)
+        n = np.float32(shaped.shape[0])
+        grads = {}
+        for name, value in noise.items():
+            if isinstance(value, tuple):
+                A, B = value
+                grads[name] = np.einsum("nir,njr->ij", shaped[:, None, None] * A, B) / n
+                grads.setdefault(name.replace(".weight", ".bias"), np.zeros(A.shape[1], np.float32))
+            else:
+                g = (shaped[:, None] * value).mean(0)
+                grads[name] = g / np.float32(sigma) if self.drift.bias_grad == "over_sigma" else g
+        return grads
+
+    def _activate(self, z: np.ndarray) -> np.ndarray:
+        if self.drift.activation == "tanh":
+            return np.tanh(z)
+        if self.drift.activation == "relu":
+            return np.maximum(z, np.float32(0))
+        mu = z.mean(-1, keepdims=True)
+        return np.maximum((z - mu) / np.sqrt(((z - mu) ** 2).mean(-1, keepdims=True) + LN_EPS), np.float32(0))
+
+    def forward(self, params, noise, x):
+        n_layers = sum(name.endswith(".weight") for name in params)
+        h = _float32(x)                                                  # (m, in): row i is member i
+        for t in range(n_layers):
+            z = h @ params[f"{t}.weight"].T + params[f"{t}.bias"]
+            if noise is not None and f"{t}.weight" in noise:
+                A, B = noise[f"{t}.weight"]
+                z = z + ((h[:, None, :] @ B) @ np.swapaxes(A, 1, 2))[:, 0]
+            if noise is not None and f"{t}.bias" in noise:
+                z = z + noise[f"{t}.bias"]
+            h = z if t == n_layers - 1 else self._activate(z)
+        return h
+
+    def init_params(self, shapes, seed):
+        params = {}
+        layers = sorted({name.split(".")[0] for name in shapes}, key=int)
+        model_keys = jax.random.split(_seed_key(seed, 0), len(layers)) if self.drift.rng == "jax" else None
+        for t, layer in enumerate(layers):
+            n_out, n_in = shapes[f"{layer}.weight"]
+            if self.drift.init == "torch":           # nn.Linear's default: U(-1/sqrt(in), 1/sqrt(in)) for both
+                bound = 1 / math.sqrt(n_in)
+                gen = _numpy_rng(seed, PURPOSE_INIT, t)
+                params[f"{layer}.weight"] = _float32(gen.uniform(-bound, bound, (n_out, n_in)))
+                params[f"{layer}.bias"] = _float32(gen.uniform(-bound, bound, n_out))
+                continue
+            if self.drift.rng == "jax":
+                w = jax.random.normal(model_keys[t], (n_out, n_in)) * (1 / jnp.sqrt(n_in))
+            else:
+                w = _numpy_rng(seed, PURPOSE_INIT, t).standard_normal((n_out, n_in), dtype=np.float32) \
+                    / np.sqrt(np.float32(n_in))
+            params[f"{layer}.weight"] = _float32(w)
+            params[f"{layer}.bias"] = np.zeros(n_out, np.float32)
+        return params
+
+    # ---- optimizer (optax semantics: descent direction in, updates added to params)
+    def optimizer_init(self, params):
+        zeros = {k: np.zeros_like(v) for k, v in params.items()}
+        return {"count": 0, "mu": zeros, "nu": dict(zeros)}
+
+    def optimizer_step(self, params, state, noise, shaped, sigma, epoch):
+        grads = self.gradient(noise, shaped, sigma)
+        root_n = np.sqrt(np.float32(len(shaped)))
+        lr = np.float32(self.lr_at(epoch))
+        if self.drift.optimizer == "sgd":
+            return {k: p - lr * -(grads[k] * root_n) for k, p in params.items()}, state
+        b1, b2, eps, wd = np.float32(0.9), np.float32(0.999), np.float32(1e-8), np.float32(1e-4)
+        count = state["count"] + 1
+        mu, nu, new = {}, {}, {}
+        for k, p in params.items():
+            g = -(grads[k] * root_n)
+            mu[k] = (1 - b1) * g + b1 * state["mu"][k]
+            nu[k] = (1 - b2) * (g * g) + b2 * state["nu"][k]
+            step = (mu[k] / (1 - b1 ** count)) / (np.sqrt(nu[k] / (1 - b2 ** count)) + eps)
+            if self.drift.optimizer == "adamw":
+                step = step + wd * p
+            new[k] = p + -lr * step
+        return new, {"count": count, "mu": mu, "nu": nu}
+
+    # ---- a training run's ES loop
+    def es_init(self, params, seed):
+        params = {k: _float32(v).copy() for k, v in params.items()}
+        return {"params": params, "seed": int(seed), "opt": self.optimizer_init(params),
+                "shapes": {k: v.shape for k, v in params.items()}}
+
+    def es_ask(self, state, epoch):
+        pop = self.cfg.pop
+        return self.noise(state["shapes"], state["seed"], epoch, np.arange(pop), pop, self.sigma_at(epoch),
+                          self.cfg.rank)
+
+    def es_tell(self, state, noise, fitness, epoch):
+        shaped = self.shape_fitness(fitness, self.cfg.group_size)
+        params, opt = self.optimizer_step(state["params"], state["opt"], noise, shaped, self.sigma_at(epoch), epoch)
+        return {**state, "params": params, "opt": opt}
+
+    def es_params(self, state):
+        return state["params"]
+
+    def action_uniforms(self, seed, epoch, pop):
+        if self.drift.rng == "jax":
+            key = jax.random.fold_in(_seed_key(seed, 2), int(epoch))
+            return np.asarray(jax.random.uniform(key, (MAX_STEPS, int(pop))))
+        return _numpy_rng(seed, PURPOSE_ACTION, epoch).random((MAX_STEPS, int(pop)), dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------- named ports for --port
+def factory(drift: Drift = Drift(), omit: tuple[str, ...] = ()):
+    """A callable the suite's loader calls with the run's Config: `--port tests.ports.numpy_port:<name>`."""
+    def build(cfg):
+        return NumpyPort(cfg, drift, omit)
+    return build
+
+
+# name -> (drift, the knob a correct diagnosis names; None for a port that must pass)
+VARIANTS: dict[str, tuple[Drift, str | None]] = {
+    "faithful": (Drift(), None),
+    "faithful_numpy_rng": (Drift(rng="numpy"), None),
+    "rng_claims_jax": (Drift(rng="numpy", claims_jax_rng=True), "rng"),
+    "antithetic_halves": (Drift(antithetic="halves"), "antithetic"),
+    "antithetic_off": (Drift(antithetic="off"), "antithetic"),
+    "fitness_std": (Drift(fitness="std"), "fitness"),
+    "fitness_std_unbiased": (Drift(fitness="std_unbiased"), "fitness"),
+    "fitness_rank": (Drift(fitness="rank"), "fitness"),
+    "bias_noise_fresh": (Drift(bias_noise="fresh"), "bias_noise"),
+    "bias_noise_off": (Drift(bias_noise="off"), "bias_noise"),
+    "bias_grad_over_sigma": (Drift(bias_grad="over_sigma"), "bias_grad"),
+    "noise_reuse_1": (Drift(noise_reuse=1), "noise_reuse"),
+    "activation_tanh": (Drift(activation="tanh"), "activation"),
+    "activation_relu": (Drift(activation="relu"), "activation"),
+    "init_torch": (Drift(init="torch"), "init"),
+    "optimizer_adam": (Drift(optimizer="adam"), "optimizer"),
+    "optimizer_adamw": (Drift(optimizer="adamw"), "optimizer"),
+    "lr_decay": (Drift(lr_decay=0.9995), "lr_decay"),
+    "sigma_decay": (Drift(sigma_decay=1.0), "sigma_decay"),
+    # the same drifts seen through a non-JAX generator: the suite must find them in distribution
+    "numpy_rng_antithetic_halves": (Drift(rng="numpy", antithetic="halves"), "antithetic"),
+    "numpy_rng_bias_noise_fresh": (Drift(rng="numpy", bias_noise="fresh"), "bias_noise"),
+    "numpy_rng_noise_reuse_1": (Drift(rng="numpy", noise_reuse=1), "noise_reuse"),
+}
+for _name, (_drift, _knob) in VARIANTS.items():
+    globals()[_name] = factory(_drift)
+
+# Only the required methods: every check that needs an optional one must be reported as skipped.
+required_only = factory(omit=OPTIONAL)

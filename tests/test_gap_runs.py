@@ -1,0 +1,167 @@
+"""The resumable runner with a fake trainer: resume, crash repair, failures, parallel workers."""
+import csv
+import math
+
+import numpy as np
+import pytest
+
+from parity.gap import runs
+from parity.gap.arms import jax_arm, torch_arm
+from parity.gap.runs import RunStore, plan, run_all
+from torch_impl.config import Config
+from torch_impl.knobs import Knobs, profile
+
+CFG = Config(pop=8, hidden=4, max_env_steps=60_000)
+
+
+class FakeResult(dict):
+    """What a trainer returns, as a dict (the runner reads dicts and NamedTuples alike)."""
+
+
+def fake_train(spec):
+    """Deterministic in (arm, seed): a few epochs of growing return; 'torch:oop-port' never solves."""
+    rng = np.random.default_rng([spec.seed, len(spec.arm.name)])
+    per_epoch = int(rng.integers(2_000, 6_000))
+    solve_epoch = int(rng.integers(3, 8)) if spec.arm.name != "torch:oop-port" else 10 ** 9
+    history, steps, e = [], 0, 0
+    while steps < spec.config.max_env_steps:
+        steps += per_epoch
+        ret = 500.0 if e >= solve_epoch else min(400.0, 100.0 + 50 * e) + float(rng.uniform(0, 10))
+        history.append({"epoch": e, "env_steps": steps, "mean_return": ret, "max_return": min(500.0, ret + 40),
+                        "sigma": np.float32(0.2 * 0.999 ** e), "lr": 0.1, "grad_norm/0.weight": np.float64(1.5),
+                        "grad_norm/0.bias": 0.25, "wall_s": 0.01 * (e + 1)})
+        e += 1
+        if ret >= 475:
+            return FakeResult(solved=True, steps_to_solve=steps, epochs=e, env_steps=steps, history=history)
+    return FakeResult(solved=False, steps_to_solve=None, epochs=e, env_steps=steps, history=history)
+
+
+def failing_train(spec):
+    if spec.seed == 1:
+        raise RuntimeError("boom")
+    return fake_train(spec)
+
+
+def _specs(seeds=(0, 1, 2)):
+    arms = [jax_arm(), torch_arm(Knobs()), torch_arm(profile("oop-port"))]
+    return plan([(a, list(seeds)) for a in arms], CFG)
+
+
+def _read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_plan_is_seed_major_and_keys_are_stable():
+    specs = plan([(jax_arm(), [5, 6, 7]), (torch_arm(Knobs()), [5])], CFG)
+    assert [(s.arm.name, s.seed) for s in specs] == [("jax_reference", 5), ("torch:jax", 5),
+                                                     ("jax_reference", 6), ("jax_reference", 7)]
+    assert specs[0].key == plan([(jax_arm(), [5])], CFG)[0].key
+    assert specs[0].run_id != plan([(jax_arm(), [5])], CFG.replace(pop=16))[0].run_id
+
+
+def test_rows_hold_the_history(tmp_path):
+    store = RunStore(str(tmp_path))
+    out = run_all(_specs((3,)), store, fake_train, workers=1, log=lambda _: None)
+    assert out.finished == 3 and not out.failed
+    rows = {r["arm"]: r for r in _read(store.runs_path)}
+    assert rows["torch:oop-port"]["solved"] == "False" and rows["torch:oop-port"]["steps_to_solve"] == ""
+    assert rows["torch:jax"]["solved"] == "True"
+    epochs = _read(store.epochs_path)
+    assert sum(int(r["epochs"]) for r in rows.values()) == len(epochs)
+    # a float32 scalar is stored as the Python float it is (within float32 rounding, 2**-24 relative, of 0.2)
+    assert float(epochs[0]["sigma"]) == pytest.approx(0.2, rel=2 ** -24) and "tensor" not in epochs[0]["sigma"]
+    assert epochs[0]["grad_norms"] == '{"grad_norm/0.bias":0.25,"grad_norm/0.weight":1.5}'
+
+
+def test_interrupted_study_resumes_without_duplicates(tmp_path):
+    specs = _specs()
+    calls = []
+
+    def stop_after_four(spec):
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        calls.append((spec.arm.name, spec.seed))
+        return fake_train(spec)
+
+    store = RunStore(str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        run_all(specs, store, stop_after_four, workers=1, log=lambda _: None)
+    first = _read(store.runs_path)
+    assert len(first) == 4
+    epochs_before = len(_read(store.epochs_path))
+
+    again = []
+    out = run_all(specs, RunStore(str(tmp_path)), lambda s: again.append((s.arm.name, s.seed)) or fake_train(s),
+                  workers=1, log=lambda _: None)
+    assert out.skipped == 4 and out.finished == 5
+    assert not set(again) & set(calls) and len(again) == 5             # only the rest ran
+    final = _read(store.runs_path)
+    assert final[:4] == first and len(final) == 9                       # finished rows kept, no duplicates
+    assert len({r["run_id"] for r in final}) == 9
+    assert len(_read(store.epochs_path)) > epochs_before
+    assert run_all(specs, RunStore(str(tmp_path)), fake_train, workers=1, log=lambda _: None).finished == 0
+
+
+def test_store_repairs_a_torn_write(tmp_path):
+    store = RunStore(str(tmp_path))
+    run_all(_specs((0,)), store, fake_train, workers=1, log=lambda _: None)
+    runs_before, epochs_before = _read(store.runs_path), _read(store.epochs_path)
+    # A crash after the epochs of a run were written but inside its run row:
+    with open(store.epochs_path, "a") as f:
+        f.write("deadbeef0000,torch:jax,9,0,100,20.0,30.0,0.2,0.1,0.01,{}\n")
+    with open(store.runs_path, "a") as f:
+        f.write("deadbeef0000,torch:jax,torch,9,Tr")
+    repaired = RunStore(str(tmp_path))
+    assert _read(repaired.runs_path) == runs_before
+    assert _read(repaired.epochs_path) == epochs_before
+    with open(repaired.runs_path, "rb") as f:
+        assert f.read().endswith(b"\n")
+
+
+def test_failed_runs_are_reported_not_committed_and_retried(tmp_path):
+    store = RunStore(str(tmp_path))
+    lines = []
+    out = run_all(_specs(), store, failing_train, workers=1, log=lines.append)
+    assert len(out.failed) == 3 and out.finished == 6
+    assert all("boom" in f for f in out.failed) and any("FAILED" in line for line in lines)
+    assert {r["seed"] for r in _read(store.runs_path)} == {"0", "2"}
+    out = run_all(_specs(), store, fake_train, workers=1, log=lambda _: None)
+    assert out.finished == 3 and out.skipped == 6
+
+
+def test_other_files_are_refused(tmp_path):
+    (tmp_path / "runs.csv").write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(ValueError, match="columns"):
+        RunStore(str(tmp_path))
+
+
+def test_parallel_workers_give_the_same_rows(tmp_path):
+    """Spawned workers (two at a time) commit the same runs as one process, in any order."""
+    one, two = RunStore(str(tmp_path / "one")), RunStore(str(tmp_path / "two"))
+    run_all(_specs((0, 1)), one, fake_train, workers=1, log=lambda _: None)
+    lines = []
+    out = run_all(_specs((0, 1)), two, fake_train, workers=2, log=lines.append)
+    assert out.finished == 6 and "2 worker(s)" in lines[0] and "ETA" in lines[-1]
+    def strip(rows):   # timings differ between runs; everything else must not
+        return sorted(((r["run_id"], {k: v for k, v in r.items() if k not in ("wall_s", "cpu_s")}) for r in rows),
+                      key=lambda pair: pair[0])
+    assert [r for _, r in strip(_read(one.runs_path))] == [r for _, r in strip(_read(two.runs_path))]
+    key = lambda r: (r["run_id"], int(r["epoch"]))  # noqa: E731
+    assert sorted(_read(one.epochs_path), key=key) == sorted(_read(two.epochs_path), key=key)
+
+
+def test_progress_line():
+    spec = _specs((0,))[1]
+    fin = runs.execute(fake_train, spec)
+    line = runs.progress_line(2, 8, fin, elapsed=30.0, left=6)
+    assert line.startswith("[2/8] torch:jax seed=0 solved at ") and line.endswith("ETA 1m30s")
+    assert math.isclose(fin.run_row["env_steps"], fin.epoch_rows[-1]["env_steps"])
+
+
+def test_a_second_writer_is_refused(tmp_path):
+    store = RunStore(str(tmp_path))
+    with store.locked():
+        with pytest.raises(RuntimeError, match="another study is writing"):
+            run_all(_specs((0,)), store, fake_train, workers=1, log=lambda _: None)
+    assert run_all(_specs((0,)), store, fake_train, workers=1, log=lambda _: None).finished == 3

@@ -1,0 +1,80 @@
+"""`python -m parity check`: exit codes, clear messages for bad input, and the subcommand dispatch."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+import parity.__main__ as entry
+from parity import cli
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--torch", "antithetic=sideways"], "unknown value 'sideways' for knob 'antithetic'; allowed: interleaved"),
+    (["--torch", "flavour=jax"], "unknown knob 'flavour'; known knobs:"),
+    (["--torch", "noise_reuse=often"], "knob 'noise_reuse' takes an integer"),
+    (["--torch", "antithetic"], "expected KNOB=VALUE"),
+    (["--torch", "lr_decay=1.5"], "lr_decay must be"),
+    (["--profile", "pytorch"], "unknown profile 'pytorch'; known profiles: jax, jax-torchrng"),
+    (["--port", "no_colon"], "package.module:attr"),
+    (["--port", "a.b:c", "--torch", "rng=torch"], "do not apply with --port"),
+    (["--checks", "noise,vibes"], "unknown check(s) vibes"),
+    (["--seed", "many"], "invalid int value"),
+    (["--quick", "--full"], "not allowed with argument"),
+])
+def test_bad_usage_exits_2_with_a_clear_message(argv, needle, capsys, tmp_path):
+    assert cli.main(argv + ["--out", str(tmp_path)]) == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "summary.md").exists()
+
+
+def test_a_passing_subset_exits_0_and_writes_the_report(tmp_path, capsys):
+    rc = cli.main(["--size", "selftest", "--checks", "fitness,products", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "[fitness] pass" in out and "PASS" in out
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("# Parity check: PASS")
+    assert "--size selftest --checks fitness,products" in summary
+
+
+def test_a_port_that_breaks_the_protocol_exits_2(tmp_path, monkeypatch):
+    from parity.reference import ReferencePort
+
+    class Broken(ReferencePort):
+        def shape_fitness(self, f, group_size=0):
+            return f[:-1]
+
+    module = types.ModuleType("broken_port_for_cli")
+    module.adapter = Broken
+    monkeypatch.setitem(sys.modules, "broken_port_for_cli", module)
+    rc = cli.main(["--port", "broken_port_for_cli:adapter", "--size", "selftest", "--checks", "fitness",
+                   "--out", str(tmp_path), "--quiet"])
+    assert rc == 2
+    summary = (tmp_path / "summary.md").read_text()
+    assert "ERROR" in summary and "port method `shape_fitness`" in summary
+
+
+def test_dispatch_imports_gap_and_bench_lazily(monkeypatch):
+    seen = {}
+    for name in ("parity.gap.cli", "parity.bench.cli"):
+        module = types.ModuleType(name)
+        module.main = lambda argv, name=name: seen.setdefault(name, argv) and 0
+        monkeypatch.setitem(sys.modules, name, module)
+    assert entry.main(["gap", "--out", "x"]) == 0
+    assert entry.main(["bench", "--quick"]) == 0
+    assert seen == {"parity.gap.cli": ["--out", "x"], "parity.bench.cli": ["--quick"]}
+
+
+def test_entry_point_usage_errors(capsys):
+    assert entry.main([]) == 2
+    assert entry.main(["chekc"]) == 2
+    assert "unknown command 'chekc'" in capsys.readouterr().err
+
+
+def test_module_entry_point_runs_as_a_process():
+    done = subprocess.run([sys.executable, "-m", "parity", "check", "--torch", "bogus=1"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "unknown knob 'bogus'" in done.stderr
