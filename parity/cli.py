@@ -14,6 +14,7 @@ import platform
 import shlex
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Sequence
 
@@ -21,6 +22,7 @@ from parity.adapter import UsageError
 from parity.suite import CHECKS, SIZES
 
 EXIT_PASS, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+EXIT_INTERNAL = 3   # the suite itself crashed: neither parity nor a mismatch
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +113,11 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
     torch.set_num_threads(1)   # the suite's tensors are small: one thread avoids oversubscription on shared CPUs
     try:
         results = run_suite(port, sizes, args.seed, checks=checks, log=log)
+    except Exception:   # a crash of the suite itself must not read as a mismatch (exit 1)
+        traceback.print_exc()
+        print(f"parity check: internal error in the suite (exit {EXIT_INTERNAL}); no verdict, no report written. "
+              "Please report it with the traceback above.", file=sys.stderr)
+        return EXIT_INTERNAL
     finally:
         torch.set_num_threads(threads)
     info = RunInfo(

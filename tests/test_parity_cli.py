@@ -78,3 +78,18 @@ def test_module_entry_point_runs_as_a_process():
     done = subprocess.run([sys.executable, "-m", "parity", "check", "--torch", "bogus=1"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "unknown knob 'bogus'" in done.stderr
+
+
+def test_internal_crash_is_not_read_as_a_mismatch(monkeypatch, tmp_path, capsys):
+    """A bug inside the suite exits 3 with a message, never 1 (which means 'mismatch found')."""
+    import parity.suite
+    from parity import cli
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("deliberate crash")
+
+    monkeypatch.setattr(parity.suite, "run_suite", broken)
+    code = cli.main(["--size", "selftest", "--out", str(tmp_path / "out"), "--quiet"])
+    assert code == cli.EXIT_INTERNAL == 3
+    assert "internal error in the suite" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "summary.md").exists()
