@@ -1,0 +1,1 @@
+"""Throughput benchmark: torch_impl against the JAX reference and the styles it replaced."""

@@ -1,0 +1,141 @@
+"""Timing: run a callable after a warm-up, collect per-call wall times, summarise as quantiles."""
+from __future__ import annotations
+
+import time
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+
+class Timing(NamedTuple):
+    """Per-call wall times in seconds (warm-up excluded) of one measured callable."""
+
+    seconds: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.seconds))
+
+
+class Summary(NamedTuple):
+    """Median and 10th/90th percentiles of one measure over the repeats."""
+
+    median: float
+    p10: float
+    p90: float
+
+
+def summarize(values: Sequence[float]) -> Summary:
+    """Median, p10 and p90 of a sample (linear interpolation between order statistics)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0 or not np.all(np.isfinite(v)):
+        raise ValueError(f"need a non-empty sample of finite values, got {values!r}")
+    p10, med, p90 = np.percentile(v, [10, 50, 90])
+    return Summary(float(med), float(p10), float(p90))
+
+
+def time_calls(
+    fn: Callable[[], object],
+    sync: Callable[[object], object] = lambda out: out,
+    *,
+    warmup: int = 2,
+    repeats: int = 10,
+    budget_s: float | None = None,
+    min_repeats: int = 3,
+) -> Timing:
+    """Time `fn()` followed by `sync(result)` (block_until_ready / cuda sync) per call.
+
+    `warmup` calls run first and are discarded (compilation, allocator warm-up). Then up to
+    `repeats` timed calls; with `budget_s`, timing stops early once the budget is spent and at
+    least `min_repeats` calls were timed, so a slow configuration cannot blow the run's budget.
+    """
+    if repeats < 1 or warmup < 0 or min_repeats < 1:
+        raise ValueError(f"need repeats >= 1, warmup >= 0, min_repeats >= 1; got {repeats}, {warmup}, {min_repeats}")
+    for _ in range(warmup):
+        sync(fn())
+    times: list[float] = []
+    start = time.perf_counter()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sync(fn())
+        times.append(time.perf_counter() - t0)
+        if budget_s is not None and len(times) >= min_repeats and time.perf_counter() - start > budget_s:
+            break
+    return Timing(tuple(times))
+
+
+def rate_summary(timing: Timing, work: float) -> Summary:
+    """Throughput (`work` units per second) quantiles: computed per call, then summarised."""
+    return summarize([work / s for s in timing.seconds])
+
+
+def ms_summary(timing: Timing) -> Summary:
+    """Per-call time quantiles in milliseconds."""
+    return summarize([1e3 * s for s in timing.seconds])
+
+
+class Skipped(NamedTuple):
+    """A case that was not timed, and why (said in the report)."""
+
+    reason: str
+
+
+def time_round_robin(
+    cases: dict[str, tuple[Callable[[], object], Callable[[object], object]]],
+    *,
+    warmup: int = 2,
+    repeats: int = 10,
+    budget_s: float = 5.0,
+    min_repeats: int = 3,
+    max_call_s: float = float("inf"),
+    max_first_call_s: float | None = None,
+) -> tuple[dict[str, Timing | Skipped], dict[str, float]]:
+    """Time several callables in turns (a, b, c, a, b, c, ...) so background load hits all alike.
+
+    Each (fn, sync) pair is first called `warmup` times (the first call's time is returned as its
+    compile/first-call time); a case whose warm-up call takes longer than `max_call_s` is skipped
+    (the first call, which may compile, may take up to `max_first_call_s`, default 20 x max_call_s).
+    Timed rounds continue until `repeats` rounds or, once `min_repeats` rounds are done, until
+    `budget_s` seconds of timed rounds have passed.
+    """
+    first_limit = 20 * max_call_s if max_first_call_s is None else max_first_call_s
+    first_call: dict[str, float] = {}
+    live: dict[str, tuple[Callable[[], object], Callable[[object], object]]] = {}
+    result: dict[str, Timing | Skipped] = {}
+    for name, (fn, sync) in cases.items():
+        try:
+            steady = None
+            calls = max(warmup, 1)
+            i = 0
+            while i < calls:
+                t0 = time.perf_counter()
+                sync(fn())
+                took = time.perf_counter() - t0
+                if i == 0:
+                    first_call[name] = took
+                    # The first call may include compilation: if it alone is slow, one more call tells
+                    # compilation from a slow case (unless it is slow beyond any compile time).
+                    if took > max_call_s and calls == 1 and took < first_limit:
+                        calls = 2
+                steady = took
+                if took > (first_limit if i == 0 else max_call_s):
+                    break
+                i += 1
+        except (RuntimeError, MemoryError) as err:   # e.g. out of memory on a large population
+            result[name] = Skipped(f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+            continue
+        if steady > max_call_s:
+            result[name] = Skipped(f"one call took {steady:.2f} s (> {max_call_s:g} s per call allowed)")
+            continue
+        live[name] = (fn, sync)
+    times: dict[str, list[float]] = {name: [] for name in live}
+    start = time.perf_counter()
+    for rnd in range(repeats):
+        for name, (fn, sync) in live.items():
+            t0 = time.perf_counter()
+            sync(fn())
+            times[name].append(time.perf_counter() - t0)
+        if rnd + 1 >= min_repeats and time.perf_counter() - start > budget_s:
+            break
+    result.update({name: Timing(tuple(ts)) for name, ts in times.items()})
+    return result, first_call

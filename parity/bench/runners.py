@@ -1,0 +1,334 @@
+"""Build the callables the benchmark times: one population forward, noise, or ES step per call.
+
+Every builder returns a `Case` (a zero-argument callable, the function that waits for its
+result, and the device it runs on) so the timing loop treats torch and JAX alike. Inputs are
+built once, outside the timed call, from explicit seeds.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from parity.bench import impls, variants
+from torch_impl.config import Config
+from torch_impl.knobs import Knobs
+from torch_impl.model import forward
+from torch_impl.noise import Noise, sample_noise
+
+SIGMA, LR = 0.2, 0.1  # the presets' values
+
+
+class ModelSpec(NamedTuple):
+    """A benchmarked MLP: layer sizes, rank of the noise, hidden activation."""
+
+    name: str
+    sizes: tuple[int, ...]
+    rank: int = 4
+    activation: str = "pqn"
+
+    @property
+    def label(self) -> str:
+        return "-".join(map(str, self.sizes)) + f", rank {self.rank}, {self.activation}"
+
+
+class Case(NamedTuple):
+    """What one timed call runs, how to wait for it, and where it runs (the CSV's device)."""
+
+    fn: Callable[[], object]
+    sync: Callable[[object], object]
+    device: str
+
+
+def torch_sync(device: torch.device) -> Callable[[object], object]:
+    """Wait for queued CUDA work (a no-op on the CPU, where torch calls return finished)."""
+    def sync(out):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
+    return sync
+
+
+def jax_sync(out):
+    import jax
+    return jax.block_until_ready(out)
+
+
+def jax_device() -> str:
+    import jax
+    return jax.devices()[0].platform
+
+
+# ------------------------------------------------------------------------------------ inputs
+def make_params(spec: ModelSpec, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Random float32 params: weights normal / sqrt(in) (the reference's init), small nonzero biases."""
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for l, (d_in, d_out) in enumerate(zip(spec.sizes[:-1], spec.sizes[1:])):
+        params[f"{l}.weight"] = (torch.randn(d_out, d_in, generator=g) / math.sqrt(d_in)).to(device)
+        params[f"{l}.bias"] = (0.1 * torch.randn(d_out, generator=g)).to(device)
+    return params
+
+
+def make_inputs(spec: ModelSpec, pop: int, seed: int, device: torch.device) -> torch.Tensor:
+    """One observation per member: x (pop, in)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(pop, spec.sizes[0], generator=g).to(device)
+
+
+def config_for(spec: ModelSpec, pop: int) -> Config:
+    """A Config carrying pop and rank (sample_noise reads the layer shapes from the params)."""
+    return Config(pop=pop, rank=spec.rank, sigma=SIGMA, lr=LR, hidden=spec.sizes[1], layers=len(spec.sizes) - 1)
+
+
+def knobs_for(spec: ModelSpec, rng: str) -> Knobs:
+    return Knobs(rng=rng, activation=spec.activation)
+
+
+def torch_noise(params, spec: ModelSpec, pop: int, rng: str, seed: int, device: torch.device) -> Noise:
+    """torch_impl's own noise for epoch 0 (rng=torch or rng=jax)."""
+    return sample_noise(params, config_for(spec, pop), knobs_for(spec, rng), seed, 0, SIGMA, device)
+
+
+def jax_random_available() -> bool:
+    """Whether torch_impl.random (the JAX-compatible generator, needed by rng=jax) exists."""
+    try:
+        import torch_impl.random  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+# ------------------------------------------------------------------------------------ torch forwards
+def forward_case(impl: str, params, x, noise: Noise, activation: str, device: torch.device) -> Case:
+    """One population forward with fixed noise, in the style `impl` names."""
+    sync = torch_sync(device)
+    dev = device.type
+    if impl in ("torch_impl", "torch_impl_jaxrng"):
+        return Case(partial(forward, params, x, noise, activation), sync, dev)
+    if impl == "hooks":
+        module = impls.build_module(params, activation)
+        return Case(partial(impls.hooks_forward, module, x, noise), sync, dev)
+    if impl == "materialized":
+        return Case(partial(impls.materialized_forward, params, x, noise, activation), sync, dev)
+    if impl == "loop":
+        return Case(partial(impls.loop_forward, params, x, noise, activation), sync, dev)
+    if impl == "fused_variant":
+        return Case(partial(variants.fused_forward, params, x, noise, activation), sync, dev)
+    if impl == "paired_variant":
+        pair_A, pair_B = variants.pair_factors(noise)
+        pair_A = {k: v.contiguous() for k, v in pair_A.items()}     # as a pair-layout sampler would hand them
+        pair_B = {k: v.contiguous() for k, v in pair_B.items()}
+        return Case(partial(variants.paired_forward, params, x, pair_A, pair_B, noise.bias, activation), sync, dev)
+    raise ValueError(f"unknown torch implementation {impl!r}")
+
+
+def forward_noise_case(impl: str, params, x, spec: ModelSpec, pop: int, seed: int, device: torch.device) -> Case:
+    """torch_impl's noise (its own generator, or the JAX-compatible one) then the forward, per call."""
+    rng = {"torch_impl": "torch", "torch_impl_jaxrng": "jax"}[impl]
+    cfg, knobs = config_for(spec, pop), knobs_for(spec, rng)
+
+    def call():
+        noise = sample_noise(params, cfg, knobs, seed, 0, SIGMA, device)
+        return forward(params, x, noise, spec.activation)
+    return Case(call, torch_sync(device), device.type)
+
+
+def noise_case(impl: str, params, spec: ModelSpec, pop: int, seed: int, device: torch.device) -> Case:
+    rng = {"torch_impl": "torch", "torch_impl_jaxrng": "jax"}[impl]
+    cfg, knobs = config_for(spec, pop), knobs_for(spec, rng)
+    return Case(lambda: sample_noise(params, cfg, knobs, seed, 0, SIGMA, device), torch_sync(device), device.type)
+
+
+# ------------------------------------------------------------------------------------ JAX reference
+class JaxSetup(NamedTuple):
+    """The reference's pieces for one model: MLP init maps, the EggRoll noiser, keys, params."""
+
+    frozen_params: object
+    params: object
+    es_map: object
+    es_tree_key: object
+    frozen_noiser_params: dict
+    noiser_params: dict
+
+
+def jax_setup(spec: ModelSpec, torch_params: dict[str, torch.Tensor], seed: int) -> JaxSetup:
+    """The reference MLP with the same numbers as `torch_params`, its EggRoll noiser and ES keys."""
+    import jax
+
+    from jax_reference.models import MLP, simple_es_tree_key
+    from jax_reference.noiser import EggRoll
+    from jax_reference.population import flat_to_params
+
+    model_key, es_key, _ = jax.random.split(jax.random.key(seed), 3)
+    init = MLP.rand_init(model_key, spec.sizes[0], spec.sizes[-1], list(spec.sizes[1:-1]), True,
+                         spec.activation, jax.numpy.float32)
+    params = flat_to_params({k: v.detach().cpu().numpy() for k, v in torch_params.items()})
+    if jax.tree.structure(params) != jax.tree.structure(init.params):
+        raise RuntimeError("torch params do not map onto the reference MLP's pytree")
+    es_tree_key = simple_es_tree_key(params, es_key, init.scan_map)
+    frozen_noiser, noiser_params = EggRoll.init_noiser(params, SIGMA, LR, rank=spec.rank)
+    return JaxSetup(init.frozen_params, params, init.es_map, es_tree_key, frozen_noiser, noiser_params)
+
+
+def jax_forward_noise_case(setup: JaxSetup, x: np.ndarray) -> Case:
+    """jit(vmap(MLP.forward)) with EggRoll drawing each member's noise inside the product."""
+    import jax.numpy as jnp
+
+    from jax_reference.population import make_population_forward
+
+    fwd = make_population_forward(setup.frozen_params, setup.frozen_noiser_params)
+    xj = jnp.asarray(x)
+    return Case(lambda: fwd(setup.noiser_params, setup.params, setup.es_tree_key, 0, xj), jax_sync, jax_device())
+
+
+def jax_noise_tree(setup: JaxSetup, pop: int):
+    """Every member's (A, B) and bias noise as drawn by the noiser, jitted."""
+    import jax
+
+    from jax_reference.population import member_noise_tree
+
+    draw = jax.jit(lambda npar, p, k: member_noise_tree(setup.frozen_noiser_params, npar, p, k, setup.es_map, 0, pop))
+    return draw
+
+
+def jax_noise_case(setup: JaxSetup, pop: int) -> Case:
+    draw = jax_noise_tree(setup, pop)
+    return Case(lambda: draw(setup.noiser_params, setup.params, setup.es_tree_key), jax_sync, jax_device())
+
+
+def jax_forward_case(setup: JaxSetup, x: np.ndarray, pop: int) -> Case:
+    """The reference's jit(vmap(MLP.forward)) with each member's noise handed in (forward alone)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_reference.population import make_cached_population_forward
+
+    noise = jax.block_until_ready(jax_noise_tree(setup, pop)(setup.noiser_params, setup.params, setup.es_tree_key))
+    fwd = make_cached_population_forward(setup.frozen_params, setup.frozen_noiser_params)
+    xj = jnp.asarray(x)
+    return Case(lambda: fwd(setup.noiser_params, setup.params, noise, xj), jax_sync, jax_device())
+
+
+def jax_step_case(setup: JaxSetup, x: np.ndarray, pop: int) -> Case:
+    """One jitted ES step: noisy forward, fitness = sum of outputs, convert_fitnesses, do_updates."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_reference.noiser import EggRoll
+    from jax_reference.population import make_population_forward, population_iterinfos
+
+    fwd = make_population_forward(setup.frozen_params, setup.frozen_noiser_params)
+    iterinfos = population_iterinfos(0, pop)
+    fnp, es_map, keys = setup.frozen_noiser_params, setup.es_map, setup.es_tree_key
+
+    @jax.jit
+    def step(noiser_params, params, xj):
+        out = fwd(noiser_params, params, keys, 0, xj)                    # (pop, out)
+        fitness = out.sum(axis=-1)                                        # synthetic fitness
+        shaped = EggRoll.convert_fitnesses(fnp, noiser_params, fitness)
+        return EggRoll.do_updates(fnp, noiser_params, params, keys, shaped, iterinfos, es_map)
+
+    xj = jnp.asarray(x)
+    return Case(lambda: step(setup.noiser_params, setup.params, xj), jax_sync, jax_device())
+
+
+# ------------------------------------------------------------------------------------ torch ES step
+class TorchStep(NamedTuple):
+    """The pieces of one torch_impl ES step, each a Case, plus the whole step."""
+
+    noise: Case
+    forward: Case
+    tell: Case
+    step: Case
+    step_cached: Case   # with sample_noise's cache: noise_reuse=0 draws once, later epochs reuse it
+    tell_paired_variant: Case   # a suggestion: shaping, the gradient summed over pairs, the SGD update
+
+
+def torch_step_cases(spec: ModelSpec, pop: int, rng: str, seed: int, device: torch.device) -> TorchStep:
+    """ask (noise), forward over one observation per member, tell (shaping, gradient, update)."""
+    from torch_impl.es import ESState, ask, tell
+    from torch_impl.optim import make_optimizer
+
+    cfg, knobs = config_for(spec, pop), knobs_for(spec, rng)
+    params = make_params(spec, seed, device)
+    state = ESState(params, make_optimizer(knobs.optimizer).init(params), 0)
+    x = make_inputs(spec, pop, seed, device)
+    sync = torch_sync(device)
+    noise = ask(state, cfg, knobs, seed, device)
+    fitness = forward(params, x, noise, spec.activation).sum(-1)      # synthetic fitness (pop,)
+
+    def step(cache=None):
+        n = ask(state, cfg, knobs, seed, device, cache)
+        f = forward(state.params, x, n, spec.activation).sum(-1)
+        return tell(state, n, f, cfg, knobs)[0]
+
+    cache: dict = {}
+
+    from torch_impl.fitness import shape_fitness
+
+    pair_A, pair_B = (({k: v.contiguous() for k, v in d.items()}) for d in variants.pair_factors(noise))
+    pair_bias = {k: v[0::2].contiguous() for k, v in noise.bias.items()}
+    root_n = torch.sqrt(torch.tensor(float(pop), dtype=torch.float32, device=device))
+
+    def tell_paired():
+        shaped = shape_fitness(fitness, knobs.fitness, cfg.group_size)
+        grads = variants.paired_gradient(pair_A, pair_B, pair_bias, shaped)
+        return {k: p + (LR * root_n) * grads[k] for k, p in state.params.items()}   # sgd: += lr sqrt(N) g
+
+    dev = device.type
+    return TorchStep(
+        noise=Case(lambda: ask(state, cfg, knobs, seed, device), sync, dev),
+        forward=Case(lambda: forward(state.params, x, noise, spec.activation), sync, dev),
+        tell=Case(lambda: tell(state, noise, fitness, cfg, knobs)[0], sync, dev),
+        step=Case(step, sync, dev),
+        step_cached=Case(lambda: step(cache), sync, dev),
+        tell_paired_variant=Case(tell_paired, sync, dev),
+    )
+
+
+# ------------------------------------------------------------------------------------ generators
+def factor_shapes(spec: ModelSpec) -> list[tuple[int, int]]:
+    """(in + out, r) per layer: the draw each pair makes for each weight."""
+    return [(d_in + d_out, spec.rank) for d_in, d_out in zip(spec.sizes[:-1], spec.sizes[1:])]
+
+
+def generator_cases(spec: ModelSpec, pairs: int, seed: int, device: torch.device) -> dict[str, Case]:
+    """The paper preset's factor draws, `pairs` keys x (in + out, r) per layer, by three generators."""
+    import jax
+    import jax.numpy as jnp
+
+    shapes = factor_shapes(spec)
+    sync = torch_sync(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cases = {"torch_impl": Case(lambda: [torch.randn((pairs, *s), generator=gen, device=device) for s in shapes],
+                                sync, device.type)}
+    if jax_random_available():
+        from torch_impl import random as rnd
+        base = rnd.key(seed)
+        keys = [rnd.fold_in(rnd.fold_in(k, 0), torch.arange(pairs)).to(device) for k in rnd.split(base, len(shapes))]
+        cases["torch_impl_jaxrng"] = Case(lambda: [rnd.normal(k, s) for k, s in zip(keys, shapes)], sync, device.type)
+    jkeys = [jax.vmap(lambda p, k=k: jax.random.fold_in(jax.random.fold_in(k, 0), p))(jnp.arange(pairs))
+             for k in jax.random.split(jax.random.key(seed), len(shapes))]
+    draws = [jax.jit(jax.vmap(partial(jax.random.normal, shape=s))) for s in shapes]
+    cases["jax_reference"] = Case(lambda: [d(k) for d, k in zip(draws, jkeys)], jax_sync, jax_device())
+    return cases
+
+
+def agreement_report(n: int) -> str | None:
+    """The JAX-compatible generator's own agreement measurement, if torch_impl.random offers one."""
+    if not jax_random_available():
+        return None
+    from torch_impl import random as rnd
+    for name in ("measure_normal_agreement", "normal_agreement", "measure_agreement"):
+        fn = getattr(rnd, name, None)
+        if callable(fn):
+            return f"torch_impl.random.{name}({n}) -> {fn(n)}"
+    return None
+
+
+def pops_within(pops: Sequence[int], cap: int | None) -> list[int]:
+    return [p for p in pops if cap is None or p <= cap]

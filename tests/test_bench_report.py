@@ -1,0 +1,83 @@
+"""The benchmark's bookkeeping: CSV columns, ratio tables, summary page, skipped cases (no timing asserted)."""
+from __future__ import annotations
+
+import pytest
+
+from parity.bench import cli, report
+from parity.bench.ceilings import Ceilings
+from parity.bench.measure import Skipped, Summary, Timing, rate_summary, time_round_robin
+from parity.bench.report import Row
+
+
+def rows_fixture() -> list[Row]:
+    r = []
+    for pop, base in ((256, 1000.0), (2048, 4000.0)):
+        r.append(Row("torch_impl", "cartpole", pop, "forward_evals_per_s", base, 0.9 * base, 1.1 * base, "evals/s", "cpu"))
+        r.append(Row("hooks", "cartpole", pop, "forward_evals_per_s", base / 2, base / 2.5, base / 1.5, "evals/s", "cpu"))
+        r.append(Row("machine", "cartpole", pop, "floor_ms", 1.0, 1.0, 1.0, "ms", "cpu"))
+        r.append(Row("torch_impl", "cartpole", pop, "forward_ms", 2.0, 1.5, 2.5, "ms", "cpu"))
+        r.append(Row("torch_impl", "cartpole", pop, "floor_fraction", 0.5, 0.4, 0.6, "fraction", "cpu"))
+    r.append(Row("torch_impl", "cartpole", 2048, "step_per_s", 20.0, 18.0, 22.0, "steps/s", "cpu"))
+    r.append(Row("torch_impl", "cartpole", 2048, "step_noise_ms", 30.0, 28.0, 33.0, "ms", "cpu"))
+    r.append(Row("torch_impl", "cartpole", 2048, "noise_share", 0.6, 0.6, 0.6, "fraction", "cpu"))
+    return r
+
+
+def test_csv_has_exactly_the_columns_and_round_trips(tmp_path):
+    rows = rows_fixture()
+    path = tmp_path / "bench.csv"
+    report.write_csv(rows, path)
+    assert path.read_text().splitlines()[0] == "impl,model,pop,measure,median,p10,p90,unit,device"
+    back = report.read_csv(path)
+    assert [(r.impl, r.model, r.pop, r.measure) for r in back] == [(r.impl, r.model, r.pop, r.measure) for r in rows]
+    for a, b in zip(back, rows):
+        assert a.median == pytest.approx(b.median, rel=1e-5)   # written with 6 significant digits
+
+
+def test_ratio_table_divides_torch_impl_by_each_other():
+    lines = report.ratio_table(rows_fixture(), "cartpole", "forward_evals_per_s", report.IMPLS)
+    assert lines[0] == "| pop | torch_impl (median) | / hooks |"
+    # 4000 / 2000 = 2; spread 3600 / (4000 / 1.5) = 1.35 and 4400 / 1600 = 2.75
+    assert lines[3] == "| 2048 | 4,000 | 2.00 (1.35-2.75) |"
+
+
+def test_summary_page_names_environment_goal_and_tables():
+    ctx = cli.Context(
+        command="python -m parity bench", device="cpu", jax_device="cpu", threads=2, cpu="test cpu",
+        versions={"torch": "t", "jax": "j", "numpy": "n"}, load_before="0", load_after="0", wall_s=1.0,
+        quick=False, models=(cli.CARTPOLE,),
+        ceilings=[("start", Ceilings(Summary(100.0, 90.0, 110.0), Summary(20.0, 18.0, 22.0)))],
+        notes=["wide pop 16384: skipped"], agreement=None, profile=["op table"],
+    )
+    text = report.summary_markdown(rows_fixture(), ctx)
+    for needle in ("torch threads (torch.get_num_threads()): 2", "torch t, jax j, numpy n",
+                   "torch_impl is faster than hooks: 2.00x", "| 2048 | 4,000 | 2.00 (1.35-2.75) |",
+                   "## One ES step", "synthetic", "wide pop 16384: skipped", "50.0%"):
+        assert needle in text, needle
+
+
+def test_round_robin_skips_failing_cases_and_keeps_the_others():
+    calls = []
+
+    def ok():
+        calls.append(1)
+        return 1
+
+    def boom():
+        raise RuntimeError("out of memory\nmore")
+
+    timings, first = time_round_robin({"ok": (ok, lambda o: o), "boom": (boom, lambda o: o)},
+                                      warmup=1, repeats=3, budget_s=10.0, min_repeats=3)
+    assert isinstance(timings["boom"], Skipped) and "out of memory" in timings["boom"].reason
+    assert isinstance(timings["ok"], Timing) and len(timings["ok"].seconds) == 3
+    assert len(calls) == 4   # one warm-up, three timed
+
+
+def test_rate_summary_is_work_over_each_call():
+    s = rate_summary(Timing((0.5, 1.0, 2.0)), work=8.0)
+    assert s.median == 8.0 and s.p10 == pytest.approx(4.8) and s.p90 == pytest.approx(14.4)
+
+
+def test_bad_device_is_a_usage_error(capsys):
+    assert cli.main(["--device", "tpu"]) == 2
+    assert "cpu or cuda" in capsys.readouterr().err
