@@ -7,16 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torch_impl.config import PRESETS, check_pairing
-from torch_impl.knobs import CHOICES, KnobError, reference_only
-
-# flag -> Config field
-CONFIG_FLAGS = {"pop": "pop", "hidden": "hidden", "layers": "layers", "rank": "rank", "sigma": "sigma",
-                "lr": "lr", "max_steps": "max_env_steps", "group_size": "group_size"}
-# flag -> knob (only the knobs that describe the reference run)
-KNOB_FLAGS = {"sigma_decay": "sigma_decay", "lr_decay": "lr_decay", "noise_reuse": "noise_reuse",
-              "activation": "activation", "optimizer": "optimizer"}
-
+from torch_impl.config import PRESETS, add_override_arguments, apply_overrides, check_pairing
+from torch_impl.knobs import KnobError, reference_only
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_reference", description=__doc__,
@@ -28,29 +20,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw the noise inside every forward call, as upstream's graph does (slower; differs "
                         "from the default only by float32 rounding)")
     g = p.add_argument_group("explicit overrides (win over the preset)")
-    g.add_argument("--pop", type=int)
-    g.add_argument("--hidden", type=int)
-    g.add_argument("--layers", type=int, help="number of Linear layers")
-    g.add_argument("--rank", type=int)
-    g.add_argument("--sigma", type=float)
-    g.add_argument("--lr", type=float)
-    g.add_argument("--sigma-decay", type=float)
-    g.add_argument("--lr-decay", type=float)
-    g.add_argument("--noise-reuse", type=int)
-    g.add_argument("--group-size", type=int, help="fitness-shaping group size (0 = whole population)")
-    g.add_argument("--activation", choices=CHOICES["activation"])
-    g.add_argument("--optimizer", choices=CHOICES["optimizer"])
-    g.add_argument("--max-steps", type=int, help="environment-step budget")
+    add_override_arguments(g)
     return p
 
 
 def configure(args: argparse.Namespace):
     """(Config, Knobs) from the preset, then the explicit flags; raises ValueError/KnobError."""
     cfg, preset_knobs = PRESETS[args.preset]
-    cfg = cfg.replace(**{field: getattr(args, flag) for flag, field in CONFIG_FLAGS.items()
-                         if getattr(args, flag) is not None})
-    knobs = reference_only(preset_knobs).replace(**{knob: getattr(args, flag) for flag, knob in KNOB_FLAGS.items()
-                                                    if getattr(args, flag) is not None})
+    cfg, knobs = apply_overrides(args, cfg, reference_only(preset_knobs))
     check_pairing(cfg.pop, "interleaved")
     return cfg, knobs
 

@@ -505,3 +505,17 @@ def test_cli_precedence_and_errors(capsys):
             main(argv)
         assert exit_info.value.code == 2
         assert msg in capsys.readouterr().err
+
+
+def test_both_trainer_clis_take_the_same_overrides():
+    """`python -m torch_impl` and `python -m jax_reference` share one set of override flags and their meaning."""
+    from jax_reference.__main__ import build_parser as jax_parser, configure as jax_configure
+    from torch_impl.__main__ import build_parser as torch_parser, configure as torch_configure
+
+    argv = ["--pop", "64", "--rank", "2", "--group-size", "8", "--sigma-decay", "0.99", "--noise-reuse", "3",
+            "--activation", "relu", "--max-steps", "1234"]
+    t_cfg, t_knobs = torch_configure(torch_parser().parse_args(argv))
+    j_cfg, j_knobs = jax_configure(jax_parser().parse_args(argv))
+    assert t_cfg == j_cfg and t_cfg.group_size == 8 and t_cfg.max_env_steps == 1234
+    assert (t_knobs.sigma_decay, t_knobs.noise_reuse, t_knobs.activation) == (0.99, 3, "relu")
+    assert t_knobs == j_knobs

@@ -4,16 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torch_impl.config import PRESETS, check_pairing
-from torch_impl.knobs import CHOICES, KnobError, resolve
-
-# flag -> Config field
-CONFIG_FLAGS = {"pop": "pop", "hidden": "hidden", "layers": "layers", "rank": "rank", "sigma": "sigma",
-                "lr": "lr", "max_steps": "max_env_steps"}
-# flag -> knob
-KNOB_FLAGS = {"sigma_decay": "sigma_decay", "lr_decay": "lr_decay", "noise_reuse": "noise_reuse",
-              "activation": "activation", "optimizer": "optimizer"}
-
+from torch_impl.config import PRESETS, add_override_arguments, apply_overrides, check_pairing
+from torch_impl.knobs import KnobError, resolve
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_impl", description=__doc__)
@@ -27,29 +19,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads while training (default 1: faster for this small policy)")
     p.add_argument("--quiet", action="store_true", help="print only the final line")
     g = p.add_argument_group("explicit overrides (win over preset, profile and --torch)")
-    g.add_argument("--pop", type=int)
-    g.add_argument("--hidden", type=int)
-    g.add_argument("--layers", type=int, help="number of Linear layers")
-    g.add_argument("--rank", type=int)
-    g.add_argument("--sigma", type=float)
-    g.add_argument("--lr", type=float)
-    g.add_argument("--sigma-decay", type=float)
-    g.add_argument("--lr-decay", type=float)
-    g.add_argument("--noise-reuse", type=int)
-    g.add_argument("--activation", choices=CHOICES["activation"])
-    g.add_argument("--optimizer", choices=CHOICES["optimizer"])
-    g.add_argument("--max-steps", type=int, help="environment-step budget")
+    add_override_arguments(g)
     return p
 
 
 def configure(args: argparse.Namespace):
     """(Config, Knobs) from preset, then profile, then --torch, then explicit flags; raises ValueError/KnobError."""
     cfg, preset_knobs = PRESETS[args.preset]
-    knobs = resolve(args.profile, args.torch, reference=preset_knobs)
-    cfg = cfg.replace(**{field: getattr(args, flag) for flag, field in CONFIG_FLAGS.items()
-                         if getattr(args, flag) is not None})
-    knobs = knobs.replace(**{knob: getattr(args, flag) for flag, knob in KNOB_FLAGS.items()
-                             if getattr(args, flag) is not None})
+    cfg, knobs = apply_overrides(args, cfg, resolve(args.profile, args.torch, reference=preset_knobs))
     check_pairing(cfg.pop, knobs.antithetic)
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
