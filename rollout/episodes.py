@@ -31,8 +31,13 @@ def run_episodes(
     init_state: np.ndarray,          # (n, 4) float64 from cartpole.reset
     uniforms: np.ndarray,            # (max_steps, n) float32: action randomness of step t in row t
     max_steps: int = cartpole.MAX_STEPS,
+    watch: Callable[[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> Episodes:
-    """Run every member until it terminates or reaches `max_steps`; finished members are masked."""
+    """Run every member until it terminates or reaches `max_steps`; finished members are masked.
+
+    `watch(t, obs, logits, action, alive)`, when given, sees every step before it is taken
+    (the parity trajectory check judges a second policy there without a loop of its own).
+    """
     n = init_state.shape[0]
     uniforms = np.asarray(uniforms)
     if uniforms.shape[0] < max_steps or uniforms.shape[1:] != (n,):
@@ -41,8 +46,11 @@ def run_episodes(
     alive = np.ones(n, dtype=bool)
     lengths = np.zeros(n, dtype=np.int64)
     for t in range(max_steps):
-        logits = policy(cartpole.observe(state))
+        obs = cartpole.observe(state)
+        logits = policy(obs)
         action = sample_actions(logits, uniforms[t])
+        if watch is not None:
+            watch(t, obs, logits, action, alive)
         nxt, terminated = cartpole.step(state, action)
         lengths += alive
         state = np.where(alive[:, None], nxt, state)

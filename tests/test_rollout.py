@@ -86,3 +86,16 @@ def test_sample_actions_inverse_cdf():
 def test_bad_uniforms_shape_is_rejected():
     with pytest.raises(ValueError, match="uniforms must have shape"):
         run_episodes(lambda o: np.zeros((2, 2)), cartpole.reset(np.arange(2)), np.zeros((10, 2)))
+
+
+def test_watch_sees_every_step_taken():
+    """The watch hook sees each step before it is taken: live members per step add up to the env steps."""
+    rng = np.random.default_rng(2)
+    n = 16
+    w = rng.normal(size=(4, 2)).astype(np.float32)
+    seen = []
+    ep = run_episodes(lambda obs: obs @ w, cartpole.reset(np.arange(n)), rng.random((500, n), dtype=np.float32),
+                      watch=lambda t, obs, logits, action, alive: seen.append((t, int(alive.sum()), action.shape)))
+    assert [t for t, _, _ in seen] == list(range(len(seen)))
+    assert sum(live for _, live, _ in seen) == ep.steps
+    assert all(shape == (n,) for _, _, shape in seen)

@@ -10,7 +10,7 @@ then share the reference's noise), outputs, shaped fitness, gradient, parameters
 Tolerances are the float32 bounds of parity.tolerances, with the parameter difference allowed so
 far propagated into the next epoch's forward and step (first order). The first (epoch, quantity)
 beyond tolerance is attributed to the earlier check that explains it, or diagnosed here (sigma
-schedule). Rollouts use rollout.cartpole exactly as rollout.episodes.run_episodes does.
+schedule). Rollouts are rollout.episodes.run_episodes itself, the port judged through its watch hook.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from parity.tolerances import (U32, ForwardBound, bias_grad_bound, check_alpha, 
                                ulp_distance, update_bound, weight_grad_bound)
 from parity.verdict import Recorder, fmt, summarize
 from rollout import cartpole
-from rollout.episodes import sample_actions
+from rollout.episodes import run_episodes, sample_actions
 
 NAME = "trajectory"
 WATCHED = 256   # members whose logits are judged at every step (all of them up to this population)
@@ -33,32 +33,24 @@ UPSTREAM = {"noise": ("noise",), "outputs": ("products",), "fitness": ("fitness"
 
 
 def _lockstep(ref_policy, port_policy, bound, watched, init_state, uniforms, max_steps):
-    """run_episodes' loop with actions from the reference; returns (returns, worst logit ratio, forks, steps).
+    """run_episodes with actions from the reference; returns (returns, worst logit ratio, forks, steps).
 
     The logits of the `watched` members are judged against `bound` (a ForwardBound over those members).
     """
-    state, n = init_state, init_state.shape[0]
-    alive = np.ones(n, dtype=bool)
-    lengths = np.zeros(n, dtype=np.int64)
-    worst, forks, steps = 0.0, 0, 0
-    for t in range(max_steps):
-        obs = cartpole.observe(state)
-        logits_ref, logits_port = ref_policy(obs), port_policy(obs)
+    tally = {"worst": 0.0, "forks": 0, "steps": 0}
+
+    def judge(t, obs, logits_ref, action, alive):   # the port's logits on the reference's step
+        logits_port = port_policy(obs)
         _, allowed = bound(obs[watched])
         diff = np.abs(logits_port[watched].astype(np.float64) - logits_ref[watched])
         live = alive[watched]
         if live.any():
-            worst = max(worst, float(np.max((diff / (2 * allowed))[live])))
-        action = sample_actions(logits_ref, uniforms[t])
-        forks += int(np.sum((sample_actions(logits_port, uniforms[t]) != action) & alive))
-        steps += int(alive.sum())
-        nxt, terminated = cartpole.step(state, action)
-        lengths += alive
-        state = np.where(alive[:, None], nxt, state)
-        alive &= ~terminated
-        if not alive.any():
-            break
-    return lengths.astype(np.float32), worst, forks, steps
+            tally["worst"] = max(tally["worst"], float(np.max((diff / (2 * allowed))[live])))
+        tally["forks"] += int(np.sum((sample_actions(logits_port, uniforms[t]) != action) & alive))
+        tally["steps"] += int(alive.sum())
+
+    episodes = run_episodes(ref_policy, init_state, uniforms, max_steps, watch=judge)
+    return episodes.returns, tally["worst"], tally["forks"], tally["steps"]
 
 
 def _noise_ulps(port: dict, ref: dict) -> tuple[int, set]:
