@@ -16,7 +16,7 @@ from torch_impl.config import OBS_DIM, Config
 from torch_impl.fitness import shape_fitness
 from torch_impl.gradient import es_gradient
 from torch_impl.knobs import Knobs, drifts
-from torch_impl.noise import Noise, es_tree_keys, sample_noise
+from torch_impl.noise import Noise, es_tree_keys, per_member, sample_noise
 from torch_impl.optim import apply_updates, make_optimizer
 
 
@@ -64,6 +64,7 @@ class TorchPort:
 
     @staticmethod
     def _np_noise(noise: Noise, index: torch.Tensor | None = None) -> dict:
+        noise = per_member(noise)     # the protocol hands noise per member; sample_noise may group it by draw
         pick = (lambda t: t) if index is None else (lambda t: t[index])
         out = {k: (pick(noise.A[k]).cpu().numpy(), pick(noise.B[k]).cpu().numpy()) for k in noise.A}
         out.update({k: pick(v).cpu().numpy() for k, v in noise.bias.items()})

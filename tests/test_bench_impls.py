@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from parity.bench import impls, variants
+from parity.bench import impls
 from parity.bench.ceilings import forward_work
 from parity.bench.measure import summarize
 from torch_impl.model import forward
-from torch_impl.noise import Noise
+from torch_impl.noise import Noise, per_member
 
 U = 2.0 ** -24  # float32 unit roundoff
 
@@ -30,7 +30,7 @@ def make_case(sizes, pop, rank, seed, bias_noise=True):
     """Random float32 params (nonzero biases), Noise and nothing zero: a fresh case per seed.
 
     Members come in interleaved antithetic pairs as torch_impl draws them (2p and 2p+1 share B,
-    A and the bias noise change sign), which the paired variant relies on.
+    A and the bias noise change sign), so `grouped` can hand torch_impl its one-entry-per-pair form.
     """
     g = torch.Generator().manual_seed(seed)
     params, A, B, bias = {}, {}, {}, {}
@@ -44,6 +44,12 @@ def make_case(sizes, pop, rank, seed, bias_noise=True):
         if bias_noise:
             bias[f"{l}.bias"] = 0.2 * torch.randn(pop // 2, d_out, generator=g).repeat_interleave(2, 0) * sign[:, None]
     return params, Noise(A, B, bias), g
+
+
+def grouped(noise):
+    """The same noise as sample_noise stores it: one entry per pair (the + member's), signs (+1, -1)."""
+    return Noise({k: v[0::2] for k, v in noise.A.items()}, {k: v[0::2] for k, v in noise.B.items()},
+                 {k: v[0::2] for k, v in noise.bias.items()}, signs=(1.0, -1.0))
 
 
 def to64(params, noise):
@@ -117,19 +123,20 @@ def run_impls(params, x, noise, activation):
     with torch.no_grad():
         module = impls.build_module(params, activation)
         return {
-            "torch_impl": forward(params, x, noise, activation),
+            "torch_impl": forward(params, x, grouped(noise), activation),
+            "torch_impl (per-member noise)": forward(params, x, noise, activation),
             "hooks": impls.hooks_forward(module, x, noise),
             "materialized": impls.materialized_forward(params, x, noise, activation),
             "loop": impls.loop_forward(params, x, noise, activation),
-            "fused_variant": variants.fused_forward(params, x, noise, activation),
-            "paired_variant": variants.paired_forward(params, x, *variants.pair_factors(noise), noise.bias,
-                                                      activation),
         }
 
 
 @pytest.mark.parametrize("sizes,pop,rank,batch,activation,bias_noise,seed", CASES)
 def test_impls_match_torch_impl_within_float32_bound(sizes, pop, rank, batch, activation, bias_noise, seed):
     params, noise, g = make_case(sizes, pop, rank, seed, bias_noise)
+    expanded = per_member(grouped(noise))         # the grouped form expands back exactly
+    for d1, d2 in zip(expanded[:3], noise[:3]):
+        assert d1.keys() == d2.keys() and all(torch.equal(d1[k], d2[k]) for k in d1)
     shape = (pop, sizes[0]) if batch is None else (pop, batch, sizes[0])
     x = torch.randn(shape, generator=g)
     params64, noise64 = to64(params, noise)
@@ -192,6 +199,11 @@ def test_forward_work_counts_by_hand():
     work = forward_work([3, 5], pop=4, rank=2)
     assert work.flops == 248
     assert work.bytes == 4 * 136
+    # Antithetic pairs: 2 draws -> factors 2*(2*8 + 5) = 42 floats, 52 fewer; FLOPs unchanged.
+    paired = forward_work([3, 5], pop=4, rank=2, draws=2)
+    assert paired.flops == 248 and paired.bytes == 4 * (136 - 42)
+    with pytest.raises(ValueError, match="draws"):
+        forward_work([3, 5], pop=4, rank=2, draws=5)
 
 
 def test_summary_quantiles():
@@ -199,30 +211,3 @@ def test_summary_quantiles():
     assert (s.median, s.p10, s.p90) == (3.0, 1.4, 4.6)
     with pytest.raises(ValueError):
         summarize([])
-
-
-@pytest.mark.parametrize("sizes,pop,seed", [([4, 32, 32, 2], 8, 21), ([7, 48, 5], 12, 22)])
-def test_paired_gradient_matches_torch_impl(sizes, pop, seed):
-    """Summing over pairs instead of members gives torch_impl's gradient up to float32 reordering.
-
-    Bound: each entry is a sum of 2 pop r products (the pair form: pop r / 2 products of a difference),
-    so |error| <= gamma_{2 pop r + 2} * sum |f_n A_n B_n| / pop for either order, doubled for two sums.
-    """
-    from torch_impl.gradient import es_gradient
-    from torch_impl.knobs import Knobs
-
-    params, noise, g = make_case(sizes, pop, 4, seed)
-    shaped = torch.randn(pop, generator=g)
-    ours = variants.paired_gradient(*variants.pair_factors(noise), {k: v[0::2] for k, v in noise.bias.items()},
-                                    shaped)
-    theirs = es_gradient(noise, shaped, 0.2, Knobs(), params)
-    assert set(ours) == set(theirs)
-    for name, a in noise.A.items():
-        mag = torch.einsum("nir,njr->ij", (shaped.abs()[:, None, None] * a.abs()).double(),
-                           noise.B[name].abs().double()) / pop
-        bound = 2 * gamma(2 * pop * a.shape[2] + 2) * mag
-        assert ((ours[name] - theirs[name]).abs().double() <= bound).all(), name
-        assert bound.max() < 1e-4 * theirs[name].abs().max()
-    for name, eps in noise.bias.items():
-        bound = 2 * gamma(pop + 2) * (shaped.abs()[:, None] * eps.abs()).double().sum(0) / pop
-        assert ((ours[name] - theirs[name]).abs().double() <= bound).all(), name

@@ -17,6 +17,7 @@ def rows_fixture() -> list[Row]:
         r.append(Row("machine", "cartpole", pop, "floor_ms", 1.0, 1.0, 1.0, "ms", "cpu"))
         r.append(Row("torch_impl", "cartpole", pop, "forward_ms", 2.0, 1.5, 2.5, "ms", "cpu"))
         r.append(Row("torch_impl", "cartpole", pop, "floor_fraction", 0.5, 0.4, 0.6, "fraction", "cpu"))
+    r.append(Row("torch_impl", "cartpole", 2048, "forward_members_evals_per_s", 3000.0, 2700.0, 3300.0, "evals/s", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "step_per_s", 20.0, 18.0, 22.0, "steps/s", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "step_noise_ms", 30.0, 28.0, 33.0, "ms", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "noise_share", 0.6, 0.6, 0.6, "fraction", "cpu"))
@@ -52,8 +53,14 @@ def test_summary_page_names_environment_goal_and_tables():
     text = report.summary_markdown(rows_fixture(), ctx)
     for needle in ("torch threads (torch.get_num_threads()): 2", "torch t, jax j, numpy n",
                    "torch_impl is faster than hooks: 2.00x", "| 2048 | 4,000 | 2.00 (1.35-2.75) |",
-                   "## One ES step", "synthetic", "wide pop 16384: skipped", "50.0%"):
+                   "## One ES step", "synthetic", "wide pop 16384: skipped", "50.0%",
+                   # grouped 4000 / per-member 3000; per-member 3000 / hooks 2000
+                   "the grouped layout gives 1.33x", "against hooks with the same per-member noise, 1.50x",
+                   "| 2048 | 4,000 | 3,000 | 1.33 (1.09-1.63) | 1.50 (1.01-2.06) |",
+                   "otherwise idle"):
         assert needle in text, needle
+    busy = report.summary_markdown(rows_fixture(), ctx._replace(load_before="9.5, 3.0, 1.0"))
+    assert "Provisional numbers" in busy and "otherwise idle" not in busy
 
 
 def test_round_robin_skips_failing_cases_and_keeps_the_others():

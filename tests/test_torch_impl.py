@@ -16,7 +16,7 @@ from torch_impl.config import Config
 from torch_impl.fitness import shape_fitness
 from torch_impl.gradient import es_gradient
 from torch_impl.knobs import Knobs
-from torch_impl.noise import Noise, member_layout, sample_noise, true_epoch
+from torch_impl.noise import Noise, member_layout, per_member, sample_noise, true_epoch
 from torch_impl.train import TrainResult, train
 
 U = 2.0 ** -24   # float32 unit roundoff
@@ -47,7 +47,7 @@ def cfg_for(sizes, pop, rank, **kw):
 def prefix(params, noise, n):
     """The first n layers' params and noise (a network whose last layer is layer n-1, without activation)."""
     keep = lambda d: {k: v for k, v in d.items() if int(k.split(".")[0]) < n}
-    return keep(params), Noise(keep(noise.A), keep(noise.B), keep(noise.bias))
+    return keep(params), noise._replace(A=keep(noise.A), B=keep(noise.B), bias=keep(noise.bias))
 
 
 # Shapes: rank 4 on a 4-input layer and on a 2-output layer (rank > min(in, out)), deeper and wider nets.
@@ -62,9 +62,11 @@ def test_forward_matches_materialised_float64_per_member(sizes, rank, pop, activ
     cfg = cfg_for(sizes, pop, rank)
     knobs = Knobs(rng=rng, activation=activation)
     params = random_params(sizes, seed=pop * 31 + rank)
-    noise = sample_noise(params, cfg, knobs, seed=5, epoch=3, sigma=0.37)
-    if rng == "torch":   # also cover noise stored row-major (as adapters build it), not sample_noise's r-major
-        noise = Noise(*({k: v.contiguous() for k, v in d.items()} for d in noise))
+    noise = sample_noise(params, cfg, knobs, seed=5, epoch=3, sigma=0.37)   # grouped: one entry per pair
+    members = per_member(noise)
+    assert noise.signs is not None and members.signs is None
+    if rng == "torch":   # also cover per-member noise stored row-major (as adapters build it)
+        noise = Noise(*({k: v.contiguous() for k, v in d.items()} for d in members[:3]))
     g = torch.Generator().manual_seed(7)
     for batch in (None, 3):
         x = torch.randn((pop, 4) if batch is None else (pop, batch, 4), generator=g)
@@ -74,8 +76,8 @@ def test_forward_matches_materialised_float64_per_member(sizes, rank, pop, activ
             ours = model.forward(p_t, x, n_t, activation)                    # layer t's pre-activation
             ours = ours if batch is not None else ours.unsqueeze(1)
             W, b = params[f"{t}.weight"].double(), params[f"{t}.bias"].double()
-            A, B, bn = (noise.A[f"{t}.weight"].double(), noise.B[f"{t}.weight"].double(),
-                        noise.bias[f"{t}.bias"].double())
+            A, B, bn = (members.A[f"{t}.weight"].double(), members.B[f"{t}.weight"].double(),
+                        members.bias[f"{t}.bias"].double())
             W_i = W + A @ B.transpose(1, 2)                                  # (pop, out, in) materialised
             h64 = h.double()
             ref = torch.einsum("pbi,poi->pbo", h64, W_i) + (b + bn)[:, None, :]
@@ -138,7 +140,7 @@ def test_pairs_are_exact_mirrors(rng, antithetic, pop):
     """Paired members share B exactly and carry exactly negated A and bias noise; unpaired ones share nothing."""
     cfg = cfg_for([4, 5, 2], pop, 3)
     params = random_params([4, 5, 2], 0)
-    noise = sample_noise(params, cfg, Knobs(rng=rng, antithetic=antithetic), seed=11, epoch=2, sigma=0.2)
+    noise = per_member(sample_noise(params, cfg, Knobs(rng=rng, antithetic=antithetic), seed=11, epoch=2, sigma=0.2))
     half = pop // 2
     pairs = {"interleaved": [(2 * p, 2 * p + 1) for p in range(half)],
              "halves": [(i, i + half) for i in range(half)], "off": []}[antithetic]
@@ -164,7 +166,7 @@ def test_scaling_and_layout_of_one_draw(sigma, rank):
     cfg = cfg_for([4, 6, 2], 4, rank)
     params = random_params([4, 6, 2], 0)
     knobs = Knobs(rng="jax")
-    noise = sample_noise(params, cfg, knobs, seed=3, epoch=0, sigma=sigma)
+    noise = per_member(sample_noise(params, cfg, knobs, seed=3, epoch=0, sigma=sigma))
     from torch_impl import random as rnd
     from torch_impl.noise import es_tree_keys
     keys = es_tree_keys(3, 2)
@@ -183,7 +185,7 @@ def test_layouts_draw_the_same_key_per_pair_under_rng_jax():
     """With JAX keys, draw p is fold_in(.., p) whatever the layout: off's member p = interleaved's 2p = halves' p."""
     cfg = cfg_for([4, 5, 2], 8, 2)
     params = random_params([4, 5, 2], 0)
-    get = lambda a: sample_noise(params, cfg, Knobs(antithetic=a), seed=1, epoch=0, sigma=0.3)
+    get = lambda a: per_member(sample_noise(params, cfg, Knobs(antithetic=a), seed=1, epoch=0, sigma=0.3))
     inter, halves, off = get("interleaved"), get("halves"), get("off")
     for p in range(4):
         assert torch.equal(off.B["1.weight"][p], inter.B["1.weight"][2 * p])
@@ -242,7 +244,8 @@ def test_rng_knob_keeps_layout_and_moments():
     cfg = cfg_for([4, 64, 2], 256, 4)
     params = random_params([4, 64, 2], 0)
     jx = sample_noise(params, cfg, Knobs(), seed=0, epoch=0, sigma=1.0)
-    tc = sample_noise(params, cfg, Knobs(rng="torch"), seed=0, epoch=0, sigma=1.0)
+    tc = per_member(sample_noise(params, cfg, Knobs(rng="torch"), seed=0, epoch=0, sigma=1.0))
+    jx = per_member(jx)
     for n in jx.A:
         assert jx.A[n].shape == tc.A[n].shape and jx.B[n].shape == tc.B[n].shape
         assert not torch.equal(jx.B[n], tc.B[n])
@@ -259,8 +262,9 @@ def test_cache_gives_the_same_noise_and_skips_redraws():
         for epoch in range(4):
             cached = sample_noise(params, cfg, knobs, 1, epoch, 0.2, cache=cache)
             fresh = sample_noise(params, cfg, knobs, 1, epoch, 0.2)
-            for d1, d2 in zip(cached, fresh):
+            for d1, d2 in zip(cached[:3], fresh[:3]):    # A, B, bias
                 assert d1.keys() == d2.keys() and all(torch.equal(d1[n], d2[n]) for n in d1)
+            assert cached.signs == fresh.signs
     # Another seed is another key: the cache must not hand back the first seed's draws.
     cache = {}
     a = sample_noise(params, cfg, Knobs(), 1, 0, 0.2, cache=cache)
@@ -345,14 +349,19 @@ def test_tell_rejects_wrong_length_fitness():
 # -------------------------------------------------------------------------------------- gradient
 @pytest.mark.parametrize("sizes,rank,pop", [([4, 6, 2], 4, 6), ([4, 16, 16, 2], 3, 32)])
 def test_gradient_against_float64(sizes, rank, pop):
-    """weight g = sum_n f_n A_n B_n^T / N, bias g = mean_n f_n eps_n; bound gamma_{N r + 2} * sum|f A B| / N."""
+    """weight g = sum_n f_n A_n B_n^T / N, bias g = mean_n f_n eps_n; bound gamma_{N r + 2} * sum|f A B| / N.
+
+    Checked for per-member noise and for sample_noise's grouped form."""
     cfg = cfg_for(sizes, pop, rank)
     params = random_params(sizes, 3)
-    noise = sample_noise(params, cfg, Knobs(rng="torch"), 3, 1, 0.3)
+    grouped = sample_noise(params, cfg, Knobs(rng="torch"), 3, 1, 0.3)   # one entry per antithetic pair
+    noise = per_member(grouped)
     f = torch.randn(pop, generator=torch.Generator().manual_seed(4))
-    grads = es_gradient(noise, f, 0.3, Knobs(), params)
     f64 = f.double()
-    for name, g in grads.items():
+    # The grouped sum, w_p = f_2p - f_2p+1 then sum_p w_p A_p B_p^T, has fewer roundings per term than the
+    # per-member sum, and |w_p| <= |f_2p| + |f_2p+1|, so the per-member bound covers both forms.
+    for name, g in [*es_gradient(noise, f, 0.3, Knobs(), params).items(),
+                    *es_gradient(grouped, f, 0.3, Knobs(), params).items()]:
         if name in noise.A:
             A, B = noise.A[name].double(), noise.B[name].double()
             ref = torch.einsum("n,nir,njr->ij", f64, A, B) / pop

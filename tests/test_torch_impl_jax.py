@@ -23,7 +23,7 @@ from torch_impl.config import Config
 from torch_impl.fitness import shape_fitness
 from torch_impl.gradient import es_gradient
 from torch_impl.knobs import Knobs
-from torch_impl.noise import es_tree_keys, sample_noise
+from torch_impl.noise import es_tree_keys, per_member, sample_noise
 from torch_impl.train import action_uniforms
 
 U = 2.0 ** -24
@@ -76,7 +76,7 @@ def test_noise_equals_population_noise(cfg, epoch, noise_reuse, sigma):
     init, keys, frozen, noiser_params = jax_side(cfg, 42, noise_reuse=noise_reuse, sigma=sigma)
     theirs = population_noise(frozen, noiser_params, init.params, keys, init.es_map, epoch, pop)
     params = model.init_params(cfg, Knobs(), 42)
-    ours = sample_noise(params, cfg, Knobs(noise_reuse=noise_reuse), 42, epoch, sigma)
+    ours = per_member(sample_noise(params, cfg, Knobs(noise_reuse=noise_reuse), 42, epoch, sigma))
     for mine, ref in ((ours.A, theirs.A), (ours.B, theirs.B), (ours.bias, theirs.bias)):
         assert set(mine) == set(ref)
         for name in ref:
@@ -99,6 +99,7 @@ def forward_error_bound(params, noise, x, activation):
     (2 + |y|) max(e) / s and adds gamma_{2n+8} (max|x| + |x - mean|) / s (see test_torch_impl).
     """
     n_layers = model.n_layers_of(params)
+    noise = per_member(noise)                     # the bound is per member
     h = x.double().unsqueeze(1)
     err = torch.zeros_like(h)
     for t in range(n_layers):
@@ -173,14 +174,15 @@ def test_gradients_and_sgd_step_match_do_updates():
     theirs = params_to_flat(es_grads(frozen, noiser_params, init.params, keys, jnp.asarray(f.numpy()), iterinfos, init.es_map))
     params = model.init_params(cfg, Knobs(), 5)
     noise = sample_noise(params, cfg, Knobs(), 5, 4, 0.2)
-    ours = es_gradient(noise, f, 0.2, Knobs(), params)
+    ours = es_gradient(noise, f, 0.2, Knobs(), params)     # grouped: summed per antithetic pair
+    members = per_member(noise)                            # the bounds are per member
     f64 = f.double()
     for name, ref in theirs.items():
         if name in noise.A:
-            mag = torch.einsum("n,nir,njr->ij", f64.abs(), noise.A[name].double().abs(), noise.B[name].double().abs()) / pop
+            mag = torch.einsum("n,nir,njr->ij", f64.abs(), members.A[name].double().abs(), members.B[name].double().abs()) / pop
             bound = 2 * gamma(pop * rank + 2) * mag
         else:
-            bound = 2 * gamma(pop + 2) * (f64.abs()[:, None] * noise.bias[name].double().abs()).mean(0)
+            bound = 2 * gamma(pop + 2) * (f64.abs()[:, None] * members.bias[name].double().abs()).mean(0)
         assert ((ours[name].double() - torch.from_numpy(ref).double()).abs() <= bound).all(), name
     # One whole step: tell (shaping inside) against do_updates (optax.sgd) fed those shaped values.
     state = es.init_state(cfg, Knobs(), 5)._replace(epoch=4)
@@ -193,11 +195,11 @@ def test_gradients_and_sgd_step_match_do_updates():
     for name, ref in params_to_flat(new_params).items():
         g = info["grads"][name].double()
         if name in noise.A:
-            mag = torch.einsum("n,nir,njr->ij", shaped.double().abs(), noise.A[name].double().abs(),
-                               noise.B[name].double().abs()) / pop
+            mag = torch.einsum("n,nir,njr->ij", shaped.double().abs(), members.A[name].double().abs(),
+                               members.B[name].double().abs()) / pop
             g_bound = 2 * gamma(pop * rank + 2) * mag
         else:
-            g_bound = 2 * gamma(pop + 2) * (shaped.double().abs()[:, None] * noise.bias[name].double().abs()).mean(0)
+            g_bound = 2 * gamma(pop + 2) * (shaped.double().abs()[:, None] * members.bias[name].double().abs()).mean(0)
         # step = lr * sqrt(N) * g: the gradients' bound, two roundings of the scaling per side, one of the sum.
         mine = new.params[name].double()
         bound = 0.1 * math.sqrt(pop) * (g_bound + 4 * U * g.abs()) + 2 * U * mine.abs()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from torch_impl.knobs import Knobs
-from torch_impl.noise import Noise
+from torch_impl.noise import Noise, group_size, population_of
 
 
 def es_gradient(
@@ -19,26 +19,32 @@ def es_gradient(
 ) -> dict[str, torch.Tensor]:
     """name -> gradient estimate shaped like the param.
 
-    weight: einsum('nir,njr->ij', f * A, B) / N (A already carries +-sigma/sqrt(r));
+    weight: sum_n f_n A_n B_n^T / N (A already carries +-sigma/sqrt(r));
     bias:   mean_n(f_n * bias_noise_n) (noise already carries +-sigma), divided once more by sigma
             when bias_grad=over_sigma; a leaf without noise gets zeros.
+    Grouped noise is summed per draw: w_d = sum_j signs_j f_{d k + j} (f_2p - f_2p+1 for antithetic
+    pairs), then sum_d w_d A_d B_d^T / N, half the work of the per-member sum.
     """
     pop = shaped.shape[0]
     if shaped.dim() != 1:
         raise ValueError(f"shaped fitness must have shape (pop,), got {tuple(shaped.shape)}")
+    noise_pop = population_of(noise)
+    if noise_pop is not None and noise_pop != pop:
+        raise ValueError(f"fitness has {pop} entries but the noise is for {noise_pop} members")
+    k = group_size(noise)
+    weight = shaped.to(torch.float32)                                          # (pop,)
+    if noise.signs is not None:
+        signs = torch.tensor(noise.signs, dtype=weight.dtype, device=weight.device)
+        weight = (weight.view(pop // k, k) * signs).sum(dim=1)                 # (draws,)
     grads: dict[str, torch.Tensor] = {}
     for name, p in params.items():
         if name in noise.A:
-            a_f, b_f = noise.A[name], noise.B[name]                           # (pop, out, r), (pop, in, r)
-            if a_f.shape[0] != pop:
-                raise ValueError(f"fitness has {pop} entries but the noise of {name} is for {a_f.shape[0]} members")
-            weighted = shaped.to(a_f.dtype)[:, None, None] * a_f               # (pop, out, r)
+            a_f, b_f = noise.A[name], noise.B[name]                           # (draws, out, r), (draws, in, r)
+            weighted = weight.to(a_f.dtype)[:, None, None] * a_f               # (draws, out, r)
             grads[name] = torch.einsum("nir,njr->ij", weighted, b_f) / pop     # (out, in)
         elif name in noise.bias:
-            eps = noise.bias[name]                                             # (pop, out)
-            if eps.shape[0] != pop:
-                raise ValueError(f"fitness has {pop} entries but the noise of {name} is for {eps.shape[0]} members")
-            g = (shaped.to(eps.dtype)[:, None] * eps).mean(dim=0)              # (out,)
+            eps = noise.bias[name]                                             # (draws, out)
+            g = (weight.to(eps.dtype)[:, None] * eps).sum(dim=0) / pop         # (out,)
             if knobs.bias_grad == "over_sigma":
                 g = g / torch.tensor(sigma, dtype=g.dtype, device=g.device)
             grads[name] = g

@@ -92,14 +92,25 @@ def init_params(
 def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
     """Hidden activation: pqn = relu(layer_norm(x)) with a parameter-free layer norm (ddof 0, eps 1e-5)."""
     if activation == "pqn":
-        # F.layer_norm computes (x - mean) * rsqrt(var + eps): the reference's (x - mean) / sqrt(var + eps)
-        # up to float32 rounding, in one kernel instead of seven.
-        return torch.relu(torch.nn.functional.layer_norm(x, x.shape[-1:], eps=LN_EPS))
+        # group_norm with one group over (rows, 1, n) is the layer norm over n: (x - mean) * rsqrt(var + eps),
+        # the reference's (x - mean) / sqrt(var + eps) up to float32 rounding. On the CPU it runs about 3x
+        # faster than F.layer_norm at (2048, 256) (0.17 vs 0.48 ms, 2 threads), the biggest cost after the matmuls.
+        n = x.shape[-1]
+        return torch.nn.functional.group_norm(x.reshape(-1, 1, n), 1, eps=LN_EPS).view(x.shape).relu_()
     if activation == "tanh":
         return torch.tanh(x)
     if activation == "relu":
         return torch.relu(x)
     raise ValueError(f"unknown activation {activation!r}; allowed: pqn, tanh, relu")
+
+
+def activate_(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """`activate` overwriting x where the activation allows (x: a fresh tensor the caller owns)."""
+    if activation == "tanh":
+        return x.tanh_()
+    if activation == "relu":
+        return x.relu_()
+    return activate(x, activation)
 
 
 def forward(
@@ -110,37 +121,53 @@ def forward(
 ) -> torch.Tensor:                   # (pop, out) or (pop, batch, out)
     """Every member's perturbed MLP in one batched call per layer; the plain MLP when `noise` is None.
 
-    Per layer, as the reference: `(x @ W^T + (x @ B) @ A^T) + (b + bias noise)`.
+    Per layer, as the reference: `x @ W^T + (x @ B) @ A^T + b + bias noise` (summed in another order,
+    within float32 rounding). Five kernels per layer: addmm (shared product and b), bmm (x B), in-place
+    baddbmm (+ t A^T), in-place bias-noise add, the activation. Grouped noise (Noise.signs) is read once
+    per draw: the k members of a group go through one bmm with that draw's factors.
     """
     n_layers = n_layers_of(params)
     if x.dim() not in (2, 3):
         raise ValueError(f"x must be (pop, in) or (pop, batch, in), got shape {tuple(x.shape)}")
-    rows = x.dim() == 2                                                  # one input row per member
-    h = x
-    if noise is not None and noise.A:
-        pop = next(iter(noise.A.values())).shape[0]
-        if h.shape[0] != pop:
-            raise ValueError(f"x has {h.shape[0]} rows but the noise is for a population of {pop}")
+    if activation not in ("pqn", "tanh", "relu"):
+        raise ValueError(f"unknown activation {activation!r}; allowed: pqn, tanh, relu")
+    pop = x.shape[0]
+    batch = 1 if x.dim() == 2 else x.shape[1]
+    k, signs = 1, (1.0,)
+    if noise is not None:
+        from torch_impl.noise import group_size, population_of
+
+        k, noise_pop = group_size(noise), population_of(noise)
+        if noise_pop is not None and noise_pop != pop:
+            raise ValueError(f"x has {pop} rows but the noise is for a population of {noise_pop}")
+        signs = noise.signs or (1.0,)
+    draws = pop // k
+    # (k,) signs for the bias noise, one small tensor per call (None when every sign is +1).
+    sign_t = None if all(s == 1.0 for s in signs) else torch.tensor(signs, dtype=x.dtype).to(x.device)
+    h = x.reshape(pop * batch, x.shape[-1]).contiguous()                 # (pop batch, in)
     for t in range(n_layers):
         w, b = params[f"{t}.weight"], params[f"{t}.bias"]               # (out, in), (out,)
         if h.shape[-1] != w.shape[1]:
             raise ValueError(f"layer {t} expects {w.shape[1]} inputs, got {h.shape[-1]}")
-        out = h @ w.T                                                    # (pop, [batch,] out)
-        if noise is None:
-            out = out + b
-        else:
-            a_f, b_f = noise.A[f"{t}.weight"], noise.B[f"{t}.weight"]    # (pop, out, r), (pop, in, r)
-            if rows:
-                # One row per member: x @ B as a batched mat-vec (pop, r, 1), then the rank-r sum of
-                # (x @ B)_k A[:, k] (2x faster than two bmm calls; fastest with sample_noise's r-major layout).
-                xb = torch.matmul(b_f.transpose(1, 2), h.unsqueeze(-1))  # (pop, r, 1)
-                out = out + (xb * a_f.transpose(1, 2)).sum(dim=1)         # (pop, out)
+        out = torch.addmm(b, h, w.T)                                     # (pop batch, out)
+        a_f = None if noise is None else noise.A.get(f"{t}.weight")
+        if a_f is not None:
+            b_f = noise.B[f"{t}.weight"]                                 # (draws, in, r); a_f (draws, out, r)
+            # The k members of a draw share its factors: rows grouped as (draws, k batch, in). B^T @ h^T
+            # (draws, r, k batch) is ~25% faster on the CPU than h @ B and reads the r-major B contiguously.
+            low = torch.bmm(b_f.transpose(1, 2), h.view(draws, k * batch, -1).transpose(1, 2))
+            for j, s in enumerate(signs):
+                if s != 1.0:                                             # member j of each group: exact +-1
+                    (low[:, :, j] if batch == 1 else low.view(draws, -1, k, batch)[:, :, j]).mul_(s)
+            out.view(draws, k * batch, -1).baddbmm_(low.transpose(1, 2), a_f.transpose(1, 2))   # += (x B) A^T
+        eps = None if noise is None else noise.bias.get(f"{t}.bias")     # (draws, out)
+        if eps is not None:
+            # (draws, k, [batch,] out): 3-d when batch is 1, where broadcasting runs faster.
+            grouped = (draws, k, -1) if batch == 1 else (draws, k, batch, -1)
+            eps_g = eps.view(draws, 1, -1) if batch == 1 else eps.view(draws, 1, 1, -1)
+            if sign_t is None:
+                out.view(grouped).add_(eps_g)
             else:
-                out = out + (h @ b_f) @ a_f.transpose(1, 2)              # (pop, batch, r) @ (pop, r, out)
-            bias_noise = noise.bias.get(f"{t}.bias")                     # (pop, out) or None
-            if bias_noise is None:
-                out = out + b
-            else:
-                out = out + ((b + bias_noise) if rows else (b + bias_noise).unsqueeze(1))
-        h = activate(out, activation) if t < n_layers - 1 else out
-    return h
+                out.view(grouped).addcmul_(eps_g, sign_t.view(1, k, *([1] * (len(grouped) - 2))))   # + s eps, exact
+        h = activate_(out, activation) if t < n_layers - 1 else out
+    return h.view(pop, -1) if x.dim() == 2 else h.view(pop, batch, -1)

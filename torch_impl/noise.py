@@ -21,9 +21,60 @@ _MASK64 = (1 << 64) - 1
 
 
 class Noise(NamedTuple):
-    A: dict[str, torch.Tensor]      # weight name -> (pop, out, r), already times +-sigma/sqrt(r)
-    B: dict[str, torch.Tensor]      # weight name -> (pop, in, r)
-    bias: dict[str, torch.Tensor]   # bias name -> (pop, out), already times +-sigma; {} when bias_noise=off
+    """The population's noise: per member, or one entry per draw shared by a group of consecutive members.
+
+    signs None: A (pop, out, r), B (pop, in, r), bias (pop, out), one entry per member.
+    signs, k floats each +1.0 or -1.0: A (draws, out, r), B (draws, in, r), bias (draws, out) with
+    draws = pop / k, and member d k + j uses draw d times signs[j]. Interleaved antithetic pairs are (1.0, -1.0):
+    each pair's factors are stored and read once, which halves the bytes the forward and gradient move.
+    A already carries sigma/sqrt(r) and bias sigma (times the member's sign once expanded).
+    """
+
+    A: dict[str, torch.Tensor]      # weight name -> (pop | draws, out, r)
+    B: dict[str, torch.Tensor]      # weight name -> (pop | draws, in, r)
+    bias: dict[str, torch.Tensor]   # bias name -> (pop | draws, out); {} when bias_noise=off
+    signs: tuple[float, ...] | None = None   # k signs when grouped (plain floats: no device sync)
+
+
+def group_size(noise: Noise) -> int:
+    """Members per stored draw: k for grouped noise, 1 for per-member noise (checks the signs)."""
+    if noise.signs is None:
+        return 1
+    signs = tuple(noise.signs)
+    if not signs or any(s not in (1.0, -1.0) for s in signs):
+        raise ValueError(f"Noise.signs must be None or a non-empty tuple of 1.0 / -1.0, got {noise.signs!r}")
+    return len(signs)
+
+
+def population_of(noise: Noise) -> int | None:
+    """How many members the noise is for (None when it holds no leaves)."""
+    first = next(iter(noise.A.values()), None)
+    if first is None:
+        first = next(iter(noise.bias.values()), None)
+    return None if first is None else first.shape[0] * group_size(noise)
+
+
+def per_member(noise: Noise) -> Noise:
+    """The same noise with one entry per member (signs None): what adapters and per-member code read.
+
+    Member d k + j gets draw d times signs[j]; multiplying by +-1 is exact, so the values are bit for bit
+    those of drawing per member.
+    """
+    k = group_size(noise)
+    if noise.signs is None:
+        return noise
+
+    def expand(t: torch.Tensor) -> torch.Tensor:   # (draws, ...) -> (draws k, ...)
+        s = torch.tensor(noise.signs, dtype=t.dtype, device=t.device).view(1, k, *([1] * (t.dim() - 1)))
+        return (t.unsqueeze(1) * s).flatten(0, 1)
+
+    def repeat(t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(k, dim=0)
+
+    # Keep sample_noise's r-major storage (see _r_major) in the expanded factors.
+    return Noise(A={k: _r_major(expand(v)) for k, v in noise.A.items()},
+                 B={k: _r_major(repeat(v)) for k, v in noise.B.items()},
+                 bias={k: expand(v) for k, v in noise.bias.items()})
 
 
 def jax_random():
@@ -115,6 +166,9 @@ def sample_noise(
 ) -> Noise:
     """Every member's low-rank weight factors and bias noise for `epoch` at noise scale `sigma`.
 
+    Grouped by draw (see Noise) for antithetic=interleaved and off; per member for halves. `per_member`
+    expands either form.
+
     `cache`: an optional dict the caller keeps between epochs; a leaf whose draws are those of the previous
     call (same generation, e.g. always with noise_reuse=0) is then not drawn again. Same numbers either way.
     """
@@ -152,8 +206,18 @@ def sample_noise(
 
     # The reference's scales in float32: sigma / sqrt(r) on A, sigma on biases, sign by member.
     sigma32 = torch.tensor(sigma, dtype=torch.float32, device=device)
-    a_scale = sign * (sigma32 / torch.sqrt(torch.tensor(float(r), dtype=torch.float32, device=device)))  # (pop,)
-    b_scale = sign * sigma32                                                                               # (pop,)
+    a_scale32 = sigma32 / torch.sqrt(torch.tensor(float(r), dtype=torch.float32, device=device))
+    # interleaved: members 2p, 2p+1 are draw p times (+1, -1); off: member m is draw m. Both are stored per
+    # draw (grouped, read once per pair). halves pairs members N/2 apart, so it is expanded per member.
+    grouped = {"interleaved": (1.0, -1.0), "off": (1.0,)}.get(knobs.antithetic)
+    if grouped is not None:
+        signs = grouped
+        pick = lambda z: z                                                     # noqa: E731
+        a_scale, b_scale = a_scale32.reshape(1), sigma32.reshape(1)            # (1,): every draw's + sign
+    else:
+        signs = None
+        pick = lambda z: z[index]                                              # noqa: E731
+        a_scale, b_scale = sign * a_scale32, sign * sigma32                    # (pop,)
 
     A: dict[str, torch.Tensor] = {}
     B: dict[str, torch.Tensor] = {}
@@ -161,12 +225,12 @@ def sample_noise(
     for leaf, name in enumerate(names):
         out_dim, in_dim = params[name.replace(".bias", ".weight")].shape
         if name.endswith(".weight"):
-            z = draw(leaf, name, generation, (in_dim + out_dim, r))[index]  # (pop, in + out, r)
-            # Shapes (pop, in, r) and (pop, out, r), stored r-major (a transposed view of (pop, r, n)):
-            # the forward's per-member mat-vecs read them contiguously. Values are unaffected.
-            B[name] = _r_major(z[:, :in_dim])                                # (pop, in, r)
-            A[name] = _r_major(z[:, in_dim:] * a_scale[:, None, None])       # (pop, out, r)
+            z = pick(draw(leaf, name, generation, (in_dim + out_dim, r)))     # (rows, in + out, r)
+            # Shapes (rows, in, r) and (rows, out, r), stored r-major (a transposed view of (rows, r, n)):
+            # the forward's batched products read them contiguously. Values are unaffected.
+            B[name] = _r_major(z[:, :in_dim])                                # (rows, in, r)
+            A[name] = _r_major(z[:, in_dim:] * a_scale[:, None, None])       # (rows, out, r)
         elif knobs.bias_noise != "off":
-            eps = draw(leaf, name, bias_generation, (out_dim,))[index]      # (pop, out)
+            eps = pick(draw(leaf, name, bias_generation, (out_dim,)))        # (rows, out)
             bias[name] = eps * b_scale[:, None]
-    return Noise(A=A, B=B, bias=bias)
+    return Noise(A=A, B=B, bias=bias, signs=signs)

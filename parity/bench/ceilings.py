@@ -64,23 +64,27 @@ class Work(NamedTuple):
     bytes: float
 
 
-def forward_work(sizes: Sequence[int], pop: int, rank: int, batch: int = 1, bias_noise: bool = True) -> Work:
+def forward_work(sizes: Sequence[int], pop: int, rank: int, batch: int = 1, bias_noise: bool = True,
+                 draws: int | None = None) -> Work:
     """Minimum FLOPs and bytes of a low-rank population forward through an MLP of `sizes`.
 
     Per layer (in -> out), for `pop * batch` rows: 2*in*out FLOPs for the shared product and
     2*r*(in + out) for x @ B then @ A^T (activations and bias adds are not counted). Bytes:
-    the weight and bias once, each member's A (out, r), B (in, r) and bias noise (out) once,
+    the weight and bias once, each distinct draw's A (out, r), B (in, r) and bias noise (out) once
+    (`draws`: pop by default; pop / 2 with antithetic pairs, whose members share one draw up to sign),
     the layer's input read once and output written once (float32).
     """
-    if len(sizes) < 2 or pop < 1 or rank < 1 or batch < 1:
-        raise ValueError(f"need >= 2 sizes, pop >= 1, rank >= 1, batch >= 1; got {sizes}, {pop}, {rank}, {batch}")
+    draws = pop if draws is None else draws
+    if len(sizes) < 2 or pop < 1 or rank < 1 or batch < 1 or not 1 <= draws <= pop:
+        raise ValueError(f"need >= 2 sizes, pop >= 1, rank >= 1, batch >= 1, 1 <= draws <= pop; "
+                         f"got {sizes}, {pop}, {rank}, {batch}, {draws}")
     rows = pop * batch
     flops = 0.0
     nbytes = 0.0
     for d_in, d_out in zip(sizes[:-1], sizes[1:]):
         flops += 2.0 * rows * (d_in * d_out + rank * (d_in + d_out))
         weights = d_in * d_out + d_out
-        factors = pop * (rank * (d_in + d_out) + (d_out if bias_noise else 0))
+        factors = draws * (rank * (d_in + d_out) + (d_out if bias_noise else 0))
         acts = rows * (d_in + d_out)
         nbytes += F32 * (weights + factors + acts)
     return Work(flops, nbytes)

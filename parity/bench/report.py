@@ -9,9 +9,11 @@ from typing import Iterable, NamedTuple, Sequence
 COLUMNS = ("impl", "model", "pop", "measure", "median", "p10", "p90", "unit", "device")
 # Implementations in report order; the first is the one every ratio is taken against.
 IMPLS = ("torch_impl", "torch_impl_jaxrng", "jax_reference", "hooks", "materialized", "loop")
-# Extra rows: the machine's ceilings and floors, and the suggested faster forward.
-VARIANTS = ("fused_variant", "paired_variant")
-EXTRA_IMPLS = ("machine",) + VARIANTS
+# Extra rows: the machine's ceilings and floors.
+EXTRA_IMPLS = ("machine",)
+# torch_impl's forward handed the noise per member (the layout hooks, materialized and loop get) is a
+# measure of torch_impl: `forward_members_*` rows, which separate the noise layout's gain from the style's.
+MEMBERS = "torch_impl (per-member noise)"
 
 
 class Row(NamedTuple):
@@ -100,16 +102,20 @@ def plot_throughput(rows: Sequence[Row], models: Sequence[str], path: Path) -> N
     colors = dict(zip(IMPLS + EXTRA_IMPLS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for ax, model in zip(axes[0], models):
         for measure, style in (("forward_evals_per_s", "-"), ("forward_noise_evals_per_s", "--")):
-            for impl in IMPLS + VARIANTS:
+            series = [(impl, impl, measure) for impl in IMPLS]
+            if measure == "forward_evals_per_s":
+                series.append((MEMBERS, "torch_impl", "forward_members_evals_per_s"))
+            for label, impl, meas in series:
                 pts = sorted((r.pop, r.median, r.p10, r.p90) for r in rows
-                             if r.impl == impl and r.model == model and r.measure == measure)
+                             if r.impl == impl and r.model == model and r.measure == meas)
                 if not pts:
                     continue
                 pops, med, lo, hi = zip(*pts)
-                label = impl + (" (+ noise)" if measure == "forward_noise_evals_per_s" else "")
-                ax.plot(pops, med, style, marker="o" if style == "-" else "s", ms=3, color=colors.get(impl),
-                        label=label)
-                ax.fill_between(pops, lo, hi, color=colors.get(impl), alpha=0.15)
+                label = label + (" (+ noise)" if measure == "forward_noise_evals_per_s" else "")
+                color = colors.get(impl) if label != MEMBERS else "gray"
+                ax.plot(pops, med, style if label != MEMBERS else "-.", marker="o" if style == "-" else "s", ms=3,
+                        color=color, label=label)
+                ax.fill_between(pops, lo, hi, color=color, alpha=0.15)
         floor = sorted((r.pop, r.median) for r in rows
                        if r.impl == "machine" and r.model == model and r.measure == "floor_evals_per_s")
         if floor:
@@ -141,15 +147,49 @@ def _verdict(base: Row | None, other: Row | None, name: str) -> str:
             f"spread {base.p10 / other.p90:.2f}-{base.p90 / other.p10:.2f}x)")
 
 
+def _busy(load: str) -> bool:
+    """Whether a load-average string ("1.00, 0.50, 0.20") says other work ran: 1-minute load above half the cores."""
+    try:
+        return float(load.split(",")[0]) > 0.5 * (os.cpu_count() or 1)
+    except ValueError:
+        return True
+
+
+def layout_table(rows: Sequence[Row], model: str) -> list[str]:
+    """Markdown: per population, torch_impl with its grouped noise and with the noise per member, and the
+    per-member forward against hooks: what the noise layout gives and what the functional style gives."""
+    pops = sorted({r.pop for r in rows if r.model == model and r.measure == "forward_members_evals_per_s"})
+    if not pops:
+        return []
+    lines = ["| pop | torch_impl (grouped noise) | torch_impl (per-member noise) | grouped / per-member | "
+             "per-member / hooks |", "|---|---|---|---|---|"]
+    for pop in pops:
+        g = lookup(rows, "torch_impl", model, pop, "forward_evals_per_s")
+        m = lookup(rows, "torch_impl", model, pop, "forward_members_evals_per_s")
+        h = lookup(rows, "hooks", model, pop, "forward_evals_per_s")
+        ratio = lambda a, b: "-" if a is None or b is None else f"{a.median / b.median:.2f} ({a.p10 / b.p90:.2f}-{a.p90 / b.p10:.2f})"
+        lines.append(f"| {pop} | {fmt(g.median) if g else '-'} | {fmt(m.median) if m else '-'} | {ratio(g, m)} | "
+                     f"{ratio(m, h)} |")
+    return lines
+
+
 def summary_markdown(rows: Sequence[Row], ctx) -> str:
     """The benchmark's summary page: environment, goal check, ratio tables, floors, step, generators."""
     L: list[str] = []
     add = L.append
     add("# Throughput benchmark" + (" (--quick: tiny sizes, not a measurement)" if ctx.quick else ""))
     add("")
-    add("Provisional numbers: the machine was shared with other jobs while this ran (load average "
-        f"{ctx.load_before} before, {ctx.load_after} after), so absolute rates are noisy. Implementations were "
-        "timed in turns (a, b, c, a, b, c, ...) so that load hits them alike and the ratios hold up better.")
+    # Judged by the load before the run: the run's own threads raise the load seen after it.
+    if _busy(ctx.load_before):
+        add("Provisional numbers: the machine was shared with other jobs while this ran (load average "
+            f"{ctx.load_before} before, {ctx.load_after} after), so absolute rates are noisy. Implementations "
+            "were timed in turns (a, b, c, a, b, c, ...) so that load hits them alike and the ratios hold up "
+            "better.")
+    else:
+        add(f"The machine was otherwise idle when the run began (load average {ctx.load_before}; "
+            f"{ctx.load_after} after, which counts the run's own threads). "
+            "Implementations were timed in turns (a, b, c, a, b, c, ...), so each ratio compares calls made "
+            "under the same conditions.")
     add("")
     add(f"- command: `{ctx.command}`  (wall time {ctx.wall_s:.0f} s)")
     add(f"- torch device: {ctx.device} ({ctx.cpu}); torch threads (torch.get_num_threads()): {ctx.threads}; "
@@ -176,8 +216,9 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
         "under whatever load the machine had, so the floors and fractions below are relative to what the "
         "machine gave this run. Floors use the best rates seen (the highest p90 of either measurement). The floor of a forward is "
         "max(FLOPs / peak, bytes / bandwidth) with FLOPs = 2 pop (in out + r (in + out)) per layer and bytes = "
-        "weights and biases once + every member's A, B and bias noise + each layer's input and output once "
-        "(float32); activations and bias adds are not counted, so the floor is optimistic.")
+        "weights and biases once + each distinct draw's A, B and bias noise once (the noise is antithetic: "
+        "pop / 2 draws, each shared by a pair up to sign) + each layer's input and output once (float32); "
+        "activations and bias adds are not counted, so the floor is optimistic.")
     add("")
 
     head = next(((r.model, r.pop) for r in rows if r.measure == "step_per_s"), None)
@@ -188,12 +229,20 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
         model, pop = head
         add(f"## Goal check: `{model}` at pop {pop}")
         add("")
-        add("Forward alone (the same noise handed to every implementation):")
+        add("Forward alone (the same noise values handed to every implementation; torch_impl reads them "
+            "grouped by antithetic pair, as `sample_noise` returns them, the others per member):")
         base = lookup(rows, "torch_impl", model, pop, "forward_evals_per_s")
-        for impl in IMPLS[1:] + VARIANTS:
+        for impl in IMPLS[1:]:
             o = lookup(rows, impl, model, pop, "forward_evals_per_s")
             if o is not None:
                 add(_verdict(base, o, impl))
+        members = lookup(rows, "torch_impl", model, pop, "forward_members_evals_per_s")
+        hooks = lookup(rows, "hooks", model, pop, "forward_evals_per_s")
+        if members is not None:
+            add(f"- the same forward handed the noise per member: {fmt(members.median)} evals/s, so the grouped "
+                f"layout gives {base.median / members.median:.2f}x" + (
+                    f" and the functional style alone, against hooks with the same per-member noise, "
+                    f"{members.median / hooks.median:.2f}x" if hooks else "") + ".")
         add("")
         add("Noise generation plus forward (each side draws its own noise):")
         base = lookup(rows, "torch_impl", model, pop, "forward_noise_evals_per_s")
@@ -206,17 +255,17 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
         if jr and jx:
             add(f"- torch_impl_jaxrng / jax_reference: {jr.median / jx.median:.2f}x")
         add("")
-        for impl in ("torch_impl",) + VARIANTS:
-            f = lookup(rows, impl, model, pop, "floor_fraction")
+        for label, measure in (("torch_impl", "floor_fraction"), (MEMBERS, "floor_fraction_members")):
+            f = lookup(rows, "torch_impl", model, pop, measure)
             if f:
-                add(f"- {impl} forward reaches {f.median:.0%} of the machine's floor ({f.p10:.0%}-{f.p90:.0%}); "
-                    "the goal is 50% or more.")
+                add(f"- {label} forward reaches {f.median:.0%} of the machine's floor ({f.p10:.0%}-{f.p90:.0%}); "
+                    "the aim is 50% or more.")
         add("")
 
     for measure, title in (("forward_evals_per_s", "Forward throughput, noise given (evaluations/s)"),
                            ("forward_noise_evals_per_s", "Noise generation + forward (evaluations/s)")):
         for m in ctx.models:
-            table = ratio_table(rows, m.name, measure, IMPLS + VARIANTS)
+            table = ratio_table(rows, m.name, measure, IMPLS)
             if table:
                 add(f"## {title}: `{m.name}`")
                 add("")
@@ -225,15 +274,24 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
                 add("")
                 L.extend(table)
                 add("")
+            layout = layout_table(rows, m.name) if measure == "forward_evals_per_s" else []
+            if layout:
+                add(f"Where the forward's gain comes from (`{m.name}`): torch_impl with the noise grouped by pair "
+                    "and handed per member, and that per-member run against hooks (same noise, other style).")
+                add("")
+                L.extend(layout)
+                add("")
 
     for m in ctx.models:
-        impls = _impl_cols(rows, m.name, "floor_fraction", IMPLS + VARIANTS)
+        impls = _impl_cols(rows, m.name, "floor_fraction", IMPLS)
         pops = sorted({r.pop for r in rows if r.model == m.name and r.measure == "floor_ms"})
         if not pops:
             continue
         add(f"## Floors and fraction achieved: `{m.name}`")
         add("")
-        cols = ["pop", "floor ms (compute / memory)", "torch_impl ms"] + [f"{i} fraction" for i in impls]
+        members = any(r.model == m.name and r.measure == "floor_fraction_members" for r in rows)
+        cols = (["pop", "floor ms (compute / memory)", "torch_impl ms"] + [f"{i} fraction" for i in impls]
+                + ([f"{MEMBERS} fraction"] if members else []))
         add("| " + " | ".join(cols) + " |")
         add("|" + "---|" * len(cols))
         for pop in pops:
@@ -245,6 +303,9 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
             cells = [str(pop), f"{fl.median:.3g}{split}", f"{t.median:.3g}" if t else "-"]
             for i in impls:
                 f = lookup(rows, i, m.name, pop, "floor_fraction")
+                cells.append(f"{f.median:.1%}" if f else "-")
+            if members:
+                f = lookup(rows, "torch_impl", m.name, pop, "floor_fraction_members")
                 cells.append(f"{f.median:.1%}" if f else "-")
             add("| " + " | ".join(cells) + " |")
         add("")
@@ -276,13 +337,6 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
                 f"{cell('step_noise_ms')} | {cell('step_forward_ms')} | {cell('step_tell_ms')} | {share_s} | "
                 f"{fmt(cached.median) + ' (' + fmt(cached.p10) + '-' + fmt(cached.p90) + ')' if cached else '-'} |")
         add("")
-        paired = lookup(rows, "torch_impl", model, pop, "step_tell_paired_variant_ms")
-        tell = lookup(rows, "torch_impl", model, pop, "step_tell_ms")
-        if paired and tell:
-            add(f"Suggested `tell` summing the gradient over antithetic pairs ((f_2p - f_2p+1) A_p B_p^T: half the "
-                f"einsum): {paired.median:.3g} ms ({paired.p10:.3g}-{paired.p90:.3g}) against torch_impl's "
-                f"{tell.median:.3g} ms ({tell.median / paired.median:.2f}x).")
-            add("")
         add("With noise_reuse=0 (the presets) the noise never changes, and `sample_noise`'s optional cache "
             "(passed through `ask`) draws it once: the last column is the step with that cache warm. "
             "The other columns draw the noise every step, as the jitted reference does.")
@@ -319,7 +373,11 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
 
     add("## How it was measured")
     add("")
-    add("- `torch_impl`: `torch_impl.model.forward`; `torch_impl_jaxrng`: the same forward, noise from "
+    add("- `torch_impl`: `torch_impl.model.forward` (per layer: addmm for the shared product and bias, bmm "
+        "B^T x^T per antithetic pair, in-place baddbmm for the low-rank term, the bias noise, group-norm layer "
+        "norm and in-place relu), with the noise as `sample_noise` returns it: grouped, one entry per pair. "
+        "`torch_impl (per-member noise)`: the same forward handed the noise expanded per member "
+        "(`torch_impl.noise.per_member`). `torch_impl_jaxrng`: the same forward, noise from "
         "`sample_noise(..., rng=jax)`. Forward alone gets the noise precomputed; forward+noise calls "
         "`sample_noise` then `forward` each time.")
     add("- `jax_reference`: `jax.jit(jax.vmap(MLP.forward))`; forward alone hands each member its noise "
@@ -332,13 +390,8 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
         "no autograd (no_grad, parameters without grad).")
     add("- `materialized`: every member's `W + A_i B_i^T` formed by bmm, then one bmm with x; `loop`: a Python "
         "loop over members (small populations only).")
-    add("- `fused_variant` (a suggestion, not an implementation the issue asked for): torch_impl's forward "
-        "issued as addmm (shared product + bias), bmm (x B), in-place baddbmm (+ t A^T), in-place bias-noise "
-        "add, `F.layer_norm` and in-place relu: fewer passes over the activations and no temporaries.")
-    add("- `paired_variant` (a suggestion): `fused_variant` reading each antithetic pair's factors once "
-        "(rows 2p and 2p+1 share B and carry A with opposite signs): one bmm of (2, in) @ (in, r) per pair, "
-        "the odd row's t negated, one bmm with A^T; the noise would be kept per pair (half the memory, "
-        "no (pop, ...) gather in the sampler).")
+    add("- hooks, materialized and loop get the noise per member (expanded outside the timed call), as those "
+        "styles look up a member's perturbation.")
     add("- Tests (tests/test_bench_impls.py) check every implementation against torch_impl's forward in float64 "
         "within a derived float32 rounding bound.")
     add("")

@@ -13,11 +13,11 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from parity.bench import impls, variants
+from parity.bench import impls
 from torch_impl.config import Config
 from torch_impl.knobs import Knobs
 from torch_impl.model import forward
-from torch_impl.noise import Noise, sample_noise
+from torch_impl.noise import Noise, per_member, sample_noise
 
 SIGMA, LR = 0.2, 0.1  # the presets' values
 
@@ -104,25 +104,27 @@ def jax_random_available() -> bool:
 
 # ------------------------------------------------------------------------------------ torch forwards
 def forward_case(impl: str, params, x, noise: Noise, activation: str, device: torch.device) -> Case:
-    """One population forward with fixed noise, in the style `impl` names."""
+    """One population forward with fixed noise, in the style `impl` names.
+
+    torch_impl gets the noise as sample_noise returns it (grouped: one entry per antithetic pair, read
+    once per pair); `torch_impl_members` is the same forward handed the noise per member. hooks,
+    materialized and loop get it per member, as those styles look up a member's perturbation; the
+    expansion happens here, outside the timed call.
+    """
     sync = torch_sync(device)
     dev = device.type
     if impl in ("torch_impl", "torch_impl_jaxrng"):
         return Case(partial(forward, params, x, noise, activation), sync, dev)
+    members = per_member(noise)
+    if impl == "torch_impl_members":
+        return Case(partial(forward, params, x, members, activation), sync, dev)
     if impl == "hooks":
         module = impls.build_module(params, activation)
-        return Case(partial(impls.hooks_forward, module, x, noise), sync, dev)
+        return Case(partial(impls.hooks_forward, module, x, members), sync, dev)
     if impl == "materialized":
-        return Case(partial(impls.materialized_forward, params, x, noise, activation), sync, dev)
+        return Case(partial(impls.materialized_forward, params, x, members, activation), sync, dev)
     if impl == "loop":
-        return Case(partial(impls.loop_forward, params, x, noise, activation), sync, dev)
-    if impl == "fused_variant":
-        return Case(partial(variants.fused_forward, params, x, noise, activation), sync, dev)
-    if impl == "paired_variant":
-        pair_A, pair_B = variants.pair_factors(noise)
-        pair_A = {k: v.contiguous() for k, v in pair_A.items()}     # as a pair-layout sampler would hand them
-        pair_B = {k: v.contiguous() for k, v in pair_B.items()}
-        return Case(partial(variants.paired_forward, params, x, pair_A, pair_B, noise.bias, activation), sync, dev)
+        return Case(partial(impls.loop_forward, params, x, members, activation), sync, dev)
     raise ValueError(f"unknown torch implementation {impl!r}")
 
 
@@ -245,7 +247,6 @@ class TorchStep(NamedTuple):
     tell: Case
     step: Case
     step_cached: Case   # with sample_noise's cache: noise_reuse=0 draws once, later epochs reuse it
-    tell_paired_variant: Case   # a suggestion: shaping, the gradient summed over pairs, the SGD update
 
 
 def torch_step_cases(spec: ModelSpec, pop: int, rng: str, seed: int, device: torch.device) -> TorchStep:
@@ -267,18 +268,6 @@ def torch_step_cases(spec: ModelSpec, pop: int, rng: str, seed: int, device: tor
         return tell(state, n, f, cfg, knobs)[0]
 
     cache: dict = {}
-
-    from torch_impl.fitness import shape_fitness
-
-    pair_A, pair_B = (({k: v.contiguous() for k, v in d.items()}) for d in variants.pair_factors(noise))
-    pair_bias = {k: v[0::2].contiguous() for k, v in noise.bias.items()}
-    root_n = torch.sqrt(torch.tensor(float(pop), dtype=torch.float32, device=device))
-
-    def tell_paired():
-        shaped = shape_fitness(fitness, knobs.fitness, cfg.group_size)
-        grads = variants.paired_gradient(pair_A, pair_B, pair_bias, shaped)
-        return {k: p + (LR * root_n) * grads[k] for k, p in state.params.items()}   # sgd: += lr sqrt(N) g
-
     dev = device.type
     return TorchStep(
         noise=Case(lambda: ask(state, cfg, knobs, seed, device), sync, dev),
@@ -286,7 +275,6 @@ def torch_step_cases(spec: ModelSpec, pop: int, rng: str, seed: int, device: tor
         tell=Case(lambda: tell(state, noise, fitness, cfg, knobs)[0], sync, dev),
         step=Case(step, sync, dev),
         step_cached=Case(lambda: step(cache), sync, dev),
-        tell_paired_variant=Case(tell_paired, sync, dev),
     )
 
 
