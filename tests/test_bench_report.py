@@ -5,7 +5,7 @@ import pytest
 
 from parity.bench import cli, report
 from parity.bench.ceilings import Ceilings
-from parity.bench.measure import Skipped, Summary, Timing, rate_summary, time_round_robin
+from parity.bench.measure import Skipped, Summary, Timing, paired_ratio, rate_summary, time_round_robin
 from parity.bench.report import Row
 
 
@@ -18,6 +18,7 @@ def rows_fixture() -> list[Row]:
         r.append(Row("torch_impl", "cartpole", pop, "forward_ms", 2.0, 1.5, 2.5, "ms", "cpu"))
         r.append(Row("torch_impl", "cartpole", pop, "floor_fraction", 0.5, 0.4, 0.6, "fraction", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "forward_members_evals_per_s", 3000.0, 2700.0, 3300.0, "evals/s", "cpu"))
+    r.append(Row("hooks", "cartpole", 256, "forward_ratio", 1.8, 1.5, 2.2, "x", "cpu"))   # round by round
     r.append(Row("torch_impl", "cartpole", 2048, "step_per_s", 20.0, 18.0, 22.0, "steps/s", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "step_noise_ms", 30.0, 28.0, 33.0, "ms", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "noise_share", 0.6, 0.6, 0.6, "fraction", "cpu"))
@@ -40,6 +41,7 @@ def test_ratio_table_divides_torch_impl_by_each_other():
     assert lines[0] == "| pop | torch_impl (median) | / hooks |"
     # 4000 / 2000 = 2; spread 3600 / (4000 / 1.5) = 1.35 and 4400 / 1600 = 2.75
     assert lines[3] == "| 2048 | 4,000 | 2.00 (1.35-2.75) |"
+    assert lines[2] == "| 256 | 1,000 | 1.80 (1.50-2.20) |"     # the round-by-round row where there is one
 
 
 def test_summary_page_names_environment_goal_and_tables():
@@ -78,6 +80,25 @@ def test_round_robin_skips_failing_cases_and_keeps_the_others():
     assert isinstance(timings["boom"], Skipped) and "out of memory" in timings["boom"].reason
     assert isinstance(timings["ok"], Timing) and len(timings["ok"].seconds) == 3
     assert len(calls) == 4   # one warm-up, three timed
+
+
+def test_round_robin_rotates_the_order_and_rewarms_fast_cases():
+    seq = []
+    cases = {name: ((lambda n=name: seq.append(n)), lambda o: o) for name in "abc"}
+    time_round_robin(cases, warmup=1, repeats=3, budget_s=10.0, min_repeats=3)
+    assert "".join(seq[3:]) == "abc" + "bca" + "cab"          # after one warm-up call each
+    seq.clear()
+    time_round_robin(cases, warmup=1, repeats=2, budget_s=10.0, min_repeats=2, rewarm_below_s=60.0)
+    assert "".join(seq[3:]) == "aabbcc" + "bbccaa"            # an untimed call before each timed one
+
+
+def test_paired_ratio_is_taken_round_by_round():
+    # torch_impl 1, 2, 4 s; other 2, 2, 2 s: ratios 2, 1, 0.5 (the medians' ratio would say 1 as well,
+    # but the rounds' spread is what the report shows).
+    s = paired_ratio(Timing((1.0, 2.0, 4.0)), Timing((2.0, 2.0, 2.0)))
+    assert s.median == 1.0 and s.p10 == pytest.approx(0.6) and s.p90 == pytest.approx(1.8)
+    with pytest.raises(ValueError, match="same rounds"):
+        paired_ratio(Timing((1.0,)), Timing((1.0, 2.0)))
 
 
 def test_rate_summary_is_work_over_each_call():

@@ -6,6 +6,7 @@ The forward runs the whole population at once: member i sees `W + A_i @ B_i^T` t
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -113,6 +114,13 @@ def activate_(x: torch.Tensor, activation: str) -> torch.Tensor:
     return activate(x, activation)
 
 
+@functools.lru_cache(maxsize=16)
+def _sign_tensor(signs: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Grouped noise's signs as a (k,) tensor, made once per (signs, dtype, device): forward is called
+    every environment step and this would otherwise be a host-to-device copy per call."""
+    return torch.tensor(signs, dtype=dtype, device=device)
+
+
 def forward(
     params: dict[str, torch.Tensor],
     x: torch.Tensor,                 # (pop, in) or (pop, batch, in)
@@ -142,8 +150,7 @@ def forward(
             raise ValueError(f"x has {pop} rows but the noise is for a population of {noise_pop}")
         signs = noise.signs or (1.0,)
     draws = pop // k
-    # (k,) signs for the bias noise, one small tensor per call (None when every sign is +1).
-    sign_t = None if all(s == 1.0 for s in signs) else torch.tensor(signs, dtype=x.dtype).to(x.device)
+    sign_t = None if all(s == 1.0 for s in signs) else _sign_tensor(signs, x.dtype, x.device)   # (k,)
     h = x.reshape(pop * batch, x.shape[-1]).contiguous()                 # (pop batch, in)
     for t in range(n_layers):
         w, b = params[f"{t}.weight"], params[f"{t}.bias"]               # (out, in), (out,)
@@ -157,8 +164,8 @@ def forward(
             # (draws, r, k batch) is ~25% faster on the CPU than h @ B and reads the r-major B contiguously.
             low = torch.bmm(b_f.transpose(1, 2), h.view(draws, k * batch, -1).transpose(1, 2))
             for j, s in enumerate(signs):
-                if s != 1.0:                                             # member j of each group: exact +-1
-                    (low[:, :, j] if batch == 1 else low.view(draws, -1, k, batch)[:, :, j]).mul_(s)
+                if s != 1.0:                                             # member j of each group: exact -1
+                    (low[:, :, j] if batch == 1 else low.view(draws, -1, k, batch)[:, :, j]).neg_()
             out.view(draws, k * batch, -1).baddbmm_(low.transpose(1, 2), a_f.transpose(1, 2))   # += (x B) A^T
         eps = None if noise is None else noise.bias.get(f"{t}.bias")     # (draws, out)
         if eps is not None:

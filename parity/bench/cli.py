@@ -18,7 +18,8 @@ import torch
 
 from parity.bench import ceilings as ceil
 from parity.bench import report, runners
-from parity.bench.measure import Skipped, Timing, ms_summary, rate_summary, summarize, time_round_robin
+from parity.bench.measure import (Skipped, Timing, ms_summary, paired_ratio, rate_summary, summarize,
+                                  time_round_robin)
 from parity.bench.report import Row
 from parity.bench.runners import Case, ModelSpec
 
@@ -44,6 +45,9 @@ class Plan(NamedTuple):
     matmul_n: int
     copy_mib: int
     deadline_s: float                  # groups not started by then are skipped (said in the summary)
+    headline_repeats: int = 15         # rounds and budget of the goal size's forward group, which decides
+    headline_budget_s: float = 6.0     # the goal: more rounds there narrow its ratios
+    rewarm_below_s: float = 0.05       # cases faster than this make an untimed call before each timed one
     sweep: tuple[str, ...] = ()        # models swept over pops (empty: all)
     quick: bool = False                # tiny sizes for tests: not a measurement
 
@@ -56,7 +60,7 @@ FULL = Plan(
           ("materialized", "cartpole"): 4096, ("materialized", "wide"): 256},
     warmup=2, repeats=15, min_repeats=3, group_budget_s=6.0, max_call_s=2.5, max_first_call_s=120.0,
     headline=("cartpole", 2048), step_pop=2048, gen_pairs=1024,
-    matmul_n=2048, copy_mib=256, deadline_s=360.0,
+    matmul_n=2048, copy_mib=256, deadline_s=360.0, headline_repeats=60, headline_budget_s=30.0,
 )
 QUICK = Plan(
     models=(CARTPOLE, ModelSpec("wide", (32, 128, 128, 32))),
@@ -64,7 +68,7 @@ QUICK = Plan(
     caps={("loop", "cartpole"): 64, ("loop", "wide"): 64},
     warmup=1, repeats=2, min_repeats=2, group_budget_s=0.5, max_call_s=5.0, max_first_call_s=60.0,
     headline=("cartpole", 64), step_pop=64, gen_pairs=32,
-    matmul_n=256, copy_mib=8, deadline_s=120.0, quick=True,
+    matmul_n=256, copy_mib=8, deadline_s=120.0, headline_repeats=2, headline_budget_s=0.5, quick=True,
 )
 
 
@@ -161,13 +165,14 @@ class Bench:
     def remember(self, impl: str, spec: ModelSpec, pop: int, measure: str, timing: Timing) -> None:
         self._per_member[(impl, spec.name, measure)] = timing.median_s / pop
 
-    def run_group(self, label: str, cases: dict[str, Case]) -> dict[str, Timing]:
+    def run_group(self, label: str, cases: dict[str, Case], headline: bool = False) -> dict[str, Timing]:
         """Time the cases in turns; note skips and first-call (compile) times; return the timings."""
         p = self.plan
         timings, first = time_round_robin({k: (c.fn, c.sync) for k, c in cases.items()}, warmup=p.warmup,
-                                          repeats=p.repeats, budget_s=p.group_budget_s,
+                                          repeats=p.headline_repeats if headline else p.repeats,
+                                          budget_s=p.headline_budget_s if headline else p.group_budget_s,
                                           min_repeats=p.min_repeats, max_call_s=p.max_call_s,
-                                          max_first_call_s=p.max_first_call_s)
+                                          max_first_call_s=p.max_first_call_s, rewarm_below_s=p.rewarm_below_s)
         done = {}
         for name, t in timings.items():
             if isinstance(t, Skipped):
@@ -189,6 +194,12 @@ class Bench:
 
     def add_value(self, impl: str, model: str, pop: int, measure: str, value: float, unit: str, device: str) -> None:
         self.rows.append(Row(impl, model, pop, measure, value, value, value, unit, device))
+
+    def add_ratio(self, impl: str, model: str, pop: int, measure: str, base: Timing, other: Timing,
+                  device: str) -> None:
+        """Round-by-round other / base time (base's speed over other's) as one row."""
+        s = paired_ratio(base, other)
+        self.rows.append(Row(impl, model, pop, measure, s.median, s.p10, s.p90, "x", device))
 
     # -------------------------------------------------------------------------------- parts
     def measure_ceilings(self, when: str) -> None:
@@ -225,7 +236,14 @@ class Bench:
                                                               spec.activation, self.device)
         if self.allowed("jax_reference", spec, pop) and self.predicted_ok("jax_reference", spec, pop, measure):
             cases["jax_reference"] = runners.jax_forward_case(self.jax(spec), x.cpu().numpy(), pop)
-        timings = self.run_group(f"forward {spec.name} pop {pop}", cases)
+        timings = self.run_group(f"forward {spec.name} pop {pop}", cases, headline=(spec.name, pop) == self.plan.headline)
+        self.add_paired_ratios(spec, pop, timings, "forward_ratio", cases)
+        members, hooks = timings.get("torch_impl_members"), timings.get("hooks")
+        if members is not None and "torch_impl" in timings:
+            self.add_ratio("torch_impl", spec.name, pop, "forward_layout_ratio", timings["torch_impl"], members,
+                           cases["torch_impl"].device)
+        if members is not None and hooks is not None:
+            self.add_ratio("hooks", spec.name, pop, "forward_members_ratio", members, hooks, cases["hooks"].device)
         for impl, t in timings.items():
             d = cases[impl].device
             self.remember(impl, spec, pop, measure, t)
@@ -235,6 +253,16 @@ class Bench:
                           "evals/s", d)
             self.add_ms(row_impl, spec.name, pop, f"forward{suffix}_ms", t, d)
         self._forward_timings.append((spec, pop, {i: (t, cases[i].device) for i, t in timings.items()}))
+
+    def add_paired_ratios(self, spec: ModelSpec, pop: int, timings: dict[str, Timing], measure: str,
+                          cases: dict[str, Case]) -> None:
+        """torch_impl's speed over each other implementation's, round by round (`measure` rows, unit x)."""
+        base = timings.get("torch_impl")
+        if base is None:
+            return
+        for impl, t in timings.items():
+            if impl != "torch_impl" and impl != "torch_impl_members" and ":" not in impl:
+                self.add_ratio(impl, spec.name, pop, measure, base, t, cases[impl].device)
 
     def add_floors(self) -> None:
         """Floor rows and each forward's fraction of its floor, from the best ceilings of the whole run."""
@@ -271,6 +299,7 @@ class Bench:
                 cases[i + ":noise"] = runners.noise_case(i, params, spec, pop, self.seed, self.device)
             cases["jax_reference:noise"] = runners.jax_noise_case(self.jax(spec), pop)
         timings = self.run_group(f"forward+noise {spec.name} pop {pop}", cases)
+        self.add_paired_ratios(spec, pop, timings, "forward_noise_ratio", cases)
         for name, t in timings.items():
             impl, _, what = name.partition(":")
             d = cases[name].device

@@ -74,6 +74,17 @@ def ms_summary(timing: Timing) -> Summary:
     return summarize([1e3 * s for s in timing.seconds])
 
 
+def paired_ratio(base: Timing, other: Timing) -> Summary:
+    """Quantiles of other's time / base's time, round by round (base's speed over other's, > 1: base faster).
+
+    Both must come from one round-robin run (call i of each in round i): a ratio taken within a round
+    cancels what the machine did between rounds, which the ratio of two medians does not.
+    """
+    if len(base.seconds) != len(other.seconds):
+        raise ValueError(f"paired timings need the same rounds, got {len(base.seconds)} and {len(other.seconds)}")
+    return summarize([o / b for b, o in zip(base.seconds, other.seconds)])
+
+
 class Skipped(NamedTuple):
     """A case that was not timed, and why (said in the report)."""
 
@@ -89,8 +100,15 @@ def time_round_robin(
     min_repeats: int = 3,
     max_call_s: float = float("inf"),
     max_first_call_s: float | None = None,
+    rewarm_below_s: float = 0.0,
 ) -> tuple[dict[str, Timing | Skipped], dict[str, float]]:
-    """Time several callables in turns (a, b, c, a, b, c, ...) so background load hits all alike.
+    """Time several callables in turns (a, b, c, then b, c, a, ...) so background load hits all alike.
+
+    The order rotates each round, so every case follows every other equally often. A case whose steady
+    call is faster than `rewarm_below_s` makes one untimed call at the start of its turn, so the timed call
+    finds its own data in cache after the other cases ran (as in a rollout, where the same params and
+    noise serve every step) rather than paying for their evictions. Call i of every case is in round i
+    (see paired_ratio).
 
     Each (fn, sync) pair is first called `warmup` times (the first call's time is returned as its
     compile/first-call time); a case whose warm-up call takes longer than `max_call_s` is skipped
@@ -100,6 +118,7 @@ def time_round_robin(
     """
     first_limit = 20 * max_call_s if max_first_call_s is None else max_first_call_s
     first_call: dict[str, float] = {}
+    steady_s: dict[str, float] = {}
     live: dict[str, tuple[Callable[[], object], Callable[[object], object]]] = {}
     result: dict[str, Timing | Skipped] = {}
     for name, (fn, sync) in cases.items():
@@ -128,10 +147,16 @@ def time_round_robin(
             result[name] = Skipped(f"one call took {steady:.2f} s (> {max_call_s:g} s per call allowed)")
             continue
         live[name] = (fn, sync)
+        steady_s[name] = steady
     times: dict[str, list[float]] = {name: [] for name in live}
+    order = list(live)
     start = time.perf_counter()
     for rnd in range(repeats):
-        for name, (fn, sync) in live.items():
+        shift = rnd % max(len(order), 1)
+        for name in order[shift:] + order[:shift]:
+            fn, sync = live[name]
+            if steady_s[name] < rewarm_below_s:
+                sync(fn())                      # untimed: this case's own data back in cache
             t0 = time.perf_counter()
             sync(fn())
             times[name].append(time.perf_counter() - t0)

@@ -65,11 +65,26 @@ def fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
+# Round-by-round ratios (torch_impl's speed over the row's impl) stored beside each throughput measure.
+PAIRED = {"forward_evals_per_s": "forward_ratio", "forward_noise_evals_per_s": "forward_noise_ratio"}
+
+
+def ratio_cell(rows: Sequence[Row], model: str, pop: int, measure: str, base: Row | None, other: Row | None,
+               impl: str) -> str:
+    """"median (p10-p90)" of torch_impl / impl: the round-by-round ratios when measured, else the ratio of
+    the medians with the pessimistic / optimistic pairing of the two spreads."""
+    paired = lookup(rows, impl, model, pop, PAIRED.get(measure, ""))
+    if paired is not None:
+        return f"{paired.median:.2f} ({paired.p10:.2f}-{paired.p90:.2f})"
+    if base is None or other is None:
+        return "-"
+    return f"{base.median / other.median:.2f} ({base.p10 / other.p90:.2f}-{base.p90 / other.p10:.2f})"
+
+
 def ratio_table(rows: Sequence[Row], model: str, measure: str, impls: Sequence[str]) -> list[str]:
     """Markdown: per population, torch_impl's median and torch_impl / impl for each other impl.
 
-    The ratio's range pairs torch_impl's p10 with the other's p90 and vice versa (a pessimistic
-    and an optimistic reading of the spread).
+    Cells are the quantiles of round-by-round ratios where the run recorded them (`ratio_cell`).
     """
     pops = sorted({r.pop for r in rows if r.model == model and r.measure == measure})
     others = [i for i in impls if i != "torch_impl" and any(
@@ -83,10 +98,7 @@ def ratio_table(rows: Sequence[Row], model: str, measure: str, impls: Sequence[s
         cells = [str(pop), fmt(base.median) if base else "-"]
         for other in others:
             o = lookup(rows, other, model, pop, measure)
-            if base is None or o is None:
-                cells.append("-")
-            else:
-                cells.append(f"{base.median / o.median:.2f} ({base.p10 / o.p90:.2f}-{base.p90 / o.p10:.2f})")
+            cells.append("-" if base is None or o is None else ratio_cell(rows, model, pop, measure, base, o, other))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -138,13 +150,19 @@ def _impl_cols(rows: Sequence[Row], model: str, measure: str, impls: Sequence[st
     return [i for i in impls if any(r.impl == i and r.model == model and r.measure == measure for r in rows)]
 
 
-def _verdict(base: Row | None, other: Row | None, name: str) -> str:
+def _verdict(rows: Sequence[Row], base: Row | None, other: Row | None, name: str) -> str:
+    """One goal line: torch_impl's speed over `name`'s, round by round when measured so."""
     if base is None or other is None:
         return f"- torch_impl vs {name}: not measured"
-    r = base.median / other.median
+    paired = lookup(rows, name, base.model, base.pop, PAIRED.get(base.measure, ""))
+    if paired is not None:
+        r, lo, hi, how = paired.median, paired.p10, paired.p90, "p10-p90 of the round-by-round ratio"
+    else:
+        r, lo, hi, how = (base.median / other.median, base.p10 / other.p90, base.p90 / other.p10,
+                          "spread of the two")
     word = "faster than" if r >= 1 else "slower than"
     return (f"- torch_impl is {word} {name}: {r:.2f}x ({fmt(base.median)} vs {fmt(other.median)} {base.unit}; "
-            f"spread {base.p10 / other.p90:.2f}-{base.p90 / other.p10:.2f}x)")
+            f"{how} {lo:.2f}-{hi:.2f}x)")
 
 
 def _busy(load: str) -> bool:
@@ -153,6 +171,15 @@ def _busy(load: str) -> bool:
         return float(load.split(",")[0]) > 0.5 * (os.cpu_count() or 1)
     except ValueError:
         return True
+
+
+def _ratio(rows: Sequence[Row], impl: str, model: str, pop: int, measure: str, a: Row | None,
+           b: Row | None) -> str:
+    """"1.23x (p10-p90 1.1-1.4)" from a round-by-round ratio row, else a / b's medians, else ""."""
+    paired = lookup(rows, impl, model, pop, measure)
+    if paired is not None:
+        return f"{paired.median:.2f}x (round-by-round p10-p90 {paired.p10:.2f}-{paired.p90:.2f})"
+    return "" if a is None or b is None else f"{a.median / b.median:.2f}x"
 
 
 def layout_table(rows: Sequence[Row], model: str) -> list[str]:
@@ -167,9 +194,14 @@ def layout_table(rows: Sequence[Row], model: str) -> list[str]:
         g = lookup(rows, "torch_impl", model, pop, "forward_evals_per_s")
         m = lookup(rows, "torch_impl", model, pop, "forward_members_evals_per_s")
         h = lookup(rows, "hooks", model, pop, "forward_evals_per_s")
-        ratio = lambda a, b: "-" if a is None or b is None else f"{a.median / b.median:.2f} ({a.p10 / b.p90:.2f}-{a.p90 / b.p10:.2f})"
-        lines.append(f"| {pop} | {fmt(g.median) if g else '-'} | {fmt(m.median) if m else '-'} | {ratio(g, m)} | "
-                     f"{ratio(m, h)} |")
+        def ratio(impl, measure, a, b):
+            paired = lookup(rows, impl, model, pop, measure)
+            if paired is not None:
+                return f"{paired.median:.2f} ({paired.p10:.2f}-{paired.p90:.2f})"
+            return "-" if a is None or b is None else f"{a.median / b.median:.2f} ({a.p10 / b.p90:.2f}-{a.p90 / b.p10:.2f})"
+        lines.append(f"| {pop} | {fmt(g.median) if g else '-'} | {fmt(m.median) if m else '-'} | "
+                     f"{ratio('torch_impl', 'forward_layout_ratio', g, m)} | "
+                     f"{ratio('hooks', 'forward_members_ratio', m, h)} |")
     return lines
 
 
@@ -235,21 +267,22 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
         for impl in IMPLS[1:]:
             o = lookup(rows, impl, model, pop, "forward_evals_per_s")
             if o is not None:
-                add(_verdict(base, o, impl))
+                add(_verdict(rows, base, o, impl))
         members = lookup(rows, "torch_impl", model, pop, "forward_members_evals_per_s")
-        hooks = lookup(rows, "hooks", model, pop, "forward_evals_per_s")
-        if members is not None:
+        layout = _ratio(rows, "torch_impl", model, pop, "forward_layout_ratio", base, members)
+        style = _ratio(rows, "hooks", model, pop, "forward_members_ratio", members,
+                       lookup(rows, "hooks", model, pop, "forward_evals_per_s"))
+        if members is not None and layout:
             add(f"- the same forward handed the noise per member: {fmt(members.median)} evals/s, so the grouped "
-                f"layout gives {base.median / members.median:.2f}x" + (
-                    f" and the functional style alone, against hooks with the same per-member noise, "
-                    f"{members.median / hooks.median:.2f}x" if hooks else "") + ".")
+                f"layout gives {layout}" + (f" and the functional style alone, against hooks with the same "
+                                           f"per-member noise, {style}" if style else "") + ".")
         add("")
         add("Noise generation plus forward (each side draws its own noise):")
         base = lookup(rows, "torch_impl", model, pop, "forward_noise_evals_per_s")
         for impl in ("torch_impl_jaxrng", "jax_reference"):
             o = lookup(rows, impl, model, pop, "forward_noise_evals_per_s")
             if o is not None:
-                add(_verdict(base, o, impl))
+                add(_verdict(rows, base, o, impl))
         jr = lookup(rows, "torch_impl_jaxrng", model, pop, "forward_noise_evals_per_s")
         jx = lookup(rows, "jax_reference", model, pop, "forward_noise_evals_per_s")
         if jr and jx:
@@ -269,8 +302,9 @@ def summary_markdown(rows: Sequence[Row], ctx) -> str:
             if table:
                 add(f"## {title}: `{m.name}`")
                 add("")
-                add("torch_impl's median, then torch_impl / each other implementation (> 1: torch_impl is "
-                    "faster), with the range from the two spreads.")
+                add("torch_impl's median, then torch_impl's speed over each other implementation's (> 1: "
+                    "torch_impl is faster): the median and p10-p90 of the ratio taken round by round (each "
+                    "round calls every implementation once, in rotating order).")
                 add("")
                 L.extend(table)
                 add("")
