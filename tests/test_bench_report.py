@@ -5,7 +5,8 @@ import pytest
 
 from parity.bench import cli, report
 from parity.bench.ceilings import Ceilings
-from parity.bench.measure import Skipped, Summary, Timing, paired_ratio, rate_summary, time_round_robin
+from parity.bench.measure import (Skipped, Summary, Timing, median_ci, paired_ratio, rate_summary,
+                                  time_round_robin)
 from parity.bench.report import Row
 
 
@@ -19,6 +20,9 @@ def rows_fixture() -> list[Row]:
         r.append(Row("torch_impl", "cartpole", pop, "floor_fraction", 0.5, 0.4, 0.6, "fraction", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "forward_members_evals_per_s", 3000.0, 2700.0, 3300.0, "evals/s", "cpu"))
     r.append(Row("hooks", "cartpole", 256, "forward_ratio", 1.8, 1.5, 2.2, "x", "cpu"))   # round by round
+    r.append(Row("hooks", "cartpole", 2048, "forward_ratio", 1.9, 0.9, 2.5, "x", "cpu"))
+    r.append(Row("hooks", "cartpole", 2048, "forward_ratio_ci95_low", 0.95, 0.95, 0.95, "x", "cpu"))
+    r.append(Row("hooks", "cartpole", 2048, "forward_ratio_ci95_high", 2.1, 2.1, 2.1, "x", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "step_per_s", 20.0, 18.0, 22.0, "steps/s", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "step_noise_ms", 30.0, 28.0, 33.0, "ms", "cpu"))
     r.append(Row("torch_impl", "cartpole", 2048, "noise_share", 0.6, 0.6, 0.6, "fraction", "cpu"))
@@ -40,7 +44,7 @@ def test_ratio_table_divides_torch_impl_by_each_other():
     lines = report.ratio_table(rows_fixture(), "cartpole", "forward_evals_per_s", report.IMPLS)
     assert lines[0] == "| pop | torch_impl (median) | / hooks |"
     # 4000 / 2000 = 2; spread 3600 / (4000 / 1.5) = 1.35 and 4400 / 1600 = 2.75
-    assert lines[3] == "| 2048 | 4,000 | 2.00 (1.35-2.75) |"
+    assert lines[3] == "| 2048 | 4,000 | 1.90 (0.90-2.50) |"
     assert lines[2] == "| 256 | 1,000 | 1.80 (1.50-2.20) |"     # the round-by-round row where there is one
 
 
@@ -54,7 +58,8 @@ def test_summary_page_names_environment_goal_and_tables():
     )
     text = report.summary_markdown(rows_fixture(), ctx)
     for needle in ("torch threads (torch.get_num_threads()): 2", "torch t, jax j, numpy n",
-                   "torch_impl is faster than hooks: 2.00x", "| 2048 | 4,000 | 2.00 (1.35-2.75) |",
+                   "torch_impl is on par with (the interval holds 1) hooks: 1.90x",
+                   "95% CI of the median 0.95-2.10x", "| 2048 | 4,000 | 1.90 (0.90-2.50) |",
                    "## One ES step", "synthetic", "wide pop 16384: skipped", "50.0%",
                    # grouped 4000 / per-member 3000; per-member 3000 / hooks 2000
                    "the grouped layout gives 1.33x", "against hooks with the same per-member noise, 1.50x",
@@ -99,6 +104,18 @@ def test_paired_ratio_is_taken_round_by_round():
     assert s.median == 1.0 and s.p10 == pytest.approx(0.6) and s.p90 == pytest.approx(1.8)
     with pytest.raises(ValueError, match="same rounds"):
         paired_ratio(Timing((1.0,)), Timing((1.0, 2.0)))
+
+
+def test_median_ci_uses_binomial_order_statistics():
+    # n = 60: P(Binomial(60, 1/2) <= 21) = 0.0137 <= 0.025 < P(<= 22) = 0.0259, so ranks 22 and 39.
+    values = [float(v) for v in range(1, 61)]
+    assert median_ci(values) == (22.0, 39.0)
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)        # too few values for 95%: the full range
+    # Coverage: over 2000 samples of 60 normals the interval holds the true median about 95% of the time.
+    import numpy as np
+    rng = np.random.default_rng(0)
+    hits = sum(lo <= 0.0 <= hi for lo, hi in (median_ci(rng.standard_normal(60)) for _ in range(2000)))
+    assert 0.95 <= hits / 2000 <= 0.99     # exact coverage 1 - 2 P(B <= 21) = 0.9727; binomial sd 0.0036
 
 
 def test_rate_summary_is_work_over_each_call():

@@ -18,7 +18,7 @@ import torch
 
 from parity.bench import ceilings as ceil
 from parity.bench import report, runners
-from parity.bench.measure import (Skipped, Timing, ms_summary, paired_ratio, rate_summary, summarize,
+from parity.bench.measure import (Skipped, Timing, median_ci, ms_summary, paired_ratio, rate_summary, summarize,
                                   time_round_robin)
 from parity.bench.report import Row
 from parity.bench.runners import Case, ModelSpec
@@ -197,9 +197,13 @@ class Bench:
 
     def add_ratio(self, impl: str, model: str, pop: int, measure: str, base: Timing, other: Timing,
                   device: str) -> None:
-        """Round-by-round other / base time (base's speed over other's) as one row."""
+        """Round-by-round other / base time (base's speed over other's) as one row, and the 95% confidence
+        interval of its median as two more (`{measure}_ci95_low`, `_high`)."""
         s = paired_ratio(base, other)
         self.rows.append(Row(impl, model, pop, measure, s.median, s.p10, s.p90, "x", device))
+        lo, hi = median_ci([o / b for b, o in zip(base.seconds, other.seconds)])
+        self.add_value(impl, model, pop, f"{measure}_ci95_low", lo, "x", device)
+        self.add_value(impl, model, pop, f"{measure}_ci95_high", hi, "x", device)
 
     # -------------------------------------------------------------------------------- parts
     def measure_ceilings(self, when: str) -> None:

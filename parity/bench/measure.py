@@ -1,6 +1,7 @@
 """Timing: run a callable after a warm-up, collect per-call wall times, summarise as quantiles."""
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, NamedTuple, Sequence
 
@@ -83,6 +84,30 @@ def paired_ratio(base: Timing, other: Timing) -> Summary:
     if len(base.seconds) != len(other.seconds):
         raise ValueError(f"paired timings need the same rounds, got {len(base.seconds)} and {len(other.seconds)}")
     return summarize([o / b for b, o in zip(base.seconds, other.seconds)])
+
+
+@functools.lru_cache(maxsize=64)
+def _median_rank(n: int, level: float) -> int:
+    """The largest l with P(Binomial(n, 1/2) <= l - 1) <= (1 - level) / 2, or 0."""
+    from scipy.stats import binom
+
+    ks = np.arange(1, n // 2 + 1)
+    ok = ks[binom.cdf(ks - 1, n, 0.5) <= (1.0 - level) / 2.0]
+    return int(ok.max()) if ok.size else 0
+
+
+def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: the order statistics (l, n + 1 - l) with the
+    largest l such that P(Binomial(n, 1/2) < l) <= (1 - level) / 2. Needs n >= 6 for 95%; smaller samples
+    get the full range (an interval that cannot be narrowed honestly)."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    n = v.size
+    if n == 0:
+        raise ValueError("need at least one value")
+    l = _median_rank(n, level)                   # 1-based rank of the lower bound; 0: none qualifies
+    if l == 0:
+        return float(v[0]), float(v[-1])
+    return float(v[l - 1]), float(v[n - l])
 
 
 class Skipped(NamedTuple):

@@ -154,15 +154,25 @@ def _verdict(rows: Sequence[Row], base: Row | None, other: Row | None, name: str
     """One goal line: torch_impl's speed over `name`'s, round by round when measured so."""
     if base is None or other is None:
         return f"- torch_impl vs {name}: not measured"
-    paired = lookup(rows, name, base.model, base.pop, PAIRED.get(base.measure, ""))
+    measure = PAIRED.get(base.measure, "")
+    paired = lookup(rows, name, base.model, base.pop, measure)
+    ci_lo = lookup(rows, name, base.model, base.pop, f"{measure}_ci95_low")
+    ci_hi = lookup(rows, name, base.model, base.pop, f"{measure}_ci95_high")
     if paired is not None:
-        r, lo, hi, how = paired.median, paired.p10, paired.p90, "p10-p90 of the round-by-round ratio"
+        r, lo, hi, how = paired.median, paired.p10, paired.p90, "rounds' p10-p90"
     else:
         r, lo, hi, how = (base.median / other.median, base.p10 / other.p90, base.p90 / other.p10,
                           "spread of the two")
-    word = "faster than" if r >= 1 else "slower than"
+    ci = ""
+    if ci_lo is not None and ci_hi is not None:
+        ci = f"95% CI of the median {ci_lo.median:.2f}-{ci_hi.median:.2f}x; "
+        # The verdict follows the interval: "on par" when it holds 1.
+        word = ("faster than" if ci_lo.median > 1 else "slower than" if ci_hi.median < 1
+                else "on par with (the interval holds 1)")
+    else:
+        word = "faster than" if r >= 1 else "slower than"
     return (f"- torch_impl is {word} {name}: {r:.2f}x ({fmt(base.median)} vs {fmt(other.median)} {base.unit}; "
-            f"{how} {lo:.2f}-{hi:.2f}x)")
+            f"{ci}{how} {lo:.2f}-{hi:.2f}x)")
 
 
 def _busy(load: str) -> bool:
