@@ -69,16 +69,24 @@ def fmt(v: float) -> str:
 PAIRED = {"forward_evals_per_s": "forward_ratio", "forward_noise_evals_per_s": "forward_noise_ratio"}
 
 
-def ratio_cell(rows: Sequence[Row], model: str, pop: int, measure: str, base: Row | None, other: Row | None,
-               impl: str) -> str:
-    """"median (p10-p90)" of torch_impl / impl: the round-by-round ratios when measured, else the ratio of
-    the medians with the pessimistic / optimistic pairing of the two spreads."""
-    paired = lookup(rows, impl, model, pop, PAIRED.get(measure, ""))
+def ratio_stats(rows: Sequence[Row], impl: str, model: str, pop: int, paired_measure: str, a: Row | None,
+                b: Row | None) -> tuple[float, float, float, bool] | None:
+    """(median, low, high, round_by_round) of a / b: the round-by-round ratio row `paired_measure` of `impl`
+    when the run recorded one, else the ratio of the medians with the pessimistic / optimistic pairing of
+    the two spreads; None when neither is there."""
+    paired = lookup(rows, impl, model, pop, paired_measure)
     if paired is not None:
-        return f"{paired.median:.2f} ({paired.p10:.2f}-{paired.p90:.2f})"
-    if base is None or other is None:
-        return "-"
-    return f"{base.median / other.median:.2f} ({base.p10 / other.p90:.2f}-{base.p90 / other.p10:.2f})"
+        return paired.median, paired.p10, paired.p90, True
+    if a is None or b is None:
+        return None
+    return a.median / b.median, a.p10 / b.p90, a.p90 / b.p10, False
+
+
+def ratio_cell(rows: Sequence[Row], model: str, pop: int, paired_measure: str, a: Row | None, b: Row | None,
+               impl: str) -> str:
+    """"median (low-high)" of `ratio_stats`, "-" when not measured."""
+    stats = ratio_stats(rows, impl, model, pop, paired_measure, a, b)
+    return "-" if stats is None else f"{stats[0]:.2f} ({stats[1]:.2f}-{stats[2]:.2f})"
 
 
 def ratio_table(rows: Sequence[Row], model: str, measure: str, impls: Sequence[str]) -> list[str]:
@@ -98,7 +106,8 @@ def ratio_table(rows: Sequence[Row], model: str, measure: str, impls: Sequence[s
         cells = [str(pop), fmt(base.median) if base else "-"]
         for other in others:
             o = lookup(rows, other, model, pop, measure)
-            cells.append("-" if base is None or o is None else ratio_cell(rows, model, pop, measure, base, o, other))
+            cells.append("-" if base is None or o is None
+                         else ratio_cell(rows, model, pop, PAIRED.get(measure, ""), base, o, other))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -155,14 +164,10 @@ def _verdict(rows: Sequence[Row], base: Row | None, other: Row | None, name: str
     if base is None or other is None:
         return f"- torch_impl vs {name}: not measured"
     measure = PAIRED.get(base.measure, "")
-    paired = lookup(rows, name, base.model, base.pop, measure)
+    r, lo, hi, paired = ratio_stats(rows, name, base.model, base.pop, measure, base, other)
+    how = "rounds' p10-p90" if paired else "spread of the two"
     ci_lo = lookup(rows, name, base.model, base.pop, f"{measure}_ci95_low")
     ci_hi = lookup(rows, name, base.model, base.pop, f"{measure}_ci95_high")
-    if paired is not None:
-        r, lo, hi, how = paired.median, paired.p10, paired.p90, "rounds' p10-p90"
-    else:
-        r, lo, hi, how = (base.median / other.median, base.p10 / other.p90, base.p90 / other.p10,
-                          "spread of the two")
     ci = ""
     if ci_lo is not None and ci_hi is not None:
         ci = f"95% CI of the median {ci_lo.median:.2f}-{ci_hi.median:.2f}x; "
@@ -185,11 +190,12 @@ def _busy(load: str) -> bool:
 
 def _ratio(rows: Sequence[Row], impl: str, model: str, pop: int, measure: str, a: Row | None,
            b: Row | None) -> str:
-    """"1.23x (p10-p90 1.1-1.4)" from a round-by-round ratio row, else a / b's medians, else ""."""
-    paired = lookup(rows, impl, model, pop, measure)
-    if paired is not None:
-        return f"{paired.median:.2f}x (round-by-round p10-p90 {paired.p10:.2f}-{paired.p90:.2f})"
-    return "" if a is None or b is None else f"{a.median / b.median:.2f}x"
+    """"1.23x (round-by-round p10-p90 1.10-1.40)", or "1.23x" from the medians, or "" (see ratio_stats)."""
+    stats = ratio_stats(rows, impl, model, pop, measure, a, b)
+    if stats is None:
+        return ""
+    r, lo, hi, paired = stats
+    return f"{r:.2f}x (round-by-round p10-p90 {lo:.2f}-{hi:.2f})" if paired else f"{r:.2f}x"
 
 
 def layout_table(rows: Sequence[Row], model: str) -> list[str]:
@@ -204,14 +210,9 @@ def layout_table(rows: Sequence[Row], model: str) -> list[str]:
         g = lookup(rows, "torch_impl", model, pop, "forward_evals_per_s")
         m = lookup(rows, "torch_impl", model, pop, "forward_members_evals_per_s")
         h = lookup(rows, "hooks", model, pop, "forward_evals_per_s")
-        def ratio(impl, measure, a, b):
-            paired = lookup(rows, impl, model, pop, measure)
-            if paired is not None:
-                return f"{paired.median:.2f} ({paired.p10:.2f}-{paired.p90:.2f})"
-            return "-" if a is None or b is None else f"{a.median / b.median:.2f} ({a.p10 / b.p90:.2f}-{a.p90 / b.p10:.2f})"
         lines.append(f"| {pop} | {fmt(g.median) if g else '-'} | {fmt(m.median) if m else '-'} | "
-                     f"{ratio('torch_impl', 'forward_layout_ratio', g, m)} | "
-                     f"{ratio('hooks', 'forward_members_ratio', m, h)} |")
+                     f"{ratio_cell(rows, model, pop, 'forward_layout_ratio', g, m, 'torch_impl')} | "
+                     f"{ratio_cell(rows, model, pop, 'forward_members_ratio', m, h, 'hooks')} |")
     return lines
 
 
