@@ -130,9 +130,10 @@ def forward(
     """Every member's perturbed MLP in one batched call per layer; the plain MLP when `noise` is None.
 
     Per layer, as the reference: `x @ W^T + (x @ B) @ A^T + b + bias noise` (summed in another order,
-    within float32 rounding). Five kernels per layer: addmm (shared product and b), bmm (x B), in-place
-    baddbmm (+ t A^T), in-place bias-noise add, the activation. Grouped noise (Noise.signs) is read once
-    per draw: the k members of a group go through one bmm with that draw's factors.
+    within float32 rounding). Per layer: addmm (shared product and b), bmm (B^T x^T), in-place baddbmm
+    (+ (x B) A^T), in-place bias-noise add, the activation. Grouped noise (Noise.signs) is read once per
+    draw: the k members of a group go through one bmm with that draw's factors, and the negative
+    members' (x B) and bias noise change sign (one small in-place kernel each).
     """
     n_layers = n_layers_of(params)
     if x.dim() not in (2, 3):
