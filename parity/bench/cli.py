@@ -22,6 +22,7 @@ from parity.bench.measure import (Skipped, Timing, median_ci, ms_summary, paired
                                   time_round_robin)
 from parity.bench.report import Row
 from parity.bench.runners import Case, ModelSpec
+from torch_impl.noise import per_member
 
 CARTPOLE = ModelSpec("cartpole", (4, 256, 256, 2))
 WIDE = ModelSpec("wide", (256, 1024, 1024, 256))
@@ -229,11 +230,15 @@ class Bench:
         params = self.params(spec)
         x = runners.make_inputs(spec, pop, self.seed, self.device)
         noise = runners.torch_noise(params, spec, pop, "torch", self.seed, self.device)
+        # Expanded per member once for all the cases that read it so (forward_case's per_member is then a
+        # no-op): at pop 16384 one copy is ~270 MB.
+        members = per_member(noise)
         cases: dict[str, Case] = {}
         measure = "forward_evals_per_s"
         for impl in ("torch_impl", "torch_impl_members", "hooks", "materialized", "loop"):
             if self.allowed(impl, spec, pop) and self.predicted_ok(impl, spec, pop, measure):
-                cases[impl] = runners.forward_case(impl, params, x, noise, spec.activation, self.device)
+                cases[impl] = runners.forward_case(impl, params, x, noise if impl == "torch_impl" else members,
+                                                   spec.activation, self.device)
         if "torch_impl_jaxrng" in extra and runners.jax_random_available():
             jnoise = runners.torch_noise(params, spec, pop, "jax", self.seed, self.device)
             cases["torch_impl_jaxrng"] = runners.forward_case("torch_impl_jaxrng", params, x, jnoise,

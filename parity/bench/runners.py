@@ -109,7 +109,7 @@ def forward_case(impl: str, params, x, noise: Noise, activation: str, device: to
     torch_impl gets the noise as sample_noise returns it (grouped: one entry per antithetic pair, read
     once per pair); `torch_impl_members` is the same forward handed the noise per member. hooks,
     materialized and loop get it per member, as those styles look up a member's perturbation; the
-    expansion happens here, outside the timed call.
+    expansion happens here, outside the timed call (a no-op when `noise` is already per member).
     """
     sync = torch_sync(device)
     dev = device.type
