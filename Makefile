@@ -23,10 +23,10 @@ parity: setup
 	$(PY) -m parity check --out reports/parity $(ARGS)
 
 gap: setup
-	$(PY) -m parity gap --out reports/gap $(ARGS)
+	$(PY) -m gap --out reports/gap $(ARGS)
 
 bench: setup
-	$(PY) -m parity bench --out reports/bench $(ARGS)
+	$(PY) -m bench --out reports/bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torch_impl.config import PRESETS, add_override_arguments, apply_overrides, check_pairing
-from torch_impl.knobs import KnobError, reference_only
+from spec.cli import add_override_arguments, apply_overrides
+from spec.config import PRESETS, check_pairing
+from spec.knobs import KnobError
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_reference", description=__doc__,
@@ -25,25 +26,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configure(args: argparse.Namespace):
-    """(Config, Knobs) from the preset, then the explicit flags; raises ValueError/KnobError."""
-    cfg, preset_knobs = PRESETS[args.preset]
-    cfg, knobs = apply_overrides(args, cfg, reference_only(preset_knobs))
+    """(Config, RunSettings) from the preset, then the explicit flags; raises ValueError/KnobError."""
+    cfg, run = PRESETS[args.preset]
+    cfg, run = apply_overrides(args, cfg, run)
     check_pairing(cfg.pop, "interleaved")
-    return cfg, knobs
+    return cfg, run
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        cfg, knobs = configure(args)
+        cfg, run = configure(args)
     except (KnobError, ValueError) as err:
         parser.error(str(err))   # exits 2
     from jax_reference.train import train   # jax import only once the arguments are known good
 
     if not args.quiet:
-        print(f"JAX reference EggRoll  seed {args.seed}  {cfg}  {knobs}", flush=True)
-    result = train(cfg, knobs, args.seed, progress=not args.quiet, exact_graph=args.exact_graph)
+        print(f"JAX reference EggRoll  seed {args.seed}  {cfg}  {run}", flush=True)
+    result = train(cfg, run, args.seed, progress=not args.quiet, exact_graph=args.exact_graph)
     if args.quiet:
         print(f"steps_to_solve {result.steps_to_solve}" if result.solved else f"not solved ({result.env_steps} steps)")
     return 0 if result.solved else 1

@@ -23,7 +23,7 @@ ES_CLASSES = (PARAM, MM_PARAM, EMB_PARAM, EXCLUDED)
 
 
 # ----------------------------------------------------------------------------- noise of one member
-def true_epoch(noise_reuse: int, epoch):
+def true_epoch(epoch, noise_reuse: int):
     """The epoch the noise is drawn for: 0 forever when noise_reuse == 0 (upstream's quirk), else epoch // noise_reuse."""
     return 0 if noise_reuse == 0 else epoch // noise_reuse
 
@@ -31,7 +31,7 @@ def true_epoch(noise_reuse: int, epoch):
 def member_key(base_key, noise_reuse: int, iterinfo):
     """fold_in(fold_in(k, true_epoch), thread_id // 2): members 2p and 2p+1 share the key of pair p."""
     epoch, thread_id = iterinfo
-    return jax.random.fold_in(jax.random.fold_in(base_key, true_epoch(noise_reuse, epoch)), thread_id // 2)
+    return jax.random.fold_in(jax.random.fold_in(base_key, true_epoch(epoch, noise_reuse)), thread_id // 2)
 
 
 def signed_sigma(base_sigma, thread_id):
@@ -71,22 +71,31 @@ def lowrank_sigma(noiser_params, frozen_noiser_params):
 
 
 # ----------------------------------------------------------------------------- gradients of one leaf
-def lowrank_grad(base_sigma, param, key, scores, iterinfos, frozen_noiser_params):
-    """g = einsum('nir,njr->ij', f * A, B) / N for a low-rank leaf (A already carries ±sigma/sqrt(r))."""
-    factors = jax.vmap(partial(lowrank_factors, frozen_noiser_params), in_axes=(None, 0, None, None))
-    A, B = factors(base_sigma / jnp.sqrt(frozen_noiser_params["rank"]), iterinfos, param, key)  # (N,a,r),(N,b,r)
+def factor_grad(A, B, scores):
+    """g = einsum('nir,njr->ij', f * A, B) / N from given factors A (N, a, r) (already times ±sigma/sqrt(r)), B (N, b, r)."""
     weighted = jnp.reshape(scores, scores.shape + (1, 1)) * A
     return jnp.einsum("nir,njr->ij", weighted, B) / scores.shape[0]
 
 
+def noise_grad(eps, scores):
+    """g = mean_i(f_i * eps_i) from given full-rank noise eps (N, *shape) (already times ±sigma)."""
+    weighted = jnp.reshape(scores, scores.shape + (1,) * (eps.ndim - 1)) * eps
+    return jnp.mean(weighted, axis=0)
+
+
+def lowrank_grad(base_sigma, param, key, scores, iterinfos, frozen_noiser_params):
+    """factor_grad of every member's factors for a low-rank leaf, drawn with the noiser's own key."""
+    factors = jax.vmap(partial(lowrank_factors, frozen_noiser_params), in_axes=(None, 0, None, None))
+    A, B = factors(base_sigma / jnp.sqrt(frozen_noiser_params["rank"]), iterinfos, param, key)  # (N,a,r),(N,b,r)
+    return factor_grad(A, B, scores)
+
+
 def fullrank_grad(base_sigma, param, key, scores, iterinfos, frozen_noiser_params):
-    """g = mean_i(f_i * eps_i * ±sigma) for a full-rank leaf; zero when freeze_nonlora."""
+    """noise_grad of every member's noise for a full-rank leaf; zero when freeze_nonlora."""
     if frozen_noiser_params["freeze_nonlora"]:
         return jnp.zeros_like(param)
     noise = jax.vmap(partial(fullrank_noise, frozen_noiser_params), in_axes=(None, 0, None, None))
-    eps = noise(base_sigma, iterinfos, param, key)                                   # (N, *param.shape)
-    weighted = jnp.reshape(scores, scores.shape + (1,) * param.ndim) * eps
-    return jnp.mean(weighted, axis=0).astype(param.dtype)
+    return noise_grad(noise(base_sigma, iterinfos, param, key), scores).astype(param.dtype)   # (N, *shape) -> shape
 
 
 def no_grad(base_sigma, param, key, scores, iterinfos, frozen_noiser_params):

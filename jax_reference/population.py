@@ -126,9 +126,10 @@ def population_noise(frozen_noiser_params, noiser_params, params, es_tree_key, e
 class CachedNoise(EggRoll):
     """EggRoll's products, with each member's noise handed in where the key would be.
 
-    Used with a `member_noise_tree` slice as es_tree_key, `Model.forward` runs EggRoll's
-    expressions on the noiser's own draws without redrawing them at every call: the trainer
-    draws once per epoch and steps the episodes with it.
+    The key slot of an MM leaf carries its factors (A, B); of a PARAM leaf either (eps, +-sigma), as
+    `member_noise_tree` gives it (so `param + eps * s` is evaluated where the noiser evaluates it), or the
+    scaled noise itself, or None for no noise. The trainer draws once per epoch with it; the parity suite
+    feeds it any port's factors, so both run EggRoll's own expressions on given noise.
     """
 
     @classmethod
@@ -149,10 +150,12 @@ class CachedNoise(EggRoll):
 
     @classmethod
     def get_noisy_standard(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo):
-        if iterinfo is None or frozen_noiser_params["freeze_nonlora"]:
+        if iterinfo is None or base_key is None or frozen_noiser_params.get("freeze_nonlora", False):
             return param
-        eps, s = base_key
-        return param + eps * s
+        if isinstance(base_key, tuple):
+            eps, s = base_key
+            return param + eps * s
+        return param + base_key
 
 
 def make_cached_population_forward(frozen_params, frozen_noiser_params, model=MLP):

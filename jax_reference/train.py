@@ -21,18 +21,12 @@ from jax_reference.population import (leaf_names, make_cached_population_forward
                                       member_noise_tree, population_iterinfos)
 from rollout import cartpole
 from rollout.episodes import run_episodes
-from torch_impl.config import N_ACTIONS, OBS_DIM, SOLVED_RETURN, Config, check_pairing, schedule
-from torch_impl.knobs import KnobError, Knobs, drifts, reference_only
+from spec.config import N_ACTIONS, OBS_DIM, SOLVED_RETURN, Config, check_pairing, schedule
+from spec.knobs import RunSettings
+from spec.run import Progress, TrainResult, epoch_row
 
+# knob optimizer -> the optax solver the noiser is given (upstream's default is optax.sgd)
 SOLVERS = {"sgd": optax.sgd, "adam": optax.adam, "adamw": optax.adamw}
-
-
-class TrainResult(NamedTuple):
-    solved: bool
-    steps_to_solve: int | None
-    epochs: int
-    env_steps: int
-    history: list[dict]   # per epoch: epoch, env_steps, mean_return, max_return, sigma, lr, grad_norm/<leaf>, wall_s
 
 
 class RunKeys(NamedTuple):
@@ -49,18 +43,6 @@ def run_keys(seed: int) -> RunKeys:
 def action_uniforms(action_key, epoch: int, pop: int) -> np.ndarray:
     """(MAX_STEPS, pop) float32 in [0, 1): uniform(fold_in(action_key, epoch))."""
     return np.asarray(jax.random.uniform(jax.random.fold_in(action_key, epoch), (cartpole.MAX_STEPS, pop)))
-
-
-def check_reference_knobs(knobs: Knobs) -> None:
-    """The JAX side runs the reference only: a torch-only knob away from its reference value is an error."""
-    departed = drifts(knobs, reference_only(knobs))
-    if departed:
-        listing = ", ".join(f"{name}={new!r} (reference: {ref!r})" for name, (ref, new) in departed.items())
-        raise KnobError(
-            f"jax_reference runs the reference EggRoll only; these knobs describe a drifted torch port: {listing}. "
-            f"Set them to the reference values; the JAX side reads only activation, noise_reuse, optimizer, "
-            f"lr_decay and sigma_decay."
-        )
 
 
 def lr_schedule(lr: float, lr_decay: float, max_epochs: int):
@@ -125,43 +107,44 @@ def _policy_maker(frozen_params, es_map, frozen_noiser_params, pop: int, exact_g
     return for_epoch
 
 
-def init_model(cfg: Config, knobs: Knobs, model_key) -> CommonInit:
+def init_model(cfg: Config, run: RunSettings, model_key) -> CommonInit:
     """MLP.rand_init(model_key, 4, 2, [hidden] * (layers - 1), True, activation, float32)."""
-    return MLP.rand_init(model_key, OBS_DIM, N_ACTIONS, [cfg.hidden] * (cfg.layers - 1), True, knobs.activation,
+    return MLP.rand_init(model_key, OBS_DIM, N_ACTIONS, [cfg.hidden] * (cfg.layers - 1), True, run.activation,
                          jnp.float32)
 
 
 @lru_cache(maxsize=8)
-def plan(cfg: Config, knobs: Knobs) -> Plan:
-    """Built once per (cfg, knobs): runs with other seeds reuse the compiled functions."""
-    template = init_model(cfg, knobs, jax.random.key(0))
+def plan(cfg: Config, run: RunSettings) -> Plan:
+    """Built once per (cfg, run settings): runs with other seeds reuse the compiled functions."""
+    template = init_model(cfg, run, jax.random.key(0))
     max_epochs = -(-cfg.max_env_steps // cfg.pop)     # every member takes >= 1 step per epoch
     frozen_noiser_params, _ = EggRoll.init_noiser(
-        template.params, cfg.sigma, lr_schedule(cfg.lr, knobs.lr_decay, max_epochs), solver=SOLVERS[knobs.optimizer],
-        group_size=cfg.group_size, noise_reuse=knobs.noise_reuse, rank=cfg.rank)
+        template.params, cfg.sigma, lr_schedule(cfg.lr, run.lr_decay, max_epochs), solver=SOLVERS[run.optimizer],
+        group_size=cfg.group_size, noise_reuse=run.noise_reuse, rank=cfg.rank)
     return Plan(template.frozen_params, template.scan_map, template.es_map, frozen_noiser_params,
                 _stepper(frozen_noiser_params, template.es_map, cfg.pop),
                 _policy_maker(template.frozen_params, template.es_map, frozen_noiser_params, cfg.pop, False))
 
 
 @lru_cache(maxsize=8)
-def exact_policy(cfg: Config, knobs: Knobs) -> Callable:
+def exact_policy(cfg: Config, run: RunSettings) -> Callable:
     """The plan's policy maker for upstream's graph (built on first use only)."""
-    p = plan(cfg, knobs)
+    p = plan(cfg, run)
     return _policy_maker(p.frozen_params, p.es_map, p.frozen_noiser_params, cfg.pop, True)
 
 
-def train(cfg: Config, knobs: Knobs, seed: int, progress: bool = True, stream: TextIO | None = None,
+def train(cfg: Config, run: RunSettings, seed: int, progress: bool = True, stream: TextIO | None = None,
           exact_graph: bool = False) -> TrainResult:
     """Run ES epochs until the population's mean return reaches 475 or cfg.max_env_steps are spent."""
-    check_reference_knobs(knobs)
+    if not isinstance(run, RunSettings):
+        raise TypeError(f"jax_reference runs the reference EggRoll, configured by RunSettings; got {type(run).__name__} "
+                        "(a port's Knobs: pass knobs.run for the reference run it describes)")
     check_pairing(cfg.pop, "interleaved")       # EggRoll always pairs members 2k, 2k+1
-    stream = stream or sys.stdout
-    live = progress and stream.isatty()
+    show = Progress(stream or sys.stdout, progress)
     keys = run_keys(seed)
-    p = plan(cfg, knobs)
-    policy_for = exact_policy(cfg, knobs) if exact_graph else p.policy_for
-    params = init_model(cfg, knobs, keys.model).params
+    p = plan(cfg, run)
+    policy_for = exact_policy(cfg, run) if exact_graph else p.policy_for
+    params = init_model(cfg, run, keys.model).params
     es_tree_key = simple_es_tree_key(params, keys.es, p.scan_map)
     # what EggRoll.init_noiser returns for these params (the solver is the plan's, built once)
     noiser_params = {"sigma": cfg.sigma, "opt_state": p.frozen_noiser_params["solver"].init(params)}
@@ -170,34 +153,22 @@ def train(cfg: Config, knobs: Knobs, seed: int, progress: bool = True, stream: T
     history: list[dict] = []
     env_steps, epoch, solved_at, start = 0, 0, None, time.perf_counter()
     while env_steps < cfg.max_env_steps:
-        sigma_e = np.float32(schedule(cfg.sigma, knobs.sigma_decay, epoch))
-        lr_e = np.float32(schedule(cfg.lr, knobs.lr_decay, epoch))
+        sigma_e = np.float32(schedule(cfg.sigma, run.sigma_decay, epoch))
+        lr_e = np.float32(schedule(cfg.lr, run.lr_decay, epoch))
         noiser_params = {**noiser_params, "sigma": jnp.float32(sigma_e)}
         init_state = cartpole.reset(seed + epoch + np.arange(cfg.pop))
         policy = policy_for(noiser_params, params, es_tree_key, epoch)
         returns = run_episodes(policy, init_state, action_uniforms(keys.action, epoch, cfg.pop)).returns
         env_steps += int(returns.sum())
         noiser_params, params, norms = p.step(noiser_params, params, es_tree_key, jnp.asarray(returns), jnp.int32(epoch))
-        wall = time.perf_counter() - start
-        row = {"epoch": epoch, "env_steps": env_steps, "mean_return": float(returns.mean()),
-               "max_return": float(returns.max()), "sigma": float(sigma_e), "lr": float(lr_e)}
-        flat_norms = jax.tree.leaves(norms)
-        row.update({f"grad_norm/{name}": float(n) for name, n in zip(names, flat_norms)})
-        row["wall_s"] = wall
+        row = epoch_row(epoch, env_steps, returns.mean(), returns.max(), sigma_e, lr_e,
+                        dict(zip(names, map(float, jax.tree.leaves(norms)))), time.perf_counter() - start)
         history.append(row)
-        if progress:
-            line = (f"epoch {epoch:5d}  steps {env_steps:>11,d}  mean {row['mean_return']:6.1f}  "
-                    f"max {row['max_return']:5.0f}  {env_steps / max(wall, 1e-9):>9,.0f} steps/s")
-            print(("\r" + line) if live else line, end="" if live else "\n", file=stream, flush=True)
+        show.epoch(row)
         epoch += 1
         if row["mean_return"] >= SOLVED_RETURN:
             solved_at = env_steps
             break
     result = TrainResult(solved_at is not None, solved_at, len(history), env_steps, history)
-    if progress:
-        wall = time.perf_counter() - start
-        verdict = (f"solved in {result.steps_to_solve:,d} env steps ({result.epochs} epochs, {wall:.1f} s)"
-                   if result.solved else
-                   f"not solved within {env_steps:,d} env steps ({result.epochs} epochs, {wall:.1f} s)")
-        print(("\n" if live else "") + verdict, file=stream, flush=True)
+    show.done(result, time.perf_counter() - start)
     return result

@@ -1,1 +1,1 @@
-"""The parity harness: the suite (`python -m parity check`), the port adapter protocol, the gap study, the benchmark."""
+"""The parity suite: does a port compute what the JAX reference computes (`python -m parity check`), and the port adapter protocol through which any port is checked."""

@@ -47,7 +47,7 @@ Attributes
                                     difference is a drift); False: compared in distribution only.
 
 Loading: `--port package.module:attr`. attr is an adapter object, or a class/factory called with the
-run's `torch_impl.config.Config` (pop, rank, sigma, lr, hidden, layers, group_size) that returns one.
+run's `spec.config.Config` (pop, rank, sigma, lr, hidden, layers, group_size) that returns one.
 `CheckedPort` wraps an adapter so that a missing method, a wrong shape or dtype, or an exception
 inside the port becomes a `PortError` naming the method and what was expected.
 """

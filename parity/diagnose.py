@@ -2,7 +2,7 @@
 
 Nothing here reads a port's knobs (a foreign port has none): each function takes measurements
 (mirror maps, which epochs share noise, which candidate formula reproduces the port's output, norm
-ratios) and returns a `Cause` whose text names the knob (`DESCRIPTIONS` of torch_impl.knobs) and
+ratios) and returns a `Cause` whose text names the knob (`DESCRIPTIONS` of spec.knobs) and
 what was seen.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from parity.verdict import Cause, fmt
-from torch_impl.knobs import DESCRIPTIONS
+from spec.knobs import DESCRIPTIONS
 
 
 def cause(knob: str, detail: str) -> Cause:

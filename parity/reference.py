@@ -1,11 +1,13 @@
 """The JAX reference as the parity suite sees it: `jax_reference` behind the port adapter protocol.
 
-Noise comes from the noiser's own `lowrank_factors` / `fullrank_noise` (so it is what `do_mm` and
-`do_updates` use); forwards run the reference `MLP` with a noiser whose factors are given (the
-reference's `do_mm` expression, fed shared noise); the ES epoch (`es_tell`) is the real
-`EggRoll.convert_fitnesses` + `EggRoll.do_updates`. The reference run's knobs are
-`torch_impl.knobs.reference_only(...)` of the preset (activation, noise_reuse, optimizer, lr_decay,
-sigma_decay); `with_run_knobs` builds the candidates the diagnosis compares a port with.
+Noise is drawn with the noiser's own key (`noiser.member_key`) and `jax.random.normal`, vmapped over
+members and padded to a few compiled sizes for speed, then scaled by sigma/sqrt(r) and the member's sign in
+float32 as the noiser's eager code does (tests/test_parity_reference.py checks it bit for bit against
+`population_noise`, the noiser's own `lowrank_factors` / `fullrank_noise`). Forwards run the reference
+`MLP` with `population.CachedNoise`, the noiser whose key slot carries given factors (EggRoll's `do_mm`
+expression, fed shared noise); the ES epoch (`es_tell`) is the real `EggRoll.convert_fitnesses` +
+`EggRoll.do_updates`. The reference run is configured by `RunSettings` (activation, noise_reuse,
+optimizer, lr_decay, sigma_decay); `with_run_knobs` builds the candidates the diagnosis compares a port with.
 """
 from __future__ import annotations
 
@@ -17,15 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax_reference.models import MLP, MM_PARAM, PARAM
-from jax_reference.noiser import EggRoll, lowrank_sigma, member_key, solver_input
-from jax_reference.population import flat_to_params, params_to_flat
-from jax_reference.models import simple_es_tree_key
+from jax_reference.models import MLP, MM_PARAM, PARAM, simple_es_tree_key
+from jax_reference.noiser import EggRoll, factor_grad, lowrank_sigma, member_key, noise_grad, solver_input
+from jax_reference.population import CachedNoise, flat_to_params, params_to_flat
+from jax_reference.train import SOLVERS
 from rollout.cartpole import MAX_STEPS
-from torch_impl.config import Config, schedule
-from torch_impl.knobs import Knobs, reference_only
-
-SOLVERS = {"sgd": optax.sgd, "adam": optax.adam, "adamw": optax.adamw}
+from spec.config import Config, schedule
+from spec.knobs import RunSettings
 
 
 def enable_compile_cache() -> None:
@@ -113,19 +113,6 @@ def _a_scale(sigma: float, rank: int) -> np.float32:
     return np.float32(lowrank_sigma({"sigma": sigma}, {"rank": rank}))
 
 
-class FactorNoiser(EggRoll):
-    """EggRoll's forward arithmetic with the factors given: the key slot carries (A, B) or eps instead of a key."""
-
-    @classmethod
-    def do_mm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
-        A, B = base_key
-        return x @ param.T + x @ B @ A.T           # the expression of EggRoll.do_mm
-
-    @classmethod
-    def get_noisy_standard(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo):
-        return param if base_key is None else param + base_key
-
-
 @lru_cache(maxsize=16)
 def _forward_fn(activation: str, noisy: bool):
     frozen_params = {"activation": activation}
@@ -137,34 +124,26 @@ def _forward_fn(activation: str, noisy: bool):
         return plain
 
     def one(params, factors, x):
-        return MLP.forward(FactorNoiser, {}, {}, frozen_params, params, factors, (0, 0), x)
+        return MLP.forward(CachedNoise, {}, {}, frozen_params, params, factors, (0, 0), x)
 
     return jax.jit(jax.vmap(one, in_axes=(None, 0, 0)))
 
 
 @jax.jit
 def _linear(W, A, B, x):
-    """Every member's do_mm on its own batch: x (m, batch, in) -> (m, batch, out)."""
-    return jax.vmap(lambda a, b, xm: xm @ W.T + xm @ b @ a.T)(A, B, x)
+    """Every member's EggRoll.do_mm on its own batch, factors given: x (m, batch, in) -> (m, batch, out)."""
+    return jax.vmap(lambda a, b, xm: CachedNoise.do_mm({}, {}, W, (a, b), (0, 0), xm))(A, B, x)
 
 
 @jax.jit
 def _grads(noise: dict, shaped):
-    """The noiser's gradient expressions (lowrank_grad / fullrank_grad) on given factors."""
-    out = {}
-    for name, value in noise.items():
-        if isinstance(value, tuple):
-            A, B = value
-            weighted = jnp.reshape(shaped, shaped.shape + (1, 1)) * A
-            out[name] = jnp.einsum("nir,njr->ij", weighted, B) / shaped.shape[0]
-        else:
-            weighted = jnp.reshape(shaped, shaped.shape + (1,)) * value
-            out[name] = jnp.mean(weighted, axis=0)
-    return out
+    """The noiser's gradient expressions on given noise: factor_grad for (A, B), noise_grad for biases."""
+    return {name: factor_grad(*value, shaped) if isinstance(value, tuple) else noise_grad(value, shaped)
+            for name, value in noise.items()}
 
 
 def _nest(noise: dict, signature: tuple) -> dict:
-    """Protocol noise -> the {layer: {"weight": (A, B), "bias": eps or None}} tree FactorNoiser reads."""
+    """Protocol noise -> the {layer: {"weight": (A, B), "bias": eps or None}} tree CachedNoise reads."""
     tree: dict = {}
     for name, _ in signature:
         layer, leaf = name.split(".")
@@ -188,21 +167,21 @@ class ReferencePort:
 
     jax_compatible_rng = True
 
-    def __init__(self, cfg: Config, knobs: Knobs | None = None):
+    def __init__(self, cfg: Config, run: RunSettings | None = None):
         self.cfg = cfg
-        self.knobs = reference_only(knobs or Knobs())
+        self.run = run or RunSettings()
         self.name = "jax_reference"
 
     def with_run_knobs(self, **changes) -> "ReferencePort":
         """The reference with other run knobs (optimizer, lr_decay, ...): a candidate for the diagnosis."""
-        return ReferencePort(self.cfg, self.knobs.replace(**changes))
+        return ReferencePort(self.cfg, self.run.replace(**changes))
 
     # ---- schedules
     def sigma_at(self, epoch: int) -> float:
-        return _f32(schedule(self.cfg.sigma, self.knobs.sigma_decay, epoch))
+        return _f32(schedule(self.cfg.sigma, self.run.sigma_decay, epoch))
 
     def lr_at(self, epoch: int) -> float:
-        return _f32(schedule(self.cfg.lr, self.knobs.lr_decay, epoch))
+        return _f32(schedule(self.cfg.lr, self.run.lr_decay, epoch))
 
     # ---- required
     def noise(self, shapes, seed, epoch, members, pop, sigma, rank) -> dict:
@@ -212,7 +191,7 @@ class ReferencePort:
         m, rank = members.size, int(rank)
         length = max((shape[0] + shape[1]) * rank if len(shape) == 2 else shape[0] for _, shape in sig)
         chunk = CHUNKS[0] if m <= CHUNKS[0] else CHUNKS[1]
-        draw, keys = _draw_fn(self.knobs.noise_reuse, _bucket(length)), _base_keys(sig, int(seed))
+        draw, keys = _draw_fn(self.run.noise_reuse, _bucket(length)), _base_keys(sig, int(seed))
         parts = []
         for start in range(0, m, chunk):
             padded = np.zeros(chunk, np.int32)
@@ -266,8 +245,8 @@ class ReferencePort:
     def forward(self, params, noise, x):
         tree, nested = self._device_inputs(params, noise)
         if noise is None:
-            return np.asarray(_forward_fn(self.knobs.activation, False)(tree, jnp.asarray(x)))
-        return np.asarray(_forward_fn(self.knobs.activation, True)(tree, nested, jnp.asarray(x)))
+            return np.asarray(_forward_fn(self.run.activation, False)(tree, jnp.asarray(x)))
+        return np.asarray(_forward_fn(self.run.activation, True)(tree, nested, jnp.asarray(x)))
 
     def _device_inputs(self, params, noise):
         """params and noise as JAX trees, converted once per (params, noise) pair (a rollout calls forward per step)."""
@@ -286,11 +265,11 @@ class ReferencePort:
         dims = [dict(sig)[f"{t}.weight"] for t in range(n_layers)]            # (out, in)
         model_key = jax.random.split(jax.random.key(int(seed)), 3)[0]
         init = MLP.rand_init(model_key, dims[0][1], dims[-1][0], [d[0] for d in dims[:-1]], True,
-                             self.knobs.activation, jnp.float32)
+                             self.run.activation, jnp.float32)
         return {k: np.asarray(v) for k, v in params_to_flat(init.params).items()}
 
     def _solver(self):
-        return optax.inject_hyperparams(SOLVERS[self.knobs.optimizer])(learning_rate=self.cfg.lr)
+        return optax.inject_hyperparams(SOLVERS[self.run.optimizer])(learning_rate=self.cfg.lr)
 
     def optimizer_init(self, params):
         return self._solver().init(flat_to_params(params))
@@ -312,9 +291,9 @@ class ReferencePort:
         tree = flat_to_params(params)
         sig = _signature({k: v.shape for k, v in params.items()})
         _, es_map = _maps(tree)
-        frozen, nparams = EggRoll.init_noiser(tree, self.cfg.sigma, self.cfg.lr, noise_reuse=self.knobs.noise_reuse,
+        frozen, nparams = EggRoll.init_noiser(tree, self.cfg.sigma, self.cfg.lr, noise_reuse=self.run.noise_reuse,
                                               rank=self.cfg.rank, group_size=self.cfg.group_size,
-                                              solver=optax.inject_hyperparams(SOLVERS[self.knobs.optimizer]))
+                                              solver=optax.inject_hyperparams(SOLVERS[self.run.optimizer]))
         return {"tree": tree, "sig": sig, "frozen": frozen, "nparams": nparams, "es_map": es_map,
                 "keys": _key_tree(sig, int(seed)), "seed": int(seed)}
 

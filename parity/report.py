@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from parity.verdict import CSV_COLUMNS, ERROR, FAIL, PASS, CheckResult, markdown_table, rows_table, worst
+from parity.verdict import CSV_COLUMNS, ERROR, FAIL, PASS, CheckResult, rows_table, worst
+from reporting import atomic_write, markdown_table
 
 SUMMARY = "summary.md"
 ALL_ROWS = "parity.csv"
@@ -35,23 +34,6 @@ class RunInfo:
     started: str
     seconds: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write text to path through a temporary file in the same folder and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)          # mkstemp creates 0600; reports are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def csv_text(results: Sequence[CheckResult]) -> str:

@@ -16,8 +16,9 @@ import numpy as np
 
 from parity.adapter import CheckedPort, PortError
 from parity.verdict import ERROR, CheckResult, Recorder, summarize
-from torch_impl.config import Config
-from torch_impl.knobs import Knobs
+from spec.config import PRESETS, Config
+from spec.knobs import RunSettings
+from spec.layout import param_shapes as layout_shapes
 
 CHECKS = ("fitness", "products", "noise", "gradients", "updates", "init", "trajectory")
 
@@ -46,7 +47,7 @@ class Sizes:
 
 
 QUICK = Sizes("quick", Config())
-FULL = Sizes("full", Config(pop=2048, hidden=256), noise_pop=2048, extra_linear=((256, 4), (256, 256), (2, 256)),
+FULL = Sizes("full", PRESETS["paper"][0], noise_pop=2048, extra_linear=((256, 4), (256, 256), (2, 256)),
              fitness_sizes=(2, 8, 256, 2048, 8192), grad_pops=(256, 2048), synthetic_pops=(16, 64, 256, 1024),
              synthetic_repeats=8, update_epochs=8, init_seeds=4, traj_epochs=8)
 SELFTEST = Sizes("selftest", Config(pop=32, hidden=8), noise_pop=128, probe_pop=8,
@@ -58,12 +59,7 @@ SIZES = {s.name: s for s in (QUICK, FULL, SELFTEST)}
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """{name: shape} of the MLP cfg describes, in the JAX flatten order."""
-    sizes = cfg.sizes
-    shapes: dict[str, tuple[int, ...]] = {}
-    for t in sorted(range(len(sizes) - 1), key=str):
-        shapes[f"{t}.bias"] = (sizes[t + 1],)
-        shapes[f"{t}.weight"] = (sizes[t + 1], sizes[t])
-    return shapes
+    return layout_shapes(cfg.sizes)
 
 
 @dataclass
@@ -110,7 +106,7 @@ def run_check(name: str, ctx: Context) -> CheckResult:
                        result.section, result.alpha, time.perf_counter() - start)
 
 
-def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_knobs: Knobs | None = None,
+def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings | None = None,
               checks: tuple[str, ...] = CHECKS, log: Callable[[str], None] = lambda line: None) -> list[CheckResult]:
     """Run the checks against `port` (an adapter object); returns their results in order."""
     from parity.reference import ReferencePort, enable_compile_cache
@@ -119,7 +115,7 @@ def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_knobs: Knobs | N
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
         raise ValueError(f"unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
-    reference = ReferencePort(sizes.cfg, reference_knobs or Knobs())
+    reference = ReferencePort(sizes.cfg, reference_run or RunSettings())
     ctx = Context(CheckedPort(port), CheckedPort(reference), reference, sizes, int(seed), log=log)
     results = []
     for name in checks:

@@ -21,6 +21,8 @@ import math
 import numpy as np
 from scipy import stats
 
+from reporting import ulp_distance  # noqa: F401  (the checks' ULP measure, re-exported)
+
 U32 = 2.0 ** -24               # float32 unit roundoff
 FAMILY_ALPHA = 1e-3            # family-wise false-alarm budget of one suite run
 CHECK_SHARES = {               # fraction of FAMILY_ALPHA each check may spend (sums to <= 1)
@@ -42,18 +44,6 @@ def gamma(n: float, u: float = U32) -> float:
 def check_alpha(check: str) -> float:
     """The false-alarm budget of one check."""
     return FAMILY_ALPHA * CHECK_SHARES.get(check, 0.0)
-
-
-# ----------------------------------------------------------------------------- ULPs
-def ordered_int(a: np.ndarray) -> np.ndarray:
-    """float32 -> int64 whose order and differences count representable floats (+0 and -0 both 0)."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.int32).astype(np.int64)
-    return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-
-
-def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """How many float32 values lie between a and b, element by element (0 = bit-identical up to the sign of 0)."""
-    return np.abs(ordered_int(a) - ordered_int(b))
 
 
 # ----------------------------------------------------------------------------- perturbed products

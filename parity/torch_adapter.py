@@ -1,8 +1,8 @@
 """The functional torch EGGROLL (`torch_impl`) behind the port adapter protocol, configured by Knobs.
 
 Each method converts numpy float32 to tensors on `device`, calls torch_impl exactly as its trainer
-does, and hands numpy back; no method reads a knob the suite could not observe from outside (the
-suite diagnoses from observations, as it must for foreign ports).
+does (the strategy `torch_impl.es.make` resolves), and hands numpy back; no method reads a knob the suite
+could not observe from outside (the suite diagnoses from observations, as it must for foreign ports).
 """
 from __future__ import annotations
 
@@ -11,18 +11,25 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from spec.config import OBS_DIM, Config
+from spec.knobs import Knobs, drifts
+from spec.layout import leaf_names, n_layers_of
 from torch_impl import es, model
-from torch_impl.config import OBS_DIM, Config
 from torch_impl.fitness import shape_fitness
 from torch_impl.gradient import es_gradient
-from torch_impl.knobs import Knobs, drifts
-from torch_impl.noise import Noise, es_tree_keys, per_member, sample_noise
-from torch_impl.optim import apply_updates, make_optimizer
+from torch_impl.keys import GENERATORS
+from torch_impl.noise import Noise, per_member, sample_noise
+from torch_impl.train import intra_op_threads
+
+
+def one_thread():
+    """The context the suite runs the built-in torch side in: one intra-op thread (its tensors are small)."""
+    return intra_op_threads(1)
 
 
 def _config_for(cfg: Config, shapes) -> Config:
     """cfg with the widths the shapes describe (the suite's shapes follow Config.sizes)."""
-    n_layers = sum(name.endswith(".weight") for name in shapes)
+    n_layers = n_layers_of(shapes)
     hidden = shapes["0.weight"][0] if n_layers > 1 else cfg.hidden
     if shapes["0.weight"][1] != OBS_DIM:
         raise ValueError(f"torch_impl's MLP takes {OBS_DIM} inputs, the shapes say {shapes['0.weight'][1]}")
@@ -30,8 +37,9 @@ def _config_for(cfg: Config, shapes) -> Config:
 
 
 @lru_cache(maxsize=32)
-def _keys(seed: int, n_layers: int):
-    return es_tree_keys(seed, n_layers)
+def _sources(rng: str, seed: int, n_layers: int):
+    """The run's per-leaf key sources (the ES key tree under rng=jax), computed once per (seed, layers)."""
+    return GENERATORS[rng].leaf_sources(seed, leaf_names(n_layers))
 
 
 class TorchPort:
@@ -45,6 +53,7 @@ class TorchPort:
         label = ", ".join(f"{k}={v[1]}" for k, v in changed.items()) or "faithful"
         self.name = f"torch_impl ({label})"
         self.jax_compatible_rng = self.knobs.rng == "jax"
+        self.es = es.make(cfg, self.knobs)
 
     # ---- conversions
     def _t(self, a) -> torch.Tensor:
@@ -74,16 +83,13 @@ class TorchPort:
     def _np(tree: dict) -> dict:
         return {k: v.detach().cpu().numpy() for k, v in tree.items()}
 
-    def _seed(self, seed: int, n_layers: int):
-        return _keys(int(seed), n_layers) if self.knobs.rng == "jax" else int(seed)
-
     # ---- required
     def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
         cfg = _config_for(self.cfg, shapes).replace(pop=int(pop), rank=int(rank))
-        params = {k: torch.zeros(tuple(s), device=self.device) for k, s in shapes.items()}
+        plan = es.make(cfg, self.knobs).plan
+        sources = _sources(self.knobs.rng, int(seed), cfg.layers)
         with torch.inference_mode():
-            noise = sample_noise(params, cfg, self.knobs, self._seed(seed, cfg.layers), int(epoch), float(sigma),
-                                 self.device)
+            noise = sample_noise(plan, sources, dict(shapes), int(epoch), float(sigma), self.device)
         return self._np_noise(noise, torch.as_tensor(np.asarray(members), device=self.device))
 
     def perturbed_linear(self, W, A, B, x):
@@ -104,7 +110,7 @@ class TorchPort:
             params[name] = torch.zeros(A.shape[1], B.shape[1], device=self.device)
             params[name.replace(".weight", ".bias")] = torch.zeros(A.shape[1], device=self.device)
         with torch.inference_mode():
-            return self._np(es_gradient(tnoise, self._t(shaped), float(sigma), self.knobs, params))
+            return self._np(es_gradient(tnoise, self._t(shaped), float(sigma), params, self.knobs.bias_grad))
 
     # ---- optional
     def forward(self, params, noise, x):
@@ -122,45 +128,47 @@ class TorchPort:
 
     def init_params(self, shapes, seed):
         cfg = _config_for(self.cfg, shapes)
-        return self._np(model.init_params(cfg, self.knobs, int(seed), self.device))
+        return self._np(model.init_params(cfg.sizes, self.knobs.init, self.es.plan.generator, int(seed),
+                                          self.device))
 
     def optimizer_init(self, params):
-        return make_optimizer(self.knobs.optimizer).init(self._params(params))
+        return self.es.optimizer.init(self._params(params))
 
     def optimizer_step(self, params, state, noise, shaped, sigma, epoch):
-        """The part of es.tell after shaping: gradient, -(g sqrt(N)) to the optimizer at lr_e, applied."""
+        """es.apply after the port's own gradient: -(g sqrt(N)) to the optimizer at lr_e, applied."""
         tparams = self._params(params)
         shaped_t = self._t(shaped)
+        strategy = self.es._replace(cfg=self.es.cfg.replace(pop=int(shaped_t.shape[0])))
         with torch.inference_mode():
-            grads = es_gradient(self._noise(noise), shaped_t, float(sigma), self.knobs, tparams)
-            root_n = torch.sqrt(torch.tensor(float(shaped_t.shape[0]), dtype=torch.float32, device=self.device))
-            descent = {k: -(g * root_n) for k, g in grads.items()}
-            updates, state = make_optimizer(self.knobs.optimizer).update(
-                descent, state, tparams, es.lr_at(self.cfg, self.knobs, int(epoch)))
-            return self._np(apply_updates(tparams, updates)), state
+            grads = es_gradient(self._noise(noise), shaped_t, float(sigma), tparams, self.knobs.bias_grad)
+            es_state = es.ESState(tparams, state, int(epoch), {}, {})
+            new, _ = es.apply(strategy, es_state, grads)
+            return self._np(new.params), new.opt_state
 
     def es_init(self, params, seed):
         tparams = self._params(params)
         cfg = _config_for(self.cfg, {k: np.shape(v) for k, v in params.items()})
-        state = es.init_state(cfg, self.knobs, int(seed), self.device, params=tparams)
-        return {"es": state, "cfg": cfg, "seed": int(seed)}
+        strategy = es.make(cfg, self.knobs)
+        return {"es": strategy, "state": es.init(strategy, int(seed), self.device, params=tparams)}
+
+    def _at(self, state, epoch: int) -> es.ESState:
+        """The state, which must be at `epoch` (the suite asks and tells epochs in order)."""
+        if state["state"].epoch != int(epoch):
+            raise ValueError(f"the torch state is at epoch {state['state'].epoch}, asked for epoch {epoch}")
+        return state["state"]
 
     def es_ask(self, state, epoch):
-        es_state = state["es"]._replace(epoch=int(epoch))
         with torch.inference_mode():
-            noise = es.ask(es_state, state["cfg"], self.knobs, self._seed(state["seed"], state["cfg"].layers),
-                           self.device)
+            noise, _ = es.ask(state["es"], self._at(state, epoch))
         return self._np_noise(noise)
 
     def es_tell(self, state, noise, fitness, epoch):
-        es_state = state["es"]._replace(epoch=int(epoch))
         with torch.inference_mode():
-            new, _ = es.tell(es_state, self._noise(noise), self._t(fitness), state["cfg"], self.knobs)
-        return {**state, "es": new}
+            new, _ = es.tell(state["es"], self._at(state, epoch), self._noise(noise), self._t(fitness))
+        return {**state, "state": new}
 
     def es_params(self, state):
-        return self._np(state["es"].params)
+        return self._np(state["state"].params)
 
     def action_uniforms(self, seed, epoch, pop):
-        from torch_impl.train import action_uniforms
-        return action_uniforms(int(seed), int(epoch), int(pop), self.knobs)
+        return self.es.plan.generator.action_uniforms(int(seed), int(epoch), int(pop))

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from reporting import fmt, markdown_table
+
 PASS, FAIL, SKIP, INFO, ERROR = "pass", "fail", "skip", "info", "error"
 CSV_COLUMNS = ("check", "quantity", "side", "size", "value", "tolerance", "verdict", "cause")
 
@@ -62,20 +64,6 @@ class CheckResult:
     @property
     def knobs(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(c.knob for c in self.causes if c.knob))
-
-
-def fmt(value: float) -> str:
-    """Numbers for tables: 4 significant digits, integers plainly."""
-    if value is None:
-        return ""
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if value == int(value) and abs(value) < 1e9:
-        return str(int(value))
-    return f"{value:.4g}"
 
 
 @dataclass
@@ -170,16 +158,6 @@ def worst(verdicts: Iterable[str]) -> str:
         if v in seen:
             return v
     return PASS
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """A GitHub Markdown table; pipes in cells are escaped."""
-    def cell(x: object) -> str:
-        return str(x).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def rows_table(rows: Sequence[Row], limit: int = 60) -> str:

@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from parity.bench import impls
-from parity.bench.ceilings import forward_work
-from parity.bench.measure import summarize
-from torch_impl.model import forward
+from bench import impls
+from bench.ceilings import forward_work
+from bench.measure import summarize
+from torch_impl.model import LN_EPS, forward
 from torch_impl.noise import Noise, per_member
 
 U = 2.0 ** -24  # float32 unit roundoff
@@ -87,7 +87,7 @@ def error_bound(params64, noise64, x64, activation):
             mu = y.mean(-1, keepdim=True)
             d = y - mu
             var = d.square().mean(-1, keepdim=True)
-            s = torch.sqrt(var + impls.LN_EPS)
+            s = torch.sqrt(var + LN_EPS)
             z = d / s
             carried = (e + e.mean(-1, keepdim=True) + z.abs() * (z.abs() * e).mean(-1, keepdim=True)) / s
             mu_err = gamma(n) * y.abs().mean(-1, keepdim=True)

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from parity.bench import cli, report
-from parity.bench.ceilings import Ceilings
-from parity.bench.measure import (Skipped, Summary, Timing, median_ci, paired_ratio, rate_summary,
+from bench import __main__ as cli
+from bench import report
+from bench.ceilings import Ceilings
+from bench.measure import (Skipped, Summary, Timing, median_ci, paired_ratio, rate_summary,
                                   time_round_robin)
-from parity.bench.report import Row
+from bench.report import Row
 
 
 def rows_fixture() -> list[Row]:

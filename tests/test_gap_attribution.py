@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from parity.gap import attribution as attr
-from parity.gap import stats
-from parity.gap.arms import Arm, dedupe, jax_arm, profile_arm, torch_name
-from torch_impl.knobs import KNOB_NAMES, PROFILE_DRIFTS, KnobError, Knobs, drifts, profile
+from gap import attribution as attr
+from gap import stats
+from gap.arms import Arm, dedupe, jax_arm, profile_arm, torch_name
+from spec.knobs import KNOB_NAMES, PROFILE_DRIFTS, KnobError, Knobs, RunSettings, drifts, profile
 
 
 def _diff(k1: Knobs, k2: Knobs) -> list[str]:
@@ -53,7 +53,7 @@ def test_oop_port_rungs_and_singles_by_name():
 def test_study_arms_are_deduplicated():
     st = attr.study("oop-port")
     assert [a.name for a in st.main_arms] == ["jax_reference", "torch:jax", "torch:oop-port"]
-    assert st.reference.side == "jax" and st.reference.knobs == Knobs()
+    assert st.reference.side == "jax" and st.reference.knobs == RunSettings()
     extra = st.attribution_arms
     names = [a.name for a in extra]
     assert len(names) == len(set(names))

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from parity.gap import cli
+from gap import __main__ as cli
 
 EXPECTED = ["summary.md", "runs.csv", "epochs.csv", "arms.csv", "comparisons.csv", "attribution.csv",
             "learning_curves.png", "learning_curves_attribution.png", "steps_to_solve.png", "attribution.png"]
@@ -44,7 +44,7 @@ def test_full_study_writes_every_file(tmp_path, capsys):
     text = (tmp_path / "summary.md").read_text()
     for part in ["## Verdict", "## Arms", "beside the published numbers", "published: torch_eggroll",
                  "### Ladder (cumulative)", "### Each drift alone", "## Method", "300 resamples",
-                 "torch ", "numpy ", "CPU cores", "python -m parity gap --out"]:
+                 "torch ", "numpy ", "CPU cores", "python -m gap --out"]:
         assert part in text, part
     assert "**Drifts that matter**" in text and "hidden activation (pqn -> tanh)" in text
     with open(tmp_path / "runs.csv") as f:
@@ -83,7 +83,7 @@ def test_plan_and_usage_errors(tmp_path, capsys):
     assert "45 runs" in out and "torch:jax+activation=tanh" in out
     for bad in (["--profile", "nope"], ["--arms", "torch:nothing"], ["--seeds", "0"], ["--workers", "0"]):
         assert cli.main(["--out", str(tmp_path), *bad], trainer=fake_train) == 2, bad
-        assert "parity gap:" in capsys.readouterr().err
+        assert "gap:" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["--seed-list", "1,1"], trainer=fake_train)
     assert not os.path.exists(tmp_path / "runs.csv")
@@ -91,7 +91,7 @@ def test_plan_and_usage_errors(tmp_path, capsys):
 
 def test_same_steps_counts_identical_seeds():
     import pandas as pd
-    from parity.gap.report import same_steps
+    from gap.report import same_steps
     rng = np.random.default_rng(8)
     steps = rng.integers(1_000_000, 5_000_000, 5).astype(float)
     runs = pd.DataFrame({
@@ -105,7 +105,7 @@ def test_same_steps_counts_identical_seeds():
 
 
 def test_gap_preset_is_cpu_with_a_smaller_budget():
-    from parity.gap.presets import GAP_BUDGET, PRESETS
+    from spec.config import GAP_BUDGET, PRESETS
     cpu_cfg, cpu_knobs = PRESETS["cpu"]
     gap_cfg, gap_knobs = PRESETS["gap"]
     assert gap_cfg == cpu_cfg.replace(max_env_steps=GAP_BUDGET) and gap_knobs == cpu_knobs

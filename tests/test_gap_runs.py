@@ -5,11 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from parity.gap import runs
-from parity.gap.arms import jax_arm, torch_arm
-from parity.gap.runs import RunStore, plan, run_all
-from torch_impl.config import Config
-from torch_impl.knobs import Knobs, profile
+from gap import runs
+from gap.arms import jax_arm, torch_arm
+from gap.runs import RunStore, plan, run_all
+from spec.config import Config
+from spec.knobs import Knobs, profile
 
 CFG = Config(pop=8, hidden=4, max_env_steps=60_000)
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from parity.gap import published, stats
-from parity.gap.stats import sample
+from gap import published, stats
+from gap.stats import sample
 
 
 def _lognormal(rng, mean, cv, n):

@@ -19,8 +19,8 @@ from jax_reference.population import population_iterinfos
 from jax_reference.train import action_uniforms, init_model, lr_schedule, plan, run_keys, train
 from rollout import cartpole
 from rollout.episodes import run_episodes
-from torch_impl.config import Config
-from torch_impl.knobs import KnobError, Knobs
+from spec.config import Config
+from spec.knobs import Knobs, RunSettings
 
 # One Linear layer (4 -> 2) keeps the jitted step and draw small to compile; the MLP's hidden
 # layers and activations are tested in test_jax_reference.py.
@@ -28,7 +28,7 @@ TINY = Config(pop=8, rank=2, hidden=6, layers=1, max_env_steps=300)
 LEAVES = ["0.bias", "0.weight"]
 
 
-KNOBS = Knobs(lr_decay=0.9, sigma_decay=0.95)
+KNOBS = RunSettings(lr_decay=0.9, sigma_decay=0.95)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_lr_schedule_is_float64_power_cast_to_float32_and_drives_the_update():
         update, state = solver.update(direction, state)
         np.testing.assert_array_equal(np.asarray(update["w"]), np.float32(-0.1 * 0.9 ** e) * np.asarray(direction["w"]))
     # two sgd updates through the noiser: the second moves by lr_1 = 0.05, the first by lr_0 = 0.1
-    init = init_model(TINY, Knobs(), jax.random.key(2))
+    init = init_model(TINY, RunSettings(), jax.random.key(2))
     keys = simple_es_tree_key(init.params, jax.random.key(3), init.scan_map)
     frozen, nparams = EggRoll.init_noiser(init.params, 0.2, sched, rank=TINY.rank)
     f = jnp.asarray(np.random.default_rng(0).standard_normal(TINY.pop).astype(np.float32))
@@ -135,17 +135,18 @@ def test_lr_schedule_is_float64_power_cast_to_float32_and_drives_the_update():
         params = new
 
 
-@pytest.mark.parametrize("knob,value", [("rng", "torch"), ("antithetic", "halves"), ("fitness", "std"),
-                                        ("bias_noise", "fresh"), ("bias_grad", "over_sigma"), ("init", "torch")])
-def test_torch_only_knobs_are_rejected_by_name(knob, value):
-    with pytest.raises(KnobError, match=f"{knob}={value!r}"):
-        train(TINY, Knobs().replace(**{knob: value}), seed=0, progress=False)
+def test_a_ports_knobs_are_refused_with_what_to_pass_instead():
+    """The reference is configured by RunSettings: a port's Knobs (with knobs only a port has) cannot reach it."""
+    with pytest.raises(TypeError, match="RunSettings.*knobs.run"):
+        train(TINY, Knobs(fitness="std"), seed=0, progress=False)
+    with pytest.raises(Exception, match="unknown run setting.*fitness"):
+        RunSettings().replace(fitness="std")
 
 
 def test_bad_population_and_run_knobs_in_the_plan():
     with pytest.raises(ValueError, match="odd"):
-        train(TINY.replace(pop=7), Knobs(), seed=0, progress=False)
-    p = plan(TINY, Knobs(optimizer="adamw", noise_reuse=3))
+        train(TINY.replace(pop=7), RunSettings(), seed=0, progress=False)
+    p = plan(TINY, RunSettings(optimizer="adamw", noise_reuse=3))
     assert p.frozen_noiser_params["noise_reuse"] == 3 and p.frozen_noiser_params["rank"] == TINY.rank
     state = p.frozen_noiser_params["solver"].init({"w": jnp.ones(3)})
     assert any(isinstance(s, optax.ScaleByAdamState) for s in jax.tree.leaves(

@@ -10,7 +10,7 @@ import pytest
 from parity.adapter import CheckedPort, PortError, UsageError, load_port
 from parity.reference import ReferencePort
 from parity.suite import SELFTEST, Context, param_shapes, run_check
-from torch_impl.config import Config
+from spec.config import Config
 
 CFG = Config(pop=8, hidden=8)
 SHAPES = param_shapes(CFG)

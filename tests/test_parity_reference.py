@@ -12,8 +12,8 @@ from jax_reference.noiser import EggRoll, es_grads
 from parity.reference import ReferencePort, enable_compile_cache
 from parity.suite import param_shapes
 from parity.tolerances import ForwardBound, bias_grad_bound, weight_grad_bound
-from torch_impl.config import Config
-from torch_impl.knobs import Knobs
+from spec.config import Config
+from spec.knobs import RunSettings
 
 enable_compile_cache()   # the reference's eager paths compile per shape: seconds each, kept on disk
 
@@ -31,7 +31,7 @@ def test_noise_and_init_equal_population_noise(hidden, pop, epoch, noise_reuse):
     cfg = Config(pop=pop, hidden=hidden)
     init, keys, frozen, nparams = _reference_run(cfg, 3, noise_reuse)
     want = P.population_noise(frozen, nparams, init.params, keys, init.es_map, epoch, pop)
-    ref = ReferencePort(cfg, Knobs(noise_reuse=noise_reuse))
+    ref = ReferencePort(cfg, RunSettings(noise_reuse=noise_reuse))
     got = ref.noise(param_shapes(cfg), 3, epoch, np.arange(pop), pop, cfg.sigma, cfg.rank)
     for name in want.A:
         np.testing.assert_array_equal(got[name][0], want.A[name])

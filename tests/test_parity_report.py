@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import reporting
 from parity import report
 from parity.verdict import CSV_COLUMNS, Cause, CheckResult, Recorder, summarize
 
@@ -63,9 +64,9 @@ def test_an_interrupted_write_leaves_the_old_file(tmp_path, monkeypatch):
     def broken(src, dst):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report.os, "replace", broken)
+    monkeypatch.setattr(reporting.os, "replace", broken)
     with pytest.raises(KeyboardInterrupt):
-        report.atomic_write(target, "new report")
+        reporting.atomic_write(target, "new report")
     assert target.read_text() == "old report"
     assert os.listdir(tmp_path) == ["summary.md"]
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from parity import cli
+from parity import __main__ as cli
 from parity.report import overall
 from parity.suite import SELFTEST, run_suite
 from parity.torch_adapter import TorchPort
-from torch_impl.knobs import CHOICES, NUMERIC, PROFILE_DRIFTS, Knobs, drifts, profile
+from spec.knobs import CHOICES, NUMERIC, PROFILE_DRIFTS, Knobs, drifts, profile
 
 # Values of the numeric knobs that depart from the reference (0, 1.0 and 0.999).
 NUMERIC_DRIFTS = {"noise_reuse": ("1", "3", "1000"), "lr_decay": ("0.9995", "0.9"), "sigma_decay": ("0.99", "1.0")}

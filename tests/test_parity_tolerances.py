@@ -54,14 +54,14 @@ def test_linear_bound_holds_for_float32_orders_and_is_tight(out_dim, in_dim, r):
 @pytest.mark.parametrize("activation", ["pqn", "tanh", "relu"])
 @pytest.mark.parametrize("hidden", [8, 64])
 def test_forward_bound_holds_for_torch_float32(activation, hidden):
+    from spec.config import Config
     from torch_impl import model
-    from torch_impl.config import Config
-    from torch_impl.knobs import Knobs
+    from torch_impl.keys import GENERATORS
     from torch_impl.noise import Noise
 
     cfg = Config(pop=6, hidden=hidden)
     rng = np.random.default_rng(hidden)
-    params = {k: v.numpy() for k, v in model.init_params(cfg, Knobs(rng="torch"), 3).items()}
+    params = {k: v.numpy() for k, v in model.init_params(cfg.sizes, "jax", GENERATORS["torch"], 3).items()}
     params = {k: (v if k.endswith("weight") else (0.1 * rng.standard_normal(v.shape)).astype(np.float32))
               for k, v in params.items()}
     noise = {}

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:        # tests.ports and examples import from the repository root
     sys.path.insert(0, str(ROOT))
 
-from parity import cli  # noqa: E402
+from parity import __main__ as cli  # noqa: E402
 from tests.ports import numpy_port  # noqa: E402
 
 SIZE = ["--size", "selftest", "--quiet"]

@@ -19,6 +19,8 @@ import pytest
 import torch
 from jax import lax
 
+from bench.runners import normal_agreement
+from reporting import Agreement, agreement, ulp_distance
 from torch_impl import random as R
 
 U32 = np.uint32
@@ -28,7 +30,7 @@ class AgreementReport(UserWarning):
     """Carries the measured agreement into pytest's warnings summary (visible without -s)."""
 
 
-def report(what: str, result: R.Agreement) -> None:
+def report(what: str, result: Agreement) -> None:
     print(f"{what}: {result}")
     warnings.warn(AgreementReport(f"{what}: {result}"), stacklevel=2)
 
@@ -243,7 +245,7 @@ def test_uniform_matches_jax_for_several_ranges():
         ref = np.asarray(jax_uniform_between(shape)(jkeys(words), np.float32(lo), np.float32(hi)))
         ours = R.uniform(R.as_key(words), shape, lo, hi)
         assert ours.dtype == torch.float32 and tuple(ours.shape) == (4, *shape)
-        assert same_bits(ours.numpy(), ref), (lo, hi, R.agreement(ours, ref))
+        assert same_bits(ours.numpy(), ref), (lo, hi, agreement(ours, ref))
         assert float(ours.min()) >= np.float32(lo) and float(ours.max()) < np.float32(hi)
 
 
@@ -270,15 +272,14 @@ def test_normal_exhaustive_over_all_2_23_inputs():
     # Every float32 normal JAX can draw comes from one of 2^23 mantissas m = bits >> 9: compare them all.
     m = np.arange(1 << 23, dtype=U32)
     ref = np.asarray(jax.jit(jax_normal_from_bits)(jnp.asarray(m << U32(9))))
-    result = R.agreement(R.normal_table(), ref)
+    result = agreement(R.normal_table(), ref)
     report("normal, all 2^23 inputs vs jax", result)
     assert result.draws == 1 << 23
     assert result.identical_fraction == 1.0, f"not bit-identical: {result}"
 
 
 def test_normal_sampled_million_draws_within_one_ulp_of_jax():
-    result = R.measure_normal_agreement(1 << 20, reference=lambda words, shape: jax_ref("normal", words, shape),
-                                        seed=31)
+    result = normal_agreement(1 << 20, reference=lambda words, shape: jax_ref("normal", words, shape), seed=31)
     report("normal, sampled draws vs jax.random.normal", result)
     assert result.draws >= 1 << 20
     assert result.max_ulp <= 1, f"a draw is more than 1 ULP from JAX: {result}"
@@ -292,7 +293,7 @@ def test_normal_both_paths_match_jax_for_small_shapes(use_table):
         ours = R._normal(R.as_key(words), shape, use_table)
         ref = jax_ref("normal", words, shape)
         assert ours.dtype == torch.float32 and tuple(ours.shape) == (4, *shape)
-        assert same_bits(ours.numpy(), ref), (shape, R.agreement(ours, ref))
+        assert same_bits(ours.numpy(), ref), (shape, agreement(ours, ref))
 
 
 def test_normal_population_batch_equals_one_key_at_a_time():
@@ -312,11 +313,11 @@ def test_ulp_distance_counts_float32_steps_across_zero():
     x = np.float32(1.5)
     up = np.nextafter(x, np.float32(2), dtype=np.float32)
     tiny = np.float32(np.finfo(np.float32).smallest_subnormal)
-    d = R.ulp_distance(np.array([x, x, 0.0, -tiny, -0.0], np.float32),
+    d = ulp_distance(np.array([x, x, 0.0, -tiny, -0.0], np.float32),
                        np.array([x, up, -0.0, tiny, 0.0], np.float32))
     assert d.tolist() == [0, 1, 0, 2, 0]
     with pytest.raises(ValueError):
-        R.ulp_distance(np.zeros(3, np.float32), np.zeros(4, np.float32))
+        ulp_distance(np.zeros(3, np.float32), np.zeros(4, np.float32))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

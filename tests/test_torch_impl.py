@@ -10,14 +10,18 @@ import numpy as np
 import pytest
 import torch
 
+from spec.config import Config
+from spec.knobs import Knobs
+from spec.run import TrainResult
+from tests.helpers import noise_of
 from torch_impl import es, model
+from torch_impl import noise as noise_mod
 from torch_impl.__main__ import build_parser, configure, main
-from torch_impl.config import Config
 from torch_impl.fitness import shape_fitness
 from torch_impl.gradient import es_gradient
-from torch_impl.knobs import Knobs
-from torch_impl.noise import Noise, member_layout, per_member, sample_noise, true_epoch
-from torch_impl.train import TrainResult, train
+from torch_impl.keys import GENERATORS, true_epoch
+from torch_impl.noise import Noise, member_layout, per_member
+from torch_impl.train import train
 
 U = 2.0 ** -24   # float32 unit roundoff
 
@@ -62,7 +66,7 @@ def test_forward_matches_materialised_float64_per_member(sizes, rank, pop, activ
     cfg = cfg_for(sizes, pop, rank)
     knobs = Knobs(rng=rng, activation=activation)
     params = random_params(sizes, seed=pop * 31 + rank)
-    noise = sample_noise(params, cfg, knobs, seed=5, epoch=3, sigma=0.37)   # grouped: one entry per pair
+    noise = noise_of(params, cfg, knobs, seed=5, epoch=3, sigma=0.37)   # grouped: one entry per pair
     members = per_member(noise)
     assert noise.signs is not None and members.signs is None
     if rng == "torch":   # also cover per-member noise stored row-major (as adapters build it)
@@ -94,17 +98,23 @@ def test_forward_matches_materialised_float64_per_member(sizes, rank, pop, activ
     assert torch.equal(model.forward(params, x, noise, activation), model.forward(p_all, x, n_all, activation))
 
 
-def test_plain_forward_when_noise_is_none():
-    """Without noise: x @ W^T + b per layer, checked against float64 with gamma_{in+1}."""
-    params = random_params([4, 9, 2], seed=1)
-    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("rows,hidden", [(5, 9), (33, 64)])
+def test_plain_forward_when_noise_is_none(rows, hidden):
+    """Without noise: x @ W^T + b per layer. Layer 0's output against float64 within gamma_{in+1}, then the
+    whole network against float64 with layer 0's float32 error carried through tanh (1-Lipschitz) and W1."""
+    params = random_params([4, hidden, 2], seed=rows)
+    x = torch.randn(rows, 4, generator=torch.Generator().manual_seed(2))
+    w0, b0, w1, b1 = (params[k].double() for k in ("0.weight", "0.bias", "1.weight", "1.bias"))
+    z0 = model.forward(prefix(params, Noise({}, {}, {}), 1)[0], x, None, "tanh").double()   # layer 0 alone
+    z0_ref = x.double() @ w0.T + b0
+    bound0 = gamma(4 + 1) * (x.double().abs() @ w0.abs().T + b0.abs())
+    assert ((z0 - z0_ref).abs() <= bound0).all()
+    h1 = torch.tanh(z0_ref)                                                    # exact hidden activation
+    ref = h1 @ w1.T + b1
+    carried = (bound0 + 4 * U * h1.abs()) @ w1.abs().T                         # layer 0 error + tanh's own ULPs
+    bound = gamma(hidden + 1) * (h1.abs() @ w1.abs().T + b1.abs()) + carried
     ours = model.forward(params, x, None, "tanh").double()
-    h = x.double() @ params["0.weight"].double().T + params["0.bias"].double()
-    h1 = torch.tanh(model.forward(prefix(params, Noise({}, {}, {}), 1)[0], x, None, "tanh")).double()
-    ref = h1 @ params["1.weight"].double().T + params["1.bias"].double()
-    bound = gamma(9 + 1) * (h1.abs() @ params["1.weight"].double().abs().T + params["1.bias"].double().abs())
     assert ((ours - ref).abs() <= bound).all()
-    assert h.shape == (5, 9)
 
 
 @pytest.mark.parametrize("n", [3, 64, 100])
@@ -126,8 +136,10 @@ def test_pqn_activation_is_relu_of_parameter_free_layer_norm(n):
 
 
 def test_leaf_names_follow_jax_flatten_order():
-    assert model.leaf_names(2) == ["0.bias", "0.weight", "1.bias", "1.weight"]
-    names = model.leaf_names(11)
+    from spec.layout import leaf_names
+
+    assert leaf_names(2) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    names = leaf_names(11)
     assert names.index("10.bias") < names.index("2.bias")       # "10" sorts before "2"
     assert names[:4] == ["0.bias", "0.weight", "1.bias", "1.weight"] and len(names) == 22
 
@@ -140,7 +152,7 @@ def test_pairs_are_exact_mirrors(rng, antithetic, pop):
     """Paired members share B exactly and carry exactly negated A and bias noise; unpaired ones share nothing."""
     cfg = cfg_for([4, 5, 2], pop, 3)
     params = random_params([4, 5, 2], 0)
-    noise = per_member(sample_noise(params, cfg, Knobs(rng=rng, antithetic=antithetic), seed=11, epoch=2, sigma=0.2))
+    noise = per_member(noise_of(params, cfg, Knobs(rng=rng, antithetic=antithetic), seed=11, epoch=2, sigma=0.2))
     half = pop // 2
     pairs = {"interleaved": [(2 * p, 2 * p + 1) for p in range(half)],
              "halves": [(i, i + half) for i in range(half)], "off": []}[antithetic]
@@ -166,10 +178,10 @@ def test_scaling_and_layout_of_one_draw(sigma, rank):
     cfg = cfg_for([4, 6, 2], 4, rank)
     params = random_params([4, 6, 2], 0)
     knobs = Knobs(rng="jax")
-    noise = per_member(sample_noise(params, cfg, knobs, seed=3, epoch=0, sigma=sigma))
+    noise = per_member(noise_of(params, cfg, knobs, seed=3, epoch=0, sigma=sigma))
     from torch_impl import random as rnd
-    from torch_impl.noise import es_tree_keys
-    keys = es_tree_keys(3, 2)
+    from torch_impl.keys import es_tree_keys
+    keys = es_tree_keys(3, ["0.bias", "0.weight", "1.bias", "1.weight"])
     s = torch.tensor(sigma, dtype=torch.float32) / torch.sqrt(torch.tensor(float(rank)))
     for m in range(4):
         k = rnd.fold_in(rnd.fold_in(keys["0.weight"], 0), m // 2)
@@ -185,7 +197,7 @@ def test_layouts_draw_the_same_key_per_pair_under_rng_jax():
     """With JAX keys, draw p is fold_in(.., p) whatever the layout: off's member p = interleaved's 2p = halves' p."""
     cfg = cfg_for([4, 5, 2], 8, 2)
     params = random_params([4, 5, 2], 0)
-    get = lambda a: per_member(sample_noise(params, cfg, Knobs(antithetic=a), seed=1, epoch=0, sigma=0.3))
+    get = lambda a: per_member(noise_of(params, cfg, Knobs(antithetic=a), seed=1, epoch=0, sigma=0.3))
     inter, halves, off = get("interleaved"), get("halves"), get("off")
     for p in range(4):
         assert torch.equal(off.B["1.weight"][p], inter.B["1.weight"][2 * p])
@@ -204,7 +216,7 @@ def test_noise_reuse_schedule(rng):
 
     def draw(reuse, epoch, bias_noise="jax"):
         k = Knobs(rng=rng, noise_reuse=reuse, bias_noise=bias_noise)
-        return sample_noise(params, cfg, k, seed=2, epoch=epoch, sigma=0.1)
+        return noise_of(params, cfg, k, seed=2, epoch=epoch, sigma=0.1)
 
     same = lambda a, b: all(torch.equal(a.A[n], b.A[n]) and torch.equal(a.B[n], b.B[n]) for n in a.A) and \
         all(torch.equal(a.bias[n], b.bias[n]) for n in a.bias)
@@ -221,9 +233,9 @@ def test_noise_reuse_schedule(rng):
 def test_bias_noise_knob_changes_only_the_bias_noise(rng):
     cfg = cfg_for([4, 5, 5, 2], 6, 2)
     params = random_params([4, 5, 5, 2], 0)
-    base = sample_noise(params, cfg, Knobs(rng=rng), seed=4, epoch=6, sigma=0.2)
+    base = noise_of(params, cfg, Knobs(rng=rng), seed=4, epoch=6, sigma=0.2)
     for value in ("fresh", "off"):
-        other = sample_noise(params, cfg, Knobs(rng=rng, bias_noise=value), seed=4, epoch=6, sigma=0.2)
+        other = noise_of(params, cfg, Knobs(rng=rng, bias_noise=value), seed=4, epoch=6, sigma=0.2)
         assert all(torch.equal(base.A[n], other.A[n]) and torch.equal(base.B[n], other.B[n]) for n in base.A)
         if value == "off":
             assert other.bias == {}
@@ -231,8 +243,8 @@ def test_bias_noise_knob_changes_only_the_bias_noise(rng):
             assert set(other.bias) == set(base.bias)
             assert all(not torch.equal(base.bias[n], other.bias[n]) for n in base.bias)
     # At epoch 0 with noise_reuse 0 the fresh and the fixed bias noise are the same draw.
-    e0 = sample_noise(params, cfg, Knobs(rng=rng), seed=4, epoch=0, sigma=0.2)
-    f0 = sample_noise(params, cfg, Knobs(rng=rng, bias_noise="fresh"), seed=4, epoch=0, sigma=0.2)
+    e0 = noise_of(params, cfg, Knobs(rng=rng), seed=4, epoch=0, sigma=0.2)
+    f0 = noise_of(params, cfg, Knobs(rng=rng, bias_noise="fresh"), seed=4, epoch=0, sigma=0.2)
     assert all(torch.equal(e0.bias[n], f0.bias[n]) for n in e0.bias)
 
 
@@ -243,8 +255,8 @@ def test_rng_knob_keeps_layout_and_moments():
     """
     cfg = cfg_for([4, 64, 2], 256, 4)
     params = random_params([4, 64, 2], 0)
-    jx = sample_noise(params, cfg, Knobs(), seed=0, epoch=0, sigma=1.0)
-    tc = per_member(sample_noise(params, cfg, Knobs(rng="torch"), seed=0, epoch=0, sigma=1.0))
+    jx = noise_of(params, cfg, Knobs(), seed=0, epoch=0, sigma=1.0)
+    tc = per_member(noise_of(params, cfg, Knobs(rng="torch"), seed=0, epoch=0, sigma=1.0))
     jx = per_member(jx)
     for n in jx.A:
         assert jx.A[n].shape == tc.A[n].shape and jx.B[n].shape == tc.B[n].shape
@@ -254,35 +266,49 @@ def test_rng_knob_keeps_layout_and_moments():
         assert abs(z.mean()) < 5 / math.sqrt(m) and abs(z.var() - 1) < 5 * math.sqrt(2 / m)
 
 
-def test_cache_gives_the_same_noise_and_skips_redraws():
+def test_ask_reuses_draws_only_while_their_generation_lasts(monkeypatch):
+    """es.ask keeps the raw draws in the state: a leaf whose noise generation did not change is not drawn again
+    (counted), the noise is the same as drawing afresh, and a new generation (or another seed) draws anew."""
     cfg = cfg_for([4, 5, 2], 4, 2)
     params = random_params([4, 5, 2], 0)
-    for knobs in (Knobs(), Knobs(rng="torch", bias_noise="fresh", noise_reuse=2)):
-        cache = {}
+    for knobs, redrawn in ((Knobs(), [4, 0, 0, 0]),                                   # noise_reuse 0: once
+                           (Knobs(rng="torch", bias_noise="fresh", noise_reuse=2), [4, 2, 4, 2])):
+        strategy = es.make(cfg, knobs)
+        calls = []
+        draws = strategy.plan.generator.draws
+        counted = strategy.plan.generator._replace(draws=lambda *a: calls.append(a) or draws(*a))
+        strategy = strategy._replace(plan=strategy.plan._replace(generator=counted))
+        state = es.init(strategy, 1, params=params)
+        per_epoch = []
         for epoch in range(4):
-            cached = sample_noise(params, cfg, knobs, 1, epoch, 0.2, cache=cache)
-            fresh = sample_noise(params, cfg, knobs, 1, epoch, 0.2)
+            before = len(calls)
+            cached, state = es.ask(strategy, state._replace(epoch=epoch))
+            per_epoch.append(len(calls) - before)
+            fresh = noise_of(params, cfg, knobs, 1, epoch, es.sigma_at(strategy, epoch))
             for d1, d2 in zip(cached[:3], fresh[:3]):    # A, B, bias
                 assert d1.keys() == d2.keys() and all(torch.equal(d1[n], d2[n]) for n in d1)
             assert cached.signs == fresh.signs
-    # Another seed is another key: the cache must not hand back the first seed's draws.
-    cache = {}
-    a = sample_noise(params, cfg, Knobs(), 1, 0, 0.2, cache=cache)
-    b = sample_noise(params, cfg, Knobs(), 2, 0, 0.2, cache=cache)
+        assert per_epoch == redrawn, per_epoch
+    # Another seed is another key: draws kept for seed 1 must not be handed to a run of seed 2.
+    strategy = es.make(cfg, Knobs())
+    _, kept = es.ask(strategy, es.init(strategy, 1, params=params))
+    other = es.init(strategy, 2, params=params)._replace(draws=kept.draws)
+    a, _ = es.ask(strategy, kept)
+    b, _ = es.ask(strategy, other)
     assert not torch.equal(a.B["0.weight"], b.B["0.weight"])
 
 
 def test_bad_population_and_rank_are_rejected_clearly():
     params = random_params([4, 5, 2], 0)
     with pytest.raises(ValueError, match="odd.*antithetic=interleaved"):
-        sample_noise(params, cfg_for([4, 5, 2], 7, 2), Knobs(), 0, 0, 0.2)
+        noise_of(params, cfg_for([4, 5, 2], 7, 2), Knobs(), 0, 0, 0.2)
     with pytest.raises(ValueError, match="odd.*antithetic=halves"):
         member_layout(5, "halves")
-    assert sample_noise(params, cfg_for([4, 5, 2], 7, 2), Knobs(antithetic="off"), 0, 0, 0.2).A["0.weight"].shape == (7, 5, 2)
+    assert noise_of(params, cfg_for([4, 5, 2], 7, 2), Knobs(antithetic="off"), 0, 0, 0.2).A["0.weight"].shape == (7, 5, 2)
     with pytest.raises(ValueError, match="rank must be >= 1"):
         Config(rank=0)
     with pytest.raises(ValueError, match="population of 6"):
-        model.forward(params, torch.randn(5, 4), sample_noise(params, cfg_for([4, 5, 2], 6, 2), Knobs(), 0, 0, 0.2))
+        model.forward(params, torch.randn(5, 4), noise_of(params, cfg_for([4, 5, 2], 6, 2), Knobs(), 0, 0, 0.2))
 
 
 # --------------------------------------------------------------------------------------- fitness
@@ -339,11 +365,11 @@ def test_fitness_validation(bad, match):
 
 
 def test_tell_rejects_wrong_length_fitness():
-    cfg = cfg_for([4, 5, 2], 4, 2)
-    state = es.init_state(cfg, Knobs(), 0)
-    noise = es.ask(state, cfg, Knobs(), 0)
+    strategy = es.make(cfg_for([4, 5, 2], 4, 2), Knobs())
+    state = es.init(strategy, 0)
+    noise, state = es.ask(strategy, state)
     with pytest.raises(ValueError, match=r"shape \(4,\).*got \(5,\)"):
-        es.tell(state, noise, torch.ones(5), cfg, Knobs())
+        es.tell(strategy, state, noise, torch.ones(5))
 
 
 # -------------------------------------------------------------------------------------- gradient
@@ -354,14 +380,14 @@ def test_gradient_against_float64(sizes, rank, pop):
     Checked for per-member noise and for sample_noise's grouped form."""
     cfg = cfg_for(sizes, pop, rank)
     params = random_params(sizes, 3)
-    grouped = sample_noise(params, cfg, Knobs(rng="torch"), 3, 1, 0.3)   # one entry per antithetic pair
+    grouped = noise_of(params, cfg, Knobs(rng="torch"), 3, 1, 0.3)   # one entry per antithetic pair
     noise = per_member(grouped)
     f = torch.randn(pop, generator=torch.Generator().manual_seed(4))
     f64 = f.double()
     # The grouped sum, w_p = f_2p - f_2p+1 then sum_p w_p A_p B_p^T, has fewer roundings per term than the
     # per-member sum, and |w_p| <= |f_2p| + |f_2p+1|, so the per-member bound covers both forms.
-    for name, g in [*es_gradient(noise, f, 0.3, Knobs(), params).items(),
-                    *es_gradient(grouped, f, 0.3, Knobs(), params).items()]:
+    for name, g in [*es_gradient(noise, f, 0.3, params).items(),
+                    *es_gradient(grouped, f, 0.3, params).items()]:
         if name in noise.A:
             A, B = noise.A[name].double(), noise.B[name].double()
             ref = torch.einsum("n,nir,njr->ij", f64, A, B) / pop
@@ -378,10 +404,10 @@ def test_gradient_against_float64(sizes, rank, pop):
 def test_bias_grad_knob_changes_only_bias_grads():
     cfg = cfg_for([4, 6, 2], 8, 2)
     params = random_params([4, 6, 2], 0)
-    noise = sample_noise(params, cfg, Knobs(), 0, 0, 0.2)
+    noise = noise_of(params, cfg, Knobs(), 0, 0, 0.2)
     f = torch.randn(8, generator=torch.Generator().manual_seed(1))
-    g_ref = es_gradient(noise, f, 0.2, Knobs(), params)
-    g_over = es_gradient(noise, f, 0.2, Knobs(bias_grad="over_sigma"), params)
+    g_ref = es_gradient(noise, f, 0.2, params)
+    g_over = es_gradient(noise, f, 0.2, params, "over_sigma")
     for name in params:
         if name.endswith(".weight"):
             assert torch.equal(g_ref[name], g_over[name])
@@ -393,8 +419,8 @@ def test_bias_grad_knob_changes_only_bias_grads():
 def test_leaf_without_noise_gets_zero_gradient():
     cfg = cfg_for([4, 6, 2], 8, 2)
     params = random_params([4, 6, 2], 0)
-    noise = sample_noise(params, cfg, Knobs(bias_noise="off"), 0, 0, 0.2)
-    g = es_gradient(noise, torch.randn(8), 0.2, Knobs(bias_noise="off"), params)
+    noise = noise_of(params, cfg, Knobs(bias_noise="off"), 0, 0, 0.2)
+    g = es_gradient(noise, torch.randn(8), 0.2, params)
     assert torch.equal(g["0.bias"], torch.zeros(6)) and torch.equal(g["1.bias"], torch.zeros(2))
     assert g["0.weight"].abs().sum() > 0
 
@@ -404,15 +430,15 @@ def test_leaf_without_noise_gets_zero_gradient():
 def test_fitness_knob_changes_only_shaped_fitness(fitness):
     """tell with another shaping = the reference's tell fed that shaping's weights: nothing else moves."""
     cfg = cfg_for([4, 6, 2], 8, 2)
-    knobs = Knobs(fitness=fitness)
-    state = es.init_state(cfg, knobs, 0, params=random_params([4, 6, 2], 2))
-    noise = es.ask(state, cfg, knobs, 0)
+    strategy, reference = es.make(cfg, Knobs(fitness=fitness)), es.make(cfg, Knobs())
+    state = es.init(strategy, 0, params=random_params([4, 6, 2], 2))
+    noise, state = es.ask(strategy, state)
     f = 50 + 20 * torch.randn(8, generator=torch.Generator().manual_seed(3))
-    _, info = es.tell(state, noise, f, cfg, knobs)
-    _, ref_info = es.tell(state, noise, f, cfg, Knobs())
+    _, info = es.tell(strategy, state, noise, f)
+    _, ref_info = es.tell(reference, state, noise, f)
     assert torch.equal(info["shaped"], shape_fitness(f, fitness))
     assert not torch.equal(info["shaped"], ref_info["shaped"])
-    expected = es_gradient(noise, info["shaped"], es.sigma_at(cfg, knobs, 0), Knobs(), state.params)
+    expected = es_gradient(noise, info["shaped"], es.sigma_at(strategy, 0), state.params)
     assert all(torch.equal(info["grads"][n], expected[n]) for n in expected)
 
 
@@ -422,9 +448,9 @@ def test_optimizer_knob_changes_only_the_step():
     f = torch.randn(8, generator=torch.Generator().manual_seed(3))
     infos = {}
     for name in ("sgd", "adam", "adamw"):
-        knobs = Knobs(optimizer=name)
-        state = es.init_state(cfg, knobs, 0, params=params)
-        infos[name] = es.tell(state, es.ask(state, cfg, knobs, 0), f, cfg, knobs)[1]
+        strategy = es.make(cfg, Knobs(optimizer=name))
+        noise, state = es.ask(strategy, es.init(strategy, 0, params=params))
+        infos[name] = es.tell(strategy, state, noise, f)[1]
     for name in ("adam", "adamw"):
         assert torch.equal(infos[name]["shaped"], infos["sgd"]["shaped"])
         assert all(torch.equal(infos[name]["grads"][k], infos["sgd"]["grads"][k]) for k in params)
@@ -442,27 +468,27 @@ def test_optimizer_knob_changes_only_the_step():
 def test_tell_moves_params_by_lr_sqrt_n_g_with_sgd_and_schedules():
     """sgd: params + lr_e * sqrt(N) * g (two float32 roundings on the step, one on the sum: 3u relative)."""
     cfg = cfg_for([4, 6, 2], 8, 2, lr=0.3)
-    knobs = Knobs(lr_decay=0.9, sigma_decay=0.95)
-    state = es.init_state(cfg, knobs, 0, params=random_params([4, 6, 2], 5))._replace(epoch=3)
-    assert es.sigma_at(cfg, knobs, 3) == float(np.float32(0.2 * 0.95 ** 3))
-    assert es.lr_at(cfg, knobs, 3) == float(np.float32(0.3 * 0.9 ** 3))
-    noise = es.ask(state, cfg, knobs, 0)
-    base = es.ask(state._replace(epoch=0), cfg, Knobs(), 0)   # same draws (noise_reuse 0), sigma 0.2
-    scale = torch.tensor(es.sigma_at(cfg, knobs, 3) / 0.2)
+    strategy = es.make(cfg, Knobs(lr_decay=0.9, sigma_decay=0.95))
+    state = es.init(strategy, 0, params=random_params([4, 6, 2], 5))._replace(epoch=3)
+    assert es.sigma_at(strategy, 3) == float(np.float32(0.2 * 0.95 ** 3))
+    assert es.lr_at(strategy, 3) == float(np.float32(0.3 * 0.9 ** 3))
+    noise, state = es.ask(strategy, state)
+    base, _ = es.ask(es.make(cfg, Knobs()), state._replace(epoch=0))   # same draws (noise_reuse 0), sigma 0.2
+    scale = torch.tensor(es.sigma_at(strategy, 3) / 0.2)
     assert torch.allclose(noise.A["0.weight"], base.A["0.weight"] * scale, rtol=4 * U, atol=0)
     assert torch.equal(noise.B["0.weight"], base.B["0.weight"])
     f = torch.randn(8, generator=torch.Generator().manual_seed(0))
-    new, info = es.tell(state, noise, f, cfg, knobs)
+    new, info = es.tell(strategy, state, noise, f)
     assert new.epoch == 4
     for n, p in state.params.items():
-        step = es.lr_at(cfg, knobs, 3) * math.sqrt(8) * info["grads"][n].double()
+        step = es.lr_at(strategy, 3) * math.sqrt(8) * info["grads"][n].double()
         bound = 3 * U * (step.abs() + p.double().abs()) + 4 * U * step.abs()
         assert ((new.params[n].double() - (p.double() + step)).abs() <= bound).all()
 
 
 def test_init_torch_equals_nn_linear_default():
     cfg = Config(hidden=7, layers=3)
-    ours = model.init_params(cfg, Knobs(init="torch"), 123)
+    ours = model.init_params(cfg.sizes, "torch", GENERATORS["jax"], 123)
     with torch.random.fork_rng():
         torch.manual_seed(123)
         layers = [torch.nn.Linear(i, o) for i, o in zip(cfg.sizes[:-1], cfg.sizes[1:])]
@@ -473,12 +499,12 @@ def test_init_torch_equals_nn_linear_default():
 
 def test_init_jax_recipe_under_rng_torch():
     cfg = Config(hidden=300, layers=2)
-    p = model.init_params(cfg, Knobs(rng="torch"), 0)
+    p = model.init_params(cfg.sizes, "jax", GENERATORS["torch"], 0)
     assert torch.equal(p["0.bias"], torch.zeros(300)) and p["0.weight"].shape == (300, 4)
     w = p["1.weight"].double() * math.sqrt(300)          # back to N(0, 1): 600 draws, 5-sd bounds
     assert abs(w.mean()) < 5 / math.sqrt(600) and abs(w.var() - 1) < 5 * math.sqrt(2 / 600)
-    assert torch.equal(p["1.weight"], model.init_params(cfg, Knobs(rng="torch"), 0)["1.weight"])
-    assert not torch.equal(p["1.weight"], model.init_params(cfg, Knobs(rng="torch"), 1)["1.weight"])
+    assert torch.equal(p["1.weight"], model.init_params(cfg.sizes, "jax", GENERATORS["torch"], 0)["1.weight"])
+    assert not torch.equal(p["1.weight"], model.init_params(cfg.sizes, "jax", GENERATORS["torch"], 1)["1.weight"])
 
 
 # --------------------------------------------------------------------------------- trainer, CLI
@@ -508,7 +534,7 @@ def test_cli_precedence_and_errors(capsys):
     cfg, _ = configure(p.parse_args(["--preset", "paper", "--hidden", "16"]))
     assert cfg.pop == 2048 and cfg.hidden == 16
     for argv, msg in [(["--pop", "7"], "odd"), (["--torch", "antithetic=sideways"], "allowed"),
-                      (["--torch", "colour=red"], "unknown knob"), (["--profile", "nope"], "unknown profile"),
+                      (["--torch", "colour=red"], "unknown knob"), (["--profile", "nope"], "invalid choice: 'nope'"),
                       (["--rank", "0"], "rank must be >= 1"), (["--torch", "noise_reuse=two"], "integer")]:
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
@@ -527,4 +553,4 @@ def test_both_trainer_clis_take_the_same_overrides():
     j_cfg, j_knobs = jax_configure(jax_parser().parse_args(argv))
     assert t_cfg == j_cfg and t_cfg.group_size == 8 and t_cfg.max_env_steps == 1234
     assert (t_knobs.sigma_decay, t_knobs.noise_reuse, t_knobs.activation) == (0.99, 3, "relu")
-    assert t_knobs == j_knobs
+    assert t_knobs.run == j_knobs

@@ -19,12 +19,14 @@ from jax_reference.population import (flat_to_params, make_population_forward, p
                                       population_iterinfos, population_noise)
 from torch_impl import es, model, optim
 from torch_impl import random as rnd
-from torch_impl.config import Config
+from spec.config import Config
 from torch_impl.fitness import shape_fitness
 from torch_impl.gradient import es_gradient
-from torch_impl.knobs import Knobs
-from torch_impl.noise import es_tree_keys, per_member, sample_noise
-from torch_impl.train import action_uniforms
+from spec.knobs import Knobs
+from spec.layout import leaf_names
+from tests.helpers import noise_of
+from torch_impl.keys import GENERATORS, es_tree_keys
+from torch_impl.noise import per_member
 
 U = 2.0 ** -24
 
@@ -57,12 +59,12 @@ def as_np(d):
 def test_init_and_key_tree_equal_the_reference(cfg, seed):
     layers = cfg.layers
     init, keys, _, _ = jax_side(cfg, seed)
-    ours = model.init_params(cfg, Knobs(), seed)
+    ours = model.init_params(cfg.sizes, "jax", GENERATORS["jax"], seed)
     theirs = params_to_flat(init.params)
-    assert list(theirs) == model.leaf_names(layers)                 # "10" sorts before "2"
+    assert list(theirs) == leaf_names(layers)                       # "10" sorts before "2"
     for name, value in theirs.items():
         assert np.array_equal(ours[name].numpy(), value), name      # bit for bit
-    ours_keys = es_tree_keys(seed, layers)
+    ours_keys = es_tree_keys(seed, leaf_names(layers))
     for name, key in params_to_flat(jax.tree.map(jax.random.key_data, keys)).items():
         assert np.array_equal(rnd.to_uint32(ours_keys[name]), key), name
 
@@ -75,8 +77,8 @@ def test_noise_equals_population_noise(cfg, epoch, noise_reuse, sigma):
     pop = cfg.pop
     init, keys, frozen, noiser_params = jax_side(cfg, 42, noise_reuse=noise_reuse, sigma=sigma)
     theirs = population_noise(frozen, noiser_params, init.params, keys, init.es_map, epoch, pop)
-    params = model.init_params(cfg, Knobs(), 42)
-    ours = per_member(sample_noise(params, cfg, Knobs(noise_reuse=noise_reuse), 42, epoch, sigma))
+    params = model.init_params(cfg.sizes, "jax", GENERATORS["jax"], 42)
+    ours = per_member(noise_of(params, cfg, Knobs(noise_reuse=noise_reuse), 42, epoch, sigma))
     for mine, ref in ((ours.A, theirs.A), (ours.B, theirs.B), (ours.bias, theirs.bias)):
         assert set(mine) == set(ref)
         for name in ref:
@@ -87,7 +89,7 @@ def test_noise_equals_population_noise(cfg, epoch, noise_reuse, sigma):
 def test_action_uniforms_equal_jax(seed, epoch, pop):
     action_key = jax.random.split(jax.random.key(seed), 3)[2]
     ref = np.asarray(jax.random.uniform(jax.random.fold_in(action_key, epoch), (500, pop)))
-    assert np.array_equal(action_uniforms(seed, epoch, pop, Knobs()), ref)
+    assert np.array_equal(GENERATORS["jax"].action_uniforms(seed, epoch, pop), ref)
 
 
 def forward_error_bound(params, noise, x, activation):
@@ -136,13 +138,13 @@ def test_population_forward_matches_reference():
     cfg, pop, activation = SMALL, SMALL.pop, "pqn"
     init, keys, frozen, noiser_params = jax_side(cfg, 9, activation=activation)
     # Non-zero biases on both sides: the reference's init has zero biases.
-    params = model.init_params(cfg, Knobs(), 9)
+    params = model.init_params(cfg.sizes, "jax", GENERATORS["jax"], 9)
     g = torch.Generator().manual_seed(1)
     params = {k: (v + 0.2 * torch.randn(v.shape, generator=g)) if k.endswith("bias") else v for k, v in params.items()}
     jparams = flat_to_params({k: v.numpy() for k, v in params.items()})
     x = torch.randn(pop, 4, generator=g)
     theirs = np.asarray(make_population_forward(init.frozen_params, frozen)(noiser_params, jparams, keys, 3, jnp.asarray(x.numpy())))
-    noise = sample_noise(params, cfg, Knobs(activation=activation), 9, 3, cfg.sigma)
+    noise = noise_of(params, cfg, Knobs(activation=activation), 9, 3, cfg.sigma)
     with torch.inference_mode():
         ours = model.forward(params, x, noise, activation)
     _, bound = forward_error_bound(params, noise, x, activation)
@@ -172,9 +174,9 @@ def test_gradients_and_sgd_step_match_do_updates():
     f = torch.randn(pop, generator=torch.Generator().manual_seed(pop))
     iterinfos = population_iterinfos(4, pop)
     theirs = params_to_flat(es_grads(frozen, noiser_params, init.params, keys, jnp.asarray(f.numpy()), iterinfos, init.es_map))
-    params = model.init_params(cfg, Knobs(), 5)
-    noise = sample_noise(params, cfg, Knobs(), 5, 4, 0.2)
-    ours = es_gradient(noise, f, 0.2, Knobs(), params)     # grouped: summed per antithetic pair
+    params = model.init_params(cfg.sizes, "jax", GENERATORS["jax"], 5)
+    noise = noise_of(params, cfg, Knobs(), 5, 4, 0.2)
+    ours = es_gradient(noise, f, 0.2, params)     # grouped: summed per antithetic pair
     members = per_member(noise)                            # the bounds are per member
     f64 = f.double()
     for name, ref in theirs.items():
@@ -185,9 +187,10 @@ def test_gradients_and_sgd_step_match_do_updates():
             bound = 2 * gamma(pop + 2) * (f64.abs()[:, None] * members.bias[name].double().abs()).mean(0)
         assert ((ours[name].double() - torch.from_numpy(ref).double()).abs() <= bound).all(), name
     # One whole step: tell (shaping inside) against do_updates (optax.sgd) fed those shaped values.
-    state = es.init_state(cfg, Knobs(), 5)._replace(epoch=4)
+    strategy = es.make(cfg, Knobs(sigma_decay=1.0))                        # the noiser holds sigma 0.2
+    state = es.init(strategy, 5)._replace(epoch=4)
     with torch.no_grad():
-        new, info = es.tell(state, noise, f, cfg, Knobs(sigma_decay=1.0))   # the noiser holds sigma 0.2
+        new, info = es.tell(strategy, state, noise, f)
     shaped = info["shaped"]
     assert torch.equal(shaped, shape_fitness(f, "jax"))
     _, new_params = EggRoll.do_updates(frozen, noiser_params, init.params, keys, jnp.asarray(shaped.numpy()),

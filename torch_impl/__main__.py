@@ -4,14 +4,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torch_impl.config import PRESETS, add_override_arguments, apply_overrides, check_pairing
-from torch_impl.knobs import KnobError, resolve
+from spec.cli import add_override_arguments, apply_overrides
+from spec.config import PRESETS, check_pairing
+from spec.knobs import PROFILES, KnobError, resolve
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_impl", description=__doc__)
     p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="hyper-parameter preset (default cpu)")
-    p.add_argument("--profile", default="jax", help="knob profile: jax, jax-torchrng, oop-port, functional-port")
+    p.add_argument("--profile", choices=list(PROFILES), default="jax", help="knob profile (default jax)")
     p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
                    help="set one drift knob (repeatable; applied after the profile)")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
@@ -25,8 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def configure(args: argparse.Namespace):
     """(Config, Knobs) from preset, then profile, then --torch, then explicit flags; raises ValueError/KnobError."""
-    cfg, preset_knobs = PRESETS[args.preset]
-    cfg, knobs = apply_overrides(args, cfg, resolve(args.profile, args.torch, reference=preset_knobs))
+    cfg, run = PRESETS[args.preset]
+    cfg, knobs = apply_overrides(args, cfg, resolve(args.profile, args.torch, reference=run))
     check_pairing(cfg.pop, knobs.antithetic)
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")

@@ -1,12 +1,13 @@
 """Fitness shaping: raw returns (pop,) -> the weights the gradient estimate uses.
 
-`jax` is the reference's `convert_fitnesses`; the others are the shapings real ports used.
+`jax` is the reference's `convert_fitnesses`; the others are the shapings real ports used (knob fitness).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-METHODS = ("jax", "std", "std_unbiased", "rank")
 JAX_EPS = 1e-5          # reference: sqrt(var + 1e-5)
 STD_FLOOR = 1e-8        # std: all zeros below this spread
 UNBIASED_EPS = 1e-8     # std_unbiased: std(ddof 1) + 1e-8
@@ -40,40 +41,59 @@ def centred_ranks(f: torch.Tensor) -> torch.Tensor:
     return rank / (n - 1) - 0.5
 
 
-def shape_fitness(f: torch.Tensor, method: str = "jax", group_size: int = 0) -> torch.Tensor:
-    """Shaped fitness (pop,) in f's float dtype.
+def _centred(f: torch.Tensor, group_size: int) -> torch.Tensor:
+    """f minus its mean, or minus each group's mean with group_size > 0 (the reference's grouped form)."""
+    if group_size:
+        groups = f.reshape(-1, group_size)                                  # (pop / g, g)
+        return (groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
+    return f - f.mean()
 
-    jax:          (f - mean) / sqrt(var + 1e-5), ddof 0; with group_size > 0 each group's mean is
-                  subtracted and the global variance divides (the reference's grouped form).
-    std:          (f - mean) / std, ddof 0, no epsilon; all zeros when std < 1e-8.
-    std_unbiased: (f - mean) / (std(ddof=1) + 1e-8).
-    rank:         centred ranks in [-0.5, 0.5], ties averaged.
+
+def shape_jax(f: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The reference's convert_fitnesses: (f - mean) / sqrt(var + 1e-5), ddof 0, the global variance."""
+    return _centred(f, group_size) / torch.sqrt(f.var(correction=0) + JAX_EPS)
+
+
+def shape_std(f: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(f - mean) / std, ddof 0, no epsilon; all zeros when std < 1e-8."""
+    std = torch.sqrt(f.var(correction=0))
+    return torch.zeros_like(f) if std < STD_FLOOR else _centred(f, group_size) / std
+
+
+def shape_std_unbiased(f: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(f - mean) / (std(ddof=1) + 1e-8)."""
+    if f.shape[0] < 2:
+        raise ValueError("fitness=std_unbiased needs at least 2 members (ddof=1)")
+    return _centred(f, group_size) / (f.std(correction=1) + UNBIASED_EPS)
+
+
+def shape_rank(f: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Centred ranks in [-0.5, 0.5], ties averaged; takes no groups."""
+    if group_size:
+        raise ValueError("fitness=rank does not take group_size > 0; use group_size=0")
+    return centred_ranks(f)
+
+
+# knob fitness -> shaping (f (pop,), group_size) -> shaped (pop,)
+SHAPINGS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    "jax": shape_jax,
+    "std": shape_std,
+    "std_unbiased": shape_std_unbiased,
+    "rank": shape_rank,
+}
+
+
+def shape_fitness(f: torch.Tensor, method: str = "jax", group_size: int = 0) -> torch.Tensor:
+    """Shaped fitness (pop,) in f's float dtype by the shaping `method` names (see SHAPINGS).
+
     The std variants honour group_size like jax does (group mean, global scale); rank does not take groups.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown fitness shaping {method!r}; allowed: {', '.join(METHODS)}")
+    if method not in SHAPINGS:
+        raise ValueError(f"unknown fitness shaping {method!r}; allowed: {', '.join(SHAPINGS)}")
     check_fitness(f)
     if not f.is_floating_point():
         f = f.to(torch.float32)
     n = f.shape[0]
     if group_size < 0 or (group_size and n % group_size):
         raise ValueError(f"group_size must be 0 or divide the population {n}, got {group_size}")
-    if method == "rank":
-        if group_size:
-            raise ValueError("fitness=rank does not take group_size > 0; use group_size=0")
-        return centred_ranks(f)
-    if method == "std_unbiased" and n < 2:
-        raise ValueError("fitness=std_unbiased needs at least 2 members (ddof=1)")
-
-    if group_size:
-        groups = f.reshape(-1, group_size)                                  # (pop / g, g)
-        centred = (groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
-    else:
-        centred = f - f.mean()
-    var = f.var(correction=0)
-    if method == "jax":
-        return centred / torch.sqrt(var + JAX_EPS)
-    if method == "std":
-        std = torch.sqrt(var)
-        return torch.zeros_like(f) if std < STD_FLOOR else centred / std
-    return centred / (f.std(correction=1) + UNBIASED_EPS)
+    return SHAPINGS[method](f, group_size)

@@ -1,119 +1,110 @@
-"""The policy MLP as plain tensors: parameter names and order, init, and the batched low-rank forward.
+"""The policy MLP as plain tensors: init, activations and the batched low-rank forward.
 
 Params are a `dict[str, Tensor]` with `"{layer}.weight"` (out, in) and `"{layer}.bias"` (out,).
 The forward runs the whole population at once: member i sees `W + A_i @ B_i^T` through
 `x @ W^T + (x @ B_i) @ A_i^T`, so the (out x in) perturbation is never formed.
+`ACTIVATIONS` (knob activation) and `INITS` (knob init) are the tables the knobs resolve through.
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from torch_impl.config import Config
-from torch_impl.knobs import Knobs
-
-if TYPE_CHECKING:  # only for annotations: noise.py imports this module
-    from torch_impl.noise import Noise
+from spec.layout import n_layers_of
+from torch_impl.keys import Generator
+from torch_impl.noise import Noise, group_size, population_of
 
 LN_EPS = 1e-5  # the reference's parameter-free layer norm
+Params = dict[str, torch.Tensor]
 
 
-def leaf_names(n_layers: int) -> list[str]:
-    """Parameter names in JAX's flatten order: layer keys sorted as strings, then "bias" before "weight"."""
-    if n_layers < 1:
-        raise ValueError(f"n_layers must be >= 1, got {n_layers}")
-    return [f"{layer}.{leaf}" for layer in sorted(str(i) for i in range(n_layers)) for leaf in ("bias", "weight")]
+# ----------------------------------------------------------------------------- init
+def init_reference(sizes: Sequence[int], generator: Generator, seed: int) -> Params:
+    """The reference's MLP.rand_init recipe: weight normal(out, in) / sqrt(in) from the run's generator, zero bias.
 
-
-def n_layers_of(params: dict[str, torch.Tensor]) -> int:
-    """How many Linear layers a params dict holds (checks the names are 0..L-1)."""
-    n = sum(name.endswith(".weight") for name in params)
-    expected = set(leaf_names(n)) if n else set()
-    if not n or set(params) != expected:
-        raise ValueError(f"params must hold '{{layer}}.weight' and '{{layer}}.bias' for layers 0..L-1, got {sorted(params)}")
-    return n
-
-
-def init_params(
-    cfg: Config,
-    knobs: Knobs,
-    seed: int | torch.Tensor,
-    device: str | torch.device = "cpu",
-) -> dict[str, torch.Tensor]:
-    """Initial float32 params for `cfg.sizes`.
-
-    init=jax, rng=jax: MLP.rand_init(model_key) bit for bit (`seed` is a run seed, or a model key (2,)).
-    init=jax, rng=torch: the same recipe, normal / sqrt(in), from torch's generator.
-    init=torch: nn.Linear's default (kaiming-uniform weight, uniform bias, both +-1/sqrt(in)), drawn
-    layer by layer from a torch.Generator seeded with the run seed, as `torch.manual_seed(seed)` then
-    building the Linears would.
+    With rng=jax the normals are MLP.rand_init(model_key)'s, bit for bit.
     """
-    sizes = cfg.sizes
-    dims = list(zip(sizes[:-1], sizes[1:]))  # (in, out) per layer
-    params: dict[str, torch.Tensor] = {}
-    if knobs.init == "torch":
-        if not isinstance(seed, int):
-            raise ValueError("init=torch needs an integer run seed, not a key")
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        for t, (fan_in, fan_out) in enumerate(dims):
-            weight = torch.empty(fan_out, fan_in)
-            torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=gen)
-            bound = 1.0 / math.sqrt(fan_in)
-            bias = torch.empty(fan_out).uniform_(-bound, bound, generator=gen)
-            params[f"{t}.weight"], params[f"{t}.bias"] = weight, bias
-        return {name: p.to(device) for name, p in params.items()}
-
-    if knobs.rng == "jax":
-        from torch_impl import noise as noise_mod
-
-        rnd = noise_mod.jax_random()
-        model_key = rnd.split(rnd.key(seed), 3)[0] if isinstance(seed, int) else seed
-        layer_keys = rnd.split(model_key, len(dims))                     # (L, 2)
-        normals = [rnd.normal(layer_keys[t], (fan_out, fan_in)) for t, (fan_in, fan_out) in enumerate(dims)]
-    else:
-        from torch_impl import noise as noise_mod
-
-        if not isinstance(seed, int):
-            raise ValueError("rng=torch needs an integer run seed, not a key")
-        normals = [
-            torch.randn(fan_out, fan_in, generator=noise_mod.torch_generator("cpu", seed, noise_mod.PURPOSE_INIT, t))
-            for t, (fan_in, fan_out) in enumerate(dims)
-        ]
-    for t, (fan_in, fan_out) in enumerate(dims):
+    dims = [(fan_out, fan_in) for fan_in, fan_out in zip(sizes[:-1], sizes[1:])]
+    normals = generator.init_normals(seed, dims)
+    params: Params = {}
+    for t, (fan_out, fan_in) in enumerate(dims):
         # The reference: scale = 1 / sqrt(in) in float32, then normal * scale.
         scale = 1.0 / torch.sqrt(torch.tensor(float(fan_in), dtype=torch.float32))
-        params[f"{t}.weight"] = (normals[t].to(torch.float32).cpu() * scale).to(device)
-        params[f"{t}.bias"] = torch.zeros(fan_out, dtype=torch.float32, device=device)
+        params[f"{t}.weight"] = normals[t].to(torch.float32).cpu() * scale
+        params[f"{t}.bias"] = torch.zeros(fan_out, dtype=torch.float32)
     return params
 
 
+def init_torch(sizes: Sequence[int], generator: Generator, seed: int) -> Params:
+    """nn.Linear's default (kaiming-uniform weight, uniform bias, both +-1/sqrt(in)), drawn layer by layer from
+    a torch.Generator seeded with the run seed, as `torch.manual_seed(seed)` then building the Linears would."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    params: Params = {}
+    for t, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        weight = torch.empty(fan_out, fan_in)
+        torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5), generator=gen)
+        bound = 1.0 / math.sqrt(fan_in)
+        bias = torch.empty(fan_out).uniform_(-bound, bound, generator=gen)
+        params[f"{t}.weight"], params[f"{t}.bias"] = weight, bias
+    return params
+
+
+INITS: dict[str, Callable[[Sequence[int], Generator, int], Params]] = {
+    "jax": init_reference,
+    "torch": init_torch,
+}
+
+
+def init_params(sizes: Sequence[int], init: str, generator: Generator, seed: int,
+                device: str | torch.device = "cpu") -> Params:
+    """Initial float32 params for layer widths `sizes` by the init named `init`, on `device`."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"the init needs an integer run seed, got {seed!r}")
+    return {name: p.to(device) for name, p in INITS[init](sizes, generator, seed).items()}
+
+
+# ----------------------------------------------------------------------------- activations
+def _pqn(x: torch.Tensor) -> torch.Tensor:
+    """relu(layer_norm(x)) with a parameter-free layer norm (ddof 0, eps 1e-5).
+
+    group_norm with one group over (rows, 1, n) is the layer norm over n: (x - mean) * rsqrt(var + eps), the
+    reference's (x - mean) / sqrt(var + eps) up to float32 rounding. On the CPU it runs about 3x faster than
+    F.layer_norm at (2048, 256) (0.17 vs 0.48 ms, 2 threads), the biggest cost after the matmuls.
+    """
+    n = x.shape[-1]
+    return torch.nn.functional.group_norm(x.reshape(-1, 1, n), 1, eps=LN_EPS).view(x.shape).relu_()
+
+
+class Activation(NamedTuple):
+    """A hidden activation: `fn(x)` and `inplace(x)`, which may overwrite x (a fresh tensor the caller owns)."""
+
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    inplace: Callable[[torch.Tensor], torch.Tensor]
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    "pqn": Activation(_pqn, _pqn),
+    "tanh": Activation(torch.tanh, torch.Tensor.tanh_),
+    "relu": Activation(torch.relu, torch.Tensor.relu_),
+}
+
+
+def activation_of(name: str) -> Activation:
+    """The table's entry, or a ValueError naming the allowed activations."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; allowed: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
 def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
-    """Hidden activation: pqn = relu(layer_norm(x)) with a parameter-free layer norm (ddof 0, eps 1e-5)."""
-    if activation == "pqn":
-        # group_norm with one group over (rows, 1, n) is the layer norm over n: (x - mean) * rsqrt(var + eps),
-        # the reference's (x - mean) / sqrt(var + eps) up to float32 rounding. On the CPU it runs about 3x
-        # faster than F.layer_norm at (2048, 256) (0.17 vs 0.48 ms, 2 threads), the biggest cost after the matmuls.
-        n = x.shape[-1]
-        return torch.nn.functional.group_norm(x.reshape(-1, 1, n), 1, eps=LN_EPS).view(x.shape).relu_()
-    if activation == "tanh":
-        return torch.tanh(x)
-    if activation == "relu":
-        return torch.relu(x)
-    raise ValueError(f"unknown activation {activation!r}; allowed: pqn, tanh, relu")
+    """The hidden activation `activation` applied to x (x is not modified)."""
+    return activation_of(activation).fn(x)
 
 
-def activate_(x: torch.Tensor, activation: str) -> torch.Tensor:
-    """`activate` overwriting x where the activation allows (x: a fresh tensor the caller owns)."""
-    if activation == "tanh":
-        return x.tanh_()
-    if activation == "relu":
-        return x.relu_()
-    return activate(x, activation)
-
-
+# ----------------------------------------------------------------------------- forward
 @functools.lru_cache(maxsize=16)
 def _sign_tensor(signs: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Grouped noise's signs as a (k,) tensor, made once per (signs, dtype, device): forward is called
@@ -122,9 +113,9 @@ def _sign_tensor(signs: tuple[float, ...], dtype: torch.dtype, device: torch.dev
 
 
 def forward(
-    params: dict[str, torch.Tensor],
+    params: Params,
     x: torch.Tensor,                 # (pop, in) or (pop, batch, in)
-    noise: "Noise | None" = None,
+    noise: Noise | None = None,
     activation: str = "pqn",
 ) -> torch.Tensor:                   # (pop, out) or (pop, batch, out)
     """Every member's perturbed MLP in one batched call per layer; the plain MLP when `noise` is None.
@@ -138,14 +129,11 @@ def forward(
     n_layers = n_layers_of(params)
     if x.dim() not in (2, 3):
         raise ValueError(f"x must be (pop, in) or (pop, batch, in), got shape {tuple(x.shape)}")
-    if activation not in ("pqn", "tanh", "relu"):
-        raise ValueError(f"unknown activation {activation!r}; allowed: pqn, tanh, relu")
+    act = activation_of(activation).inplace
     pop = x.shape[0]
     batch = 1 if x.dim() == 2 else x.shape[1]
     k, signs = 1, (1.0,)
     if noise is not None:
-        from torch_impl.noise import group_size, population_of
-
         k, noise_pop = group_size(noise), population_of(noise)
         if noise_pop is not None and noise_pop != pop:
             raise ValueError(f"x has {pop} rows but the noise is for a population of {noise_pop}")
@@ -177,5 +165,5 @@ def forward(
                 out.view(grouped).add_(eps_g)
             else:
                 out.view(grouped).addcmul_(eps_g, sign_t.view(1, k, *([1] * (len(grouped) - 2))))   # + s eps, exact
-        h = activate_(out, activation) if t < n_layers - 1 else out
+        h = act(out) if t < n_layers - 1 else out
     return h.view(pop, -1) if x.dim() == 2 else h.view(pop, batch, -1)

@@ -80,15 +80,19 @@ def adamw(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_root: float
     return adam(b1, b2, eps, eps_root, weight_decay=weight_decay)
 
 
+# knob optimizer -> constructor with optax's defaults
+OPTIMIZERS: dict[str, Callable[[], Optimizer]] = {
+    "sgd": sgd,
+    "adam": adam,
+    "adamw": adamw,
+}
+
+
 def make_optimizer(name: str) -> Optimizer:
     """The optimizer a knob names, with optax's defaults."""
-    if name == "sgd":
-        return sgd()
-    if name == "adam":
-        return adam()
-    if name == "adamw":
-        return adamw()
-    raise ValueError(f"unknown optimizer {name!r}; allowed: sgd, adam, adamw")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[name]()
 
 
 def apply_updates(params: Tree, updates: Tree) -> Tree:

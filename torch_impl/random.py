@@ -6,23 +6,20 @@ takes a batch of keys (..., 2) and puts the batch dims first in its result. Word
 [0, 2^32)); the hash itself runs in int32 wrap-around arithmetic, which is exact mod 2^32 and several times
 faster than masked int64. Normals reproduce XLA's CPU float32 code for `sqrt(2) * erf_inv(u)` (Giles'
 approximation, XLA's log1p, its fused multiply-adds) and were checked against JAX for all 2^23 inputs.
-No jax import anywhere on the generator's paths; only the agreement measurement at the end may load jax.
+No jax import anywhere: tests/test_random.py and the benchmark measure the agreement with JAX.
 """
 from __future__ import annotations
 
 import functools
 import math
 import numbers
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-__all__ = [
-    "key", "fold_in", "split", "bits", "uniform", "normal",
-    "as_key", "to_uint32", "ulp_distance", "agreement", "Agreement",
-    "normal_from_mantissa", "normal_table", "measure_normal_agreement",
-]
+__all__ = ["key", "fold_in", "split", "bits", "uniform", "normal", "as_key", "to_uint32", "normal_from_mantissa",
+           "normal_table"]
 
 _MASK32 = 0xFFFFFFFF
 _PARITY32 = 0x1BD11BDA                       # threefry's key-schedule constant
@@ -417,64 +414,3 @@ def _normal(keys: torch.Tensor, shape, use_table: bool) -> torch.Tensor:
             dst.copy_(normal_from_mantissa(_mantissa_(y0, y1)))
 
     return _draw(keys, shape, torch.float32, finish)
-
-
-# ------------------------------------------------------------------------------------------- agreement
-class Agreement(NamedTuple):
-    draws: int                  # values compared
-    identical_fraction: float   # share of bit-identical values
-    max_ulp: int                # largest distance in units in the last place (float32)
-
-    def __str__(self) -> str:
-        return f"{self.draws} draws: {100 * self.identical_fraction:.4f}% bit-identical, max {self.max_ulp} ULP"
-
-
-def _float32_cpu(x) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", torch.float32).contiguous()
-    return torch.from_numpy(np.array(x, dtype=np.float32))
-
-
-def ulp_distance(a, b) -> torch.Tensor:
-    """|a - b| in float32 ULPs (steps between representable floats; +0 and -0 count as equal), int64."""
-    a, b = _float32_cpu(a), _float32_cpu(b)
-    if a.shape != b.shape:
-        raise ValueError(f"cannot compare arrays of shapes {tuple(a.shape)} and {tuple(b.shape)}")
-
-    def ordered(x):                        # sign-magnitude bits -> integers in the order of the floats
-        i = x.view(torch.int32).to(torch.int64)
-        return torch.where(i < 0, -(i & 0x7FFFFFFF), i)
-    return (ordered(a) - ordered(b)).abs()
-
-
-def agreement(ours, theirs) -> Agreement:
-    """How closely two float32 arrays of equal shape agree: bit-identical share and worst ULP distance."""
-    d = ulp_distance(ours, theirs)
-    if d.numel() == 0:
-        return Agreement(0, 1.0, 0)
-    return Agreement(int(d.numel()), float((d == 0).double().mean()), int(d.max()))
-
-
-def _jax_normal_reference(key_words: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """jax.random.normal for each key (K, 2) uint32 -> (K, *shape) float32. Loads jax: measurement only."""
-    import jax  # noqa: PLC0415 - deliberately lazy: the generator itself never needs jax
-    import jax.numpy as jnp  # noqa: PLC0415
-
-    keys = jax.random.wrap_key_data(jnp.asarray(key_words, dtype=jnp.uint32))
-    return np.asarray(jax.jit(jax.vmap(lambda k: jax.random.normal(k, shape)))(keys))
-
-
-def measure_normal_agreement(n: int = 1 << 20, reference: Callable | None = None, seed: int = 0) -> Agreement:
-    """Compares at least n normals from several keys and shapes with a reference (default: jax.random.normal
-    on the CPU; this is the one place that loads jax). reference(key_words (K, 2) uint32, shape) -> (K, *shape)."""
-    reference = reference or _jax_normal_reference
-    shapes = [(260, 4), (3, 5, 7), (1001,)]         # a factor draw, a 3-d and an odd 1-d shape
-    per_key = sum(math.prod(s) for s in shapes)
-    n_keys = max(1, -(-int(n) // per_key))
-    keys = fold_in(key(seed), torch.arange(n_keys))                       # (K, 2)
-    ours, theirs = [], []
-    for i, shape in enumerate(shapes):
-        ks = fold_in(keys, i)
-        ours.append(normal(ks, shape).reshape(-1))
-        theirs.append(_float32_cpu(reference(to_uint32(ks), shape)).reshape(-1))
-    return agreement(torch.cat(ours), torch.cat(theirs))

@@ -75,7 +75,7 @@ def run(ctx):
     forward_note = "skipped: the port has no `forward` method"
     if ctx.port.has("forward"):
         params, noise, x = _forward_inputs(ctx)
-        act = ctx.reference.knobs.activation
+        act = ctx.reference.run.activation
         n_out = ctx.shapes[f"{len([k for k in ctx.shapes if k.endswith('.weight')]) - 1}.weight"][0]
         found = None
         for label, nz in (("plain", None), ("perturbed", noise)):

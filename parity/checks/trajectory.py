@@ -93,7 +93,7 @@ def run(ctx):
     cfg, shapes, seed = ctx.cfg, ctx.shapes, ctx.seed
     pop, r, epochs = cfg.pop, cfg.rank, ctx.sizes.traj_epochs
     ref_port, reference = ctx.ref, ctx.reference
-    act, ref_opt = reference.knobs.activation, reference.knobs.optimizer
+    act, ref_opt = reference.run.activation, reference.run.optimizer
     jax_compat = ctx.port.jax_compatible_rng
     n_out = shapes[max((k for k in shapes if k.endswith(".weight")), key=lambda k: int(k.split(".")[0]))][0]
     alpha = check_alpha(NAME) / max(epochs - 1, 1)
@@ -239,7 +239,7 @@ def _diagnose(ctx, parted):
         return upstream[0]
     if quantity == "noise" and detail and detail[0] == "sigma":
         if epoch > 0:
-            return diagnose.sigma_schedule_cause(epoch, detail[1], ctx.reference.knobs.sigma_decay)
+            return diagnose.sigma_schedule_cause(epoch, detail[1], ctx.reference.run.sigma_decay)
         return diagnose.other("noise scale", f"the port's noise at epoch 0 is {fmt(detail[1])}x the reference's")
     words = {"noise": "the noise es_ask returns", "outputs": "the policy's logits",
              "fitness": "the shaped fitness", "gradient": "the gradient estimate",

@@ -78,12 +78,12 @@ def run(ctx):
                                 for k in names])
         rec.info("update norm ratio port/ref", "both", f"epoch {e}",
                  float(np.linalg.norm(d_port) / np.linalg.norm(d_ref)) if np.linalg.norm(d_ref) > 0 else float("nan"))
-    knobs = ctx.reference.knobs
+    run = ctx.reference.run
     section = "\n".join([
         f"{epochs} epochs from the same parameters (the reference's init, biases set non-zero), population {n}; each "
         "epoch the reference's noise at the reference's sigma schedule and a fresh standard-normal fitness vector "
         "shaped by the reference. The port runs its own `optimizer_step`; the reference runs optax "
-        f"{knobs.optimizer} (lr {fmt(cfg.lr)}, lr_decay {fmt(knobs.lr_decay)}) on -(g sqrt(N)) with g the port's own "
+        f"{run.optimizer} (lr {fmt(cfg.lr)}, lr_decay {fmt(run.lr_decay)}) on -(g sqrt(N)) with g the port's own "
         "`gradient()` (so the optimizer and its schedule are all that is compared).",
         "",
         "Allowed: per step and side u |p_new| (the rounding of p + update) + gamma_24 |update| (the optimizer's "
@@ -96,7 +96,7 @@ def run(ctx):
 def _diagnose(ctx, params0, port_chain, grads_per_epoch, sigmas, allowed_ratio):
     """Which optimizer reproduces the port's first update, and which lr factor per epoch its later ones."""
     names = list(params0)
-    ref_opt, ref_decay = ctx.reference.knobs.optimizer, ctx.reference.knobs.lr_decay
+    ref_opt, ref_decay = ctx.reference.run.optimizer, ctx.reference.run.lr_decay
 
     def delta(chain, e, start):
         before = start if e == 0 else chain[e - 1]

@@ -10,7 +10,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from parity.bench.measure import Summary, summarize, time_calls
+from bench.measure import Summary, summarize, time_calls
 
 F32 = 4  # bytes per float32
 

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
+from bench.ceilings import Ceilings
+
 COLUMNS = ("impl", "model", "pop", "measure", "median", "p10", "p90", "unit", "device")
 # Implementations in report order; the first is the one every ratio is taken against.
 IMPLS = ("torch_impl", "torch_impl_jaxrng", "jax_reference", "hooks", "materialized", "loop")
@@ -14,6 +16,26 @@ EXTRA_IMPLS = ("machine",)
 # torch_impl's forward handed the noise per member (the layout hooks, materialized and loop get) is a
 # measure of torch_impl: `forward_members_*` rows, which separate the noise layout's gain from the style's.
 MEMBERS = "torch_impl (per-member noise)"
+
+
+class Context(NamedTuple):
+    """What the summary says about the run besides the numbers."""
+
+    command: str
+    device: str
+    jax_device: str
+    threads: int
+    cpu: str
+    versions: dict[str, str]
+    load_before: str
+    load_after: str
+    wall_s: float
+    quick: bool
+    models: tuple
+    ceilings: list[tuple[str, Ceilings]]
+    notes: list[str]
+    agreement: str | None
+    profile: list[str]
 
 
 class Row(NamedTuple):

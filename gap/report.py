@@ -3,17 +3,16 @@ from __future__ import annotations
 
 import math
 import os
-import platform
-from importlib import metadata
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from parity.gap import attribution as attr
-from parity.gap import plots, presets, published, results, stats
-from parity.gap.runs import RunSpec, RunStore
-from torch_impl.config import Config
+from gap import attribution as attr
+from gap import plots, published, results, stats
+from gap.runs import RunSpec, RunStore
+from reporting import atomic_write, machine, markdown_table, versions
+from spec.config import PRESET_NOTES, Config
 
 ALPHA = 0.05
 
@@ -51,27 +50,6 @@ def _ratio(c: stats.Comparison) -> str:
 
 def _pi(c: stats.Comparison) -> str:
     return f"{c.p_improvement:.2f} [{c.p_improvement_lo:.2f}, {c.p_improvement_hi:.2f}]"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def versions() -> dict[str, str]:
-    """Installed versions, read from package metadata (importing torch and jax only for this is slow)."""
-    out = {"python": platform.python_version()}
-    for dist in ("torch", "jax", "jaxlib", "numpy", "scipy"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
-
-
-def machine() -> str:
-    return f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPU cores"
 
 
 def _covers_one(c: stats.Comparison) -> bool:
@@ -260,8 +238,7 @@ def write(out: str, store: RunStore, specs: list[RunSpec], st: attr.Study, info:
     text = _markdown(st, info, arms_df, cmp_rows, steps, verdict_lines(st, cmps, steps, published_cmp, paired),
                      figures, n_resamples, seed)
     path = os.path.join(out, "summary.md")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    atomic_write(path, text)
     return path
 
 
@@ -271,7 +248,7 @@ def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples,
     lines = [
         f"# Gap study: does the torch port learn CartPole-v1 as fast as the JAX reference? (`{st.profile}`)", "",
         f"- command: `{info.command}`",
-        f"- preset: {presets.describe(info.preset)}: pop {cfg.pop}, rank {cfg.rank}, sigma {cfg.sigma}, lr {cfg.lr}, "
+        f"- preset: `{info.preset}` ({PRESET_NOTES.get(info.preset, 'spec/config.py')}): pop {cfg.pop}, rank {cfg.rank}, sigma {cfg.sigma}, lr {cfg.lr}, "
         f"{cfg.layers} layers x {cfg.hidden}, group_size {cfg.group_size}, budget {cfg.max_env_steps:,} env steps "
         f"per run; reference knobs: sigma_decay {st.reference.knobs.sigma_decay}, lr_decay "
         f"{st.reference.knobs.lr_decay}, noise_reuse {st.reference.knobs.noise_reuse}, activation "
@@ -292,7 +269,7 @@ def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples,
 
     lines += ["", "## Arms", ""]
     if not arms_df.empty:
-        lines.append(_table(
+        lines.append(markdown_table(
             ["arm", "side", "seeds", "solved", "mean steps", "median", "IQM", "CV", "wall s/run", "cpu s/run",
              "env steps/s"],
             [[f"`{r.arm}`", r.side, r.seeds, r.solved, _steps(r.mean_steps), _steps(r.median_steps),
@@ -319,7 +296,7 @@ def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples,
         rows.append([r["comparison"], f"{c.n_b}/{c.n_a}", _steps(c.mean_a), _steps(c.mean_b), _ratio(c),
                      _p(c.welch_p), _p(c.mann_whitney_p), _p(c.gehan_p), _pi(c), c.seeds_needed,
                      f"{c.power:.0%}"])
-    lines.append(_table(header, rows))
+    lines.append(markdown_table(header, rows))
 
     if steps:
         lines += ["", f"## Attribution of the `{st.profile}` gap", "",
@@ -343,7 +320,7 @@ def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples,
                     continue
                 share = "" if math.isnan(s.share) else f"{s.share:.0%}"
                 rows.append(base + [f"{c.n_b}/{c.n_a}", _ratio(c), _p(c.gehan_p), _p(s.holm_p), share])
-            lines.append(_table(["drift", "arms (with / without)", "n", "ratio [95% CI]", "Gehan p",
+            lines.append(markdown_table(["drift", "arms (with / without)", "n", "ratio [95% CI]", "Gehan p",
                                  "Holm p", "share of log gap"], rows))
             lines.append("")
 

@@ -1,4 +1,4 @@
-"""`python -m parity gap`: train every arm over seeds (resumable), then write the report.
+"""`python -m gap`: train every arm over seeds (resumable), then write the report.
 
 Exit status: 0 the study and its report are complete, 1 some runs failed (rerun to retry
 them), 2 bad usage or input, 130 interrupted (rerun the same command to resume).
@@ -11,13 +11,14 @@ import shlex
 import sys
 import time
 
-from parity.gap import report, stats
-from parity.gap.presets import DEFAULT as DEFAULT_PRESET
-from parity.gap.presets import PRESETS
-from parity.gap.arms import Arm, dedupe, profile_arm
-from parity.gap.attribution import study as build_study
-from parity.gap.runs import RunStore, plan, run_all, train_spec
-from torch_impl.knobs import PROFILE_DRIFTS, KnobError
+from gap import report, stats
+from gap.arms import Arm, dedupe, profile_arm
+from gap.attribution import study as build_study
+from gap.runs import RunStore, plan, run_all, train_spec
+from spec.config import PRESETS
+from spec.knobs import PROFILES, KnobError
+
+DEFAULT_PRESET = "gap"
 
 # The default study fits 30 minutes on 2 idle cores (measured one-thread cost: 35-50 s per solving
 # run, ~100 s per run censored at the gap preset's 10 M budget): 3 main arms x 8 seeds + 12
@@ -45,7 +46,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m parity gap", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m gap", description=__doc__.splitlines()[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default=DEFAULT_PRESET,
                    help=f"hyper-parameters (default {DEFAULT_PRESET}: cpu with a 10M-step budget; "
                         f"paper: the published run)")
@@ -86,7 +87,7 @@ def _select(study, names: str | None) -> tuple[list[Arm], list[Arm]]:
             chosen.append(profile_arm(n))
         except KnobError:
             raise KnobError(f"unknown arm {n!r}; planned arms: {', '.join(planned)}; or jax_reference / "
-                            f"torch:<profile> with profile one of {', '.join(PROFILE_DRIFTS)}") from None
+                            f"torch:<profile> with profile one of {', '.join(PROFILES)}") from None
     chosen = dedupe(chosen)
     main_names = {a.name for a in main}
     return [a for a in chosen if a.name in main_names], [a for a in chosen if a.name not in main_names]
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
         st = build_study(args.profile, reference, attribution=not args.no_ladder)
         main_arms, extra_arms = _select(st, args.arms)
     except (KnobError, ValueError) as err:
-        print(f"parity gap: {err}", file=sys.stderr)
+        print(f"gap: {err}", file=sys.stderr)
         return 2
     specs = plan([(a, seeds) for a in main_arms] + [(a, attr_seeds) for a in extra_arms], cfg, args.device)
     if args.plan:
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
               file=sys.stderr)
         return 130
     except (RuntimeError, ValueError) as err:
-        print(f"parity gap: {err}", file=sys.stderr)
+        print(f"gap: {err}", file=sys.stderr)
         return 2
     notes = []
     if args.seeds is None and args.seed_list is None and args.attribution_seeds is None:
@@ -154,9 +155,13 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
     if args.max_steps is not None:
         notes.append(f"budget set by --max-steps {args.max_steps:,}")
     info = report.StudyInfo(
-        command="python -m parity gap " + shlex.join(argv), preset=args.preset, config=cfg, seeds=seeds,
+        command="python -m gap " + shlex.join(argv), preset=args.preset, config=cfg, seeds=seeds,
         attribution_seeds=attr_seeds, workers=workers, device=args.device, wall_s=time.perf_counter() - t0,
         failed=failed, notes=notes)
     path = report.write(args.out, store, specs, st, info, n_resamples=args.resamples)
     print(f"report: {path}")
     return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

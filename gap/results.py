@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from parity.gap.runs import RUN_COLUMNS, RunSpec, RunStore
-from parity.gap.stats import Sample, sample
+from gap.runs import RUN_COLUMNS, RunSpec, RunStore
+from gap.stats import Sample, sample
 
 
 def run_table(store: RunStore, specs: list[RunSpec] | None = None) -> pd.DataFrame:

@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity.gap import stats
-from parity.gap.arms import Arm, dedupe, jax_arm, torch_arm
-from torch_impl.knobs import DESCRIPTIONS, PROFILE_DRIFTS, KnobError, Knobs, profile
+from gap import stats
+from gap.arms import Arm, dedupe, jax_arm, torch_arm
+from spec.knobs import DESCRIPTIONS, PROFILES, KnobError, Knobs, RunSettings, as_knobs, profile
 
 
 class Rung(NamedTuple):
@@ -48,18 +48,18 @@ class Study(NamedTuple):
         return [a for a in dedupe(rest) if a.name not in main]
 
 
-def drift_order(profile_name: str, reference: Knobs | None = None) -> list[str]:
+def drift_order(profile_name: str, reference: RunSettings | Knobs | None = None) -> list[str]:
     """Knobs where the profile departs from the reference, in the order the profile lists them."""
-    if profile_name not in PROFILE_DRIFTS:
-        raise KnobError(f"unknown profile {profile_name!r}; known profiles: {', '.join(PROFILE_DRIFTS)}")
-    reference = reference or Knobs()
+    if profile_name not in PROFILES:
+        raise KnobError(f"unknown profile {profile_name!r}; known profiles: {', '.join(PROFILES)}")
+    reference = as_knobs(reference)
     drifted = profile(profile_name, reference)
-    return [k for k in PROFILE_DRIFTS[profile_name] if getattr(drifted, k) != getattr(reference, k)]
+    return [k for k in PROFILES[profile_name].drifts if getattr(drifted, k) != getattr(reference, k)]
 
 
-def ladder(profile_name: str, reference: Knobs | None = None) -> list[Rung]:
+def ladder(profile_name: str, reference: RunSettings | Knobs | None = None) -> list[Rung]:
     """Rung 0 = the profile; rung k = the profile with its first k drifts switched back; last = reference."""
-    reference = reference or Knobs()
+    reference = as_knobs(reference)
     knobs = profile(profile_name, reference)
     rungs = [Rung(0, None, torch_arm(knobs, reference))]
     for k, name in enumerate(drift_order(profile_name, reference), start=1):
@@ -68,20 +68,20 @@ def ladder(profile_name: str, reference: Knobs | None = None) -> list[Rung]:
     return rungs
 
 
-def singles(profile_name: str, reference: Knobs | None = None) -> list[tuple[str, Arm]]:
+def singles(profile_name: str, reference: RunSettings | Knobs | None = None) -> list[tuple[str, Arm]]:
     """Each drift of the profile added alone to the reference knobs."""
-    reference = reference or Knobs()
+    reference = as_knobs(reference)
     drifted = profile(profile_name, reference)
     return [(k, torch_arm(reference.replace(**{k: getattr(drifted, k)}), reference))
             for k in drift_order(profile_name, reference)]
 
 
-def study(profile_name: str = "oop-port", reference: Knobs | None = None, attribution: bool = True) -> Study:
+def study(profile_name: str = "oop-port", reference: RunSettings | Knobs | None = None, attribution: bool = True) -> Study:
     """The default study: jax_reference, torch:jax, torch:<profile>, and (optionally) the attribution arms."""
-    reference = reference or Knobs()
+    reference = as_knobs(reference)
     return Study(
         profile=profile_name,
-        reference=jax_arm(reference),
+        reference=jax_arm(reference.run),
         faithful=torch_arm(reference, reference),
         drifted=torch_arm(profile(profile_name, reference), reference),
         ladder=tuple(ladder(profile_name, reference)) if attribution else (),
@@ -89,9 +89,9 @@ def study(profile_name: str = "oop-port", reference: Knobs | None = None, attrib
     )
 
 
-def describe_drift(knob: str, profile_name: str, reference: Knobs | None = None) -> str:
+def describe_drift(knob: str, profile_name: str, reference: RunSettings | Knobs | None = None) -> str:
     """`hidden activation (pqn -> tanh)`: the knob in the verdicts' words with both values."""
-    reference = reference or Knobs()
+    reference = as_knobs(reference)
     drifted = profile(profile_name, reference)
     return f"{DESCRIPTIONS.get(knob, knob)} ({getattr(reference, knob)} -> {getattr(drifted, knob)})"
 

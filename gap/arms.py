@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from torch_impl.knobs import KNOB_NAMES, PROFILE_DRIFTS, KnobError, Knobs, profile, reference_only
+from spec.knobs import KNOB_NAMES, PROFILES, KnobError, Knobs, RunSettings, as_knobs, profile
 
 SIDES = ("jax", "torch")
 JAX_ARM = "jax_reference"
@@ -23,16 +23,18 @@ class Arm:
 
     name: str
     side: str      # "jax" (jax_reference.train) or "torch" (torch_impl.train)
-    knobs: Knobs
+    knobs: Knobs | RunSettings   # RunSettings for the jax side (the reference run), Knobs for a torch port
 
     def __post_init__(self) -> None:
         if self.side not in SIDES:
             raise ValueError(f"side must be one of {SIDES}, got {self.side!r}")
 
 
-def knobs_json(knobs: Knobs) -> str:
-    """Canonical text of a Knobs (sorted keys, no spaces): part of a run's identity on disk."""
-    return json.dumps(asdict(knobs), sort_keys=True, separators=(",", ":"))
+def knobs_json(knobs: Knobs | RunSettings) -> str:
+    """Canonical text of the knobs (sorted keys, no spaces; a reference run as the Knobs of its settings):
+    part of a run's identity on disk."""
+    full = Knobs.from_run(knobs) if isinstance(knobs, RunSettings) else knobs
+    return json.dumps(asdict(full), sort_keys=True, separators=(",", ":"))
 
 
 def _value_text(value) -> str:
@@ -53,11 +55,11 @@ def _describe(knobs: Knobs, base: Knobs, reference: Knobs) -> tuple[list[str], l
     return back, set_
 
 
-def torch_name(knobs: Knobs, reference: Knobs | None = None) -> str:
+def torch_name(knobs: Knobs, reference: RunSettings | Knobs | None = None) -> str:
     """Shortest readable name of a torch arm, from the named profiles (ties go to the first profile)."""
-    reference = reference or Knobs()
+    reference = as_knobs(reference)
     best: tuple[int, str] | None = None
-    for pname in PROFILE_DRIFTS:
+    for pname in PROFILES:
         back, set_ = _describe(knobs, profile(pname, reference), reference)
         text = "torch:" + pname + "".join("-" + b for b in back) + "".join("+" + s for s in set_)
         cost = len(back) + len(set_)
@@ -66,26 +68,26 @@ def torch_name(knobs: Knobs, reference: Knobs | None = None) -> str:
     return best[1]
 
 
-def torch_arm(knobs: Knobs, reference: Knobs | None = None) -> Arm:
+def torch_arm(knobs: Knobs, reference: RunSettings | Knobs | None = None) -> Arm:
     return Arm(torch_name(knobs, reference), "torch", knobs)
 
 
-def jax_arm(reference: Knobs | None = None) -> Arm:
-    """The JAX reference run; it reads only the run knobs (activation, schedules, optimizer, noise_reuse)."""
-    knobs = reference_only(reference or Knobs())
+def jax_arm(reference: RunSettings | None = None) -> Arm:
+    """The JAX reference run, configured by its run settings (activation, schedules, optimizer, noise_reuse)."""
+    run = reference or RunSettings()
     name = JAX_ARM
-    if knobs != Knobs():   # a reference run with other run knobs than the default ones
-        name += "".join("+" + s for s in _describe(knobs, Knobs(), Knobs())[1])
-    return Arm(name, "jax", knobs)
+    if run != RunSettings():   # a reference run with other settings than the default ones
+        name += "".join("+" + s for s in _describe(Knobs.from_run(run), Knobs(), Knobs())[1])
+    return Arm(name, "jax", run)
 
 
-def profile_arm(name: str, reference: Knobs | None = None) -> Arm:
+def profile_arm(name: str, reference: RunSettings | None = None) -> Arm:
     """`jax_reference` or `torch:<profile>`; anything else is a KnobError naming what exists."""
     if name == JAX_ARM:
         return jax_arm(reference)
-    if name.startswith("torch:") and name[len("torch:"):] in PROFILE_DRIFTS:
+    if name.startswith("torch:") and name[len("torch:"):] in PROFILES:
         return torch_arm(profile(name[len("torch:"):], reference), reference)
-    known = [JAX_ARM] + [f"torch:{p}" for p in PROFILE_DRIFTS]
+    known = [JAX_ARM] + [f"torch:{p}" for p in PROFILES]
     raise KnobError(f"unknown arm {name!r}; arms by profile: {', '.join(known)} (or a name the study plan lists)")
 
 

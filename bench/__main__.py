@@ -1,4 +1,4 @@
-"""`python -m parity bench`: population-forward and ES-step throughput, against the machine's floor.
+"""`python -m bench`: population-forward and ES-step throughput, against the machine's floor.
 
 Writes `bench.csv` (impl, model, pop, measure, median, p10, p90, unit, device), `summary.md`
 (ratio tables, floors, environment) and `throughput.png` under --out.
@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
-import numpy as np
 import torch
 
-from parity.bench import ceilings as ceil
-from parity.bench import report, runners
-from parity.bench.measure import (Skipped, Timing, median_ci, ms_summary, paired_ratio, rate_summary, summarize,
+from bench import ceilings as ceil
+from bench import report, runners
+from bench.measure import (Skipped, Timing, median_ci, ms_summary, paired_ratio, rate_summary, summarize,
                                   time_round_robin)
-from parity.bench.report import Row
-from parity.bench.runners import Case, ModelSpec
+from bench.report import Context, Row
+from bench.runners import Case, ModelSpec
+from reporting import cpu_name, versions
 from torch_impl.noise import per_member
 
 CARTPOLE = ModelSpec("cartpole", (4, 256, 256, 2))
@@ -73,41 +72,11 @@ QUICK = Plan(
 )
 
 
-class Context(NamedTuple):
-    """What the summary says about the run besides the numbers."""
-
-    command: str
-    device: str
-    jax_device: str
-    threads: int
-    cpu: str
-    versions: dict[str, str]
-    load_before: str
-    load_after: str
-    wall_s: float
-    quick: bool
-    models: tuple[ModelSpec, ...]
-    ceilings: list[tuple[str, ceil.Ceilings]]
-    notes: list[str]
-    agreement: str | None
-    profile: list[str]
-
-
 def _load() -> str:
     try:
         return ", ".join(f"{v:.2f}" for v in os.getloadavg())
     except OSError:
         return "unknown"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 class Bench:
@@ -239,7 +208,7 @@ class Bench:
             if self.allowed(impl, spec, pop) and self.predicted_ok(impl, spec, pop, measure):
                 cases[impl] = runners.forward_case(impl, params, x, noise if impl == "torch_impl" else members,
                                                    spec.activation, self.device)
-        if "torch_impl_jaxrng" in extra and runners.jax_random_available():
+        if "torch_impl_jaxrng" in extra:
             jnoise = runners.torch_noise(params, spec, pop, "jax", self.seed, self.device)
             cases["torch_impl_jaxrng"] = runners.forward_case("torch_impl_jaxrng", params, x, jnoise,
                                                               spec.activation, self.device)
@@ -298,8 +267,7 @@ class Bench:
         params = self.params(spec)
         x = runners.make_inputs(spec, pop, self.seed, self.device)
         measure = "forward_noise_evals_per_s"
-        impls = ["torch_impl"] + (["torch_impl_jaxrng"] if runners.jax_random_available() else [])
-        impls = [i for i in impls if self.predicted_ok(i, spec, pop, measure)]
+        impls = [i for i in ("torch_impl", "torch_impl_jaxrng") if self.predicted_ok(i, spec, pop, measure)]
         cases = {i: runners.forward_noise_case(i, params, x, spec, pop, self.seed, self.device) for i in impls}
         if self.predicted_ok("jax_reference", spec, pop, measure):
             cases["jax_reference"] = runners.jax_forward_noise_case(self.jax(spec), x.cpu().numpy())
@@ -325,8 +293,6 @@ class Bench:
             return
         cases: dict[str, Case] = {}
         for impl, rng in (("torch_impl", "torch"), ("torch_impl_jaxrng", "jax")):
-            if rng == "jax" and not runners.jax_random_available():
-                continue
             parts = runners.torch_step_cases(spec, pop, rng, self.seed, self.device)
             for piece in ("step", "step_cached", "noise", "forward", "tell"):
                 cases[f"{impl}:{piece}"] = getattr(parts, piece)
@@ -399,24 +365,13 @@ def run(plan: Plan, device: torch.device, seed: int, log: Callable[[str], None])
                 bench.forward_noise_group(spec, pop)
         bench.measure_ceilings("end")
         bench.add_floors()
-    agreement = None
-    try:
-        agreement = runners.agreement_report(1 << 16 if plan.quick else 1 << 20)
-        if agreement:
-            log(f"generator agreement: {agreement}")
-    except Exception as err:  # the generator's own report; its failure must not lose the benchmark
-        bench.notes.append(f"torch_impl.random agreement measurement failed: {type(err).__name__}: {err}")
-    if not runners.jax_random_available():
-        bench.notes.append("torch_impl.random (the JAX-compatible generator) is not available: "
-                           "torch_impl_jaxrng rows are missing")
-    import jax
-    versions = {"torch": torch.__version__, "jax": jax.__version__, "numpy": np.__version__,
-                "python": platform.python_version()}
+    agreement = runners.agreement_report(1 << 16 if plan.quick else 1 << 20)
+    log(f"generator agreement: {agreement}")
     ctx = Context(
         command="", device=str(device), jax_device=runners.jax_device(), threads=torch.get_num_threads(),
-        cpu=(_cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device))
+        cpu=(cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device))
         + f"; process may run on cores {_cores()} of {os.cpu_count()}",
-        versions=versions, load_before=load_before, load_after=_load(), wall_s=bench.elapsed(),
+        versions=versions(("torch", "jax", "numpy")), load_before=load_before, load_after=_load(), wall_s=bench.elapsed(),
         quick=plan.quick, models=plan.models, ceilings=bench.ceilings, notes=bench.notes,
         agreement=agreement, profile=profile,
     )
@@ -468,7 +423,7 @@ def pin_threads(n: int) -> list[int]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m parity bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda (default cpu)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (for tests)")
     ap.add_argument("--out", default="reports/bench", help="output folder (default reports/bench)")
@@ -518,10 +473,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, ctx = run(plan, torch.device(args.device), args.seed, lambda m: print(m, flush=True))
-    command = "python -m parity bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
     ctx = ctx._replace(command=command.strip())
     report.write_csv(rows, out / "bench.csv")
     report.plot_throughput(rows, [m.name for m in plan.models], out / "throughput.png")
     (out / "summary.md").write_text(report.summary_markdown(rows, ctx))
     print(f"wrote {out / 'bench.csv'}, {out / 'summary.md'}, {out / 'throughput.png'} in {ctx.wall_s:.0f} s")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,8 +24,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, NamedTuple
 
-from parity.gap.arms import Arm, knobs_json
-from torch_impl.config import Config
+from gap.arms import Arm, knobs_json
+from reporting import atomic_write
+from spec.config import Config
 
 RUN_COLUMNS = ("run_id", "arm", "side", "seed", "solved", "steps_to_solve", "epochs", "env_steps",
                "wall_s", "cpu_s", "device", "config", "knobs")
@@ -167,12 +168,7 @@ def _read_rows(path: str) -> list[dict]:
 
 
 def _write_atomic(path: str, header: tuple[str, ...], rows: list[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8", newline="") as f:
-        f.write(",".join(header) + "\n" + _rows_text(rows, header))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, ",".join(header) + "\n" + _rows_text(rows, header))
 
 
 class RunStore:

@@ -9,7 +9,7 @@ import io
 
 import pandas as pd
 
-from parity.gap.stats import Sample, sample
+from gap.stats import Sample, sample
 
 JAX_METHOD, TORCH_METHOD = "jax_eggroll", "torch_eggroll"
 SOURCE = "a HyperscaleES fork's CartPole-v1 benchmark (REFERENCE.md): pop 2048, rank 4, 3x256, 10 seeds per method"

@@ -8,11 +8,10 @@ import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from parity.gap.attribution import Step  # noqa: E402
-from parity.gap.results import Curves  # noqa: E402
-from parity.gap.stats import Sample  # noqa: E402
-
-SOLVED = 475.0
+from gap.attribution import Step  # noqa: E402
+from gap.results import Curves  # noqa: E402
+from gap.stats import Sample  # noqa: E402
+from spec.config import SOLVED_RETURN  # noqa: E402
 
 
 def learning_curves(curves: Curves, arms: list[str], path: str, title: str) -> None:
@@ -25,7 +24,7 @@ def learning_curves(curves: Curves, arms: list[str], path: str, title: str) -> N
         wide = not arm.startswith("torch:")   # the reference drawn wide: an identical torch arm stays visible on it
         line, = ax.plot(grid / 1e6, med, label=f"{arm} (n={n})", lw=4.0 if wide else 1.5, alpha=0.5 if wide else 1.0)
         ax.fill_between(grid / 1e6, q25, q75, color=line.get_color(), alpha=0.18, lw=0)
-    ax.axhline(SOLVED, color="k", ls=":", lw=1, label="solved (475)")
+    ax.axhline(SOLVED_RETURN, color="k", ls=":", lw=1, label=f"solved ({SOLVED_RETURN:g})")
     ax.set(xlabel="env steps (millions)", ylabel="population mean return", title=title, ylim=(0, 510))
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)

@@ -13,13 +13,17 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from parity.bench import impls
-from torch_impl.config import Config
-from torch_impl.knobs import Knobs
+from bench import impls
+from reporting import Agreement, agreement
+from spec.config import PRESETS, Config
+from spec.knobs import Knobs
+from spec.layout import param_shapes
+from torch_impl import es as es_mod
+from torch_impl import random as rnd
 from torch_impl.model import forward
-from torch_impl.noise import Noise, per_member, sample_noise
+from torch_impl.noise import Noise, per_member, sample_noise, seed_sources
 
-SIGMA, LR = 0.2, 0.1  # the presets' values
+SIGMA, LR = PRESETS["paper"][0].sigma, PRESETS["paper"][0].lr
 
 
 class ModelSpec(NamedTuple):
@@ -80,7 +84,7 @@ def make_inputs(spec: ModelSpec, pop: int, seed: int, device: torch.device) -> t
 
 
 def config_for(spec: ModelSpec, pop: int) -> Config:
-    """A Config carrying pop and rank (sample_noise reads the layer shapes from the params)."""
+    """A Config carrying pop and rank for the spec's MLP."""
     return Config(pop=pop, rank=spec.rank, sigma=SIGMA, lr=LR, hidden=spec.sizes[1], layers=len(spec.sizes) - 1)
 
 
@@ -88,18 +92,16 @@ def knobs_for(spec: ModelSpec, rng: str) -> Knobs:
     return Knobs(rng=rng, activation=spec.activation)
 
 
+def noise_call(spec: ModelSpec, pop: int, rng: str, seed: int, device: torch.device) -> Callable[[], Noise]:
+    """A call drawing torch_impl's own noise for epoch 0 (rng=torch or rng=jax), as `sample_noise` does per epoch."""
+    plan = es_mod.make(config_for(spec, pop), knobs_for(spec, rng)).plan
+    shapes = param_shapes(spec.sizes)
+    return partial(sample_noise, plan, seed_sources(plan, seed, shapes), shapes, 0, SIGMA, device)
+
+
 def torch_noise(params, spec: ModelSpec, pop: int, rng: str, seed: int, device: torch.device) -> Noise:
     """torch_impl's own noise for epoch 0 (rng=torch or rng=jax)."""
-    return sample_noise(params, config_for(spec, pop), knobs_for(spec, rng), seed, 0, SIGMA, device)
-
-
-def jax_random_available() -> bool:
-    """Whether torch_impl.random (the JAX-compatible generator, needed by rng=jax) exists."""
-    try:
-        import torch_impl.random  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    return noise_call(spec, pop, rng, seed, device)()
 
 
 # ------------------------------------------------------------------------------------ torch forwards
@@ -128,21 +130,17 @@ def forward_case(impl: str, params, x, noise: Noise, activation: str, device: to
     raise ValueError(f"unknown torch implementation {impl!r}")
 
 
+RNG_OF = {"torch_impl": "torch", "torch_impl_jaxrng": "jax"}   # bench impl -> torch_impl's knob rng
+
+
 def forward_noise_case(impl: str, params, x, spec: ModelSpec, pop: int, seed: int, device: torch.device) -> Case:
     """torch_impl's noise (its own generator, or the JAX-compatible one) then the forward, per call."""
-    rng = {"torch_impl": "torch", "torch_impl_jaxrng": "jax"}[impl]
-    cfg, knobs = config_for(spec, pop), knobs_for(spec, rng)
-
-    def call():
-        noise = sample_noise(params, cfg, knobs, seed, 0, SIGMA, device)
-        return forward(params, x, noise, spec.activation)
-    return Case(call, torch_sync(device), device.type)
+    draw = noise_call(spec, pop, RNG_OF[impl], seed, device)
+    return Case(lambda: forward(params, x, draw(), spec.activation), torch_sync(device), device.type)
 
 
 def noise_case(impl: str, params, spec: ModelSpec, pop: int, seed: int, device: torch.device) -> Case:
-    rng = {"torch_impl": "torch", "torch_impl_jaxrng": "jax"}[impl]
-    cfg, knobs = config_for(spec, pop), knobs_for(spec, rng)
-    return Case(lambda: sample_noise(params, cfg, knobs, seed, 0, SIGMA, device), torch_sync(device), device.type)
+    return Case(noise_call(spec, pop, RNG_OF[impl], seed, device), torch_sync(device), device.type)
 
 
 # ------------------------------------------------------------------------------------ JAX reference
@@ -246,35 +244,30 @@ class TorchStep(NamedTuple):
     forward: Case
     tell: Case
     step: Case
-    step_cached: Case   # with sample_noise's cache: noise_reuse=0 draws once, later epochs reuse it
+    step_cached: Case   # from a state holding the draws: noise_reuse=0 draws once, later epochs reuse them
 
 
 def torch_step_cases(spec: ModelSpec, pop: int, rng: str, seed: int, device: torch.device) -> TorchStep:
     """ask (noise), forward over one observation per member, tell (shaping, gradient, update)."""
-    from torch_impl.es import ESState, ask, tell
-    from torch_impl.optim import make_optimizer
-
-    cfg, knobs = config_for(spec, pop), knobs_for(spec, rng)
-    params = make_params(spec, seed, device)
-    state = ESState(params, make_optimizer(knobs.optimizer).init(params), 0)
+    strategy = es_mod.make(config_for(spec, pop), knobs_for(spec, rng))
+    state = es_mod.init(strategy, seed, device, params=make_params(spec, seed, device))
     x = make_inputs(spec, pop, seed, device)
     sync = torch_sync(device)
-    noise = ask(state, cfg, knobs, seed, device)
-    fitness = forward(params, x, noise, spec.activation).sum(-1)      # synthetic fitness (pop,)
+    noise, warm = es_mod.ask(strategy, state)                          # warm: its draws cached in the state
+    fitness = forward(state.params, x, noise, spec.activation).sum(-1)  # synthetic fitness (pop,)
 
-    def step(cache=None):
-        n = ask(state, cfg, knobs, seed, device, cache)
-        f = forward(state.params, x, n, spec.activation).sum(-1)
-        return tell(state, n, f, cfg, knobs)[0]
+    def step(start: es_mod.ESState):
+        n, s = es_mod.ask(strategy, start)
+        f = forward(s.params, x, n, spec.activation).sum(-1)
+        return es_mod.tell(strategy, s, n, f)[0]
 
-    cache: dict = {}
     dev = device.type
     return TorchStep(
-        noise=Case(lambda: ask(state, cfg, knobs, seed, device), sync, dev),
+        noise=Case(lambda: es_mod.ask(strategy, state)[0], sync, dev),
         forward=Case(lambda: forward(state.params, x, noise, spec.activation), sync, dev),
-        tell=Case(lambda: tell(state, noise, fitness, cfg, knobs)[0], sync, dev),
-        step=Case(step, sync, dev),
-        step_cached=Case(lambda: step(cache), sync, dev),
+        tell=Case(lambda: es_mod.tell(strategy, state, noise, fitness)[0], sync, dev),
+        step=Case(lambda: step(state), sync, dev),
+        step_cached=Case(lambda: step(warm), sync, dev),
     )
 
 
@@ -294,11 +287,9 @@ def generator_cases(spec: ModelSpec, pairs: int, seed: int, device: torch.device
     gen = torch.Generator(device=device).manual_seed(seed)
     cases = {"torch_impl": Case(lambda: [torch.randn((pairs, *s), generator=gen, device=device) for s in shapes],
                                 sync, device.type)}
-    if jax_random_available():
-        from torch_impl import random as rnd
-        base = rnd.key(seed)
-        keys = [rnd.fold_in(rnd.fold_in(k, 0), torch.arange(pairs)).to(device) for k in rnd.split(base, len(shapes))]
-        cases["torch_impl_jaxrng"] = Case(lambda: [rnd.normal(k, s) for k, s in zip(keys, shapes)], sync, device.type)
+    base = rnd.key(seed)
+    keys = [rnd.fold_in(rnd.fold_in(k, 0), torch.arange(pairs)).to(device) for k in rnd.split(base, len(shapes))]
+    cases["torch_impl_jaxrng"] = Case(lambda: [rnd.normal(k, s) for k, s in zip(keys, shapes)], sync, device.type)
     jkeys = [jax.vmap(lambda p, k=k: jax.random.fold_in(jax.random.fold_in(k, 0), p))(jnp.arange(pairs))
              for k in jax.random.split(jax.random.key(seed), len(shapes))]
     draws = [jax.jit(jax.vmap(partial(jax.random.normal, shape=s))) for s in shapes]
@@ -306,16 +297,31 @@ def generator_cases(spec: ModelSpec, pairs: int, seed: int, device: torch.device
     return cases
 
 
-def agreement_report(n: int) -> str | None:
-    """The JAX-compatible generator's own agreement measurement, if torch_impl.random offers one."""
-    if not jax_random_available():
-        return None
-    from torch_impl import random as rnd
-    for name in ("measure_normal_agreement", "normal_agreement", "measure_agreement"):
-        fn = getattr(rnd, name, None)
-        if callable(fn):
-            return f"torch_impl.random.{name}({n}) -> {fn(n)}"
-    return None
+def _jax_normals(key_words: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """jax.random.normal for each key (K, 2) uint32 -> (K, *shape) float32, on JAX's default backend."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.wrap_key_data(jnp.asarray(key_words, dtype=jnp.uint32))
+    return np.asarray(jax.jit(jax.vmap(lambda k: jax.random.normal(k, shape)))(keys))
+
+
+def normal_agreement(n: int, seed: int = 0, reference: Callable = _jax_normals) -> Agreement:
+    """torch_impl.random.normal against jax.random.normal over at least n draws from several keys and shapes."""
+    shapes = [(260, 4), (3, 5, 7), (1001,)]         # a factor draw, a 3-d and an odd 1-d shape
+    per_key = sum(math.prod(s) for s in shapes)
+    keys = rnd.fold_in(rnd.key(seed), torch.arange(max(1, -(-int(n) // per_key))))   # (K, 2)
+    ours, theirs = [], []
+    for i, shape in enumerate(shapes):
+        ks = rnd.fold_in(keys, i)
+        ours.append(rnd.normal(ks, shape).reshape(-1).numpy())
+        theirs.append(np.asarray(reference(rnd.to_uint32(ks), shape), np.float32).reshape(-1))
+    return agreement(np.concatenate(ours), np.concatenate(theirs))
+
+
+def agreement_report(n: int) -> str:
+    """One line for the summary: the JAX-compatible generator's agreement with jax.random.normal."""
+    return f"torch_impl.random.normal vs jax.random.normal: {normal_agreement(n)}"
 
 
 def pops_within(pops: Sequence[int], cap: int | None) -> list[int]:

@@ -17,32 +17,20 @@ import contextlib
 from typing import Callable, Iterator, Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from torch_impl.model import activate
-
-LN_EPS = 1e-5  # pqn's parameter-free layer norm epsilon (REFERENCE.md)
-
+from spec.layout import n_layers_of
+from torch_impl.model import activation_of
 
 def activation_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The hidden activation by knob name: pqn = relu(layer_norm(x)) without parameters."""
-    if name == "pqn":
-        return lambda h: F.relu(F.layer_norm(h, h.shape[-1:], eps=LN_EPS))
-    if name == "tanh":
-        return torch.tanh
-    if name == "relu":
-        return F.relu
-    raise ValueError(f"unknown activation {name!r}; allowed: pqn, tanh, relu")
+    """torch_impl's own activation kernel by knob name (model.ACTIVATIONS): every implementation here uses it,
+    so the ratios measure the style of the forward, not the activation's kernel."""
+    return activation_of(name).fn
 
 
 def n_layers(params: Mapping[str, torch.Tensor]) -> int:
-    """Number of Linear layers in a torch param dict (`"{l}.weight"` for l = 0..L-1)."""
-    n = sum(1 for k in params if k.endswith(".weight"))
-    missing = [f"{l}.weight" for l in range(n) if f"{l}.weight" not in params]
-    if n == 0 or missing:
-        raise ValueError(f"params must hold '0.weight' .. '{{L-1}}.weight'; got keys {sorted(params)}")
-    return n
+    """Number of Linear layers in a torch param dict (`"{l}.weight"` and `"{l}.bias"` for l = 0..L-1)."""
+    return n_layers_of(params)
 
 
 def _as_batched(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -67,11 +55,10 @@ class _Activation(nn.Module):
 
     def __init__(self, name: str):
         super().__init__()
-        activation_fn(name)   # reject unknown names here, with the same message
-        self.name = name
+        self.fn = activation_fn(name)   # rejects unknown names
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return activate(h, self.name)
+        return self.fn(h)
 
 
 def build_module(params: Mapping[str, torch.Tensor], activation: str) -> nn.Sequential:

@@ -1,1 +1,0 @@
-"""Throughput benchmark: torch_impl against the JAX reference and the styles it replaced."""

@@ -1,1 +1,0 @@
-"""The learning-curve study and gap attribution (`python -m parity gap`)."""
