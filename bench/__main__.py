@@ -15,10 +15,11 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 
 from bench import ceilings as ceil
+from bench import names as M
 from bench import report, runners
-from bench.measure import (Skipped, Timing, median_ci, ms_summary, paired_ratio, rate_summary, summarize,
+from bench.measure import (Skipped, Timing, quantiles,
                                   time_round_robin)
-from bench.report import Context, Row
+from bench.report import BenchInfo, Measurement, RowLog
 from bench.runners import Case, ModelSpec
 from reporting import cpu_name, versions
 from torch_impl.noise import per_member
@@ -27,7 +28,7 @@ CARTPOLE = ModelSpec("cartpole", (4, 256, 256, 2))
 WIDE = ModelSpec("wide", (256, 1024, 1024, 256))
 
 
-class Plan(NamedTuple):
+class BenchPlan(NamedTuple):
     """What to measure and how long each part may take."""
 
     models: tuple[ModelSpec, ...]
@@ -52,7 +53,7 @@ class Plan(NamedTuple):
     quick: bool = False                # tiny sizes for tests: not a measurement
 
 
-FULL = Plan(
+FULL = BenchPlan(
     models=(CARTPOLE, WIDE),
     pops=(256, 1024, 2048, 4096, 8192, 16384),
     caps={("loop", "cartpole"): 1024, ("loop", "wide"): 256,
@@ -62,7 +63,7 @@ FULL = Plan(
     headline=("cartpole", 2048), step_pop=2048, gen_pairs=1024,
     matmul_n=2048, copy_mib=256, deadline_s=360.0, headline_repeats=60, headline_budget_s=30.0,
 )
-QUICK = Plan(
+QUICK = BenchPlan(
     models=(CARTPOLE, ModelSpec("wide", (32, 128, 128, 32))),
     pops=(64,),
     caps={("loop", "cartpole"): 64, ("loop", "wide"): 64},
@@ -82,9 +83,9 @@ def _load() -> str:
 class Bench:
     """Runs the plan's groups, collecting rows and notes; skips what the deadline leaves no time for."""
 
-    def __init__(self, plan: Plan, device: torch.device, seed: int, log: Callable[[str], None]):
+    def __init__(self, plan: BenchPlan, device: torch.device, seed: int, log: Callable[[str], None]):
         self.plan, self.device, self.seed, self.log = plan, device, seed, log
-        self.rows: list[Row] = []
+        self.rows = RowLog()
         self.notes: list[str] = []
         self.start = time.perf_counter()
         self.ceilings: list[tuple[str, ceil.Ceilings]] = []
@@ -126,7 +127,7 @@ class Bench:
         per = self._per_member.get((impl, spec.name, measure))
         if per is None or per * pop <= 1.5 * self.plan.max_call_s:
             return True
-        label = {"forward_evals_per_s": "forward", "forward_noise_evals_per_s": "forward+noise"}.get(measure, measure)
+        label = {M.FORWARD: "forward", M.FORWARD_NOISE: "forward+noise"}.get(measure, measure)
         self.notes.append(f"{label} {spec.name} pop {pop}: {impl} skipped "
                           f"(predicted {per * pop:.1f} s per call from smaller populations; "
                           f"{self.plan.max_call_s:g} s allowed)")
@@ -153,36 +154,14 @@ class Bench:
             f"{k} {1e3 * t.median_s:.2f} ms (first call {first.get(k, float('nan')):.2f} s)" for k, t in done.items()))
         return done
 
-    def add_rate(self, impl: str, model: str, pop: int, measure: str, timing: Timing, work: float, unit: str,
-                 device: str) -> None:
-        s = rate_summary(timing, work)
-        self.rows.append(Row(impl, model, pop, measure, s.median, s.p10, s.p90, unit, device))
-
-    def add_ms(self, impl: str, model: str, pop: int, measure: str, timing: Timing, device: str) -> None:
-        s = ms_summary(timing)
-        self.rows.append(Row(impl, model, pop, measure, s.median, s.p10, s.p90, "ms", device))
-
-    def add_value(self, impl: str, model: str, pop: int, measure: str, value: float, unit: str, device: str) -> None:
-        self.rows.append(Row(impl, model, pop, measure, value, value, value, unit, device))
-
-    def add_ratio(self, impl: str, model: str, pop: int, measure: str, base: Timing, other: Timing,
-                  device: str) -> None:
-        """Round-by-round other / base time (base's speed over other's) as one row, and the 95% confidence
-        interval of its median as two more (`{measure}_ci95_low`, `_high`)."""
-        s = paired_ratio(base, other)
-        self.rows.append(Row(impl, model, pop, measure, s.median, s.p10, s.p90, "x", device))
-        lo, hi = median_ci([o / b for b, o in zip(base.seconds, other.seconds)])
-        self.add_value(impl, model, pop, f"{measure}_ci95_low", lo, "x", device)
-        self.add_value(impl, model, pop, f"{measure}_ci95_high", hi, "x", device)
-
     # -------------------------------------------------------------------------------- parts
     def measure_ceilings(self, when: str) -> None:
         scale = 4 if self.device.type == "cuda" else 1     # a GPU needs larger problems to reach its peaks
         c = ceil.measure_ceilings(self.device, scale * self.plan.matmul_n, scale * self.plan.copy_mib)
         self.ceilings.append((when, c))
         dev = self.device.type
-        for measure, s, unit in (("matmul_gflops", c.matmul_gflops, "GFLOP/s"), ("copy_gbps", c.copy_gbps, "GB/s")):
-            self.rows.append(Row("machine", "-", 0, f"{measure}_{when}", s.median, s.p10, s.p90, unit, dev))
+        for measure, s, unit in ((M.MATMUL, c.matmul_gflops, "GFLOP/s"), (M.COPY, c.copy_gbps, "GB/s")):
+            self.rows.append(Measurement("machine", "-", 0, f"{measure}_{when}", s.median, s.p10, s.p90, unit, dev))
         self.log(f"[{self.elapsed():6.1f} s] ceilings ({when}): matmul {c.matmul_gflops.median:.1f} "
                  f"(p90 {c.matmul_gflops.p90:.1f}) GFLOP/s, copy {c.copy_gbps.median:.1f} (p90 {c.copy_gbps.p90:.1f}) GB/s")
 
@@ -203,7 +182,7 @@ class Bench:
         # no-op): at pop 16384 one copy is ~270 MB.
         members = per_member(noise)
         cases: dict[str, Case] = {}
-        measure = "forward_evals_per_s"
+        measure = M.FORWARD
         for impl in ("torch_impl", "torch_impl_members", "hooks", "materialized", "loop"):
             if self.allowed(impl, spec, pop) and self.predicted_ok(impl, spec, pop, measure):
                 cases[impl] = runners.forward_case(impl, params, x, noise if impl == "torch_impl" else members,
@@ -215,21 +194,22 @@ class Bench:
         if self.allowed("jax_reference", spec, pop) and self.predicted_ok("jax_reference", spec, pop, measure):
             cases["jax_reference"] = runners.jax_forward_case(self.jax(spec), x.cpu().numpy(), pop)
         timings = self.run_group(f"forward {spec.name} pop {pop}", cases, headline=(spec.name, pop) == self.plan.headline)
-        self.add_paired_ratios(spec, pop, timings, "forward_ratio", cases)
+        self.add_paired_ratios(spec, pop, timings, M.FORWARD_RATIO, cases)
         members, hooks = timings.get("torch_impl_members"), timings.get("hooks")
         if members is not None and "torch_impl" in timings:
-            self.add_ratio("torch_impl", spec.name, pop, "forward_layout_ratio", timings["torch_impl"], members,
+            self.rows.add_ratio("torch_impl", spec.name, pop, M.LAYOUT_RATIO, timings["torch_impl"], members,
                            cases["torch_impl"].device)
         if members is not None and hooks is not None:
-            self.add_ratio("hooks", spec.name, pop, "forward_members_ratio", members, hooks, cases["hooks"].device)
+            self.rows.add_ratio("hooks", spec.name, pop, M.MEMBERS_RATIO, members, hooks, cases["hooks"].device)
         for impl, t in timings.items():
             d = cases[impl].device
             self.remember(impl, spec, pop, measure, t)
             # torch_impl handed per-member noise is a measure of torch_impl, not an implementation of its own.
-            row_impl, suffix = ("torch_impl", "_members") if impl == "torch_impl_members" else (impl, "")
-            self.add_rate(row_impl, spec.name, pop, measure.replace("forward", "forward" + suffix), t, pop,
+            members_row = impl == "torch_impl_members"
+            row_impl = "torch_impl" if members_row else impl
+            self.rows.add_rate(row_impl, spec.name, pop, M.FORWARD_MEMBERS if members_row else M.FORWARD, t, pop,
                           "evals/s", d)
-            self.add_ms(row_impl, spec.name, pop, f"forward{suffix}_ms", t, d)
+            self.rows.add_ms(row_impl, spec.name, pop, M.FORWARD_MEMBERS_MS if members_row else M.FORWARD_MS, t, d)
         self._forward_timings.append((spec, pop, {i: (t, cases[i].device) for i, t in timings.items()}))
 
     def add_paired_ratios(self, spec: ModelSpec, pop: int, timings: dict[str, Timing], measure: str,
@@ -240,7 +220,7 @@ class Bench:
             return
         for impl, t in timings.items():
             if impl != "torch_impl" and impl != "torch_impl_members" and ":" not in impl:
-                self.add_ratio(impl, spec.name, pop, measure, base, t, cases[impl].device)
+                self.rows.add_ratio(impl, spec.name, pop, measure, base, t, cases[impl].device)
 
     def add_floors(self) -> None:
         """Floor rows and each forward's fraction of its floor, from the best ceilings of the whole run."""
@@ -250,15 +230,15 @@ class Bench:
             # The benchmark's noise is antithetic (interleaved pairs): pop / 2 distinct draws are the least to read.
             work = ceil.forward_work(spec.sizes, pop, spec.rank, draws=pop // 2)
             floor = ceil.floor_seconds(work, best)
-            self.add_value("machine", spec.name, pop, "floor_ms", 1e3 * floor, "ms", dev)
-            self.add_value("machine", spec.name, pop, "floor_compute_ms", 1e3 * work.flops / best.peak_flops, "ms", dev)
-            self.add_value("machine", spec.name, pop, "floor_memory_ms", 1e3 * work.bytes / best.peak_bytes, "ms", dev)
-            self.add_value("machine", spec.name, pop, "floor_evals_per_s", pop / floor, "evals/s", dev)
+            self.rows.add_value("machine", spec.name, pop, M.FLOOR_MS, 1e3 * floor, "ms", dev)
+            self.rows.add_value("machine", spec.name, pop, M.FLOOR_COMPUTE_MS, 1e3 * work.flops / best.peak_flops, "ms", dev)
+            self.rows.add_value("machine", spec.name, pop, M.FLOOR_MEMORY_MS, 1e3 * work.bytes / best.peak_bytes, "ms", dev)
+            self.rows.add_value("machine", spec.name, pop, M.FLOOR_EVALS, pop / floor, "evals/s", dev)
             for impl, (t, d) in timings.items():
-                s = summarize([floor / sec for sec in t.seconds])
-                row_impl, measure = (("torch_impl", "floor_fraction_members") if impl == "torch_impl_members"
-                                     else (impl, "floor_fraction"))
-                self.rows.append(Row(row_impl, spec.name, pop, measure, s.median, s.p10, s.p90, "fraction", d))
+                s = quantiles([floor / sec for sec in t.seconds])
+                row_impl, measure = (("torch_impl", M.FLOOR_FRACTION_MEMBERS) if impl == "torch_impl_members"
+                                     else (impl, M.FLOOR_FRACTION))
+                self.rows.append(Measurement(row_impl, spec.name, pop, measure, s.median, s.p10, s.p90, "fraction", d))
 
     def forward_noise_group(self, spec: ModelSpec, pop: int, with_noise_alone: bool = False) -> None:
         """Noise generation plus the forward, per call, for torch_impl (both generators) and the reference."""
@@ -266,7 +246,7 @@ class Bench:
             return
         params = self.params(spec)
         x = runners.make_inputs(spec, pop, self.seed, self.device)
-        measure = "forward_noise_evals_per_s"
+        measure = M.FORWARD_NOISE
         impls = [i for i in ("torch_impl", "torch_impl_jaxrng") if self.predicted_ok(i, spec, pop, measure)]
         cases = {i: runners.forward_noise_case(i, params, x, spec, pop, self.seed, self.device) for i in impls}
         if self.predicted_ok("jax_reference", spec, pop, measure):
@@ -276,16 +256,16 @@ class Bench:
                 cases[i + ":noise"] = runners.noise_case(i, params, spec, pop, self.seed, self.device)
             cases["jax_reference:noise"] = runners.jax_noise_case(self.jax(spec), pop)
         timings = self.run_group(f"forward+noise {spec.name} pop {pop}", cases)
-        self.add_paired_ratios(spec, pop, timings, "forward_noise_ratio", cases)
+        self.add_paired_ratios(spec, pop, timings, M.FORWARD_NOISE_RATIO, cases)
         for name, t in timings.items():
             impl, _, what = name.partition(":")
             d = cases[name].device
             if what == "noise":
-                self.add_ms(impl, spec.name, pop, "noise_ms", t, d)
+                self.rows.add_ms(impl, spec.name, pop, M.NOISE_MS, t, d)
             else:
                 self.remember(impl, spec, pop, measure, t)
-                self.add_rate(impl, spec.name, pop, measure, t, pop, "evals/s", d)
-                self.add_ms(impl, spec.name, pop, "forward_noise_ms", t, d)
+                self.rows.add_rate(impl, spec.name, pop, measure, t, pop, "evals/s", d)
+                self.rows.add_ms(impl, spec.name, pop, M.FORWARD_NOISE_MS, t, d)
 
     def step_group(self, spec: ModelSpec, pop: int) -> None:
         """One full ES step per call, and torch_impl's step in pieces (noise, forward, tell)."""
@@ -304,17 +284,17 @@ class Bench:
         for name, t in timings.items():
             impl, _, piece = name.partition(":")
             d = cases[name].device
-            if piece in ("step", "step_cached"):
-                self.add_rate(impl, spec.name, pop, f"{piece}_per_s", t, 1.0, "steps/s", d)
-            self.add_ms(impl, spec.name, pop, f"{piece}_ms" if piece.startswith("step") else f"step_{piece}_ms", t, d)
+            if piece in M.STEP_RATES:
+                self.rows.add_rate(impl, spec.name, pop, M.STEP_RATES[piece], t, 1.0, "steps/s", d)
+            self.rows.add_ms(impl, spec.name, pop, M.STEP_MS[piece], t, d)
         for impl in ("torch_impl", "torch_impl_jaxrng", "jax_reference"):
             step, noise = timings.get(f"{impl}:step"), timings.get(f"{impl}:noise")
             if step is None or noise is None:
                 continue
             # The reference's jitted step draws the noise inside (forward and update, which XLA may merge):
             # one separately timed draw over the step is an estimate, not a measured share.
-            measure = "noise_share_est" if impl == "jax_reference" else "noise_share"
-            self.add_value(impl, spec.name, pop, measure, min(1.0, noise.median_s / step.median_s),
+            measure = M.NOISE_SHARE_EST if impl == "jax_reference" else M.NOISE_SHARE
+            self.rows.add_value(impl, spec.name, pop, measure, min(1.0, noise.median_s / step.median_s),
                            "fraction", cases[f"{impl}:step"].device)
 
     def generator_group(self, spec: ModelSpec, pairs: int) -> None:
@@ -325,8 +305,8 @@ class Bench:
         n = sum(pairs * a * b for a, b in runners.factor_shapes(spec))
         timings = self.run_group(f"normals {spec.name} {pairs} pairs", cases)
         for impl, t in timings.items():
-            self.add_ms(impl, spec.name, 2 * pairs, "normal_ms", t, cases[impl].device)
-            self.add_rate(impl, spec.name, 2 * pairs, "normals_per_s", t, n, "normals/s", cases[impl].device)
+            self.rows.add_ms(impl, spec.name, 2 * pairs, M.NORMAL_MS, t, cases[impl].device)
+            self.rows.add_rate(impl, spec.name, 2 * pairs, M.NORMALS, t, n, "normals/s", cases[impl].device)
 
 
 def profile_forward(spec: ModelSpec, pop: int, device: torch.device, seed: int) -> list[str]:
@@ -343,7 +323,7 @@ def profile_forward(spec: ModelSpec, pop: int, device: torch.device, seed: int) 
     return table.splitlines()
 
 
-def run(plan: Plan, device: torch.device, seed: int, log: Callable[[str], None]) -> tuple[list[Row], Context]:
+def run(plan: BenchPlan, device: torch.device, seed: int, log: Callable[[str], None]) -> tuple[list[Measurement], BenchInfo]:
     """Measure everything the plan asks for; return the rows and the summary's context."""
     load_before = _load()
     bench = Bench(plan, device, seed, log)
@@ -367,7 +347,7 @@ def run(plan: Plan, device: torch.device, seed: int, log: Callable[[str], None])
         bench.add_floors()
     agreement = runners.agreement_report(1 << 16 if plan.quick else 1 << 20)
     log(f"generator agreement: {agreement}")
-    ctx = Context(
+    ctx = BenchInfo(
         command="", device=str(device), jax_device=runners.jax_device(), threads=torch.get_num_threads(),
         cpu=(cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device))
         + f"; process may run on cores {_cores()} of {os.cpu_count()}",
@@ -378,7 +358,7 @@ def run(plan: Plan, device: torch.device, seed: int, log: Callable[[str], None])
     return bench.rows, ctx
 
 
-def restrict(plan: Plan, models: str | None, pops: str | None) -> Plan:
+def restrict(plan: BenchPlan, models: str | None, pops: str | None) -> BenchPlan:
     """The plan's sweep limited to the named models and populations (the goal size is always measured)."""
     if models is not None:
         names = [m.strip() for m in models.split(",") if m.strip()]

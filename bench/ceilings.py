@@ -10,7 +10,7 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from bench.measure import Summary, summarize, time_calls
+from bench.measure import Summary, quantiles, time_calls, torch_sync
 
 F32 = 4  # bytes per float32
 
@@ -32,28 +32,20 @@ class Ceilings(NamedTuple):
         return self.copy_gbps.p90 * 1e9
 
 
-def _sync(device: torch.device):
-    def sync(out):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return out
-    return sync
-
-
 def measure_ceilings(device: torch.device, matmul_n: int = 2048, copy_mib: int = 256,
                      repeats: int = 10, budget_s: float = 5.0) -> Ceilings:
     """Time an (n, n) @ (n, n) float32 matmul and a `copy_mib` MiB tensor copy on `device`."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(matmul_n, matmul_n, generator=gen).to(device)
     b = torch.randn(matmul_n, matmul_n, generator=gen).to(device)
-    mm = time_calls(lambda: a @ b, _sync(device), warmup=2, repeats=repeats, budget_s=budget_s)
-    gflops = summarize([2.0 * matmul_n ** 3 / s / 1e9 for s in mm.seconds])
+    mm = time_calls(lambda: a @ b, torch_sync(device), warmup=2, repeats=repeats, budget_s=budget_s)
+    gflops = quantiles([2.0 * matmul_n ** 3 / s / 1e9 for s in mm.seconds])
     del a, b
     n = copy_mib * 2 ** 20 // F32
     src = torch.rand(n, generator=gen).to(device)
     dst = torch.empty_like(src)
-    cp = time_calls(lambda: dst.copy_(src), _sync(device), warmup=2, repeats=repeats, budget_s=budget_s)
-    gbps = summarize([2.0 * n * F32 / s / 1e9 for s in cp.seconds])
+    cp = time_calls(lambda: dst.copy_(src), torch_sync(device), warmup=2, repeats=repeats, budget_s=budget_s)
+    gbps = quantiles([2.0 * n * F32 / s / 1e9 for s in cp.seconds])
     return Ceilings(gflops, gbps)
 
 

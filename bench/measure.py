@@ -8,6 +8,17 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 
+def torch_sync(device) -> Callable[[object], object]:
+    """Wait for queued CUDA work on `device` (a no-op on the CPU, where torch calls return finished)."""
+    def sync(out):
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(device)
+        return out
+    return sync
+
+
 class Timing(NamedTuple):
     """Per-call wall times in seconds (warm-up excluded) of one measured callable."""
 
@@ -26,7 +37,7 @@ class Summary(NamedTuple):
     p90: float
 
 
-def summarize(values: Sequence[float]) -> Summary:
+def quantiles(values: Sequence[float]) -> Summary:
     """Median, p10 and p90 of a sample (linear interpolation between order statistics)."""
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0 or not np.all(np.isfinite(v)):
@@ -67,12 +78,12 @@ def time_calls(
 
 def rate_summary(timing: Timing, work: float) -> Summary:
     """Throughput (`work` units per second) quantiles: computed per call, then summarised."""
-    return summarize([work / s for s in timing.seconds])
+    return quantiles([work / s for s in timing.seconds])
 
 
 def ms_summary(timing: Timing) -> Summary:
     """Per-call time quantiles in milliseconds."""
-    return summarize([1e3 * s for s in timing.seconds])
+    return quantiles([1e3 * s for s in timing.seconds])
 
 
 def paired_ratio(base: Timing, other: Timing) -> Summary:
@@ -83,7 +94,7 @@ def paired_ratio(base: Timing, other: Timing) -> Summary:
     """
     if len(base.seconds) != len(other.seconds):
         raise ValueError(f"paired timings need the same rounds, got {len(base.seconds)} and {len(other.seconds)}")
-    return summarize([o / b for b, o in zip(base.seconds, other.seconds)])
+    return quantiles([o / b for b, o in zip(base.seconds, other.seconds)])
 
 
 @functools.lru_cache(maxsize=64)
@@ -114,6 +125,48 @@ class Skipped(NamedTuple):
     """A case that was not timed, and why (said in the report)."""
 
     reason: str
+
+
+def _warm_up(fn, sync, warmup: int, max_call_s: float, first_limit: float) -> tuple[float, float]:
+    """Call `fn` `warmup` times (at least once); returns (first call's seconds, the last call's seconds).
+
+    The first call may include compilation: if it alone is slow, one more call tells compilation from a slow
+    case (unless it is slow beyond any compile time). Stops early once a call is over its limit.
+    """
+    calls, i, first, steady = max(warmup, 1), 0, 0.0, 0.0
+    while i < calls:
+        t0 = time.perf_counter()
+        sync(fn())
+        took = time.perf_counter() - t0
+        if i == 0:
+            first = took
+            if took > max_call_s and calls == 1 and took < first_limit:
+                calls = 2
+        steady = took
+        if took > (first_limit if i == 0 else max_call_s):
+            break
+        i += 1
+    return first, steady
+
+
+def _rounds(live: dict, steady_s: dict[str, float], repeats: int, budget_s: float, min_repeats: int,
+            rewarm_below_s: float) -> dict[str, Timing]:
+    """Timed rounds over the live cases, the order rotating each round (call i of every case is in round i)."""
+    times: dict[str, list[float]] = {name: [] for name in live}
+    order = list(live)
+    start = time.perf_counter()
+    for rnd in range(repeats):
+        shift = rnd % max(len(order), 1)
+        for name in order[shift:] + order[:shift]:
+            fn, sync = live[name]
+            if steady_s[name] < rewarm_below_s:
+                sync(fn())                      # untimed: this case's own data back in cache
+            t0 = time.perf_counter()
+            sync(fn())
+            times[name].append(time.perf_counter() - t0)
+        if rnd + 1 >= min_repeats and time.perf_counter() - start > budget_s:
+            break
+    return {name: Timing(tuple(ts)) for name, ts in times.items()}
 
 
 def time_round_robin(
@@ -148,44 +201,13 @@ def time_round_robin(
     result: dict[str, Timing | Skipped] = {}
     for name, (fn, sync) in cases.items():
         try:
-            steady = None
-            calls = max(warmup, 1)
-            i = 0
-            while i < calls:
-                t0 = time.perf_counter()
-                sync(fn())
-                took = time.perf_counter() - t0
-                if i == 0:
-                    first_call[name] = took
-                    # The first call may include compilation: if it alone is slow, one more call tells
-                    # compilation from a slow case (unless it is slow beyond any compile time).
-                    if took > max_call_s and calls == 1 and took < first_limit:
-                        calls = 2
-                steady = took
-                if took > (first_limit if i == 0 else max_call_s):
-                    break
-                i += 1
+            first_call[name], steady = _warm_up(fn, sync, warmup, max_call_s, first_limit)
         except (RuntimeError, MemoryError) as err:   # e.g. out of memory on a large population
             result[name] = Skipped(f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
             continue
         if steady > max_call_s:
             result[name] = Skipped(f"one call took {steady:.2f} s (> {max_call_s:g} s per call allowed)")
             continue
-        live[name] = (fn, sync)
-        steady_s[name] = steady
-    times: dict[str, list[float]] = {name: [] for name in live}
-    order = list(live)
-    start = time.perf_counter()
-    for rnd in range(repeats):
-        shift = rnd % max(len(order), 1)
-        for name in order[shift:] + order[:shift]:
-            fn, sync = live[name]
-            if steady_s[name] < rewarm_below_s:
-                sync(fn())                      # untimed: this case's own data back in cache
-            t0 = time.perf_counter()
-            sync(fn())
-            times[name].append(time.perf_counter() - t0)
-        if rnd + 1 >= min_repeats and time.perf_counter() - start > budget_s:
-            break
-    result.update({name: Timing(tuple(ts)) for name, ts in times.items()})
+        live[name], steady_s[name] = (fn, sync), steady
+    result.update(_rounds(live, steady_s, repeats, budget_s, min_repeats, rewarm_below_s))
     return result, first_call

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from bench import impls
+from bench.measure import torch_sync
 from reporting import Agreement, agreement
 from spec.config import PRESETS, Config
 from spec.knobs import Knobs
@@ -45,15 +46,6 @@ class Case(NamedTuple):
     fn: Callable[[], object]
     sync: Callable[[object], object]
     device: str
-
-
-def torch_sync(device: torch.device) -> Callable[[object], object]:
-    """Wait for queued CUDA work (a no-op on the CPU, where torch calls return finished)."""
-    def sync(out):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return out
-    return sync
 
 
 def jax_sync(out):

@@ -10,11 +10,12 @@ import os
 import shlex
 import sys
 import time
+from typing import NamedTuple
 
 from gap import report, stats
 from gap.arms import Arm, dedupe, profile_arm
 from gap.attribution import study as build_study
-from gap.runs import RunStore, plan, run_all, train_spec
+from gap.runs import RunStore, run_all, run_specs, train_spec
 from spec.config import PRESETS
 from spec.knobs import PROFILES, KnobError
 
@@ -93,59 +94,53 @@ def _select(study, names: str | None) -> tuple[list[Arm], list[Arm]]:
     return [a for a in chosen if a.name in main_names], [a for a in chosen if a.name not in main_names]
 
 
-def main(argv: list[str] | None = None, trainer=train_spec) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        for flag, value, least in (("--max-steps", args.max_steps, 1), ("--workers", args.workers, 1),
-                                   ("--seeds", args.seeds, 1), ("--attribution-seeds", args.attribution_seeds, 1),
-                                   ("--resamples", args.resamples, 100)):
-            if value is not None and value < least:
-                raise ValueError(f"{flag} must be >= {least}, got {value}")
-        cfg, reference = PRESETS[args.preset]
-        if args.max_steps is not None:
-            cfg = cfg.replace(max_env_steps=args.max_steps)
-        seeds = args.seed_list or seed_list(args.seeds or DEFAULT_SEEDS)
-        n_attr = args.attribution_seeds or min(len(seeds), DEFAULT_ATTRIBUTION_SEEDS)
-        if args.seed_list and n_attr > len(seeds):
-            raise ValueError(f"--attribution-seeds {n_attr} is more than the {len(seeds)} seeds of --seed-list")
-        attr_seeds = seeds[:n_attr] if args.seed_list else seed_list(n_attr)
-        st = build_study(args.profile, reference, attribution=not args.no_ladder)
-        main_arms, extra_arms = _select(st, args.arms)
-    except (KnobError, ValueError) as err:
-        print(f"gap: {err}", file=sys.stderr)
-        return 2
-    specs = plan([(a, seeds) for a in main_arms] + [(a, attr_seeds) for a in extra_arms], cfg, args.device)
-    if args.plan:
-        print(f"{len(specs)} runs at preset {args.preset} (budget {cfg.max_env_steps:,} env steps per run):")
-        for a in main_arms:
-            print(f"  {a.name:48s} {a.side:5s} {len(seeds)} seeds (main)")
-        for a in extra_arms:
-            print(f"  {a.name:48s} {a.side:5s} {len(attr_seeds)} seeds (attribution)")
-        if args.preset != "paper":
-            n_workers = args.workers or os.cpu_count() or 1
-            print(f"expected: about {len(specs) * CPU_S_PER_RUN / n_workers / 60:.0f} min with {n_workers} "
-                  f"worker(s) on idle cores ({CPU_S_PER_RUN:.0f} s of one core per solving run; a run censored "
-                  f"at the budget costs about {CPU_S_PER_RUN * cfg.max_env_steps / 4e6:.0f} s)")
-        return 0
+class StudyPlan(NamedTuple):
+    """What the arguments ask for: the preset's config, the seeds, the study and the arms to run."""
 
-    os.makedirs(args.out, exist_ok=True)
-    workers = args.workers or (1 if args.device.startswith("cuda") else os.cpu_count() or 1)
-    t0 = time.perf_counter()
-    failed: list[str] = []
-    try:
-        store = RunStore(args.out)
-        if not args.report_only:
-            outcome = run_all(specs, store, trainer, workers)
-            failed = outcome.failed
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: finished runs are saved in {args.out}/runs.csv; rerun the same command to resume",
-              file=sys.stderr)
-        return 130
-    except (RuntimeError, ValueError) as err:
-        print(f"gap: {err}", file=sys.stderr)
-        return 2
+    cfg: object
+    seeds: list[int]
+    attribution_seeds: list[int]
+    study: object
+    main_arms: list[Arm]
+    extra_arms: list[Arm]
+
+
+def plan_study(args) -> StudyPlan:
+    """The study the arguments describe; raises ValueError / KnobError for bad input."""
+    for flag, value, least in (("--max-steps", args.max_steps, 1), ("--workers", args.workers, 1),
+                               ("--seeds", args.seeds, 1), ("--attribution-seeds", args.attribution_seeds, 1),
+                               ("--resamples", args.resamples, 100)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    cfg, reference = PRESETS[args.preset]
+    if args.max_steps is not None:
+        cfg = cfg.replace(max_env_steps=args.max_steps)
+    seeds = args.seed_list or seed_list(args.seeds or DEFAULT_SEEDS)
+    n_attr = args.attribution_seeds or min(len(seeds), DEFAULT_ATTRIBUTION_SEEDS)
+    if args.seed_list and n_attr > len(seeds):
+        raise ValueError(f"--attribution-seeds {n_attr} is more than the {len(seeds)} seeds of --seed-list")
+    attr_seeds = seeds[:n_attr] if args.seed_list else seed_list(n_attr)
+    st = build_study(args.profile, reference, attribution=not args.no_ladder)
+    main_arms, extra_arms = _select(st, args.arms)
+    return StudyPlan(cfg, seeds, attr_seeds, st, main_arms, extra_arms)
+
+
+def print_plan(args, p: StudyPlan, n_runs: int) -> None:
+    """--plan: the arms, their seed counts and the expected time."""
+    print(f"{n_runs} runs at preset {args.preset} (budget {p.cfg.max_env_steps:,} env steps per run):")
+    for a in p.main_arms:
+        print(f"  {a.name:48s} {a.side:5s} {len(p.seeds)} seeds (main)")
+    for a in p.extra_arms:
+        print(f"  {a.name:48s} {a.side:5s} {len(p.attribution_seeds)} seeds (attribution)")
+    if args.preset != "paper":
+        n_workers = args.workers or os.cpu_count() or 1
+        print(f"expected: about {n_runs * CPU_S_PER_RUN / n_workers / 60:.0f} min with {n_workers} worker(s) on idle "
+              f"cores ({CPU_S_PER_RUN:.0f} s of one core per solving run; a run censored at the budget costs about "
+              f"{CPU_S_PER_RUN * p.cfg.max_env_steps / 4e6:.0f} s)")
+
+
+def notes_of(args) -> list[str]:
+    """What the report should say about how this invocation departs from the defaults."""
     notes = []
     if args.seeds is None and args.seed_list is None and args.attribution_seeds is None:
         notes.append(f"default seed counts ({DEFAULT_SEEDS} main, {DEFAULT_ATTRIBUTION_SEEDS} attribution) sized "
@@ -154,12 +149,42 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
         notes.append(f"arms restricted to: {args.arms}")
     if args.max_steps is not None:
         notes.append(f"budget set by --max-steps {args.max_steps:,}")
+    return notes
+
+
+def main(argv: list[str] | None = None, trainer=train_spec) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        p = plan_study(args)
+    except (KnobError, ValueError) as err:
+        print(f"gap: {err}", file=sys.stderr)
+        return 2
+    specs = run_specs([(a, p.seeds) for a in p.main_arms] + [(a, p.attribution_seeds) for a in p.extra_arms], p.cfg,
+                 args.device)
+    if args.plan:
+        print_plan(args, p, len(specs))
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    workers = args.workers or (1 if args.device.startswith("cuda") else os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    failed: list[str] = []
+    try:
+        store = RunStore(args.out)
+        if not args.report_only:
+            failed = run_all(specs, store, trainer, workers).failed
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished runs are saved in {args.out}/runs.csv; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+    except (RuntimeError, ValueError) as err:
+        print(f"gap: {err}", file=sys.stderr)
+        return 2
     info = report.StudyInfo(
-        command="python -m gap " + shlex.join(argv), preset=args.preset, config=cfg, seeds=seeds,
-        attribution_seeds=attr_seeds, workers=workers, device=args.device, wall_s=time.perf_counter() - t0,
-        failed=failed, notes=notes)
-    path = report.write(args.out, store, specs, st, info, n_resamples=args.resamples)
-    print(f"report: {path}")
+        command="python -m gap " + shlex.join(argv), preset=args.preset, config=p.cfg, seeds=p.seeds,
+        attribution_seeds=p.attribution_seeds, workers=workers, device=args.device, wall_s=time.perf_counter() - t0,
+        failed=failed, notes=notes_of(args))
+    print(f"report: {report.write(args.out, store, specs, p.study, info, n_resamples=args.resamples)}")
     return 1 if failed else 0
 
 

@@ -1,6 +1,6 @@
 """The published CartPole-v1 steps to solve (JAX EGGROLL vs torch EGGROLL, 10 seeds each, paper preset).
 
-A copy of `shared/data/published_cartpole_steps.csv` (see REFERENCE.md), kept in the package so
+A copy of the published per-seed steps to solve (the project's shared data file), kept in the package so
 the report can put the study beside it wherever the project is installed.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pandas as pd
 from gap.stats import Sample, sample
 
 JAX_METHOD, TORCH_METHOD = "jax_eggroll", "torch_eggroll"
-SOURCE = "a HyperscaleES fork's CartPole-v1 benchmark (REFERENCE.md): pop 2048, rank 4, 3x256, 10 seeds per method"
+SOURCE = "a HyperscaleES fork's CartPole-v1 benchmark: pop 2048, rank 4, 3x256, 10 seeds per method"
 
 CSV = """\
 method,seed,steps_to_solve,final_return,wall_time_s

@@ -115,44 +115,48 @@ def same_steps(runs: pd.DataFrame, a: str, b: str) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- verdict
-def verdict_lines(st: attr.Study, cmps: dict[tuple[str, str], stats.Comparison], steps: list[attr.Step],
-                  published_cmp: stats.Comparison, paired: tuple[int, int] = (0, 0)) -> list[str]:
-    """The plain verdict: the noise floor, the reproduced gap, which drifts matter, what is left to noise."""
-    out = []
-    ref, faith, drift = st.reference.name, st.faithful.name, st.drifted.name
-    floor = cmps.get((ref, faith))
-    if paired[0]:
-        out.append(f"Same seed, same run: `{faith}` needed exactly the steps of `{ref}` on {paired[1]} of "
-                   f"{paired[0]} seeds" + (" (the port follows the reference step for step)."
-                                           if paired[1] == paired[0] else
-                                           " (where they differ, float32 rounding or a real difference sent the "
-                                           "runs apart; the statistics below treat the arms as independent)."))
-    if floor is not None:
+def _pairing_line(ref: str, faith: str, paired: tuple[int, int]) -> list[str]:
+    if not paired[0]:
+        return []
+    return [f"Same seed, same run: `{faith}` needed exactly the steps of `{ref}` on {paired[1]} of {paired[0]} seeds"
+            + (" (the port follows the reference step for step)." if paired[1] == paired[0] else
+               " (where they differ, float32 rounding or a real difference sent the runs apart; the statistics "
+               "below treat the arms as independent).")]
+
+
+def _floor_line(ref: str, faith: str, floor: stats.Comparison | None) -> list[str]:
+    """The faithful port against the reference: the noise floor of the study."""
+    if floor is None:
+        return []
+    if _covers_one(floor) and floor.gehan_p >= ALPHA:
         res = stats.detectable_diff(min(floor.n_a, floor.n_b), floor.cv)
-        if _covers_one(floor) and floor.gehan_p >= ALPHA:
-            out.append(f"**No gap between the faithful port and the reference**: `{faith}` / `{ref}` = "
-                       f"{_ratio(floor)}, Gehan p {_p(floor.gehan_p)}, Welch p {_p(floor.welch_p)}. "
-                       f"With {min(floor.n_a, floor.n_b)} seeds per arm this comparison would detect a "
-                       f"difference of about {res:.0%} at 80% power (a 10% difference: power "
-                       f"{floor.power:.0%}; {floor.seeds_needed} seeds per arm give 80%).")
-        else:
-            out.append(f"**The faithful port and the reference differ**: `{faith}` / `{ref}` = {_ratio(floor)}, "
-                       f"Gehan p {_p(floor.gehan_p)}. Either the port is not faithful (run `make parity`) or "
-                       f"this is a chance result ({ALPHA:.0%} of studies); the attribution below is relative to "
-                       f"`{faith}`.")
-    gap = cmps.get((ref, drift))
-    if gap is not None and drift != faith:
-        inside = published_cmp.ratio_lo <= gap.ratio <= published_cmp.ratio_hi
-        overlap = gap.ratio_lo <= published_cmp.ratio_hi and published_cmp.ratio_lo <= gap.ratio_hi
-        agree = ("the two intervals overlap" if overlap else "the two intervals do not overlap")
-        out.append(f"**The reproduced gap**: `{drift}` / `{ref}` = {_ratio(gap)}, Gehan p {_p(gap.gehan_p)} "
-                   f"(published, paper preset: {_ratio(published_cmp)}, Welch p {_p(published_cmp.welch_p)}); "
-                   f"{agree}{'' if inside else ', and this study’s ratio lies outside the published interval'}.")
-    knobs = list(dict.fromkeys(s.knob for s in steps))
+        return [f"**No gap between the faithful port and the reference**: `{faith}` / `{ref}` = {_ratio(floor)}, "
+                f"Gehan p {_p(floor.gehan_p)}, Welch p {_p(floor.welch_p)}. With {min(floor.n_a, floor.n_b)} seeds "
+                f"per arm this comparison would detect a difference of about {res:.0%} at 80% power (a 10% "
+                f"difference: power {floor.power:.0%}; {floor.seeds_needed} seeds per arm give 80%)."]
+    return [f"**The faithful port and the reference differ**: `{faith}` / `{ref}` = {_ratio(floor)}, Gehan p "
+            f"{_p(floor.gehan_p)}. Either the port is not faithful (run `make parity`) or this is a chance result "
+            f"({ALPHA:.0%} of studies); the attribution below is relative to `{faith}`."]
+
+
+def _gap_line(ref: str, drift: str, gap: stats.Comparison | None, published_cmp: stats.Comparison) -> list[str]:
+    """The drifted profile against the reference, beside the published ratio."""
+    if gap is None:
+        return []
+    inside = published_cmp.ratio_lo <= gap.ratio <= published_cmp.ratio_hi
+    overlap = gap.ratio_lo <= published_cmp.ratio_hi and published_cmp.ratio_lo <= gap.ratio_hi
+    agree = "the two intervals overlap" if overlap else "the two intervals do not overlap"
+    return [f"**The reproduced gap**: `{drift}` / `{ref}` = {_ratio(gap)}, Gehan p {_p(gap.gehan_p)} (published, "
+            f"paper preset: {_ratio(published_cmp)}, Welch p {_p(published_cmp.welch_p)}); {agree}"
+            f"{'' if inside else ', and this study’s ratio lies outside the published interval'}."]
+
+
+def _drift_lines(st: attr.Study, steps: list[attr.Step]) -> list[str]:
+    """Each drift, grouped by verdict (matters, possible, no effect detected, not run), with both views' ratios."""
     ladder = {s.knob: s for s in steps if s.view == "ladder"}
     single = {s.knob: s for s in steps if s.view == "single"}
     groups: dict[str, list[str]] = {"matters": [], "possible": [], "no effect detected": [], "not run": []}
-    for k in knobs:
+    for k in dict.fromkeys(s.knob for s in steps):
         parts = []
         if k in single and single[k].cmp is not None:
             parts.append(f"alone x{_ratio(single[k].cmp)} (Holm p {_p(single[k].holm_p)})")
@@ -162,6 +166,15 @@ def verdict_lines(st: attr.Study, cmps: dict[tuple[str, str], stats.Comparison],
             parts.append(f"ladder step x{_ratio(ladder[k].cmp)} (Holm p {_p(ladder[k].holm_p)}{share_text})")
         groups[attr.verdict(steps, k, ALPHA)].append(
             f"{attr.describe_drift(k, st.profile)}: " + ("; ".join(parts) if parts else "no runs"))
+    titles = {"matters": "**Drifts that matter** (Holm-adjusted Gehan p < 0.05 in either view)",
+              "possible": "**Possible effects** (95% interval excludes 1, not significant after Holm)",
+              "no effect detected": "**No effect detected**", "not run": "**Not run**"}
+    return [titles[key] + ":\n" + "\n".join(f"  - {i}" for i in items) for key, items in groups.items() if items]
+
+
+def _power_notes(steps: list[attr.Step]) -> list[str]:
+    """Where too few seeds make significance impossible, say so."""
+    out = []
     for view in ("ladder", "single"):
         mine = [s.cmp for s in steps if s.view == view and s.cmp is not None]
         if mine:
@@ -172,30 +185,38 @@ def verdict_lines(st: attr.Study, cmps: dict[tuple[str, str], stats.Comparison],
                            f"p below {ALPHA} (the smallest possible is {floor_p:.3f} over {len(mine)} tests). Read "
                            f"\"possible\" as a lead, not a finding (a percentile bootstrap of so few seeds gives "
                            f"intervals too narrow), or run more seeds (`--attribution-seeds`).")
-    titles = {"matters": "**Drifts that matter** (Holm-adjusted Gehan p < 0.05 in either view)",
-              "possible": "**Possible effects** (95% interval excludes 1, not significant after Holm)",
-              "no effect detected": "**No effect detected**", "not run": "**Not run**"}
-    for key, items in groups.items():
-        if items:
-            out.append(titles[key] + ":\n" + "\n".join(f"  - {i}" for i in items))
-    whole = cmps.get((faith, drift))
-    if gap is not None and floor is not None and whole is not None:
-        noise_word = "covers 1: noise" if _covers_one(floor) else "excludes 1: not noise"
-        if _covers_one(gap):
-            out.append(f"**What is left to noise**: all of it. `{drift}` / `{ref}` = {_ratio(gap)} covers 1, so "
-                       f"there is no gap to attribute at this preset and seed count.")
-        else:
-            log_gap = math.log(gap.ratio)
-            matter = sum(math.log(s.cmp.ratio) for s in ladder.values()
-                         if s.cmp is not None and attr.verdict(steps, s.knob, ALPHA) == "matters")
-            split = (f" ({matter / log_gap:.0%} by the ladder steps of drifts that matter, "
-                     f"{(math.log(whole.ratio) - matter) / log_gap:.0%} by the other steps)") if ladder else ""
-            out.append(f"**What is left to noise**: log({drift} / {ref}) = log({drift} / {faith}) + "
-                       f"log({faith} / {ref}). The drifts account for {math.log(whole.ratio) / log_gap:.0%} of "
-                       f"it{split}; the faithful port against the reference accounts for "
-                       f"{math.log(floor.ratio) / log_gap:.0%}, whose interval {noise_word}. Ladder shares depend "
-                       f"on the ladder's order; the single-drift view has none.")
     return out
+
+
+def _noise_line(st: attr.Study, cmps, steps: list[attr.Step]) -> list[str]:
+    """How log(gap) splits into the drifts' part and the faithful port's (noise) part."""
+    ref, faith, drift = st.reference.name, st.faithful.name, st.drifted.name
+    gap, floor, whole = cmps.get((ref, drift)), cmps.get((ref, faith)), cmps.get((faith, drift))
+    if gap is None or floor is None or whole is None:
+        return []
+    if _covers_one(gap):
+        return [f"**What is left to noise**: all of it. `{drift}` / `{ref}` = {_ratio(gap)} covers 1, so there is "
+                "no gap to attribute at this preset and seed count."]
+    ladder = {s.knob: s for s in steps if s.view == "ladder"}
+    log_gap = math.log(gap.ratio)
+    matter = sum(math.log(s.cmp.ratio) for s in ladder.values()
+                 if s.cmp is not None and attr.verdict(steps, s.knob, ALPHA) == "matters")
+    split = (f" ({matter / log_gap:.0%} by the ladder steps of drifts that matter, "
+             f"{(math.log(whole.ratio) - matter) / log_gap:.0%} by the other steps)") if ladder else ""
+    noise_word = "covers 1: noise" if _covers_one(floor) else "excludes 1: not noise"
+    return [f"**What is left to noise**: log({drift} / {ref}) = log({drift} / {faith}) + log({faith} / {ref}). The "
+            f"drifts account for {math.log(whole.ratio) / log_gap:.0%} of it{split}; the faithful port against the "
+            f"reference accounts for {math.log(floor.ratio) / log_gap:.0%}, whose interval {noise_word}. Ladder "
+            "shares depend on the ladder's order; the single-drift view has none."]
+
+
+def verdict_lines(st: attr.Study, cmps: dict[tuple[str, str], stats.Comparison], steps: list[attr.Step],
+                  published_cmp: stats.Comparison, paired: tuple[int, int] = (0, 0)) -> list[str]:
+    """The plain verdict: the noise floor, the reproduced gap, which drifts matter, what is left to noise."""
+    ref, faith, drift = st.reference.name, st.faithful.name, st.drifted.name
+    return (_pairing_line(ref, faith, paired) + _floor_line(ref, faith, cmps.get((ref, faith)))
+            + (_gap_line(ref, drift, cmps.get((ref, drift)), published_cmp) if drift != faith else [])
+            + _power_notes(steps) + _drift_lines(st, steps) + _noise_line(st, cmps, steps))
 
 
 # ---------------------------------------------------------------- the whole report
@@ -242,51 +263,47 @@ def write(out: str, store: RunStore, specs: list[RunSpec], st: attr.Study, info:
     return path
 
 
-def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed) -> str:
-    cfg = info.config
-    v = versions()
+def _header(st, info) -> list[str]:
+    cfg, ref = info.config, st.reference.knobs
     lines = [
         f"# Gap study: does the torch port learn CartPole-v1 as fast as the JAX reference? (`{st.profile}`)", "",
         f"- command: `{info.command}`",
-        f"- preset: `{info.preset}` ({PRESET_NOTES.get(info.preset, 'spec/config.py')}): pop {cfg.pop}, rank {cfg.rank}, sigma {cfg.sigma}, lr {cfg.lr}, "
-        f"{cfg.layers} layers x {cfg.hidden}, group_size {cfg.group_size}, budget {cfg.max_env_steps:,} env steps "
-        f"per run; reference knobs: sigma_decay {st.reference.knobs.sigma_decay}, lr_decay "
-        f"{st.reference.knobs.lr_decay}, noise_reuse {st.reference.knobs.noise_reuse}, activation "
-        f"{st.reference.knobs.activation}, optimizer {st.reference.knobs.optimizer}",
+        f"- preset: `{info.preset}` ({PRESET_NOTES.get(info.preset, 'spec/config.py')}): pop {cfg.pop}, rank "
+        f"{cfg.rank}, sigma {cfg.sigma}, lr {cfg.lr}, {cfg.layers} layers x {cfg.hidden}, group_size "
+        f"{cfg.group_size}, budget {cfg.max_env_steps:,} env steps per run; reference knobs: sigma_decay "
+        f"{ref.sigma_decay}, lr_decay {ref.lr_decay}, noise_reuse {ref.noise_reuse}, activation {ref.activation}, "
+        f"optimizer {ref.optimizer}",
         f"- seeds: main arms {len(info.seeds)} ({', '.join(map(str, info.seeds))})"
         + (f"; attribution arms {len(info.attribution_seeds)} ({', '.join(map(str, info.attribution_seeds))})"
            if st.attribution_arms else ""),
-        f"- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        "- versions: " + ", ".join(f"{k} {val}" for k, val in versions().items()),
         f"- machine: {machine()}; torch device `{info.device}`; {info.workers} worker process(es), one thread each",
-        f"- this invocation: {info.wall_s / 60:.1f} min"
-        + (f"; FAILED runs: {len(info.failed)}" if info.failed else ""),
+        f"- this invocation: {info.wall_s / 60:.1f} min" + (f"; FAILED runs: {len(info.failed)}" if info.failed else ""),
     ]
-    lines += [f"- note: {n}" for n in info.notes]
-    lines += ["", "## Verdict", ""] + [f"- {x}" for x in verdict]
-    if info.failed:
-        lines += ["", "Failed runs (not in the statistics; rerun the command to retry them):", ""]
-        lines += [f"- {f}" for f in info.failed]
+    return lines + [f"- note: {n}" for n in info.notes]
 
-    lines += ["", "## Arms", ""]
-    if not arms_df.empty:
-        lines.append(markdown_table(
-            ["arm", "side", "seeds", "solved", "mean steps", "median", "IQM", "CV", "wall s/run", "cpu s/run",
-             "env steps/s"],
-            [[f"`{r.arm}`", r.side, r.seeds, r.solved, _steps(r.mean_steps), _steps(r.median_steps),
-              _steps(r.iqm_steps), f"{r.cv:.3f}", f"{r.mean_wall_s:.1f}", f"{r.mean_cpu_s:.1f}",
-              _steps(r.steps_per_s)]
-             for r in arms_df.itertuples()]))
-        lines += ["", "A run that did not solve enters with the steps it reached (a lower bound): its arm's "
-                  "mean, median and IQM are then lower bounds too."]
-    else:
-        lines.append("No finished runs yet.")
 
-    lines += ["", "## The gap, beside the published numbers", "",
-              f"Published: {published.SOURCE}. The same statistics on both."
-              + ("" if info.preset == "paper" else
-                 f" The published runs used the `paper` preset (pop 2048, 3 x 256); this study's preset is "
-                 f"smaller, so its ratio need not equal the published one: agreement here means the same "
-                 f"direction and overlapping intervals."), ""]
+def _arms_section(arms_df) -> list[str]:
+    lines = ["", "## Arms", ""]
+    if arms_df.empty:
+        return lines + ["No finished runs yet."]
+    lines.append(markdown_table(
+        ["arm", "side", "seeds", "solved", "mean steps", "median", "IQM", "CV", "wall s/run", "cpu s/run",
+         "env steps/s"],
+        [[f"`{r.arm}`", r.side, r.seeds, r.solved, _steps(r.mean_steps), _steps(r.median_steps),
+          _steps(r.iqm_steps), f"{r.cv:.3f}", f"{r.mean_wall_s:.1f}", f"{r.mean_cpu_s:.1f}", _steps(r.steps_per_s)]
+         for r in arms_df.itertuples()]))
+    return lines + ["", "A run that did not solve enters with the steps it reached (a lower bound): its arm's "
+                    "mean, median and IQM are then lower bounds too."]
+
+
+def _comparisons_section(info, cmp_rows) -> list[str]:
+    lines = ["", "## The gap, beside the published numbers", "",
+             f"Published: {published.SOURCE}. The same statistics on both."
+             + ("" if info.preset == "paper" else
+                " The published runs used the `paper` preset (pop 2048, 3 x 256); this study's preset is "
+                "smaller, so its ratio need not equal the published one: agreement here means the same "
+                "direction and overlapping intervals."), ""]
     header = ["comparison (arm / baseline)", "n", "mean baseline", "mean arm", "ratio of means [95% CI]",
               "Welch p", "Mann-Whitney p", "Gehan p", "P(arm faster) [95% CI]", "seeds for 10% at 80%",
               "power at n"]
@@ -294,67 +311,77 @@ def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples,
     for r in cmp_rows:
         c = stats.Comparison(**{f: r[f] for f in stats.Comparison._fields})
         rows.append([r["comparison"], f"{c.n_b}/{c.n_a}", _steps(c.mean_a), _steps(c.mean_b), _ratio(c),
-                     _p(c.welch_p), _p(c.mann_whitney_p), _p(c.gehan_p), _pi(c), c.seeds_needed,
-                     f"{c.power:.0%}"])
-    lines.append(markdown_table(header, rows))
+                     _p(c.welch_p), _p(c.mann_whitney_p), _p(c.gehan_p), _pi(c), c.seeds_needed, f"{c.power:.0%}"])
+    return lines + [markdown_table(header, rows)]
 
-    if steps:
-        lines += ["", f"## Attribution of the `{st.profile}` gap", "",
-                  "Ratios are mean steps with the drift over mean steps without it (above 1: the drift costs "
-                  "steps). Ladder: the profile's drifts switched back to the reference's value one at a time, "
-                  "cumulatively, from `" + st.drifted.name + "` down to `" + st.faithful.name + "`; the step "
-                  "ratios multiply to the whole gap, and each step's share of its logarithm is given. Singles: "
-                  "each drift alone added to `" + st.faithful.name + "`. Gehan p values are Holm-adjusted "
-                  "within each view.", ""]
-        for view, title in (("ladder", "Ladder (cumulative)"), ("single", "Each drift alone")):
-            mine = [s for s in steps if s.view == view]
-            if not mine:
+
+def _attribution_section(st, steps) -> list[str]:
+    if not steps:
+        return []
+    lines = ["", f"## Attribution of the `{st.profile}` gap", "",
+             "Ratios are mean steps with the drift over mean steps without it (above 1: the drift costs "
+             "steps). Ladder: the profile's drifts switched back to the reference's value one at a time, "
+             "cumulatively, from `" + st.drifted.name + "` down to `" + st.faithful.name + "`; the step "
+             "ratios multiply to the whole gap, and each step's share of its logarithm is given. Singles: "
+             "each drift alone added to `" + st.faithful.name + "`. Gehan p values are Holm-adjusted "
+             "within each view.", ""]
+    for view, title in (("ladder", "Ladder (cumulative)"), ("single", "Each drift alone")):
+        rows = []
+        for s in (s for s in steps if s.view == view):
+            base = [attr.describe_drift(s.knob, st.profile), f"`{s.with_drift}` / `{s.without}`"]
+            if s.cmp is None:
+                rows.append(base + ["not run"] + [""] * 4)
                 continue
-            lines += [f"### {title}", ""]
-            rows = []
-            for s in mine:
-                c = s.cmp
-                base = [attr.describe_drift(s.knob, st.profile), f"`{s.with_drift}` / `{s.without}`"]
-                if c is None:
-                    rows.append(base + ["not run"] + [""] * 4)
-                    continue
-                share = "" if math.isnan(s.share) else f"{s.share:.0%}"
-                rows.append(base + [f"{c.n_b}/{c.n_a}", _ratio(c), _p(c.gehan_p), _p(s.holm_p), share])
-            lines.append(markdown_table(["drift", "arms (with / without)", "n", "ratio [95% CI]", "Gehan p",
-                                 "Holm p", "share of log gap"], rows))
-            lines.append("")
+            share = "" if math.isnan(s.share) else f"{s.share:.0%}"
+            rows.append(base + [f"{s.cmp.n_b}/{s.cmp.n_a}", _ratio(s.cmp), _p(s.cmp.gehan_p), _p(s.holm_p), share])
+        if rows:
+            lines += [f"### {title}", "", markdown_table(["drift", "arms (with / without)", "n", "ratio [95% CI]",
+                                                          "Gehan p", "Holm p", "share of log gap"], rows), ""]
+    return lines
 
+
+METHOD_FILES = [
+    "- Ratio of means: mean(arm) / mean(baseline), percentile bootstrap 95% interval with {n_resamples:,} resamples "
+    "(numpy seed {seed}), each arm resampled on its own. With censored runs the ratio is marked as a lower bound "
+    "(censored in the arm only), an upper bound (baseline only) or no bound (both).",
+    "- Welch: two-sided unequal-variance t-test on the steps (censored at their bounds: biased toward no difference "
+    "when the slower arm is censored).",
+    "- Mann-Whitney: two-sided, scipy's default method, censored runs tied above every solved run (exact handling "
+    "when all runs share one budget). Gehan: the generalized Wilcoxon test for right censoring, normal "
+    "approximation with Mantel's permutation variance (equal to Mann-Whitney without continuity correction when "
+    "nothing is censored).",
+    "- P(arm faster): the probability that a seed of the arm needs fewer steps than a seed of the baseline, ties "
+    "and censored pairs that cannot be ordered count 1/2; percentile bootstrap interval.",
+    "- Seeds needed: per arm, to detect a 10% difference of means at 80% power, two-sided alpha 0.05, normal "
+    "approximation n = 2 (z_0.975 + z_0.8)^2 CV^2 / 0.1^2 with the pooled CV sqrt((CV_a^2 + CV_b^2) / 2); power at "
+    "n from the same approximation.",
+    "- Verdicts: a drift matters when its Holm-adjusted Gehan p is below 0.05 in either view (ladder or alone); "
+    "possible when a 95% interval excludes 1 without that.",
+    "- Learning curves: each run's population mean return interpolated linearly on a common env-step grid; a run "
+    "that solved keeps its last value after it stopped; median and interquartile band over seeds.",
+    "", "## Files", "",
+    "- `runs.csv`: one row per finished run (arm, side, seed, solved, steps_to_solve, epochs, env_steps, wall_s, "
+    "cpu_s, device, config, knobs, run_id); the study resumes from it. cpu_s is the run's own CPU time (one thread "
+    "per worker), the cost of a run on an idle core.",
+    "- `epochs.csv`: one row per epoch (run_id, arm, seed, epoch, env_steps, mean_return, max_return, sigma, lr, "
+    "wall_s, grad_norms as JSON).",
+    "- `arms.csv`, `comparisons.csv`, `attribution.csv`: the tables above, unrounded.",
+]
+
+
+def _method_section(n_resamples: int, seed: int) -> list[str]:
+    return (["", "## Method", "",
+             "- Steps to solve: cumulative env steps (sum of episode lengths) up to and including the first epoch "
+             "whose population mean return is >= 475. A run that reaches its budget unsolved is censored, not "
+             "dropped: it enters with the steps it reached, a lower bound."]
+            + [line.format(n_resamples=n_resamples, seed=seed) for line in METHOD_FILES] + [""])
+
+
+def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed) -> str:
+    lines = _header(st, info) + ["", "## Verdict", ""] + [f"- {x}" for x in verdict]
+    if info.failed:
+        lines += ["", "Failed runs (not in the statistics; rerun the command to retry them):", ""]
+        lines += [f"- {f}" for f in info.failed]
+    lines += _arms_section(arms_df) + _comparisons_section(info, cmp_rows) + _attribution_section(st, steps)
     lines += ["", "## Figures", ""] + [f"![{cap}]({name})" for name, cap in figures]
-    lines += ["", "## Method", "",
-              f"- Steps to solve: cumulative env steps (sum of episode lengths) up to and including the first "
-              f"epoch whose population mean return is >= 475. A run that reaches its budget unsolved is "
-              f"censored, not dropped: it enters with the steps it reached, a lower bound.",
-              f"- Ratio of means: mean(arm) / mean(baseline), percentile bootstrap 95% interval with "
-              f"{n_resamples:,} resamples (numpy seed {seed}), each arm resampled on its own. With censored "
-              f"runs the ratio is marked as a lower bound (censored in the arm only), an upper bound (baseline "
-              f"only) or no bound (both).",
-              "- Welch: two-sided unequal-variance t-test on the steps (censored at their bounds: biased "
-              "toward no difference when the slower arm is censored).",
-              "- Mann-Whitney: two-sided, scipy's default method, censored runs tied above every solved run "
-              "(exact handling when all runs share one budget). Gehan: the generalized Wilcoxon test for right "
-              "censoring, normal approximation with Mantel's permutation variance (equal to Mann-Whitney "
-              "without continuity correction when nothing is censored).",
-              "- P(arm faster): the probability that a seed of the arm needs fewer steps than a seed of the "
-              "baseline, ties and censored pairs that cannot be ordered count 1/2; percentile bootstrap interval.",
-              "- Seeds needed: per arm, to detect a 10% difference of means at 80% power, two-sided alpha 0.05, "
-              "normal approximation n = 2 (z_0.975 + z_0.8)^2 CV^2 / 0.1^2 with the pooled CV "
-              "sqrt((CV_a^2 + CV_b^2) / 2); power at n from the same approximation.",
-              "- Verdicts: a drift matters when its Holm-adjusted Gehan p is below 0.05 in either view "
-              "(ladder or alone); possible when a 95% interval excludes 1 without that.",
-              "- Learning curves: each run's population mean return interpolated linearly on a common "
-              "env-step grid; a run that solved keeps its last value after it stopped; median and interquartile "
-              "band over seeds.",
-              "", "## Files", "",
-              "- `runs.csv`: one row per finished run (arm, side, seed, solved, steps_to_solve, epochs, "
-              "env_steps, wall_s, cpu_s, device, config, knobs, run_id); the study resumes from it. cpu_s is the "
-              "run's own CPU time (one thread per worker), the cost of a run on an idle core.",
-              "- `epochs.csv`: one row per epoch (run_id, arm, seed, epoch, env_steps, mean_return, max_return, "
-              "sigma, lr, wall_s, grad_norms as JSON).",
-              "- `arms.csv`, `comparisons.csv`, `attribution.csv`: the tables above, unrounded.",
-              ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _method_section(n_resamples, seed))

@@ -331,7 +331,7 @@ class _Call:
         return execute(self.trainer, spec)
 
 
-def plan(arms_seeds: Iterable[tuple[Arm, list[int]]], cfg: Config, device: str = "cpu") -> list[RunSpec]:
+def run_specs(arms_seeds: Iterable[tuple[Arm, list[int]]], cfg: Config, device: str = "cpu") -> list[RunSpec]:
     """Seed-major order (every arm's first seed before any arm's second), so early results span the arms."""
     arms_seeds = list(arms_seeds)
     longest = max((len(s) for _, s in arms_seeds), default=0)

@@ -4,7 +4,7 @@ A model is a class of classmethods. `rand_init` returns a `CommonInit` (frozen_p
 params, scan_map, es_map) and `forward(noiser, frozen_noiser_params, noiser_params,
 frozen_params, params, es_tree_key, iterinfo, *args)` runs it with every weight product
 and every plain parameter routed through the noiser, so the noiser decides the noise.
-Written from the behaviour described in REFERENCE.md; no upstream code is copied.
+Written from the documented behaviour of the public HyperscaleES models (GPL-3.0); no upstream code is copied.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The EggRoll noiser: low-rank antithetic ES noise, fitness shaping and the optax update.
 
-Same interface and numbers as the public HyperscaleES `EggRoll` (see REFERENCE.md):
+Same interface and numbers as the public HyperscaleES `EggRoll` (module `hyperscalees.noiser.eggroll`):
 classmethods `init_noiser`, `do_mm`, `do_Tmm`, `do_emb`, `get_noisy_standard`,
 `convert_fitnesses`, `do_updates`. The module-level functions below are the pieces the
 class is made of; `population.py` reuses them so the noise it exports is by

@@ -56,7 +56,7 @@ def lr_schedule(lr: float, lr_decay: float, max_epochs: int):
     return lambda count: table[jnp.minimum(count, max_epochs - 1)]
 
 
-class Plan(NamedTuple):
+class Compiled(NamedTuple):
     """What a run's seed does not change: the model's structure, the noiser's settings, the jitted functions."""
 
     frozen_params: dict
@@ -114,14 +114,14 @@ def init_model(cfg: Config, run: RunSettings, model_key) -> CommonInit:
 
 
 @lru_cache(maxsize=8)
-def plan(cfg: Config, run: RunSettings) -> Plan:
+def compiled(cfg: Config, run: RunSettings) -> Compiled:
     """Built once per (cfg, run settings): runs with other seeds reuse the compiled functions."""
     template = init_model(cfg, run, jax.random.key(0))
     max_epochs = -(-cfg.max_env_steps // cfg.pop)     # every member takes >= 1 step per epoch
     frozen_noiser_params, _ = EggRoll.init_noiser(
         template.params, cfg.sigma, lr_schedule(cfg.lr, run.lr_decay, max_epochs), solver=SOLVERS[run.optimizer],
         group_size=cfg.group_size, noise_reuse=run.noise_reuse, rank=cfg.rank)
-    return Plan(template.frozen_params, template.scan_map, template.es_map, frozen_noiser_params,
+    return Compiled(template.frozen_params, template.scan_map, template.es_map, frozen_noiser_params,
                 _stepper(frozen_noiser_params, template.es_map, cfg.pop),
                 _policy_maker(template.frozen_params, template.es_map, frozen_noiser_params, cfg.pop, False))
 
@@ -129,7 +129,7 @@ def plan(cfg: Config, run: RunSettings) -> Plan:
 @lru_cache(maxsize=8)
 def exact_policy(cfg: Config, run: RunSettings) -> Callable:
     """The plan's policy maker for upstream's graph (built on first use only)."""
-    p = plan(cfg, run)
+    p = compiled(cfg, run)
     return _policy_maker(p.frozen_params, p.es_map, p.frozen_noiser_params, cfg.pop, True)
 
 
@@ -142,7 +142,7 @@ def train(cfg: Config, run: RunSettings, seed: int, progress: bool = True, strea
     check_pairing(cfg.pop, "interleaved")       # EggRoll always pairs members 2k, 2k+1
     show = Progress(stream or sys.stdout, progress)
     keys = run_keys(seed)
-    p = plan(cfg, run)
+    p = compiled(cfg, run)
     policy_for = exact_policy(cfg, run) if exact_graph else p.policy_for
     params = init_model(cfg, run, keys.model).params
     es_tree_key = simple_es_tree_key(params, keys.es, p.scan_map)

@@ -1,4 +1,4 @@
-"""Diagnosis: from what a port was OBSERVED to do, the most likely knob of PARITY_SPEC.md, in its words.
+"""Diagnosis: from what a port was OBSERVED to do, the most likely knob of DESIGN.md's knob table, in its words.
 
 Nothing here reads a port's knobs (a foreign port has none): each function takes measurements
 (mirror maps, which epochs share noise, which candidate formula reproduces the port's output, norm

@@ -69,7 +69,7 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
     alpha = sum(r.alpha for r in results)
     lines = [f"# Parity check: {headline}", "", table, ""]
     if knobs:
-        lines += [f"Likely causes (knobs of PARITY_SPEC.md): {', '.join(f'`{k}`' for k in knobs)}.", ""]
+        lines += [f"Likely causes (knobs of DESIGN.md's knob table): {', '.join(f'`{k}`' for k in knobs)}.", ""]
     lines += [
         "## Run",
         "",

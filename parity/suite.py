@@ -21,6 +21,9 @@ from spec.knobs import RunSettings
 from spec.layout import param_shapes as layout_shapes
 
 CHECKS = ("fitness", "products", "noise", "gradients", "updates", "init", "trajectory")
+# The suite's own random inputs, one numpy stream per purpose (the numbers are fixed: they seed the CSVs' inputs).
+RNG_PURPOSES = {"fitness vectors": 11, "non-finite fitness": 12, "linear products": 20, "forward inputs": 21,
+                "shared-noise fitness": 41, "synthetic targets": 42, "update fitness": 51}
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class Context:
 
     port: CheckedPort
     ref: CheckedPort                 # the reference behind the same validation
-    reference: Any                   # parity.reference.ReferencePort (candidates, schedules, extra probes)
+    reference: Any                   # parity.reference_port.ReferencePort (candidates, schedules, extra probes)
     sizes: Sizes
     seed: int
     results: dict[str, CheckResult] = field(default_factory=dict)
@@ -82,9 +85,9 @@ class Context:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return param_shapes(self.cfg)
 
-    def rng(self, purpose: int) -> np.random.Generator:
-        """A numpy generator for the suite's own inputs, from (run seed, purpose): no global state."""
-        return np.random.default_rng([self.seed, purpose])
+    def rng(self, purpose: str) -> np.random.Generator:
+        """A numpy generator for the suite's own inputs, from (run seed, RNG_PURPOSES[purpose]): no global state."""
+        return np.random.default_rng([self.seed, RNG_PURPOSES[purpose]])
 
     def causes_of(self, check: str):
         result = self.results.get(check)
@@ -109,7 +112,7 @@ def run_check(name: str, ctx: Context) -> CheckResult:
 def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings | None = None,
               checks: tuple[str, ...] = CHECKS, log: Callable[[str], None] = lambda line: None) -> list[CheckResult]:
     """Run the checks against `port` (an adapter object); returns their results in order."""
-    from parity.reference import ReferencePort, enable_compile_cache
+    from parity.reference_port import ReferencePort, enable_compile_cache
 
     enable_compile_cache()
     unknown = [c for c in checks if c not in CHECKS]

@@ -31,7 +31,7 @@ CHECK_SHARES = {               # fraction of FAMILY_ALPHA each check may spend (
     "gradients": 0.3,
     "trajectory": 0.1,
 }
-ULP_TOLERANCE = 0              # JAX-compatible draws must be bit-identical on the same backend (REFERENCE.md)
+ULP_TOLERANCE = 0              # JAX-compatible draws must be bit-identical on the same backend (DESIGN.md)
 
 
 def gamma(n: float, u: float = U32) -> float:

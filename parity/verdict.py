@@ -19,7 +19,7 @@ CSV_COLUMNS = ("check", "quantity", "side", "size", "value", "tolerance", "verdi
 
 @dataclass(frozen=True)
 class Cause:
-    """The most likely reason for a failure: a knob of PARITY_SPEC.md (None when no knob fits) and the sentence."""
+    """The most likely reason for a failure: a knob of DESIGN.md's knob table (None when no knob fits) and the sentence."""
 
     knob: str | None
     text: str

@@ -135,7 +135,7 @@ class Profile:
 
     name: str
     drifts: Mapping[str, Any]
-    models: str    # which port it models, in REFERENCE.md's words
+    models: str    # which port it models
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -149,7 +149,7 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
         "bias_grad": "over_sigma",
         "fitness": "std",
         "lr_decay": 0.9995,
-    }, "the torch run of the published CartPole benchmark (REFERENCE.md, its table)"),
+    }, "the torch run of the published CartPole benchmark"),
     Profile("functional-port", {
         "rng": "torch",
         "antithetic": "halves",

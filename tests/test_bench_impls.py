@@ -14,7 +14,7 @@ import torch
 
 from bench import impls
 from bench.ceilings import forward_work
-from bench.measure import summarize
+from bench.measure import quantiles
 from torch_impl.model import LN_EPS, forward
 from torch_impl.noise import Noise, per_member
 
@@ -207,7 +207,7 @@ def test_forward_work_counts_by_hand():
 
 
 def test_summary_quantiles():
-    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    s = quantiles([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (s.median, s.p10, s.p90) == (3.0, 1.4, 4.6)
     with pytest.raises(ValueError):
-        summarize([])
+        quantiles([])

@@ -4,29 +4,30 @@ from __future__ import annotations
 import pytest
 
 from bench import __main__ as cli
+from bench import names as M
 from bench import report
 from bench.ceilings import Ceilings
 from bench.measure import (Skipped, Summary, Timing, median_ci, paired_ratio, rate_summary,
                                   time_round_robin)
-from bench.report import Row
+from bench.report import Measurement
 
 
-def rows_fixture() -> list[Row]:
+def rows_fixture() -> list[Measurement]:
     r = []
     for pop, base in ((256, 1000.0), (2048, 4000.0)):
-        r.append(Row("torch_impl", "cartpole", pop, "forward_evals_per_s", base, 0.9 * base, 1.1 * base, "evals/s", "cpu"))
-        r.append(Row("hooks", "cartpole", pop, "forward_evals_per_s", base / 2, base / 2.5, base / 1.5, "evals/s", "cpu"))
-        r.append(Row("machine", "cartpole", pop, "floor_ms", 1.0, 1.0, 1.0, "ms", "cpu"))
-        r.append(Row("torch_impl", "cartpole", pop, "forward_ms", 2.0, 1.5, 2.5, "ms", "cpu"))
-        r.append(Row("torch_impl", "cartpole", pop, "floor_fraction", 0.5, 0.4, 0.6, "fraction", "cpu"))
-    r.append(Row("torch_impl", "cartpole", 2048, "forward_members_evals_per_s", 3000.0, 2700.0, 3300.0, "evals/s", "cpu"))
-    r.append(Row("hooks", "cartpole", 256, "forward_ratio", 1.8, 1.5, 2.2, "x", "cpu"))   # round by round
-    r.append(Row("hooks", "cartpole", 2048, "forward_ratio", 1.9, 0.9, 2.5, "x", "cpu"))
-    r.append(Row("hooks", "cartpole", 2048, "forward_ratio_ci95_low", 0.95, 0.95, 0.95, "x", "cpu"))
-    r.append(Row("hooks", "cartpole", 2048, "forward_ratio_ci95_high", 2.1, 2.1, 2.1, "x", "cpu"))
-    r.append(Row("torch_impl", "cartpole", 2048, "step_per_s", 20.0, 18.0, 22.0, "steps/s", "cpu"))
-    r.append(Row("torch_impl", "cartpole", 2048, "step_noise_ms", 30.0, 28.0, 33.0, "ms", "cpu"))
-    r.append(Row("torch_impl", "cartpole", 2048, "noise_share", 0.6, 0.6, 0.6, "fraction", "cpu"))
+        r.append(Measurement("torch_impl", "cartpole", pop, "forward_evals_per_s", base, 0.9 * base, 1.1 * base, "evals/s", "cpu"))
+        r.append(Measurement("hooks", "cartpole", pop, "forward_evals_per_s", base / 2, base / 2.5, base / 1.5, "evals/s", "cpu"))
+        r.append(Measurement("machine", "cartpole", pop, "floor_ms", 1.0, 1.0, 1.0, "ms", "cpu"))
+        r.append(Measurement("torch_impl", "cartpole", pop, "forward_ms", 2.0, 1.5, 2.5, "ms", "cpu"))
+        r.append(Measurement("torch_impl", "cartpole", pop, "floor_fraction", 0.5, 0.4, 0.6, "fraction", "cpu"))
+    r.append(Measurement("torch_impl", "cartpole", 2048, "forward_members_evals_per_s", 3000.0, 2700.0, 3300.0, "evals/s", "cpu"))
+    r.append(Measurement("hooks", "cartpole", 256, "forward_ratio", 1.8, 1.5, 2.2, "x", "cpu"))   # round by round
+    r.append(Measurement("hooks", "cartpole", 2048, "forward_ratio", 1.9, 0.9, 2.5, "x", "cpu"))
+    r.append(Measurement("hooks", "cartpole", 2048, "forward_ratio_ci95_low", 0.95, 0.95, 0.95, "x", "cpu"))
+    r.append(Measurement("hooks", "cartpole", 2048, "forward_ratio_ci95_high", 2.1, 2.1, 2.1, "x", "cpu"))
+    r.append(Measurement("torch_impl", "cartpole", 2048, "step_per_s", 20.0, 18.0, 22.0, "steps/s", "cpu"))
+    r.append(Measurement("torch_impl", "cartpole", 2048, "step_noise_ms", 30.0, 28.0, 33.0, "ms", "cpu"))
+    r.append(Measurement("torch_impl", "cartpole", 2048, "noise_share", 0.6, 0.6, 0.6, "fraction", "cpu"))
     return r
 
 
@@ -49,25 +50,50 @@ def test_ratio_table_divides_torch_impl_by_each_other():
     assert lines[2] == "| 256 | 1,000 | 1.80 (1.50-2.20) |"     # the round-by-round row where there is one
 
 
-def test_summary_page_names_environment_goal_and_tables():
-    ctx = cli.Context(
-        command="python -m parity bench", device="cpu", jax_device="cpu", threads=2, cpu="test cpu",
+def _ctx(**changes):
+    ctx = report.BenchInfo(
+        command="python -m bench", device="cpu", jax_device="cpu", threads=2, cpu="test cpu",
         versions={"torch": "t", "jax": "j", "numpy": "n"}, load_before="0", load_after="0", wall_s=1.0,
         quick=False, models=(cli.CARTPOLE,),
         ceilings=[("start", Ceilings(Summary(100.0, 90.0, 110.0), Summary(20.0, 18.0, 22.0)))],
         notes=["wide pop 16384: skipped"], agreement=None, profile=["op table"],
     )
-    text = report.summary_markdown(rows_fixture(), ctx)
-    for needle in ("torch threads (torch.get_num_threads()): 2", "torch t, jax j, numpy n",
-                   "torch_impl is on par with (the interval holds 1) hooks: 1.90x",
-                   "95% CI of the median 0.95-2.10x", "| 2048 | 4,000 | 1.90 (0.90-2.50) |",
-                   "## One ES step", "synthetic", "wide pop 16384: skipped", "50.0%",
-                   # grouped 4000 / per-member 3000; per-member 3000 / hooks 2000
-                   "the grouped layout gives 1.33x", "against hooks with the same per-member noise, 1.50x",
-                   "| 2048 | 4,000 | 3,000 | 1.33 (1.09-1.63) | 1.50 (1.01-2.06) |",
-                   "otherwise idle"):
-        assert needle in text, needle
-    busy = report.summary_markdown(rows_fixture(), ctx._replace(load_before="9.5, 3.0, 1.0"))
+    return ctx._replace(**changes)
+
+
+def test_speed_verdict_follows_the_interval_of_the_median_ratio():
+    rows = rows_fixture()
+    base = report.lookup(rows, "torch_impl", "cartpole", 2048, M.FORWARD)
+    hooks = report.lookup(rows, "hooks", "cartpole", 2048, M.FORWARD)
+    v = report.speed(rows, base, hooks, "hooks")
+    assert v == report.Speed("on par", 1.9, 0.9, 2.5, True, (0.95, 2.1))     # the interval holds 1
+    faster = [r._replace(median=1.05) if r.measure == M.FORWARD_RATIO + M.CI_LOW else r for r in rows]
+    assert report.speed(faster, base, hooks, "hooks").verdict == "faster"
+    slower = [r._replace(median=0.97) if r.measure == M.FORWARD_RATIO + M.CI_HIGH else r for r in rows]
+    assert report.speed(slower, base, hooks, "hooks").verdict == "slower"
+    # without a round-by-round ratio: the medians' ratio 4000 / 2000 and the pessimistic/optimistic spreads
+    unpaired = [r for r in rows if not r.measure.startswith(M.FORWARD_RATIO)]
+    v = report.speed(unpaired, base, hooks, "hooks")
+    assert (v.verdict, v.paired, v.ci) == ("faster", False, None)
+    assert (v.ratio, v.lo, v.hi) == pytest.approx((2.0, 3600 / (4000 / 1.5), 4400 / 1600))
+
+
+def test_layout_table_separates_the_noise_layout_from_the_style():
+    lines = report.layout_table(rows_fixture(), "cartpole")
+    # grouped 4000 / per-member 3000 = 1.33 (spread 3600/3300 - 4400/2700); per-member 3000 / hooks 2000 = 1.5
+    assert lines[2] == "| 2048 | 4,000 | 3,000 | 1.33 (1.09-1.63) | 1.50 (1.01-2.06) |"
+
+
+def test_summary_page_has_every_section_and_the_environment():
+    text = report.summary_markdown(rows_fixture(), _ctx())
+    for header in ("# Throughput benchmark", "## Machine ceilings", "## Goal check: `cartpole` at pop 2048",
+                   "## Forward throughput, noise given (evaluations/s): `cartpole`", "## Floors and fraction achieved",
+                   "## One ES step", "## How it was measured", "## Notes and skipped measurements"):
+        assert header in text, header
+    assert "torch threads (torch.get_num_threads()): 2" in text and "torch t, jax j, numpy n" in text
+    assert "| 2048 | 4,000 | 1.90 (0.90-2.50) |" in text and "wide pop 16384: skipped" in text
+    assert "otherwise idle" in text
+    busy = report.summary_markdown(rows_fixture(), _ctx(load_before="9.5, 3.0, 1.0"))
     assert "Provisional numbers" in busy and "otherwise idle" not in busy
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from gap import runs
 from gap.arms import jax_arm, torch_arm
-from gap.runs import RunStore, plan, run_all
+from gap.runs import RunStore, run_all, run_specs
 from spec.config import Config
 from spec.knobs import Knobs, profile
 
@@ -44,7 +44,7 @@ def failing_train(spec):
 
 def _specs(seeds=(0, 1, 2)):
     arms = [jax_arm(), torch_arm(Knobs()), torch_arm(profile("oop-port"))]
-    return plan([(a, list(seeds)) for a in arms], CFG)
+    return run_specs([(a, list(seeds)) for a in arms], CFG)
 
 
 def _read(path):
@@ -53,11 +53,11 @@ def _read(path):
 
 
 def test_plan_is_seed_major_and_keys_are_stable():
-    specs = plan([(jax_arm(), [5, 6, 7]), (torch_arm(Knobs()), [5])], CFG)
+    specs = run_specs([(jax_arm(), [5, 6, 7]), (torch_arm(Knobs()), [5])], CFG)
     assert [(s.arm.name, s.seed) for s in specs] == [("jax_reference", 5), ("torch:jax", 5),
                                                      ("jax_reference", 6), ("jax_reference", 7)]
-    assert specs[0].key == plan([(jax_arm(), [5])], CFG)[0].key
-    assert specs[0].run_id != plan([(jax_arm(), [5])], CFG.replace(pop=16))[0].run_id
+    assert specs[0].key == run_specs([(jax_arm(), [5])], CFG)[0].key
+    assert specs[0].run_id != run_specs([(jax_arm(), [5])], CFG.replace(pop=16))[0].run_id
 
 
 def test_rows_hold_the_history(tmp_path):

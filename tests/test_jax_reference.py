@@ -1,4 +1,4 @@
-"""The JAX reference (jax_reference) against each rule of REFERENCE.md, one rule per test.
+"""The JAX reference (jax_reference) against each rule of the reference's described behaviour (DESIGN.md), one rule per test.
 
 Exact checks where our code and the check run the same float32 operations on the same draws (keys,
 normals, the ±sigma products); float64 references with float32 rounding bounds (written at each
@@ -14,7 +14,7 @@ import pytest
 
 from jax_reference.models import (ACTIVATIONS, EMB_PARAM, EXCLUDED, MLP, MM_PARAM, PARAM, TMM, Embedding, Linear,
                                   layer_norm, simple_es_tree_key)
-from jax_reference.noiser import EggRoll, es_grads, fullrank_noise, lowrank_factors, lowrank_sigma
+from jax_reference.noiser import EggRoll, es_grads, lowrank_factors, lowrank_sigma
 from jax_reference.population import (flat_to_params, leaf_names, make_cached_population_forward, make_forward,
                                       make_population_forward, member_noise_tree, params_to_flat,
                                       population_iterinfos, population_noise)

@@ -16,7 +16,7 @@ from jax_reference import __main__ as cli
 from jax_reference.models import simple_es_tree_key
 from jax_reference.noiser import EggRoll, es_grads
 from jax_reference.population import population_iterinfos
-from jax_reference.train import action_uniforms, init_model, lr_schedule, plan, run_keys, train
+from jax_reference.train import action_uniforms, compiled, init_model, lr_schedule, run_keys, train
 from rollout import cartpole
 from rollout.episodes import run_episodes
 from spec.config import Config
@@ -77,7 +77,7 @@ def test_every_epoch_replays_by_hand_from_the_design_key_scheme(tiny_run):
         nparams = {**nparams, "sigma": jnp.float32(np.float32(0.2 * 0.95 ** epoch))}      # sigma_e
         u = np.asarray(jax.random.uniform(jax.random.fold_in(action_key, epoch), (cartpole.MAX_STEPS, cfg.pop)))
         np.testing.assert_array_equal(action_uniforms(run_keys(seed).action, epoch, cfg.pop), u)
-        policy = plan(cfg, KNOBS).policy_for(nparams, params, keys, epoch)   # the forward itself: other tests
+        policy = compiled(cfg, KNOBS).policy_for(nparams, params, keys, epoch)   # the forward itself: other tests
         episodes = run_episodes(policy, cartpole.reset(seed + epoch + np.arange(cfg.pop)), u)
         assert row["env_steps"] - (history[epoch - 1]["env_steps"] if epoch else 0) == episodes.steps
         assert row["mean_return"] == float(episodes.returns.mean())
@@ -112,7 +112,7 @@ def test_lr_schedule_is_float64_power_cast_to_float32_and_drives_the_update():
         assert float(sched(jnp.int32(count))) == float(np.float32(0.1 * 0.5 ** min(count, 9)))
     assert lr_schedule(0.1, 1.0, 10) == 0.1                                   # constant: a plain float
     # the trainer's solver steps by lr_e at its e-th update (sgd: update = -lr_e * direction)
-    solver = plan(TINY, KNOBS).frozen_noiser_params["solver"]
+    solver = compiled(TINY, KNOBS).frozen_noiser_params["solver"]
     direction = {"w": jnp.asarray([-1.5, 2.0])}
     state = solver.init(direction)
     for e in range(3):
@@ -146,7 +146,7 @@ def test_a_ports_knobs_are_refused_with_what_to_pass_instead():
 def test_bad_population_and_run_knobs_in_the_plan():
     with pytest.raises(ValueError, match="odd"):
         train(TINY.replace(pop=7), RunSettings(), seed=0, progress=False)
-    p = plan(TINY, RunSettings(optimizer="adamw", noise_reuse=3))
+    p = compiled(TINY, RunSettings(optimizer="adamw", noise_reuse=3))
     assert p.frozen_noiser_params["noise_reuse"] == 3 and p.frozen_noiser_params["rank"] == TINY.rank
     state = p.frozen_noiser_params["solver"].init({"w": jnp.ones(3)})
     assert any(isinstance(s, optax.ScaleByAdamState) for s in jax.tree.leaves(

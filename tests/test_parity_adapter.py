@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from parity.adapter import CheckedPort, PortError, UsageError, load_port
-from parity.reference import ReferencePort
+from parity.reference_port import ReferencePort
 from parity.suite import SELFTEST, Context, param_shapes, run_check
 from spec.config import Config
 

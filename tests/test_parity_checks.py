@@ -6,7 +6,7 @@ import pytest
 
 from parity.adapter import CheckedPort
 from parity.checks.gradients import _objective_values
-from parity.reference import ReferencePort
+from parity.reference_port import ReferencePort
 from parity.suite import SELFTEST, Context, run_check
 
 

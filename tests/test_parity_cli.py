@@ -40,7 +40,7 @@ def test_a_passing_subset_exits_0_and_writes_the_report(tmp_path, capsys):
 
 
 def test_a_port_that_breaks_the_protocol_exits_2(tmp_path, monkeypatch):
-    from parity.reference import ReferencePort
+    from parity.reference_port import ReferencePort
 
     class Broken(ReferencePort):
         def shape_fitness(self, f, group_size=0):

@@ -15,7 +15,6 @@ from spec.knobs import Knobs
 from spec.run import TrainResult
 from tests.helpers import noise_of
 from torch_impl import es, model
-from torch_impl import noise as noise_mod
 from torch_impl.__main__ import build_parser, configure, main
 from torch_impl.fitness import shape_fitness
 from torch_impl.gradient import es_gradient

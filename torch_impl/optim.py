@@ -24,7 +24,7 @@ class AdamState(NamedTuple):
     nu: Tree         # second moment
 
 
-def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
+def _scalar32(value: float, like: torch.Tensor) -> torch.Tensor:
     """A Python number as a float32 scalar on the tensor's device (jax's weak-typed scalars act so)."""
     return torch.tensor(value, dtype=torch.float32, device=like.device)
 
@@ -32,7 +32,7 @@ def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
 def _pow32(decay: float, count: int, like: torch.Tensor) -> torch.Tensor:
     """float32(decay) ** count rounded once to float32 (optax's `decay**count`; XLA's pow agrees to <= 1 ULP)."""
     base = float(torch.tensor(decay, dtype=torch.float32))
-    return _f32(base ** count, like)
+    return _scalar32(base ** count, like)
 
 
 def sgd(momentum: float | None = None) -> Optimizer:
@@ -44,7 +44,7 @@ def sgd(momentum: float | None = None) -> Optimizer:
         return ()
 
     def update(grads: Tree, state: tuple, params: Tree, lr: float) -> tuple[Tree, tuple]:
-        return {k: -_f32(lr, g) * g for k, g in grads.items()}, state
+        return {k: -_scalar32(lr, g) * g for k, g in grads.items()}, state
 
     return Optimizer(init, update)
 
@@ -61,14 +61,14 @@ def adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, eps_root: float 
         count = min(state.count + 1, 2**31 - 1)   # optax's safe_increment of an int32
         mu, nu, updates = {}, {}, {}
         for k, g in grads.items():
-            mu[k] = _f32(1 - b1, g) * g + _f32(b1, g) * state.mu[k]
-            nu[k] = _f32(1 - b2, g) * (g * g) + _f32(b2, g) * state.nu[k]
+            mu[k] = _scalar32(1 - b1, g) * g + _scalar32(b1, g) * state.mu[k]
+            nu[k] = _scalar32(1 - b2, g) * (g * g) + _scalar32(b2, g) * state.nu[k]
             mu_hat = mu[k] / (1 - _pow32(b1, count, g))
             nu_hat = nu[k] / (1 - _pow32(b2, count, g))
-            direction = mu_hat / (torch.sqrt(nu_hat + _f32(eps_root, g)) + _f32(eps, g))
+            direction = mu_hat / (torch.sqrt(nu_hat + _scalar32(eps_root, g)) + _scalar32(eps, g))
             if weight_decay is not None:
-                direction = direction + _f32(weight_decay, g) * params[k]
-            updates[k] = -_f32(lr, g) * direction
+                direction = direction + _scalar32(weight_decay, g) * params[k]
+            updates[k] = -_scalar32(lr, g) * direction
         return updates, AdamState(count, mu, nu)
 
     return Optimizer(init, update)

@@ -271,13 +271,13 @@ def uniform(keys: torch.Tensor, shape=(), minval: float = 0.0, maxval: float = 1
 
 
 # ------------------------------------------------------------------------------------------- normals
-def _f32(word: int) -> float:
+def _float_of_bits(word: int) -> float:
     """The float32 with IEEE bit pattern `word`, as a Python float."""
     return float(np.array(word, dtype=np.uint32).view(np.float32))
 
 
 # XLA's log1p: a rational approximation for |x| < sqrt(2) - 1, else log(1 + x) (float32 constants).
-_LOG1P_SMALL = _f32(0x3ED413CD)
+_LOG1P_SMALL = _float_of_bits(0x3ED413CD)
 _LOG1P_NUM = tuple(float(np.float32(c)) for c in (
     4.5270000862445199635215e-5, 4.9854102823193375972212e-1, 6.5787325942061044846969e0,
     2.9911919328553073277375e1, 6.0949667980987787057556e1, 5.7112963590585538103336e1,
@@ -286,17 +286,17 @@ _LOG1P_DEN = tuple(float(np.float32(c)) for c in (
     1.0, 1.5062909083469192043167e1, 8.3047565967967209469434e1, 2.2176239823732856465394e2,
     3.0909872225312059774938e2, 2.1642788614495947685003e2, 6.0118660497603843919306e1))
 # XLA's CPU log (Cephes style): mantissa split at sqrt(1/2), degree-8 polynomial, ln 2 in two parts.
-_LOG_SQRTHF = _f32(0x3F3504F3)
-_LOG_P = tuple(_f32(w) for w in (0x3D9021BB, 0xBDEBD1B8, 0x3DEF251A, 0xBDFE5D4F, 0x3E11E9BF,
+_LOG_SQRTHF = _float_of_bits(0x3F3504F3)
+_LOG_P = tuple(_float_of_bits(w) for w in (0x3D9021BB, 0xBDEBD1B8, 0x3DEF251A, 0xBDFE5D4F, 0x3E11E9BF,
                                   0xBE2AAE50, 0x3E4CCEAC, 0xBE7FFFFC, 0x3EAAAAAA))
-_LOG_Q1 = _f32(0xB95E8083)            # -2.12194440e-4
-_LOG_Q2 = _f32(0x3F318000)            # 0.693359375
+_LOG_Q1 = _float_of_bits(0xB95E8083)            # -2.12194440e-4
+_LOG_Q2 = _float_of_bits(0x3F318000)            # 0.693359375
 # Giles' single-precision erf_inv: coefficients for w < 5 (z = w - 2.5) and w >= 5 (z = sqrt(w) - 3).
-_ERFINV_SMALL = tuple(_f32(w) for w in (0x32F16588, 0x34B84B36, 0xB66C7357, 0xB6935AC1, 0x396532DB,
+_ERFINV_SMALL = tuple(_float_of_bits(w) for w in (0x32F16588, 0x34B84B36, 0xB66C7357, 0xB6935AC1, 0x396532DB,
                                         0xBAA45408, 0xBB88E4EF, 0x3E7C8F63, 0x3FC02E2F))
-_ERFINV_LARGE = tuple(_f32(w) for w in (0xB951F09B, 0x38D3B56B, 0x3AB0DC72, 0xBB70BDE7, 0x3BBC127B,
+_ERFINV_LARGE = tuple(_float_of_bits(w) for w in (0xB951F09B, 0x38D3B56B, 0x3AB0DC72, 0xBB70BDE7, 0x3BBC127B,
                                         0xBBF9C5D7, 0x3C1AA57E, 0x3F8036DB, 0x40354F7E))
-_SQRT2_F32 = _f32(0x3FB504F3)
+_SQRT2_F32 = _float_of_bits(0x3FB504F3)
 
 
 def _r(x: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ parity.tolerances.shaping_bound on each side, summed (deterministic).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from parity import diagnose
@@ -19,7 +21,7 @@ NAME = "fitness"
 
 def vectors(ctx) -> list[tuple[str, np.ndarray, int]]:
     """(label, f float32, group_size) for every case."""
-    rng = ctx.rng(11)
+    rng = ctx.rng("fitness vectors")
     out: list[tuple[str, np.ndarray, int]] = []
     for n in ctx.sizes.fitness_sizes:
         out.append((f"normal N={n}", rng.standard_normal(n).astype(np.float32), 0))
@@ -35,74 +37,106 @@ def vectors(ctx) -> list[tuple[str, np.ndarray, int]]:
     return out
 
 
-def run(ctx):
-    rec = Recorder(NAME)
-    cases = vectors(ctx)
-    matches = {name: 0 for name in diagnose.FITNESS_CANDIDATES}
-    measured: list[tuple[str, float | None, str]] = []      # (label, ratio or None if the port raised, note)
-    unsupported: list[str] = []
-    for label, f, group in cases:
-        ref = ctx.ref.shape_fitness(f, group)
+class Shaped(NamedTuple):
+    """One vector's outcome: the port's shaping against the reference's."""
+
+    label: str
+    ratio: float | None      # max |port - ref| / (both sides' float32 bound); None when the port raised
+    note: str                # "max |diff| ..." or what the port raised
+
+
+class Rejection(NamedTuple):
+    """What each side does with a non-finite fitness vector (None: it accepted it)."""
+
+    label: str               # NaN, +inf, -inf
+    port_error: str | None
+    port_output: object      # the port's first shaped values when it accepted, else None
+    reference_error: str | None
+
+
+class Measured(NamedTuple):
+    shaped: tuple[Shaped, ...]
+    unsupported: tuple[str, ...]      # vectors the port does not implement (NotImplementedError)
+    matches: dict[str, int]           # diagnosis candidate -> vectors it reproduces
+    cases: int
+    rejections: tuple[Rejection, ...]
+
+
+def _shape_one(ctx, label: str, f: np.ndarray, group: int, matches: dict[str, int]) -> Shaped | str:
+    """Shape one vector on both sides; a str when the port does not implement this case."""
+    ref = ctx.ref.shape_fitness(f, group)
+    try:
+        port = ctx.port.shape_fitness(f, group)
+    except PortError as err:
+        if err.original is None:
+            raise
+        if isinstance(err.original, NotImplementedError):     # a port may leave grouped shaping out
+            return f"- {label}: the port does not implement it ({err.original})"
+        return Shaped(label, None, f"the port rejects {label}: {err.original}")
+    allowed = 2 * shaping_bound(f)                                          # (N,) both sides
+    f64 = f.astype(np.float64)
+    for name, (_, formula, _) in diagnose.FITNESS_CANDIDATES.items():
         try:
-            port = ctx.port.shape_fitness(f, group)
-        except PortError as err:
-            if err.original is None:
-                raise
-            if isinstance(err.original, NotImplementedError):     # a port may leave grouped shaping out
-                unsupported.append(f"- {label}: the port does not implement it ({err.original})")
-                continue
-            measured.append((label, None, f"the port rejects {label}: {err.original}"))
+            cand = formula(f64, group)
+        except Exception:          # a candidate that does not apply to this vector
             continue
-        allowed = 2 * shaping_bound(f)                                          # (N,) both sides
-        ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / allowed))
-        f64 = f.astype(np.float64)
-        for name, (_, formula, _) in diagnose.FITNESS_CANDIDATES.items():
-            try:
-                cand = formula(f64, group)
-            except Exception:          # a candidate that does not apply to this vector
-                continue
-            if np.all(np.abs(port - cand) <= allowed + 1e-6 * np.abs(cand)):
-                matches[name] += 1
-        measured.append((label, ratio, f"max |diff| {fmt(float(np.max(np.abs(port - ref))))}"))
+        if np.all(np.abs(port - cand) <= allowed + 1e-6 * np.abs(cand)):
+            matches[name] += 1
+    ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / allowed))
+    return Shaped(label, ratio, f"max |diff| {fmt(float(np.max(np.abs(port - ref))))}")
 
-    bad = [(label, r, note) for label, r, note in measured if r is None or r > 1.0]
-    found = None
-    if bad:
-        label, _, note = max(bad, key=lambda b: np.inf if b[1] is None else b[1])
-        produced = sum(r is not None for _, r, _ in measured)
-        found = diagnose.fitness_cause(matches, produced, len(cases), len(bad), f"{label}: {note}")
-    for label, ratio, note in measured:
-        if ratio is None:
-            rec.fail("shaped fitness", "port", label, float("nan"), "returns a shaped vector", found)
-        else:
-            rec.bound("max |port - ref| / bound", "both", label, ratio, 1.0, "float32 shaping bound, both sides",
-                      cause=found)
 
-    # NaN / inf must be rejected with an error on both sides.
-    base = ctx.rng(12).standard_normal(16).astype(np.float32)
+def _rejections(ctx) -> tuple[Rejection, ...]:
+    """Each side fed a vector with one NaN, +inf or -inf."""
+    base = ctx.rng("non-finite fitness").standard_normal(16).astype(np.float32)
     noise = ctx.reference.noise(ctx.shapes, ctx.seed, 0, np.arange(16), 16, ctx.cfg.sigma, ctx.cfg.rank)
-    messages = []
+    out = []
     for label, value in (("NaN", np.nan), ("+inf", np.inf), ("-inf", -np.inf)):
         f = base.copy()
         f[3] = value
         try:
-            out = ctx.port.port.shape_fitness(f, 0)
-            port_msg = None
-            shown = np.asarray(out)[:4]
+            shown, port_msg = np.asarray(ctx.port.port.shape_fitness(f, 0))[:4], None
         except Exception as err:       # the port's own validation: what we want
-            port_msg = f"{type(err).__name__}: {err}"
-            shown = None
-        rec.equal(f"{label} fitness rejected", "port", "N=16", float(port_msg is not None), 1.0,
-                  "must raise a clear error",
-                  cause=diagnose.other("fitness validation", f"the port accepts {label} fitness (returned "
-                                                             f"{shown} ...) instead of raising an error"))
-        ref_msg = ctx.reference.rejects_nonfinite(noise, f, ctx.shapes)
-        rec.equal(f"{label} fitness rejected", "reference", "N=16", float(ref_msg is not None), 1.0,
-                  "EggRoll.do_updates must raise", cause=diagnose.other("reference validation",
-                                                                        f"do_updates accepts {label} fitness"))
-        messages.append(f"- {label}: port says `{port_msg}`; reference says `{ref_msg}`")
+            shown, port_msg = None, f"{type(err).__name__}: {err}"
+        out.append(Rejection(label, port_msg, shown, ctx.reference.rejects_nonfinite(noise, f, ctx.shapes)))
+    return tuple(out)
 
-    section = "\n".join([
+
+def measure(ctx) -> Measured:
+    cases = vectors(ctx)
+    matches = {name: 0 for name in diagnose.FITNESS_CANDIDATES}
+    outcomes = [_shape_one(ctx, label, f, group, matches) for label, f, group in cases]
+    return Measured(tuple(o for o in outcomes if isinstance(o, Shaped)),
+                    tuple(o for o in outcomes if isinstance(o, str)), matches, len(cases), _rejections(ctx))
+
+
+def judge(m: Measured) -> Recorder:
+    rec = Recorder(NAME)
+    bad = [s for s in m.shaped if s.ratio is None or s.ratio > 1.0]
+    found = None
+    if bad:
+        worst = max(bad, key=lambda s: np.inf if s.ratio is None else s.ratio)
+        produced = sum(s.ratio is not None for s in m.shaped)
+        found = diagnose.fitness_cause(m.matches, produced, m.cases, len(bad), f"{worst.label}: {worst.note}")
+    for s in m.shaped:
+        if s.ratio is None:
+            rec.fail("shaped fitness", "port", s.label, float("nan"), "returns a shaped vector", found)
+        else:
+            rec.bound("max |port - ref| / bound", "both", s.label, s.ratio, 1.0, "float32 shaping bound, both sides",
+                      cause=found)
+    for r in m.rejections:
+        rec.equal(f"{r.label} fitness rejected", "port", "N=16", float(r.port_error is not None), 1.0,
+                  "must raise a clear error",
+                  cause=diagnose.other("fitness validation", f"the port accepts {r.label} fitness (returned "
+                                                             f"{r.port_output} ...) instead of raising an error"))
+        rec.equal(f"{r.label} fitness rejected", "reference", "N=16", float(r.reference_error is not None), 1.0,
+                  "EggRoll.do_updates must raise", cause=diagnose.other("reference validation",
+                                                                        f"do_updates accepts {r.label} fitness"))
+    return rec
+
+
+def section(m: Measured) -> str:
+    return "\n".join([
         "Both sides shape the same float32 fitness vectors. Allowed: |port - reference| <= the sum of both "
         "sides' float32 bounds for (f - mean) / sqrt(var + 1e-5) (mean: gamma_N mean|f|; variance: "
         "gamma_{N+2}; sqrt, +eps, division: 3u), per element; deterministic, no false alarms.",
@@ -111,7 +145,11 @@ def run(ctx):
             f"{k}: {v[0]}" for k, v in diagnose.FITNESS_CANDIDATES.items()) + ".",
         "",
         "Rejection of non-finite fitness:",
-        *messages,
-        *(["", "Not judged (the port raises NotImplementedError):", *unsupported] if unsupported else []),
+        *[f"- {r.label}: port says `{r.port_error}`; reference says `{r.reference_error}`" for r in m.rejections],
+        *(["", "Not judged (the port raises NotImplementedError):", *m.unsupported] if m.unsupported else []),
     ])
-    return summarize(NAME, rec, section)
+
+
+def run(ctx):
+    m = measure(ctx)
+    return summarize(NAME, judge(m), section(m))

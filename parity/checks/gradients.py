@@ -12,6 +12,8 @@ side's curve; the two curves are compared with Welch intervals at the check's Bo
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from parity import diagnose
@@ -63,83 +65,133 @@ def _objective_values(kind: str, noise: dict, target: dict, names) -> np.ndarray
     return total.astype(np.float32)
 
 
-def run(ctx):
-    rec = Recorder(NAME)
-    cfg, shapes, sigma, r = ctx.cfg, ctx.shapes, ctx.cfg.sigma, ctx.cfg.rank
-    names = list(shapes)
-    rng = ctx.rng(41)
-    found: dict[str, object] = {}
-    for n in ctx.sizes.grad_pops:
-        noise = ctx.reference.noise(shapes, ctx.seed, 0, np.arange(n), n, sigma, r)
-        shaped = ctx.ref.shape_fitness(rng.standard_normal(n).astype(np.float32), 0)
-        g_port = ctx.port.gradient(noise, shaped, sigma, shapes)
-        g_ref = ctx.ref.gradient(noise, shaped, sigma, shapes)
-        other_sigma = sigma / 2
-        for name in names:
-            size = f"N={n} r={r} sigma={fmt(sigma)} {shapes[name]}"
-            p, q = np.asarray(g_port[name], np.float64), np.asarray(g_ref[name], np.float64)
-            bound = 2 * _leaf_bound(name, noise, shaped)
-            ratio = float(np.max(np.abs(p - q) / np.maximum(bound, 1e-300))) if np.any(p != q) else 0.0
-            norm_ratio = float(np.linalg.norm(p) / np.linalg.norm(q)) if np.linalg.norm(q) > 0 else float("nan")
-            cosine = _cosine(p.ravel(), q.ravel())
+class Leaf(NamedTuple):
+    """One leaf's estimate on shared noise: the difference against the float32 bound, and what it looks like."""
 
-            def leaf_cause(name=name, norm_ratio=norm_ratio, cosine=cosine, n=n, shaped=shaped):
-                if name not in found:
-                    noise2 = ctx.reference.noise(shapes, ctx.seed, 0, np.arange(n), n, other_sigma, r)
-                    g2p = ctx.port.gradient(noise2, shaped, other_sigma, shapes)[name]
-                    g2r = ctx.ref.gradient(noise2, shaped, other_sigma, shapes)[name]
-                    ratio2 = float(np.linalg.norm(g2p) / np.linalg.norm(g2r)) if np.linalg.norm(g2r) > 0 else None
-                    found[name] = diagnose.gradient_cause(name, norm_ratio, cosine, ratio2, sigma, other_sigma)
-                return found[name]
+    name: str
+    size: str
+    ratio: float            # max |port - ref| / (both sides' bound); 0 when identical
+    relative: float         # ||port - ref|| / ||ref||
+    cosine: float
+    norm_ratio: float       # ||port|| / ||ref||
+    half_sigma_ratio: float | None   # the norm ratio re-measured at sigma / 2 (tells 1/sigma from a constant)
 
-            rec.bound(f"{name}: max |port - ref| / bound", "both", size, ratio, 1.0,
-                      "float32 bound of the einsum/mean, both sides", cause=leaf_cause)
-            rec.info(f"{name}: relative error", "both", size,
-                     float(np.linalg.norm(p - q) / np.linalg.norm(q)) if np.linalg.norm(q) > 0 else 0.0)
-            rec.info(f"{name}: cosine", "both", size, cosine)
-            rec.info(f"{name}: norm ratio port/ref", "both", size, norm_ratio)
 
-    # Synthetic objectives: each side with its own noise.
-    target_rng = ctx.rng(42)
+class Curve(NamedTuple):
+    """The synthetic objective's mean cosines to the true gradient, each side with its own noise."""
+
+    kind: str
+    n: int
+    port: tuple[float, ...]
+    reference: tuple[float, ...]
+
+
+class Measured(NamedTuple):
+    leaves: tuple[Leaf, ...]
+    curves: tuple[Curve, ...]
+    sigma: float
+    repeats: int
+    pops: tuple[int, ...]
+
+
+def _norm_ratio(p: np.ndarray, q: np.ndarray) -> float:
+    return float(np.linalg.norm(p) / np.linalg.norm(q)) if np.linalg.norm(q) > 0 else float("nan")
+
+
+def _shared_noise(ctx, n: int, rng) -> list[Leaf]:
+    """Both sides' estimates on the reference's noise and one shaped fitness vector, leaf by leaf."""
+    shapes, sigma, r = ctx.shapes, ctx.cfg.sigma, ctx.cfg.rank
+    noise = ctx.reference.noise(shapes, ctx.seed, 0, np.arange(n), n, sigma, r)
+    shaped = ctx.ref.shape_fitness(rng.standard_normal(n).astype(np.float32), 0)
+    g_port, g_ref = ctx.port.gradient(noise, shaped, sigma, shapes), ctx.ref.gradient(noise, shaped, sigma, shapes)
+    # the same at sigma / 2: a leaf whose ratio scales with 1/sigma is divided by sigma once more
+    noise2 = ctx.reference.noise(shapes, ctx.seed, 0, np.arange(n), n, sigma / 2, r)
+    g2_port, g2_ref = (ctx.port.gradient(noise2, shaped, sigma / 2, shapes),
+                       ctx.ref.gradient(noise2, shaped, sigma / 2, shapes))
+    leaves = []
+    for name in shapes:
+        p, q = np.asarray(g_port[name], np.float64), np.asarray(g_ref[name], np.float64)
+        bound = 2 * _leaf_bound(name, noise, shaped)
+        ratio = float(np.max(np.abs(p - q) / np.maximum(bound, 1e-300))) if np.any(p != q) else 0.0
+        half = (float(np.linalg.norm(g2_port[name]) / np.linalg.norm(g2_ref[name]))
+                if np.linalg.norm(g2_ref[name]) > 0 else None)
+        leaves.append(Leaf(name, f"N={n} r={r} sigma={fmt(sigma)} {shapes[name]}", ratio,
+                           float(np.linalg.norm(p - q) / np.linalg.norm(q)) if np.linalg.norm(q) > 0 else 0.0,
+                           _cosine(p.ravel(), q.ravel()), _norm_ratio(p, q), half))
+    return leaves
+
+
+def _synthetic(ctx) -> list[Curve]:
+    """Each side's mean cosine to the true gradient of a linear and a quadratic objective, with its own noise."""
+    shapes, sigma, r, names = ctx.shapes, ctx.cfg.sigma, ctx.cfg.rank, list(ctx.shapes)
+    target_rng = ctx.rng("synthetic targets")
     targets = {kind: {name: target_rng.standard_normal(shape) for name, shape in shapes.items()}
                for kind in ("linear", "quadratic")}
-    pops, reps = ctx.sizes.synthetic_pops, ctx.sizes.synthetic_repeats
-    alpha = check_alpha(NAME) / (2 * len(pops))
     curves = []
-    ctx.log(f"[{NAME}] synthetic objectives: {len(pops)} population sizes x {reps} repeats x 2 sides")
     for kind, target in targets.items():
         true = _flat({k: (v if kind == "linear" else -2 * v) for k, v in target.items()}, names)
-        for n in pops:
+        for n in ctx.sizes.synthetic_pops:
             cos = {"port": [], "reference": []}
-            for k in range(reps):
+            for k in range(ctx.sizes.synthetic_repeats):
                 seed_k = ctx.seed * 1000 + 100 + k
                 for side, port in (("port", ctx.port), ("reference", ctx.ref)):
                     noise = port.noise(shapes, seed_k, 0, np.arange(n), n, sigma, r)
                     shaped = port.shape_fitness(_objective_values(kind, noise, target, names), 0)
-                    g = port.gradient(noise, shaped, sigma, shapes)
-                    cos[side].append(_cosine(_flat(g, names), true))
-            diff, half = two_sample_interval(np.array(cos["port"]), np.array(cos["reference"]), alpha)
-            half = max(half, 1e-6)         # identical draws (a JAX-compatible port) give a zero-width interval
-            size = f"{kind} N={n} {reps} repeats"
-            upstream = [c for check in ("noise", "fitness") for c in diagnose.follows(check, ctx.causes_of(check))]
-            rec.stat("mean cosine to the true gradient: port - ref", "both", size, diff, -half, half, alpha,
-                     f"Welch interval, alpha={alpha:.2g}",
-                     cause=upstream[0] if upstream else diagnose.other(
-                         "gradient estimate", f"the port's estimate is {'less' if diff < 0 else 'more'} aligned "
-                                              f"with the true gradient of a {kind} objective at N={n} "
-                                              f"(cosine {fmt(np.mean(cos['port']))} vs {fmt(np.mean(cos['reference']))})"))
-            for side in cos:
-                rec.info("mean cosine to the true gradient", side, size, float(np.mean(cos[side])))
-            curves.append((kind, n, np.mean(cos["port"]), np.mean(cos["reference"])))
-    table = "\n".join(f"| {kind} | {n} | {fmt(cp)} | {fmt(cr)} |" for kind, n, cp, cr in curves)
-    section = "\n".join([
+                    cos[side].append(_cosine(_flat(port.gradient(noise, shaped, sigma, shapes), names), true))
+            curves.append(Curve(kind, n, tuple(cos["port"]), tuple(cos["reference"])))
+    return curves
+
+
+def measure(ctx) -> Measured:
+    rng = ctx.rng("shared-noise fitness")
+    leaves = [leaf for n in ctx.sizes.grad_pops for leaf in _shared_noise(ctx, n, rng)]
+    ctx.log(f"[{NAME}] synthetic objectives: {len(ctx.sizes.synthetic_pops)} population sizes x "
+            f"{ctx.sizes.synthetic_repeats} repeats x 2 sides")
+    return Measured(tuple(leaves), tuple(_synthetic(ctx)), ctx.cfg.sigma, ctx.sizes.synthetic_repeats,
+                    tuple(ctx.sizes.synthetic_pops))
+
+
+def judge(m: Measured, upstream: tuple = ()) -> Recorder:
+    """upstream: causes of the noise and fitness checks (a failing synthetic curve follows from them)."""
+    rec = Recorder(NAME)
+    found: dict[str, object] = {}
+    for leaf in m.leaves:
+        if not leaf.ratio <= 1.0 and leaf.name not in found:    # diagnosed where the leaf first fails
+            found[leaf.name] = diagnose.gradient_cause(leaf.name, leaf.norm_ratio, leaf.cosine,
+                                                       leaf.half_sigma_ratio, m.sigma, m.sigma / 2)
+        rec.bound(f"{leaf.name}: max |port - ref| / bound", "both", leaf.size, leaf.ratio, 1.0,
+                  "float32 bound of the einsum/mean, both sides", cause=found.get(leaf.name))
+        rec.info(f"{leaf.name}: relative error", "both", leaf.size, leaf.relative)
+        rec.info(f"{leaf.name}: cosine", "both", leaf.size, leaf.cosine)
+        rec.info(f"{leaf.name}: norm ratio port/ref", "both", leaf.size, leaf.norm_ratio)
+    alpha = check_alpha(NAME) / (2 * len(m.pops))
+    for c in m.curves:
+        diff, half = two_sample_interval(np.array(c.port), np.array(c.reference), alpha)
+        half = max(half, 1e-6)         # identical draws (a JAX-compatible port) give a zero-width interval
+        size = f"{c.kind} N={c.n} {m.repeats} repeats"
+        rec.stat("mean cosine to the true gradient: port - ref", "both", size, diff, -half, half, alpha,
+                 f"Welch interval, alpha={alpha:.2g}",
+                 cause=upstream[0] if upstream else diagnose.other(
+                     "gradient estimate", f"the port's estimate is {'less' if diff < 0 else 'more'} aligned "
+                                          f"with the true gradient of a {c.kind} objective at N={c.n} "
+                                          f"(cosine {fmt(np.mean(c.port))} vs {fmt(np.mean(c.reference))})"))
+        rec.info("mean cosine to the true gradient", "port", size, float(np.mean(c.port)))
+        rec.info("mean cosine to the true gradient", "reference", size, float(np.mean(c.reference)))
+    return rec
+
+
+def section(m: Measured) -> str:
+    alpha = check_alpha(NAME) / (2 * len(m.pops))
+    table = "\n".join(f"| {c.kind} | {c.n} | {fmt(np.mean(c.port))} | {fmt(np.mean(c.reference))} |"
+                      for c in m.curves)
+    return "\n".join([
         "Shared noise and fitness: the reference's noise for each population size and one shaped fitness vector "
         "go to both sides. Allowed per leaf: |port - ref| <= the two sides' float32 bounds of the estimate "
         "(weights: gamma_(N r + 3) sum_n |f_n| |A_n| |B_n|^T / N; biases: gamma_(N+2) mean |f_n eps_n|); "
         "deterministic. A leaf that differs is diagnosed by its norm ratio and cosine (re-measured at sigma/2 to "
         "tell a 1/sigma factor from a constant).",
         "",
-        f"Synthetic objectives, each side with its own noise, {reps} repeats per size: linear <c, delta> (true "
+        f"Synthetic objectives, each side with its own noise, {m.repeats} repeats per size: linear <c, delta> (true "
         "gradient c) and quadratic -||theta + delta - theta*||^2 (true gradient -2(theta - theta*)). The mean "
         f"cosines of the sides must agree within a Welch interval at alpha={alpha:.2g} per size (Bonferroni share of "
         "the suite's budget).",
@@ -148,4 +200,9 @@ def run(ctx):
         "| --- | --- | --- | --- |",
         table,
     ])
-    return summarize(NAME, rec, section)
+
+
+def run(ctx):
+    m = measure(ctx)
+    upstream = tuple(c for check in ("noise", "fitness") for c in diagnose.follows(check, ctx.causes_of(check)))
+    return summarize(NAME, judge(m, upstream), section(m))

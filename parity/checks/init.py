@@ -8,10 +8,12 @@ torch's nn.Linear default (uniform in +-1/sqrt(in), non-zero biases) fails and i
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+from scipy import stats
 
 from parity import diagnose
-from scipy import stats
 
 from parity.tolerances import check_alpha, chi2_interval, ks_critical, ulp_distance
 from parity.verdict import Recorder, fmt, summarize
@@ -19,12 +21,31 @@ from parity.verdict import Recorder, fmt, summarize
 NAME = "init"
 
 
-def run(ctx):
-    rec = Recorder(NAME)
-    if not ctx.port.has("init_params"):
-        return summarize(NAME, rec, "Skipped: the port has no `init_params`.")
+class Measured(NamedTuple):
+    seeds: tuple[int, ...]
+    n_weights: int                   # weight leaves per init
+    n_biases: int
+    scaled: np.ndarray               # every weight times sqrt(in), pooled over seeds
+    bias_values: np.ndarray
+    bias_in_bound: bool              # every bias within +-1/sqrt(in) (torch's uniform default)
+    max_ulps: tuple[int, ...] | None  # per seed, against MLP.rand_init (a port claiming JAX's draws)
+
+    @property
+    def var_in(self) -> float:
+        return float(np.mean(self.scaled ** 2))
+
+    @property
+    def kurtosis(self) -> float:
+        return float(np.mean(self.scaled ** 4) / self.var_in ** 2) if self.var_in > 0 else float("nan")
+
+    @property
+    def bias_zero(self) -> bool:
+        return bool(np.all(self.bias_values == 0))
+
+
+def measure(ctx) -> Measured:
     shapes = ctx.shapes
-    seeds = [ctx.seed + k for k in range(ctx.sizes.init_seeds)]
+    seeds = tuple(ctx.seed + k for k in range(ctx.sizes.init_seeds))
     inits = [ctx.port.init_params(shapes, s) for s in seeds]
     weights = [n for n in shapes if n.endswith(".weight")]
     biases = [n for n in shapes if n.endswith(".bias")]
@@ -32,41 +53,55 @@ def run(ctx):
     bias_values = np.concatenate([p[b].astype(np.float64).ravel() for p in inits for b in biases])
     bias_bounds = np.concatenate([np.full(shapes[b][0], 1 / np.sqrt(shapes[b.replace(".bias", ".weight")][1]))
                                   for _ in inits for b in biases])
-    var_in = float(np.mean(scaled ** 2))
-    kurt = float(np.mean(scaled ** 4) / var_in ** 2) if var_in > 0 else float("nan")
-    bias_zero = bool(np.all(bias_values == 0))
-    found = diagnose.init_cause(var_in, kurt, bias_zero, bool(np.all(np.abs(bias_values) <= bias_bounds)))
-    size = f"{len(seeds)} seeds, {scaled.size} weights"
+    ulps = None
+    if ctx.port.jax_compatible_rng:
+        ulps = tuple(max(int(ulp_distance(port[k], ctx.reference.init_params(shapes, s)[k]).max()) for k in shapes)
+                     for s, port in zip(seeds, inits))
+    return Measured(seeds, len(weights), len(biases), scaled, bias_values,
+                    bool(np.all(np.abs(bias_values) <= bias_bounds)), ulps)
 
-    rec.equal("non-zero bias entries", "port", f"{len(seeds)} seeds, {bias_values.size} biases",
-              int(np.sum(bias_values != 0)), 0, "the reference's biases are zeros", cause=found)
+
+def judge(m: Measured) -> Recorder:
+    rec = Recorder(NAME)
+    found = diagnose.init_cause(m.var_in, m.kurtosis, m.bias_zero, m.bias_in_bound)
+    size = f"{len(m.seeds)} seeds, {m.scaled.size} weights"
+    rec.equal("non-zero bias entries", "port", f"{len(m.seeds)} seeds, {m.bias_values.size} biases",
+              int(np.sum(m.bias_values != 0)), 0, "the reference's biases are zeros", cause=found)
     alpha = check_alpha(NAME) / 2
-    lo, hi = chi2_interval(scaled.size, alpha)
-    rec.stat("w * sqrt(in): mean square", "port", size, var_in, lo, hi, alpha,
-             f"chi-square({scaled.size})/{scaled.size}, alpha={alpha:.2g}", cause=found)
+    lo, hi = chi2_interval(m.scaled.size, alpha)
+    rec.stat("w * sqrt(in): mean square", "port", size, m.var_in, lo, hi, alpha,
+             f"chi-square({m.scaled.size})/{m.scaled.size}, alpha={alpha:.2g}", cause=found)
     rec.alpha += alpha
     rec.bound("w * sqrt(in): Kolmogorov-Smirnov distance to N(0,1)", "port", size,
-              float(stats.kstest(scaled, "norm").statistic), ks_critical(scaled.size, alpha),
+              float(stats.kstest(m.scaled, "norm").statistic), ks_critical(m.scaled.size, alpha),
               f"exact KS critical value, alpha={alpha:.2g}", cause=found)
-    rec.info("w * sqrt(in): kurtosis", "port", size, kurt, "normal 3, uniform 1.8")
+    rec.info("w * sqrt(in): kurtosis", "port", size, m.kurtosis, "normal 3, uniform 1.8")
+    for s, ulps in zip(m.seeds, m.max_ulps or ()):
+        rec.equal("max ULP vs MLP.rand_init", "port", f"seed {s}", ulps, 0, "bit for bit (JAX-compatible draws)",
+                  cause=found if (not m.bias_zero or abs(m.var_in - 1) > 0.2) else diagnose.cause(
+                      "rng", f"the port claims JAX-compatible draws but its init differs from MLP.rand_init "
+                             f"by up to {ulps} ULP at seed {s}"))
+    return rec
 
-    if ctx.port.jax_compatible_rng:
-        for s, port in zip(seeds, inits):
-            ref = ctx.reference.init_params(shapes, s)
-            ulps = max(int(ulp_distance(port[k], ref[k]).max()) for k in shapes)
-            rec.equal("max ULP vs MLP.rand_init", "port", f"seed {s}", ulps, 0, "bit for bit (JAX-compatible draws)",
-                      cause=found if (not bias_zero or abs(var_in - 1) > 0.2) else diagnose.cause(
-                          "rng", f"the port claims JAX-compatible draws but its init differs from MLP.rand_init "
-                                 f"by up to {ulps} ULP at seed {s}"))
-    section = "\n".join([
-        f"The port's init_params for seeds {seeds} ({len(weights)} weights, {len(biases)} biases each).",
+
+def section(m: Measured) -> str:
+    alpha = check_alpha(NAME) / 2
+    return "\n".join([
+        f"The port's init_params for seeds {list(m.seeds)} ({m.n_weights} weights, {m.n_biases} biases each).",
         "",
-        f"Biases must be exactly zero. Weights scaled by sqrt(in), pooled ({scaled.size} values), are iid standard "
-        f"normal under the reference: their mean square against chi-square(n)/n and their Kolmogorov-Smirnov distance "
-        f"to N(0,1) against its exact critical value, at alpha={alpha:.2g} each (the init check's share of the suite's "
-        "false-alarm budget); the kurtosis is reported (normal 3, uniform 1.8) to name the init. "
+        f"Biases must be exactly zero. Weights scaled by sqrt(in), pooled ({m.scaled.size} values), are iid standard "
+        f"normal under the reference: their mean square against chi-square(n)/n and their Kolmogorov-Smirnov "
+        f"distance to N(0,1) against its exact critical value, at alpha={alpha:.2g} each (the init check's share of "
+        "the suite's false-alarm budget); the kurtosis is reported (normal 3, uniform 1.8) to name the init. "
         + ("The port claims JAX-compatible draws, so its parameters must also equal MLP.rand_init bit for bit. "
-           if ctx.port.jax_compatible_rng else "The port uses its own generator: compared in distribution only. ")
-        + f"Observed: var*in {fmt(var_in)}, kurtosis {fmt(kurt)}, biases {'zero' if bias_zero else 'non-zero'}.",
+           if m.max_ulps is not None else "The port uses its own generator: compared in distribution only. ")
+        + f"Observed: var*in {fmt(m.var_in)}, kurtosis {fmt(m.kurtosis)}, biases "
+          f"{'zero' if m.bias_zero else 'non-zero'}.",
     ])
-    return summarize(NAME, rec, section)
+
+
+def run(ctx):
+    if not ctx.port.has("init_params"):
+        return summarize(NAME, Recorder(NAME), "Skipped: the port has no `init_params`.")
+    m = measure(ctx)
+    return summarize(NAME, judge(m), section(m))

@@ -57,39 +57,43 @@ class Test(NamedTuple):
     expected: float = 0.0
 
 
-def _moment_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
-    """Every distribution and independence test of the port's noise, over independent members `reps`.
+SHAPE = diagnose.other("noise distribution", "the draws are not normal")
+CENTRE = diagnose.other("noise distribution", "the draws do not have mean zero")
 
-    Under the reference's behaviour the entries of A / (sigma/sqrt r), of B and of eps / sigma are iid
-    standard normal across independent members, so their scale (chi-square), mean (normal) and
-    shape (Kolmogorov-Smirnov) have exact null distributions. Independence statistics (products of
-    neighbouring entries, of different pairs, of different leaves) are symmetric per-member means,
-    judged by t-intervals.
-    """
-    tests: list[Test] = []
-    weights = _weights(shapes)
-    a_scale, n_reps = sigma / np.sqrt(r), reps.size
-    shape_cause = diagnose.other("noise distribution", "the draws are not normal")
-    for w in weights:
-        a = noise[w][0][reps].astype(np.float64).ravel() / a_scale
+
+def _scale_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
+    """Per weight: the mean square of A / (sigma/sqrt r) and of B (chi-square: both are iid N(0,1) entries)."""
+    tests = []
+    for w in _weights(shapes):
+        a = noise[w][0][reps].astype(np.float64).ravel() / (sigma / np.sqrt(r))
         b = noise[w][1][reps].astype(np.float64).ravel()
-        size = f"{n_reps} members, {w} {noise[w][0].shape[1]}x{noise[w][1].shape[1]} r={r}"
+        size = f"{reps.size} members, {w} {noise[w][0].shape[1]}x{noise[w][1].shape[1]} r={r}"
         tests.append(Test(f"{w} A / (sigma/sqrt r): mean square", size, "chi2", a, diagnose.other(
             "noise scaling (sigma/sqrt(r) on A)",
             f"A of {w} has variance {fmt(float(np.mean(a ** 2)))} x sigma^2/r (sigma={fmt(sigma)}, r={r})")))
         tests.append(Test(f"{w} B: mean square", size, "chi2", b, diagnose.other(
             "noise scaling", f"B of {w} has variance {fmt(float(np.mean(b ** 2)))}; the reference's B is standard normal")))
-    a_all = np.concatenate([noise[w][0][reps].astype(np.float64).ravel() for w in weights]) / a_scale
+    return tests
+
+
+def _pooled_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
+    """All weights pooled: the mean (normal) and the Kolmogorov-Smirnov distance to N(0,1) of A and B."""
+    weights = _weights(shapes)
+    a_all = np.concatenate([noise[w][0][reps].astype(np.float64).ravel() for w in weights]) / (sigma / np.sqrt(r))
     b_all = np.concatenate([noise[w][1][reps].astype(np.float64).ravel() for w in weights])
-    size = f"{n_reps} members, all weights"
-    centre = diagnose.other("noise distribution", "the draws do not have mean zero")
-    tests += [Test("A / (sigma/sqrt r): mean", size, "mean", a_all, centre),
-              Test("B: mean", size, "mean", b_all, centre),
-              Test("A / (sigma/sqrt r): Kolmogorov-Smirnov distance to N(0,1)", size, "ks", a_all, shape_cause),
-              Test("B: Kolmogorov-Smirnov distance to N(0,1)", size, "ks", b_all, shape_cause)]
-    p_all = []
+    size = f"{reps.size} members, all weights"
+    return [Test("A / (sigma/sqrt r): mean", size, "mean", a_all, CENTRE),
+            Test("B: mean", size, "mean", b_all, CENTRE),
+            Test("A / (sigma/sqrt r): Kolmogorov-Smirnov distance to N(0,1)", size, "ks", a_all, SHAPE),
+            Test("B: Kolmogorov-Smirnov distance to N(0,1)", size, "ks", b_all, SHAPE)]
+
+
+def _independence_tests(noise: dict, reps: np.ndarray, shapes, sigma: float) -> list[Test]:
+    """Symmetric per-member statistics that are 0 in expectation: products of adjacent rows and columns of each
+    A B^T, of different pairs' perturbations, of different leaves' draws (t-intervals)."""
+    weights = _weights(shapes)
+    tests, p_all = [], []
     few = reps[:P_MEMBERS]                     # A B^T is formed (out x in per member): cap the memory
-    size = f"{few.size} members, all weights"
     for w in weights:
         p = _perturbation(noise[w][0][few], noise[w][1][few]) / sigma               # (n, out, in)
         p_all.append(p.reshape(few.size, -1))
@@ -102,7 +106,7 @@ def _moment_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -
             tests.append(Test(f"{w} A B^T / sigma^2: mean product of adjacent columns", leaf_size, "t",
                               (p[:, :, 1:] * p[:, :, :-1]).mean((1, 2)), dep))
     p_all = np.concatenate(p_all, 1)
-    tests.append(Test("A B^T / sigma: mean", size, "t", p_all.mean(1), centre))
+    tests.append(Test("A B^T / sigma: mean", f"{few.size} members, all weights", "t", p_all.mean(1), CENTRE))
     half = (few.size // 2) * 2
     tests.append(Test("A B^T: mean product of different pairs", f"{half // 2} disjoint pairs of members", "t",
                       (p_all[0:half:2] * p_all[1:half:2]).mean(1),
@@ -110,23 +114,41 @@ def _moment_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -
     if len(weights) > 1:
         cross = []
         for w1, w2 in zip(weights[:-1], weights[1:]):
-            x1, x2 = noise[w1][1][reps].reshape(n_reps, -1), noise[w2][1][reps].reshape(n_reps, -1)
+            x1, x2 = noise[w1][1][reps].reshape(reps.size, -1), noise[w2][1][reps].reshape(reps.size, -1)
             k = min(x1.shape[1], x2.shape[1])
             cross.append(x1[:, :k] * x2[:, :k])
-        tests.append(Test("B: mean product across leaves", f"{n_reps} members, all weights", "t", np.concatenate(cross, 1).mean(1),
+        tests.append(Test("B: mean product across leaves", f"{reps.size} members, all weights", "t",
+                          np.concatenate(cross, 1).mean(1),
                           diagnose.cause("rng", "the noise of different parameter leaves is correlated (key scheme)")))
+    return tests
+
+
+def _bias_tests(noise: dict, reps: np.ndarray, shapes, sigma: float) -> list[Test]:
+    """Per bias the mean square of eps (chi-square), pooled its mean and Kolmogorov-Smirnov distance."""
+    tests = []
     biases = [bn for bn in _biases(shapes) if bn in noise]
     for bn in biases:
         e = noise[bn][reps].astype(np.float64).ravel() / sigma
-        tests.append(Test(f"{bn} noise / sigma: mean square", f"{n_reps} members, {bn}", "chi2", e, diagnose.cause(
+        tests.append(Test(f"{bn} noise / sigma: mean square", f"{reps.size} members, {bn}", "chi2", e, diagnose.cause(
             "bias_noise", f"bias noise of {bn} has variance {fmt(float(np.mean(e ** 2)))} x sigma^2; the reference's is "
                           "sigma * eps, eps standard normal")))
     if biases:
         e = np.concatenate([noise[bn][reps].astype(np.float64).ravel() for bn in biases]) / sigma
-        bsize = f"{n_reps} members, all biases"
-        tests += [Test("bias noise / sigma: mean", bsize, "mean", e, centre),
-                  Test("bias noise / sigma: Kolmogorov-Smirnov distance to N(0,1)", bsize, "ks", e, shape_cause)]
+        size = f"{reps.size} members, all biases"
+        tests += [Test("bias noise / sigma: mean", size, "mean", e, CENTRE),
+                  Test("bias noise / sigma: Kolmogorov-Smirnov distance to N(0,1)", size, "ks", e, SHAPE)]
     return tests
+
+
+def _moment_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
+    """Every distribution and independence test of the port's noise, over independent members `reps`.
+
+    Under the reference's behaviour the entries of A / (sigma/sqrt r), of B and of eps / sigma are iid
+    standard normal across independent members, so their scale (chi-square), mean (normal) and
+    shape (Kolmogorov-Smirnov) have exact null distributions.
+    """
+    return (_scale_tests(noise, reps, shapes, sigma, r) + _pooled_tests(noise, reps, shapes, sigma, r)
+            + _independence_tests(noise, reps, shapes, sigma) + _bias_tests(noise, reps, shapes, sigma))
 
 
 def _judge(rec: Recorder, test: Test, alpha: float) -> None:
@@ -240,167 +262,271 @@ def _reuse_across_epochs(draws: dict[int, dict], epochs, groups: list[int], name
     return count, first
 
 
-# ----------------------------------------------------------------------------- the check
-def run(ctx):
-    rec = Recorder(NAME)
-    cfg, shapes, seed = ctx.cfg, ctx.shapes, ctx.seed
-    sigma, r, pop = cfg.sigma, cfg.rank, ctx.sizes.noise_pop
-    members = np.arange(pop)
-    ctx.log(f"[{NAME}] drawing {pop} members on both sides")
-    port = ctx.port.noise(shapes, seed, 0, members, pop, sigma, r)
-    ref = ctx.ref.noise(shapes, seed, 0, members, pop, sigma, r)
-    weights, biases = _weights(shapes), _biases(shapes)
-    size = f"pop={pop} r={r} sigma={fmt(sigma)}"
-    notes: list[str] = []
+# ----------------------------------------------------------------------------- measure
+class Structure(NamedTuple):
+    """Exact facts about the port's noise at epoch 0: bias leaves, who mirrors whom, shared draws."""
 
-    # Bias noise presence.
-    ref_biases = [bn for bn in biases if bn in ref]
-    port_biases = [bn for bn in ref_biases if bn in port]
-    rec.equal("bias leaves with noise", "port", size, len(port_biases), len(ref_biases),
-              "the reference perturbs every bias",
-              cause=diagnose.cause("bias_noise", "the port does not perturb the biases (no bias noise, as "
-                                                 "bias_noise=off); the reference adds +-sigma*eps to every bias"))
+    ref_biases: tuple[str, ...]        # biases the reference perturbs
+    port_biases: tuple[str, ...]       # ... that the port perturbs too
+    port_mirror: np.ndarray            # (pop,) the member whose A B^T is this member's exact negation, or -1
+    ref_mirror: np.ndarray
+    unnegated: tuple[int, str]         # (mirror pairs not negated in some leaf, the first seen)
+    reps: np.ndarray                   # one member per mirrored pair: the independent members
+    duplicates: tuple[int, str]        # (unmirrored members drawing the same B, the first seen)
+    shared_prefix: tuple[int, str]     # (members whose leaves share their first draws, the first seen)
 
-    # Antithetic pairing: who mirrors whom, exactly.
-    w0 = weights[0]
-    fp_port = _perturbation(*port[w0]).reshape(pop, -1)
-    fp_ref = _perturbation(*ref[w0]).reshape(pop, -1)
-    port_mirror, ref_mirror = diagnose.mirror_map(fp_port), diagnose.mirror_map(fp_ref)
-    pairing = diagnose.pairing_cause(port_mirror, ref_mirror)
-    rec.equal("members whose mirror differs from the reference's", "port", size,
-              int(np.sum(port_mirror != ref_mirror)), 0, "exact negation of A B^T", cause=pairing)
-    notes.append(f"Pairing layout: port {diagnose.layout_name(port_mirror)}, reference {diagnose.layout_name(ref_mirror)}.")
-    bad, first = _mirror_consistency(port, port_mirror, shapes)
-    rec.equal("mirror pairs not negated in every leaf", "port", size, bad, 0, "exact",
-              cause=diagnose.cause("antithetic", first or "mirrored members differ"))
 
-    # Draws shared where they must not be (exact).
+class Schedule(NamedTuple):
+    """Which probed epochs share noise, per side and kind; draws that come back in another epoch."""
+
+    probes: tuple[int, ...]
+    members: int
+    groups: dict                       # (side, "weight" | "bias") -> partition ids, None where a leaf is missing
+    reuse: dict                        # kind -> (draws back in an epoch with other noise, the first seen)
+
+
+class Generator(NamedTuple):
+    """The generator itself: bit-identity per leaf (a port claiming JAX's draws) or in distribution."""
+
+    leaf_ulps: tuple[tuple[str, float, float], ...]   # (leaf, max ULP vs jax.random, identical fraction)
+    action_differ: tuple[tuple[int, int], ...]        # (epoch, action uniforms differing from jax.random)
+    b_identical: tuple[str, float] | None             # own generator: (first weight, B bit-identical fraction)
+    uniform_ks: float | None                          # own generator: KS distance of its action uniforms
+    uniform_draws: int
+    action_pop: int                                   # the population the action uniforms are drawn for
+
+
+class Measured(NamedTuple):
+    seed: int
+    pop: int
+    rank: int
+    sigma: float
+    weights: tuple[str, ...]
+    structure: Structure
+    tests: tuple[Test, ...]
+    shape_stats: tuple[tuple[str, float, float, float], ...]   # (weight, var, kurtosis of A B^T/sigma, std(A) ratio)
+    schedule: Schedule
+    jax_compatible: bool
+    uses_uniform_test: bool
+    generator: Generator
+
+
+def _structure(port: dict, ref: dict, shapes, pop: int) -> Structure:
+    ref_biases = tuple(bn for bn in _biases(shapes) if bn in ref)
+    w0 = _weights(shapes)[0]
+    port_mirror = diagnose.mirror_map(_perturbation(*port[w0]).reshape(pop, -1))
+    ref_mirror = diagnose.mirror_map(_perturbation(*ref[w0]).reshape(pop, -1))
     reps = np.array([i for i in range(pop) if port_mirror[i] < 0 or i < port_mirror[i]])
-    count, first = _duplicates(port, reps, shapes)
-    rec.equal("unmirrored members with identical draws", "port", f"{reps.size} members", count, 0, "exact",
-              cause=diagnose.cause("rng", f"key scheme: {first}"))
-    count, first = _shared_prefix(port, reps, shapes)
-    rec.equal("members whose leaves share draws", "port", f"{reps.size} members", count, 0, "exact",
-              cause=diagnose.cause("rng", f"key scheme: {first}"))
+    return Structure(ref_biases, tuple(bn for bn in ref_biases if bn in port), port_mirror, ref_mirror,
+                     _mirror_consistency(port, port_mirror, shapes), reps, _duplicates(port, reps, shapes),
+                     _shared_prefix(port, reps, shapes))
 
-    # Moments and independence against exact expected values (statistical).
-    tests = _moment_tests(port, reps, shapes, sigma, r)
-    use_uniform_test = ctx.port.has("action_uniforms") and not ctx.port.jax_compatible_rng
-    alpha = check_alpha(NAME) / (len(tests) + int(use_uniform_test))
-    for test in tests:
-        _judge(rec, test, alpha)
+
+def _shape_stats(port: dict, reps: np.ndarray, weights, sigma: float, r: int):
+    """Per weight: variance and kurtosis of A B^T / sigma (1 and 3 + 6/r for EGGROLL), std(A) / (sigma/sqrt r)."""
+    out = []
     for w in weights:
         p = _perturbation(port[w][0][reps[:P_MEMBERS]], port[w][1][reps[:P_MEMBERS]]) / sigma
-        rec.info(f"{w} A B^T / sigma: variance", "port", size, float(np.mean(p ** 2)), "expected 1")
-        rec.info(f"{w} A B^T / sigma: kurtosis", "port", size, float(np.mean(p ** 4) / np.mean(p ** 2) ** 2),
-                 f"expected 3 + 6/r = {fmt(3 + 6 / r)}")
-    for w in weights:
-        rec.info(f"{w}: std(A) / (sigma/sqrt r)", "port", size,
-                 float(np.sqrt((port[w][0][reps].astype(np.float64) ** 2).mean()) * np.sqrt(r) / sigma))
+        std_a = float(np.sqrt((port[w][0][reps].astype(np.float64) ** 2).mean()) * np.sqrt(r) / sigma)
+        out.append((w, float(np.mean(p ** 2)), float(np.mean(p ** 4) / np.mean(p ** 2) ** 2), std_a))
+    return tuple(out)
 
-    # The noise_reuse schedule: which probed epochs share noise (exact), weights and biases apart.
+
+def _schedule(ctx, port_biases) -> Schedule:
+    """Draw a few members at every probed epoch on both sides; partition the epochs by equal noise."""
+    shapes, cfg = ctx.shapes, ctx.cfg
     probes = tuple(ctx.sizes.probe_epochs)
     ctx.log(f"[{NAME}] probing {len(probes)} epochs for the noise_reuse schedule")
     probe = np.arange(ctx.sizes.probe_pop)
-    draws_port = {e: ctx.port.noise(shapes, seed, e, probe, probe.size, sigma, r) for e in probes}
-    draws_ref = {e: ctx.ref.noise(shapes, seed, e, probe, probe.size, sigma, r) for e in probes}
+    draws = {side: {e: port.noise(shapes, ctx.seed, e, probe, probe.size, cfg.sigma, cfg.rank) for e in probes}
+             for side, port in (("port", ctx.port), ("reference", ctx.ref))}
     groups = {}
-    for side, draws in (("port", draws_port), ("reference", draws_ref)):
-        for kind, names in (("weight", weights), ("bias", biases)):
-            fps = [_fingerprints(draws[e], names) for e in probes]
+    for side in draws:
+        for kind, names in (("weight", _weights(shapes)), ("bias", _biases(shapes))):
+            fps = [_fingerprints(draws[side][e], names) for e in probes]
             groups[side, kind] = None if any(fp is None for fp in fps) else diagnose.partition(fps)
-    schedule_causes = diagnose.schedule_cause(probes, groups["port", "weight"], groups["reference", "weight"],
-                                              groups["port", "bias"], groups["reference", "bias"])
-    probe_size = f"{len(probes)} epochs 0..{probes[-1]}, {probe.size} members"
+    reuse = {kind: _reuse_across_epochs(draws["port"], probes, groups["port", kind], list(names))
+             for kind, names in (("weight", _weights(shapes)), ("bias", port_biases))
+             if names and groups["port", kind] is not None}
+    return Schedule(probes, probe.size, groups, reuse)
 
-    def disagreements(a, b) -> int:
-        """Pairs of probed epochs that share noise on one side and not on the other."""
-        same_a, same_b = np.equal.outer(a, a), np.equal.outer(b, b)
-        return int(np.triu(same_a != same_b, 1).sum())
 
-    rec.equal("pairs of probed epochs sharing weight noise differently", "port", probe_size,
-              disagreements(groups["port", "weight"], groups["reference", "weight"]), 0, "exact",
-              cause=next((c for c in schedule_causes if c.knob == "noise_reuse"), None))
-    if groups["port", "bias"] is not None and groups["reference", "bias"] is not None:
-        rec.equal("pairs of probed epochs sharing bias noise differently", "port", probe_size,
-                  disagreements(groups["port", "bias"], groups["reference", "bias"]), 0, "exact",
-                  cause=next((c for c in schedule_causes if c.knob == "bias_noise"),
-                             schedule_causes[0] if schedule_causes else None))
-    notes.append("Schedule: port weights: " + diagnose.describe_schedule(probes, groups["port", "weight"])
-                 + "; reference weights: " + diagnose.describe_schedule(probes, groups["reference", "weight"])
-                 + (("; port biases: " + diagnose.describe_schedule(probes, groups["port", "bias"]))
-                    if groups["port", "bias"] else "") + ".")
-    for kind, names, knob in (("weight", weights, "noise_reuse"), ("bias", port_biases, "bias_noise")):
-        if not names or groups["port", kind] is None:
-            continue
-        count, first = _reuse_across_epochs(draws_port, probes, groups["port", kind], names)
-        rec.equal(f"{kind} draws reused across epochs with different noise", "port", probe_size, count, 0, "exact",
-                  cause=diagnose.cause(knob, f"draws come back in another epoch: {first}"))
-
-    # The generator itself.
+def _generator(ctx, port: dict, ref: dict, names, uniform_test: bool) -> Generator:
+    """Bit-identity with jax.random for a port that claims it; else B's identical share and the uniforms' KS."""
+    cfg, seed = ctx.cfg, ctx.seed
     if ctx.port.jax_compatible_rng:
-        aligned = pairing is None
-        for name in weights + port_biases:
-            if name.endswith(".weight"):
-                p_arr = np.concatenate([port[name][0].ravel(), port[name][1].ravel()])
-                r_arr = np.concatenate([ref[name][0].ravel(), ref[name][1].ravel()])
-            else:
-                p_arr, r_arr = port[name].ravel(), ref[name].ravel()
-            ulps = ulp_distance(p_arr, r_arr)
-            identical = float(np.mean(ulps == 0))
-            gen_cause = diagnose.cause("rng", f"the port claims JAX-compatible draws, but {100 * (1 - identical):.3g}% "
-                                              f"of '{name}' differ from jax.random (max {int(ulps.max())} ULP)")
-            if aligned:
-                rec.bound(f"{name}: max ULP vs jax.random", "port", size, float(ulps.max()), ULP_TOLERANCE,
-                          "bit-identical draws on the same backend", cause=gen_cause)
-            else:
-                rec.info(f"{name}: max ULP vs jax.random", "port", size, float(ulps.max()),
-                         "not judged: the pairing differs, so members do not line up")
-            rec.info(f"{name}: bit-identical fraction", "port", size, identical)
+        leaf_ulps = []
+        for name in names:
+            parts = port[name] if name.endswith(".weight") else (port[name],)
+            refs = ref[name] if name.endswith(".weight") else (ref[name],)
+            ulps = ulp_distance(np.concatenate([p.ravel() for p in parts]), np.concatenate([q.ravel() for q in refs]))
+            leaf_ulps.append((name, float(ulps.max()), float(np.mean(ulps == 0))))
+        differ = []
         if ctx.port.has("action_uniforms"):
             for e in (0, 3):
                 pu = ctx.port.action_uniforms(seed, e, cfg.pop, MAX_STEPS)[:MAX_STEPS]
                 ru = ctx.ref.action_uniforms(seed, e, cfg.pop, MAX_STEPS)[:MAX_STEPS]
-                differ = int(np.sum(ulp_distance(pu, ru) > 0))
-                rec.equal(f"action uniforms differing from jax.random, epoch {e}", "port", f"({MAX_STEPS}, {cfg.pop})",
-                          differ, 0, "bit-identical",
-                          cause=diagnose.cause("rng", f"the port claims JAX-compatible draws, but {differ} action "
-                                                      f"uniforms of epoch {e} differ from uniform(fold_in(action_key, e))"))
+                differ.append((e, int(np.sum(ulp_distance(pu, ru) > 0))))
+        return Generator(tuple(leaf_ulps), tuple(differ), None, None, 0, cfg.pop)
+    w0 = _weights(ctx.shapes)[0]
+    ks, n = None, 0
+    if uniform_test:
+        u = ctx.port.action_uniforms(seed, 0, cfg.pop, MAX_STEPS)[:MAX_STEPS].ravel().astype(np.float64)
+        ks, n = float(stats.kstest(u, "uniform").statistic), u.size
+    return Generator((), (), (w0, float(np.mean(port[w0][1] == ref[w0][1]))), ks, n, cfg.pop)
+
+
+def measure(ctx) -> Measured:
+    cfg, shapes = ctx.cfg, ctx.shapes
+    sigma, r, pop = cfg.sigma, cfg.rank, ctx.sizes.noise_pop
+    ctx.log(f"[{NAME}] drawing {pop} members on both sides")
+    port = ctx.port.noise(shapes, ctx.seed, 0, np.arange(pop), pop, sigma, r)
+    ref = ctx.ref.noise(shapes, ctx.seed, 0, np.arange(pop), pop, sigma, r)
+    structure = _structure(port, ref, shapes, pop)
+    weights = tuple(_weights(shapes))
+    uniform_test = ctx.port.has("action_uniforms") and not ctx.port.jax_compatible_rng
+    return Measured(ctx.seed, pop, r, sigma, weights, structure, tuple(_moment_tests(port, structure.reps, shapes, sigma, r)),
+                    _shape_stats(port, structure.reps, weights, sigma, r), _schedule(ctx, structure.port_biases),
+                    ctx.port.jax_compatible_rng, uniform_test,
+                    _generator(ctx, port, ref, list(weights) + list(structure.port_biases), uniform_test))
+
+
+# ----------------------------------------------------------------------------- judge
+def _judge_structure(rec: Recorder, m: Measured, size: str) -> None:
+    st = m.structure
+    rec.equal("bias leaves with noise", "port", size, len(st.port_biases), len(st.ref_biases),
+              "the reference perturbs every bias",
+              cause=diagnose.cause("bias_noise", "the port does not perturb the biases (no bias noise, as "
+                                                 "bias_noise=off); the reference adds +-sigma*eps to every bias"))
+    rec.equal("members whose mirror differs from the reference's", "port", size,
+              int(np.sum(st.port_mirror != st.ref_mirror)), 0, "exact negation of A B^T",
+              cause=diagnose.pairing_cause(st.port_mirror, st.ref_mirror))
+    bad, first = st.unnegated
+    rec.equal("mirror pairs not negated in every leaf", "port", size, bad, 0, "exact",
+              cause=diagnose.cause("antithetic", first or "mirrored members differ"))
+    for quantity, (count, first) in (("unmirrored members with identical draws", st.duplicates),
+                                     ("members whose leaves share draws", st.shared_prefix)):
+        rec.equal(quantity, "port", f"{st.reps.size} members", count, 0, "exact",
+                  cause=diagnose.cause("rng", f"key scheme: {first}"))
+
+
+def _disagreements(a, b) -> int:
+    """Pairs of probed epochs that share noise on one side and not on the other."""
+    same_a, same_b = np.equal.outer(a, a), np.equal.outer(b, b)
+    return int(np.triu(same_a != same_b, 1).sum())
+
+
+def _judge_schedule(rec: Recorder, sch: Schedule) -> None:
+    g = sch.groups
+    causes = diagnose.schedule_cause(sch.probes, g["port", "weight"], g["reference", "weight"], g["port", "bias"],
+                                     g["reference", "bias"])
+    size = f"{len(sch.probes)} epochs 0..{sch.probes[-1]}, {sch.members} members"
+    rec.equal("pairs of probed epochs sharing weight noise differently", "port", size,
+              _disagreements(g["port", "weight"], g["reference", "weight"]), 0, "exact",
+              cause=next((c for c in causes if c.knob == "noise_reuse"), None))
+    if g["port", "bias"] is not None and g["reference", "bias"] is not None:
+        rec.equal("pairs of probed epochs sharing bias noise differently", "port", size,
+                  _disagreements(g["port", "bias"], g["reference", "bias"]), 0, "exact",
+                  cause=next((c for c in causes if c.knob == "bias_noise"), causes[0] if causes else None))
+    for kind, knob in (("weight", "noise_reuse"), ("bias", "bias_noise")):
+        if kind in sch.reuse:
+            count, first = sch.reuse[kind]
+            rec.equal(f"{kind} draws reused across epochs with different noise", "port", size, count, 0, "exact",
+                      cause=diagnose.cause(knob, f"draws come back in another epoch: {first}"))
+
+
+def _judge_generator(rec: Recorder, m: Measured, size: str, alpha: float) -> None:
+    gen = m.generator
+    aligned = diagnose.pairing_cause(m.structure.port_mirror, m.structure.ref_mirror) is None
+    for name, max_ulp, identical in gen.leaf_ulps:
+        if aligned:
+            rec.bound(f"{name}: max ULP vs jax.random", "port", size, max_ulp, ULP_TOLERANCE,
+                      "bit-identical draws on the same backend",
+                      cause=diagnose.cause("rng", f"the port claims JAX-compatible draws, but "
+                                                  f"{100 * (1 - identical):.3g}% of '{name}' differ from jax.random "
+                                                  f"(max {int(max_ulp)} ULP)"))
+        else:
+            rec.info(f"{name}: max ULP vs jax.random", "port", size, max_ulp,
+                     "not judged: the pairing differs, so members do not line up")
+        rec.info(f"{name}: bit-identical fraction", "port", size, identical)
+    for e, differ in gen.action_differ:
+        rec.equal(f"action uniforms differing from jax.random, epoch {e}", "port", f"({MAX_STEPS}, {gen.action_pop})",
+                  differ, 0, "bit-identical",
+                  cause=diagnose.cause("rng", f"the port claims JAX-compatible draws, but {differ} action "
+                                              f"uniforms of epoch {e} differ from uniform(fold_in(action_key, e))"))
+    if gen.b_identical is not None:
+        rec.info(f"{gen.b_identical[0]}: B bit-identical fraction", "port", size, gen.b_identical[1],
+                 "not judged: own generator, compared in distribution")
+    if gen.uniform_ks is not None:
+        rec.alpha += alpha
+        rec.bound("action uniforms: Kolmogorov-Smirnov distance to U[0,1)", "port", f"{gen.uniform_draws} draws",
+                  gen.uniform_ks, ks_critical(gen.uniform_draws, alpha), f"exact KS critical value, alpha={alpha:.2g}",
+                  cause=diagnose.other("action sampling", "the port's action uniforms are not uniform on [0, 1)"))
+
+
+def _alpha(m: Measured) -> float:
+    """Each statistical test's level: the noise check's share of the suite's budget, split evenly (Bonferroni)."""
+    return check_alpha(NAME) / (len(m.tests) + int(m.uses_uniform_test))
+
+
+def judge(m: Measured) -> Recorder:
+    rec = Recorder(NAME)
+    size = f"pop={m.pop} r={m.rank} sigma={fmt(m.sigma)}"
+    _judge_structure(rec, m, size)
+    for test in m.tests:
+        _judge(rec, test, _alpha(m))
+    for w, var, kurt, _ in m.shape_stats:
+        rec.info(f"{w} A B^T / sigma: variance", "port", size, var, "expected 1")
+        rec.info(f"{w} A B^T / sigma: kurtosis", "port", size, kurt, f"expected 3 + 6/r = {fmt(3 + 6 / m.rank)}")
+    for w, _, _, std_a in m.shape_stats:
+        rec.info(f"{w}: std(A) / (sigma/sqrt r)", "port", size, std_a)
+    _judge_schedule(rec, m.schedule)
+    _judge_generator(rec, m, size, _alpha(m))
+    return rec
+
+
+# ----------------------------------------------------------------------------- section
+def _notes(m: Measured) -> list[str]:
+    st, g = m.structure, m.schedule.groups
+    notes = [f"Pairing layout: port {diagnose.layout_name(st.port_mirror)}, reference "
+             f"{diagnose.layout_name(st.ref_mirror)}.",
+             "Schedule: port weights: " + diagnose.describe_schedule(m.schedule.probes, g["port", "weight"])
+             + "; reference weights: " + diagnose.describe_schedule(m.schedule.probes, g["reference", "weight"])
+             + (("; port biases: " + diagnose.describe_schedule(m.schedule.probes, g["port", "bias"]))
+                if g["port", "bias"] else "") + "."]
+    if m.jax_compatible:
         notes.append("Generator: the port claims JAX-compatible draws, so its noise is compared with jax.random "
                      "element by element (after the pairing check; a pairing drift makes members not line up).")
     else:
-        for name in weights[:1]:
-            identical = float(np.mean(port[name][1] == ref[name][1]))
-            rec.info(f"{name}: B bit-identical fraction", "port", size, identical,
-                     "not judged: own generator, compared in distribution")
-        if use_uniform_test:
-            u = ctx.port.action_uniforms(seed, 0, cfg.pop, MAX_STEPS)[:MAX_STEPS].ravel().astype(np.float64)
-            rec.alpha += alpha
-            rec.bound("action uniforms: Kolmogorov-Smirnov distance to U[0,1)", "port", f"{u.size} draws",
-                      float(stats.kstest(u, "uniform").statistic), ks_critical(u.size, alpha),
-                      f"exact KS critical value, alpha={alpha:.2g}",
-                      cause=diagnose.other("action sampling", "the port's action uniforms are not uniform on [0, 1)"))
         notes.append("Generator: the port uses its own generator (e.g. rng=torch), which is not a drift: its noise "
                      "is compared in distribution, pairing, key scheme and schedule only, never element by element.")
+    return notes
 
-    section = "\n".join([
-        f"The port's and the reference's noise for {pop} members at epoch 0 (seed {seed}), and {probe.size} members "
-        f"at each of {len(probes)} probed epochs.",
+
+def section(m: Measured) -> str:
+    return "\n".join([
+        f"The port's and the reference's noise for {m.pop} members at epoch 0 (seed {m.seed}), and "
+        f"{m.schedule.members} members "
+        f"at each of {len(m.schedule.probes)} probed epochs.",
         "",
         "Exact parts (no false alarms): which member is the exact negation of which (A_i B_i^T = -A_j B_j^T, and the "
         "same pairs negated in every leaf and bias); bias noise present; no two unmirrored members and no two leaves "
         "sharing draws; which probed epochs share noise (weights and biases apart), against the reference's schedule "
         "for its noise_reuse; no draw coming back in an epoch with different noise.",
         "",
-        f"Statistical parts, over {reps.size} independent members (one per mirrored pair), {len(tests)} tests at "
-        f"alpha={alpha:.2g} each (the noise check's share of the suite's false-alarm budget, Bonferroni). Under the "
-        "reference the entries of A/(sigma/sqrt r), of B and of eps/sigma are iid standard normal, so the tests are "
-        "exact: per leaf the mean square against chi-square(n)/n (the sigma/sqrt(r) scaling), pooled the mean against "
-        "N(0, 1/n) and the Kolmogorov-Smirnov distance to N(0,1) against its exact critical value. Independence: "
-        "the per-member mean product of adjacent rows and columns of A B^T, of different pairs and of different "
-        "leaves must be 0 within a t-interval (symmetric statistics). The variance (1) and kurtosis (3 + 6/r) of "
-        "A B^T / sigma are reported.",
+        f"Statistical parts, over {m.structure.reps.size} independent members (one per mirrored pair), "
+        f"{len(m.tests)} tests at alpha={_alpha(m):.2g} each (the noise check's share of the suite's false-alarm "
+        "budget, Bonferroni). Under the reference the entries of A/(sigma/sqrt r), of B and of eps/sigma are iid "
+        "standard normal, so the tests are exact: per leaf the mean square against chi-square(n)/n (the "
+        "sigma/sqrt(r) scaling), pooled the mean against N(0, 1/n) and the Kolmogorov-Smirnov distance to N(0,1) "
+        "against its exact critical value. Independence: the per-member mean product of adjacent rows and columns "
+        "of A B^T, of different pairs and of different leaves must be 0 within a t-interval (symmetric "
+        "statistics). The variance (1) and kurtosis (3 + 6/r) of A B^T / sigma are reported.",
         "",
-        *notes,
+        *_notes(m),
     ])
-    return summarize(NAME, rec, section)
+
+
+def run(ctx):
+    m = measure(ctx)
+    return summarize(NAME, judge(m), section(m))

@@ -7,11 +7,14 @@ draws), where an activation drift shows. Tolerance: the float32 bounds of parity
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from parity import diagnose
 from parity.tolerances import ForwardBound, gamma, linear_bound, linear_exact
 from parity.verdict import Recorder, fmt, summarize
+from spec.layout import n_layers_of
 
 NAME = "products"
 CANDIDATE_ACTIVATIONS = ("pqn", "tanh", "relu", "silu")
@@ -27,7 +30,7 @@ def _linear_cases(ctx):
 
 def _forward_inputs(ctx):
     """Params (the reference's init with non-zero biases), the shared noise and observations."""
-    rng = ctx.rng(21)
+    rng = ctx.rng("forward inputs")
     m = ctx.sizes.product_members
     params = ctx.reference.init_params(ctx.shapes, ctx.seed)
     params = {k: (v if k.endswith(".weight") else (0.1 * rng.standard_normal(v.shape)).astype(np.float32))
@@ -47,57 +50,103 @@ def _matching_activation(port_out, params, noise, x):
     return None
 
 
-def run(ctx):
-    rec = Recorder(NAME)
-    rng = ctx.rng(20)
-    m, batch, r = ctx.sizes.product_members, ctx.sizes.product_batch, ctx.cfg.rank
-    sigma = ctx.cfg.sigma
-    for out_dim, in_dim in _linear_cases(ctx):
-        W = (rng.standard_normal((out_dim, in_dim)) / np.sqrt(in_dim)).astype(np.float32)
-        A = (rng.standard_normal((m, out_dim, r)) * sigma / np.sqrt(r)).astype(np.float32)
-        B = rng.standard_normal((m, in_dim, r)).astype(np.float32)
-        x = rng.standard_normal((m, batch, in_dim)).astype(np.float32)
-        size = f"out={out_dim} in={in_dim} r={r} m={m} batch={batch}"
-        port = ctx.port.perturbed_linear(W, A, B, x)
-        ref = ctx.ref.perturbed_linear(W, A, B, x)
-        bound = linear_bound(W, A, B, x)
-        exact = linear_exact(W, A, B, x)
-        why = f"gamma_(in+r+1) = {fmt(gamma(in_dim + r + 1))} times |x||W|^T + |x||B||A|^T"
-        product_cause = diagnose.other("perturbed product", f"x @ (W + A B^T)^T at {size}: the port's result is not "
-                                                            "within float32 rounding of the exact product")
-        rec.bound("max |port - ref| / bound", "both", size, float(np.max(np.abs(port - ref) / (2 * bound))), 1.0,
-                  why + ", both sides", cause=product_cause)
-        rec.bound("max |port - exact| / bound", "port", size, float(np.max(np.abs(port - exact) / bound)), 1.0, why,
-                  cause=product_cause)
-        rec.bound("max |ref - exact| / bound", "reference", size, float(np.max(np.abs(ref - exact) / bound)), 1.0, why,
-                  cause=diagnose.other("reference product", "the reference's do_mm exceeds the float32 bound"))
+class Linear(NamedTuple):
+    """perturbed_linear at one shape: each side's and their difference's ratio to the float32 bound."""
 
-    forward_note = "skipped: the port has no `forward` method"
+    size: str
+    both: float          # max |port - ref| / (2 bound)
+    port: float          # max |port - exact| / bound
+    ref: float           # max |ref - exact| / bound
+    why: str
+
+
+class Forward(NamedTuple):
+    """The full MLP forward, plain or perturbed, against the first-order float32 bound."""
+
+    size: str
+    both: float
+    port: float
+    ref: float
+    exceeds: bool                # |port - ref| > 2 bound somewhere
+    port_activation: str | None  # which activation's float64 MLP the port's logits equal (when it exceeds)
+    worst: float                 # max |port - ref|
+
+
+class Measured(NamedTuple):
+    linear: tuple[Linear, ...]
+    forward: tuple[Forward, ...]     # empty when the port has no forward
+    activation: str                  # the reference's
+    members: int
+
+
+def _measure_linear(ctx, rng, out_dim: int, in_dim: int) -> Linear:
+    m, batch, r, sigma = ctx.sizes.product_members, ctx.sizes.product_batch, ctx.cfg.rank, ctx.cfg.sigma
+    W = (rng.standard_normal((out_dim, in_dim)) / np.sqrt(in_dim)).astype(np.float32)
+    A = (rng.standard_normal((m, out_dim, r)) * sigma / np.sqrt(r)).astype(np.float32)
+    B = rng.standard_normal((m, in_dim, r)).astype(np.float32)
+    x = rng.standard_normal((m, batch, in_dim)).astype(np.float32)
+    port = ctx.port.perturbed_linear(W, A, B, x)
+    ref = ctx.ref.perturbed_linear(W, A, B, x)
+    bound = linear_bound(W, A, B, x)
+    exact = linear_exact(W, A, B, x)
+    return Linear(f"out={out_dim} in={in_dim} r={r} m={m} batch={batch}",
+                  float(np.max(np.abs(port - ref) / (2 * bound))), float(np.max(np.abs(port - exact) / bound)),
+                  float(np.max(np.abs(ref - exact) / bound)),
+                  f"gamma_(in+r+1) = {fmt(gamma(in_dim + r + 1))} times |x||W|^T + |x||B||A|^T")
+
+
+def _measure_forward(ctx, label: str, params, noise, x, act: str) -> Forward:
+    n_out = ctx.shapes[f"{n_layers_of(ctx.shapes) - 1}.weight"][0]
+    port = ctx.port.forward(params, noise, x, n_out)
+    ref = ctx.ref.forward(params, noise, x, n_out)
+    exact, bound = ForwardBound(params, noise, act)(x)
+    exceeds = bool(np.any(np.abs(port - ref) > 2 * bound))
+    return Forward(f"{label} m={x.shape[0]} sizes={ctx.cfg.sizes}", float(np.max(np.abs(port - ref) / (2 * bound))),
+                   float(np.max(np.abs(port - exact) / bound)), float(np.max(np.abs(ref - exact) / bound)), exceeds,
+                   _matching_activation(port, params, noise, x) if exceeds else None,
+                   float(np.max(np.abs(port - ref))))
+
+
+def measure(ctx) -> Measured:
+    rng = ctx.rng("linear products")
+    linear = tuple(_measure_linear(ctx, rng, out_dim, in_dim) for out_dim, in_dim in _linear_cases(ctx))
+    act = ctx.reference.run.activation
+    forward: tuple[Forward, ...] = ()
     if ctx.port.has("forward"):
         params, noise, x = _forward_inputs(ctx)
-        act = ctx.reference.run.activation
-        n_out = ctx.shapes[f"{len([k for k in ctx.shapes if k.endswith('.weight')]) - 1}.weight"][0]
-        found = None
-        for label, nz in (("plain", None), ("perturbed", noise)):
-            port = ctx.port.forward(params, nz, x, n_out)
-            ref = ctx.ref.forward(params, nz, x, n_out)
-            exact, bound = ForwardBound(params, nz, act)(x)
-            size = f"{label} m={x.shape[0]} sizes={ctx.cfg.sizes}"
-            diff = float(np.max(np.abs(port - ref)))
-            if found is None and np.any(np.abs(port - ref) > 2 * bound):
-                found = diagnose.activation_cause(_matching_activation(port, params, nz, x), act, fmt(diff))
-            forward_cause = found
+        forward = tuple(_measure_forward(ctx, label, params, nz, x, act)
+                        for label, nz in (("plain", None), ("perturbed", noise)))
+    return Measured(linear, forward, act, ctx.sizes.product_members)
 
-            rec.bound("max |port - ref| / bound", "both", size, float(np.max(np.abs(port - ref) / (2 * bound))), 1.0,
-                      "first-order float32 bound of the MLP (ForwardBound), both sides", cause=forward_cause)
-            rec.bound("max |port - exact| / bound", "port", size, float(np.max(np.abs(port - exact) / bound)), 1.0,
-                      "first-order float32 bound of the MLP", cause=forward_cause)
-            rec.bound("max |ref - exact| / bound", "reference", size, float(np.max(np.abs(ref - exact) / bound)), 1.0,
-                      "first-order float32 bound of the MLP",
-                      cause=diagnose.other("reference forward", "the reference MLP exceeds its float32 bound"))
-        forward_note = (f"Full MLP forwards on {x.shape[0]} members with the reference's {act} activation, plain and "
-                        "with the reference's noise (weights and biases) fed to both sides.")
-    section = "\n".join([
+
+def judge(m: Measured) -> Recorder:
+    rec = Recorder(NAME)
+    for c in m.linear:
+        product_cause = diagnose.other("perturbed product", f"x @ (W + A B^T)^T at {c.size}: the port's result is "
+                                                            "not within float32 rounding of the exact product")
+        rec.bound("max |port - ref| / bound", "both", c.size, c.both, 1.0, c.why + ", both sides", cause=product_cause)
+        rec.bound("max |port - exact| / bound", "port", c.size, c.port, 1.0, c.why, cause=product_cause)
+        rec.bound("max |ref - exact| / bound", "reference", c.size, c.ref, 1.0, c.why,
+                  cause=diagnose.other("reference product", "the reference's do_mm exceeds the float32 bound"))
+    found = None
+    for f in m.forward:
+        if found is None and f.exceeds:
+            found = diagnose.activation_cause(f.port_activation, m.activation, fmt(f.worst))
+        why = "first-order float32 bound of the MLP"
+        rec.bound("max |port - ref| / bound", "both", f.size, f.both, 1.0, f"{why} (ForwardBound), both sides",
+                  cause=found)
+        rec.bound("max |port - exact| / bound", "port", f.size, f.port, 1.0, why, cause=found)
+        rec.bound("max |ref - exact| / bound", "reference", f.size, f.ref, 1.0, why,
+                  cause=diagnose.other("reference forward", "the reference MLP exceeds its float32 bound"))
+    return rec
+
+
+def section(m: Measured) -> str:
+    forward_note = "skipped: the port has no `forward` method"
+    if m.forward:
+        forward_note = (f"Full MLP forwards on {m.members} members with the reference's {m.activation} activation, "
+                        "plain and with the reference's noise (weights and biases) fed to both sides.")
+    return "\n".join([
         "perturbed_linear: x @ W^T + (x @ B) @ A^T on the same float32 inputs. Allowed: each side within "
         "gamma_(in+r+1) (|x||W|^T + |x||B||A|^T) of the exact product (Higham's bound for any summation order; "
         "u = 2^-24), so the sides differ by at most twice that; deterministic.",
@@ -107,4 +156,8 @@ def run(ctx):
         "through |W| + |A||B|^T and the layer norm's 1/s Jacobian), both sides. A port whose logits match a "
         "different activation's float64 MLP is diagnosed as an activation drift.",
     ])
-    return summarize(NAME, rec, section)
+
+
+def run(ctx):
+    m = measure(ctx)
+    return summarize(NAME, judge(m), section(m))

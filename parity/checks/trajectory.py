@@ -15,6 +15,8 @@ schedule). Rollouts are rollout.episodes.run_episodes itself, the port judged th
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -85,141 +87,202 @@ def _grad_bound(name, noise, shaped, f_err):
     return np.zeros(1)
 
 
-def run(ctx):
-    rec = Recorder(NAME)
-    missing = [m for m in ("es_init", "forward") if not ctx.port.has(m)]
-    if missing:
-        return summarize(NAME, rec, f"Skipped: the port has no {' / '.join(missing)} (see parity/adapter.py).")
-    cfg, shapes, seed = ctx.cfg, ctx.shapes, ctx.seed
-    pop, r, epochs = cfg.pop, cfg.rank, ctx.sizes.traj_epochs
-    ref_port, reference = ctx.ref, ctx.reference
-    act, ref_opt = reference.run.activation, reference.run.optimizer
-    jax_compat = ctx.port.jax_compatible_rng
+class Observation(NamedTuple):
+    """One judged (or reported) quantity of one epoch, in the order the lockstep run met it."""
+
+    epoch: int
+    quantity: str | None       # one of QUANTITIES for a judged row; None for an info row
+    row: str                   # the CSV's quantity
+    side: str
+    size: str
+    value: float
+    limit: tuple               # ("bound", allowed) | ("stat", lo, hi, alpha) | ("info",)
+    why: str = ""
+    detail: object = None      # noise: ("sigma", the ratio seen), for the diagnosis
+
+    @property
+    def ok(self) -> bool:
+        if self.limit[0] == "bound":
+            return math.isfinite(self.value) and self.value <= self.limit[1]
+        if self.limit[0] == "stat":
+            return math.isfinite(self.value) and self.limit[1] <= self.value <= self.limit[2]
+        return True
+
+
+class Measured(NamedTuple):
+    observations: tuple[Observation, ...]
+    parted: tuple[int, str, object] | None   # (epoch, quantity, detail) of the first quantity beyond tolerance
+    epochs: int
+    pop: int
+    seed: int
+    max_steps: int
+    jax_compatible: bool
+
+
+class _Sides(NamedTuple):
+    """Both sides' ES states and what the comparison carries from one epoch to the next."""
+
+    port: object
+    ref: object
+    param_err: dict            # leaf -> the parameter difference allowed so far (elementwise)
+    port_noise0: dict | None   # an own-generator port's epoch-0 noise (its sigma schedule is judged against it)
+
+
+def _noise_obs(ctx, e: int, sides: _Sides, alpha: float) -> tuple[Observation, dict, dict, _Sides]:
+    """The port's own es_ask noise at epoch e: bit-identical (JAX-compatible) or its sigma schedule.
+    Returns (observation, the reference's noise, the noise the port runs on, sides)."""
+    shapes, pop, r, reference = ctx.shapes, ctx.cfg.pop, ctx.cfg.rank, ctx.reference
+    size, sigma_e = f"epoch {e} pop={pop}", reference.sigma_at(e)
+    n_ref = ctx.ref.es_ask(sides.ref, e, shapes, pop, r)
+    n_own = ctx.port.es_ask(sides.port, e, shapes, pop, r)
+    if ctx.port.jax_compatible_rng:
+        ulps, odd = _noise_ulps(n_own, n_ref)
+        ulps = max(ulps, 1 << 31) if odd else ulps
+        detail = ("sigma", _sigma_ratio(n_own, n_ref)) if ulps and not odd and _same_draws(n_own, n_ref) else None
+        return (Observation(e, "noise", "noise: max ULP port vs ref", "both", size, float(ulps), ("bound", 0),
+                            "bit-identical (JAX-compatible)", detail), n_ref, n_own, sides)
+    sides = sides._replace(port_noise0=sides.port_noise0 if sides.port_noise0 is not None else n_own)
+    ref_ratio = sigma_e / reference.sigma_at(0)
+    if _same_draws(n_own, sides.port_noise0):
+        c = _sigma_ratio(n_own, sides.port_noise0)
+        obs = Observation(e, "noise", "noise: |sigma_e/sigma_0 port / ref - 1|", "both", size, abs(c / ref_ratio - 1),
+                          ("bound", 8 * U32), "same draws: float32 rounding of sigma_e and A", ("sigma", c / ref_ratio))
+    else:
+        w0 = min((k for k, v in n_own.items() if isinstance(v, tuple)), key=lambda k: n_own[k][0][0].size
+                 * n_own[k][1][0].shape[0])                 # the smallest A B^T identifies mirrors
+        mirror = diagnose.mirror_map((n_own[w0][0].astype(np.float64)
+                                      @ np.swapaxes(n_own[w0][1].astype(np.float64), 1, 2)).reshape(pop, -1))
+        reps = np.array([i for i in range(pop) if mirror[i] < 0 or i < mirror[i]])
+        a = np.concatenate([v[0][reps].ravel() for v in n_own.values() if isinstance(v, tuple)])
+        mean = float(np.mean(a.astype(np.float64) ** 2) * r / sigma_e ** 2)
+        lo, hi = chi2_interval(a.size, alpha)
+        obs = Observation(e, "noise", "noise: mean square of A / (sigma_e / sqrt r)", "both", size, mean,
+                          ("stat", lo, hi, alpha), f"chi-square({a.size})/{a.size}, alpha={alpha:.2g}",
+                          ("sigma", float(np.sqrt(mean))))
+    return obs, n_ref, n_ref, sides      # own generator: both sides run on the reference's noise from here on
+
+
+def _outputs_obs(ctx, e: int, sides: _Sides, n_ref: dict, n_port: dict) -> tuple[list[Observation], np.ndarray]:
+    """The policies' logits along the reference's episodes (lockstep), against the carried forward bound."""
+    shapes, pop, seed = ctx.shapes, ctx.cfg.pop, ctx.seed
+    size = f"epoch {e} pop={pop}"
     n_out = shapes[max((k for k in shapes if k.endswith(".weight")), key=lambda k: int(k.split(".")[0]))][0]
+    p_params, r_params = ctx.port.es_params(sides.port, shapes), ctx.ref.es_params(sides.ref, shapes)
+    watched = np.arange(pop) if pop <= WATCHED else np.linspace(0, pop - 1, WATCHED).astype(np.int64)
+    bound = ForwardBound(r_params, {k: (tuple(x[watched] for x in v) if isinstance(v, tuple) else v[watched])
+                                    for k, v in n_ref.items()}, ctx.reference.run.activation, sides.param_err)
+    uniforms = ctx.ref.action_uniforms(seed, e, pop, cartpole.MAX_STEPS)
+    returns, worst, forks, steps = _lockstep(
+        lambda obs: ctx.ref.forward(r_params, n_ref, obs, n_out),
+        lambda obs: ctx.port.forward(p_params, n_port, obs, n_out),
+        bound, watched, cartpole.reset(seed + e + np.arange(pop)), uniforms, ctx.sizes.traj_max_steps)
+    return [Observation(e, "outputs", "outputs: max |logits port - ref| / bound", "both",
+                        f"{size} {steps} member-steps ({watched.size} members judged)", worst, ("bound", 1.0),
+                        "ForwardBound with the parameter difference allowed so far"),
+            Observation(e, None, "steps where the port's own sample would differ", "port",
+                        f"{size} {steps} member-steps", forks, ("info",)),
+            Observation(e, None, "mean return (lockstep)", "both", size, float(returns.mean()), ("info",))], returns
+
+
+def _step_obs(ctx, e: int, sides: _Sides, n_ref: dict, n_port: dict, returns: np.ndarray):
+    """Shaped fitness, the gradient estimate and the parameters after one es_tell on each side; stops at the
+    first quantity beyond tolerance. Returns (observations, sides)."""
+    shapes, pop, cfg = ctx.shapes, ctx.cfg.pop, ctx.cfg
+    size, sigma_e = f"epoch {e} pop={pop}", ctx.reference.sigma_at(e)
+    sp, sr = ctx.port.shape_fitness(returns, cfg.group_size), ctx.ref.shape_fitness(returns, cfg.group_size)
+    f_err = 2 * shaping_bound(returns)
+    obs = [Observation(e, "fitness", "fitness: max |shaped port - ref| / bound", "both", size,
+                       float(np.max(np.abs(sp.astype(np.float64) - sr) / f_err)), ("bound", 1.0),
+                       "float32 shaping bound")]
+    if not obs[-1].ok:
+        return obs, sides
+    gp, gr = ctx.port.gradient(n_port, sp, sigma_e, shapes), ctx.ref.gradient(n_ref, sr, sigma_e, shapes)
+    g_err = {k: 2 * _grad_bound(k, n_ref, sr, f_err) for k in shapes}
+    worst_g = max(float(np.max(np.abs(gp[k].astype(np.float64) - gr[k]) / np.maximum(g_err[k], 1e-300)))
+                  if np.any(gp[k] != gr[k]) else 0.0 for k in shapes)
+    obs.append(Observation(e, "gradient", "gradient: max |port - ref| / bound", "both", size, worst_g, ("bound", 1.0),
+                           "float32 bound of the estimate incl. the shaped fitness' error"))
+    if not obs[-1].ok:
+        return obs, sides
+    r_params = ctx.ref.es_params(sides.ref, shapes)
+    sides = sides._replace(port=ctx.port.es_tell(sides.port, n_port, returns, e),
+                           ref=ctx.ref.es_tell(sides.ref, n_ref, returns, e))
+    worst_p, param_err = _parameter_error(ctx, e, sides, r_params, gr, g_err)
+    obs.append(Observation(e, "parameters", "parameters: max |port - ref| / bound", "both", size, worst_p,
+                           ("bound", 1.0), "propagated gradient bound x lr sqrt(N) + step rounding, accumulated"))
+    return obs, sides._replace(param_err=param_err)
+
+
+def _parameter_error(ctx, e: int, sides: _Sides, r_params: dict, gr: dict, g_err: dict) -> tuple[float, dict]:
+    """(worst |port - ref| over the allowed parameter difference after this epoch's step, the new allowance)."""
+    shapes = ctx.shapes
+    new_p, new_r = ctx.port.es_params(sides.port, shapes), ctx.ref.es_params(sides.ref, shapes)
+    lr_e, root_n = ctx.reference.lr_at(e), float(np.sqrt(np.float32(ctx.cfg.pop)))
+    param_err, worst = dict(sides.param_err), 0.0
+    for k in shapes:
+        step = new_r[k].astype(np.float64) - r_params[k]
+        if ctx.reference.run.optimizer == "sgd":
+            from_grad = lr_e * root_n * g_err[k]
+        else:   # adam's step is normalised: a relative gradient error moves it by at most ~2 lr
+            from_grad = np.minimum(2 * lr_e, lr_e * g_err[k] / np.maximum(np.abs(gr[k]), 1e-30))
+        param_err[k] = param_err[k] + from_grad + 2 * update_bound(new_r[k], step)
+        diff = np.abs(new_p[k].astype(np.float64) - new_r[k])
+        if np.any(diff > 0):
+            worst = max(worst, float(np.max(diff / np.maximum(param_err[k], 1e-300))))
+    return worst, param_err
+
+
+def measure(ctx) -> Measured:
+    cfg, epochs = ctx.cfg, ctx.sizes.traj_epochs
     alpha = check_alpha(NAME) / max(epochs - 1, 1)
-
-    params0 = reference.init_params(shapes, seed)
-    p_state, r_state = ctx.port.es_init(params0, seed), ref_port.es_init(params0, seed)
-    param_err = {k: np.zeros(v.shape) for k, v in params0.items()}
-    port_noise0 = None
-    parted = None
-
-    def judge(epoch, quantity, ok, detail):
-        nonlocal parted
-        if not ok and parted is None:
-            parted = (epoch, quantity, detail)
-        return ok
-
+    params0 = ctx.reference.init_params(ctx.shapes, ctx.seed)
+    sides = _Sides(ctx.port.es_init(params0, ctx.seed), ctx.ref.es_init(params0, ctx.seed),
+                   {k: np.zeros(v.shape) for k, v in params0.items()}, None)
+    observations: list[Observation] = []
     for e in range(epochs):
         ctx.log(f"[{NAME}] epoch {e}")
-        size = f"epoch {e} pop={pop}"
-        sigma_e = reference.sigma_at(e)
-        n_ref = ref_port.es_ask(r_state, e, shapes, pop, r)
-        n_own = ctx.port.es_ask(p_state, e, shapes, pop, r)
-        # -- noise
-        noise_detail = None
-        if jax_compat:
-            ulps, odd = _noise_ulps(n_own, n_ref)
-            if odd:
-                ulps = max(ulps, 1 << 31)
-            if ulps and not odd and _same_draws(n_own, n_ref):
-                noise_detail = ("sigma", _sigma_ratio(n_own, n_ref))
-            ok = rec.bound("noise: max ULP port vs ref", "both", size, float(ulps), 0, "bit-identical (JAX-compatible)",
-                           cause=None)
-            n_port = n_own
-        else:
-            if port_noise0 is None:
-                port_noise0 = n_own
-            ref_ratio = sigma_e / reference.sigma_at(0)
-            if _same_draws(n_own, port_noise0):
-                c = _sigma_ratio(n_own, port_noise0)
-                ok = rec.bound("noise: |sigma_e/sigma_0 port / ref - 1|", "both", size, abs(c / ref_ratio - 1),
-                               8 * U32, "same draws: float32 rounding of sigma_e and A", cause=None)
-                noise_detail = ("sigma", c / ref_ratio)
-            else:
-                w0 = min((k for k, v in n_own.items() if isinstance(v, tuple)), key=lambda k: n_own[k][0][0].size
-                         * n_own[k][1][0].shape[0])                 # the smallest A B^T identifies mirrors
-                mirror = diagnose.mirror_map((n_own[w0][0].astype(np.float64)
-                                              @ np.swapaxes(n_own[w0][1].astype(np.float64), 1, 2)).reshape(pop, -1))
-                reps = np.array([i for i in range(pop) if mirror[i] < 0 or i < mirror[i]])
-                a = np.concatenate([v[0][reps].ravel() for v in n_own.values() if isinstance(v, tuple)])
-                mean = float(np.mean(a.astype(np.float64) ** 2) * r / sigma_e ** 2)
-                lo, hi = chi2_interval(a.size, alpha)
-                ok = rec.stat("noise: mean square of A / (sigma_e / sqrt r)", "both", size, mean, lo, hi, alpha,
-                              f"chi-square({a.size})/{a.size}, alpha={alpha:.2g}", cause=None)
-                noise_detail = ("sigma", float(np.sqrt(mean)))
-            n_port = n_ref           # own generator: both sides run on the reference's noise from here on
-        judge(e, "noise", ok, noise_detail)
-        if parted is not None:
-            break
-        # -- outputs, in lockstep
-        p_params, r_params = ctx.port.es_params(p_state, shapes), ref_port.es_params(r_state, shapes)
-        watched = np.arange(pop) if pop <= WATCHED else np.linspace(0, pop - 1, WATCHED).astype(np.int64)
-        bound = ForwardBound(r_params, {k: (tuple(x[watched] for x in v) if isinstance(v, tuple) else v[watched])
-                                        for k, v in n_ref.items()}, act, param_err)
-        uniforms = ref_port.action_uniforms(seed, e, pop, cartpole.MAX_STEPS)
-        returns, worst, forks, steps = _lockstep(
-            lambda obs: ref_port.forward(r_params, n_ref, obs, n_out),
-            lambda obs: ctx.port.forward(p_params, n_port, obs, n_out),
-            bound, watched, cartpole.reset(seed + e + np.arange(pop)), uniforms, ctx.sizes.traj_max_steps)
-        ok = rec.bound("outputs: max |logits port - ref| / bound", "both",
-                       f"{size} {steps} member-steps ({watched.size} members judged)", worst, 1.0,
-                       "ForwardBound with the parameter difference allowed so far", cause=None)
-        rec.info("steps where the port's own sample would differ", "port", f"{size} {steps} member-steps", forks)
-        rec.info("mean return (lockstep)", "both", size, float(returns.mean()))
-        if not judge(e, "outputs", ok, None):
-            break
-        # -- fitness
-        sp, sr = ctx.port.shape_fitness(returns, cfg.group_size), ref_port.shape_fitness(returns, cfg.group_size)
-        f_err = 2 * shaping_bound(returns)
-        ok = rec.bound("fitness: max |shaped port - ref| / bound", "both", size,
-                       float(np.max(np.abs(sp.astype(np.float64) - sr) / f_err)), 1.0, "float32 shaping bound", cause=None)
-        if not judge(e, "fitness", ok, None):
-            break
-        # -- gradient
-        gp = ctx.port.gradient(n_port, sp, sigma_e, shapes)
-        gr = ref_port.gradient(n_ref, sr, sigma_e, shapes)
-        g_err = {k: 2 * _grad_bound(k, n_ref, sr, f_err) for k in shapes}
-        worst_g = max(float(np.max(np.abs(gp[k].astype(np.float64) - gr[k]) / np.maximum(g_err[k], 1e-300)))
-                      if np.any(gp[k] != gr[k]) else 0.0 for k in shapes)
-        ok = rec.bound("gradient: max |port - ref| / bound", "both", size, worst_g, 1.0,
-                       "float32 bound of the estimate incl. the shaped fitness' error", cause=None)
-        if not judge(e, "gradient", ok, None):
-            break
-        # -- parameters after one ES epoch on each side
-        p_state = ctx.port.es_tell(p_state, n_port, returns, e)
-        r_state = ref_port.es_tell(r_state, n_ref, returns, e)
-        new_p, new_r = ctx.port.es_params(p_state, shapes), ref_port.es_params(r_state, shapes)
-        lr_e, root_n = reference.lr_at(e), float(np.sqrt(np.float32(pop)))
-        worst_p = 0.0
-        for k in shapes:
-            step = new_r[k].astype(np.float64) - r_params[k]
-            if ref_opt == "sgd":
-                from_grad = lr_e * root_n * g_err[k]
-            else:   # adam's step is normalised: a relative gradient error moves it by at most ~2 lr
-                from_grad = np.minimum(2 * lr_e, lr_e * g_err[k] / np.maximum(np.abs(gr[k]), 1e-30))
-            param_err[k] = param_err[k] + from_grad + 2 * update_bound(new_r[k], step)
-            diff = np.abs(new_p[k].astype(np.float64) - new_r[k])
-            if np.any(diff > 0):
-                worst_p = max(worst_p, float(np.max(diff / np.maximum(param_err[k], 1e-300))))
-        ok = rec.bound("parameters: max |port - ref| / bound", "both", size, worst_p, 1.0,
-                       "propagated gradient bound x lr sqrt(N) + step rounding, accumulated", cause=None)
-        if not judge(e, "parameters", ok, None):
-            break
+        noise_obs, n_ref, n_port, sides = _noise_obs(ctx, e, sides, alpha)
+        observations.append(noise_obs)
+        if noise_obs.ok:
+            outputs, returns = _outputs_obs(ctx, e, sides, n_ref, n_port)
+            observations += outputs
+            if outputs[0].ok:
+                step, sides = _step_obs(ctx, e, sides, n_ref, n_port, returns)
+                observations += step
+        first = next((o for o in observations if not o.ok), None)
+        if first is not None:
+            return Measured(tuple(observations), (first.epoch, first.quantity, first.detail), epochs, cfg.pop,
+                            ctx.seed, ctx.sizes.traj_max_steps, ctx.port.jax_compatible_rng)
+    return Measured(tuple(observations), None, epochs, cfg.pop, ctx.seed, ctx.sizes.traj_max_steps,
+                    ctx.port.jax_compatible_rng)
 
-    found = None
-    if parted is not None:
-        found = _diagnose(ctx, parted)
+
+def judge(m: Measured, upstream: dict, sigma_decay: float) -> Recorder:
+    """upstream: check name -> its causes (the first parting is attributed to the check that explains it)."""
+    rec = Recorder(NAME)
+    for o in m.observations:
+        if o.limit[0] == "bound":
+            rec.bound(o.row, o.side, o.size, o.value, o.limit[1], o.why, cause=None)
+        elif o.limit[0] == "stat":
+            rec.stat(o.row, o.side, o.size, o.value, o.limit[1], o.limit[2], o.limit[3], o.why, cause=None)
+        else:
+            rec.info(o.row, o.side, o.size, o.value)
+    if m.parted is not None:
+        found = _diagnose(m.parted, upstream, sigma_decay)
         rec.rows[:] = [row if row.verdict != "fail" else dataclasses.replace(row, cause=found.text) for row in rec.rows]
         rec.causes.append(found)
-    verdict_line = (f"The sides part at epoch {parted[0]}, first in {parted[1]}." if parted
-                    else f"The sides agree for all {epochs} epochs.")
-    section = "\n".join([
-        f"{epochs} epochs, population {pop}, from the reference's initial parameters (seed {seed}); CartPole resets "
-        f"seed + epoch + member, the reference's action uniforms; episodes of at most {ctx.sizes.traj_max_steps} steps, "
+    return rec
+
+
+def section(m: Measured) -> str:
+    verdict_line = (f"The sides part at epoch {m.parted[0]}, first in {m.parted[1]}." if m.parted
+                    else f"The sides agree for all {m.epochs} epochs.")
+    return "\n".join([
+        f"{m.epochs} epochs, population {m.pop}, from the reference's initial parameters (seed {m.seed}); CartPole "
+        f"resets seed + epoch + member, the reference's action uniforms; episodes of at most {m.max_steps} steps, "
         "in lockstep on the reference's actions. "
         + ("The port claims JAX-compatible draws: its own noise must equal the reference's bit for bit. "
-           if jax_compat else
+           if m.jax_compatible else
            "The port uses its own generator: its noise is judged by its sigma schedule (exact ratio to its epoch-0 "
            "noise when the draws repeat, else a variance test), and both sides then run on the reference's noise. ")
         + "Quantities per epoch, in order: " + ", ".join(QUANTITIES) + ". Allowed: float32 bounds (products and "
@@ -228,18 +291,26 @@ def run(ctx):
         "",
         verdict_line,
     ])
-    return summarize(NAME, rec, section)
 
 
-def _diagnose(ctx, parted):
+def run(ctx):
+    missing = [m for m in ("es_init", "forward") if not ctx.port.has(m)]
+    if missing:
+        return summarize(NAME, Recorder(NAME), f"Skipped: the port has no {' / '.join(missing)} (see parity/adapter.py).")
+    m = measure(ctx)
+    upstream = {check: ctx.causes_of(check) for checks in UPSTREAM.values() for check in checks}
+    return summarize(NAME, judge(m, upstream, ctx.reference.run.sigma_decay), section(m))
+
+
+def _diagnose(parted, upstream: dict, sigma_decay: float):
     """The first parting, attributed to an upstream check's causes or diagnosed from what was seen."""
     epoch, quantity, detail = parted
-    upstream = [c for check in UPSTREAM[quantity] for c in diagnose.follows(check, ctx.causes_of(check))]
-    if upstream:
-        return upstream[0]
+    causes = [c for check in UPSTREAM[quantity] for c in diagnose.follows(check, upstream.get(check, ()))]
+    if causes:
+        return causes[0]
     if quantity == "noise" and detail and detail[0] == "sigma":
         if epoch > 0:
-            return diagnose.sigma_schedule_cause(epoch, detail[1], ctx.reference.run.sigma_decay)
+            return diagnose.sigma_schedule_cause(epoch, detail[1], sigma_decay)
         return diagnose.other("noise scale", f"the port's noise at epoch 0 is {fmt(detail[1])}x the reference's")
     words = {"noise": "the noise es_ask returns", "outputs": "the policy's logits",
              "fitness": "the shaped fitness", "gradient": "the gradient estimate",

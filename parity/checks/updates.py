@@ -9,6 +9,8 @@ A mismatch is matched against optax sgd, adam and adamw and against a fitted per
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from parity import diagnose
@@ -29,93 +31,120 @@ def _reference_chain(ctx, params0, grads_per_epoch, sigmas, **run_knobs):
     return chain
 
 
-def run(ctx):
-    rec = Recorder(NAME)
-    if not ctx.port.has("optimizer_step"):
-        return summarize(NAME, rec, "Skipped: the port has no `optimizer_init`/`optimizer_step`.")
-    cfg, shapes, r, n = ctx.cfg, ctx.shapes, ctx.cfg.rank, ctx.cfg.pop
-    names = list(shapes)
-    rng = ctx.rng(51)
-    params0 = {k: (v if k.endswith(".weight") else (0.1 * rng.standard_normal(v.shape)).astype(np.float32))
-               for k, v in ctx.reference.init_params(shapes, ctx.seed).items()}
-    epochs = ctx.sizes.update_epochs
-    sigmas = [ctx.reference.sigma_at(e) for e in range(epochs)]
+class Measured(NamedTuple):
+    ratios: tuple[float, ...]             # per epoch: max |params port - ref| / the accumulated bound
+    update_norms: tuple[float, ...]       # per epoch: ||port's update|| / ||reference's||
+    first_errors: dict[str, float]        # on a mismatch: optax optimizer -> how far its first update is
+    lr_ratios: dict[int, float]           # ... and, same optimizer, update size per epoch / the reference's
+    pop: int
+    lr: float
+    epochs: int
+    optimizer: str
+    lr_decay: float
 
+
+def _delta(chain, e: int, start) -> np.ndarray:
+    """The parameter change of epoch e of a chain, flattened in float64."""
+    before = start if e == 0 else chain[e - 1]
+    return np.concatenate([(chain[e][k].astype(np.float64) - before[k]).ravel() for k in start])
+
+
+def _port_chain(ctx, params0, sigmas, rng):
+    """The port's own optimizer_step over the epochs, and the gradients it computed."""
+    shapes, n = ctx.shapes, ctx.cfg.pop
     port_params, port_state = dict(params0), ctx.port.optimizer_init(params0)
-    port_chain, grads_per_epoch = [], []
-    for e in range(epochs):
-        noise = ctx.reference.noise(shapes, ctx.seed, e, np.arange(n), n, sigmas[e], r)
+    chain, grads = [], []
+    for e, sigma in enumerate(sigmas):
+        noise = ctx.reference.noise(shapes, ctx.seed, e, np.arange(n), n, sigma, ctx.cfg.rank)
         shaped = ctx.ref.shape_fitness(rng.standard_normal(n).astype(np.float32), 0)
-        grads_per_epoch.append(ctx.port.gradient(noise, shaped, sigmas[e], shapes))
-        port_params, port_state = ctx.port.optimizer_step(port_params, port_state, noise, shaped, sigmas[e], e, shapes)
-        port_chain.append(port_params)
-    ref_chain = _reference_chain(ctx, params0, grads_per_epoch, sigmas)
+        grads.append(ctx.port.gradient(noise, shaped, sigma, shapes))
+        port_params, port_state = ctx.port.optimizer_step(port_params, port_state, noise, shaped, sigma, e, shapes)
+        chain.append(port_params)
+    return chain, grads
 
-    # The allowed difference accumulates one step's bound per epoch on each side.
+
+def _ratios(params0, port_chain, ref_chain) -> list[float]:
+    """Per epoch, the worst |port - ref| over one step's bound on each side, accumulated over the epochs."""
     allowed = {k: np.zeros(v.shape) for k, v in params0.items()}
-    prev = params0
-    ratios, first_bad = [], None
-    for e in range(epochs):
-        for k in names:
-            step = ref_chain[e][k].astype(np.float64) - prev[k]
-            allowed[k] = allowed[k] + 2 * update_bound(ref_chain[e][k], step)
-        worst = max(float(np.max(np.abs(port_chain[e][k].astype(np.float64) - ref_chain[e][k]) /
-                                 np.maximum(allowed[k], 1e-300))) for k in names)
-        ratios.append(worst)
-        if worst > 1 and first_bad is None:
-            first_bad = e
-        prev = ref_chain[e]
+    prev, ratios = params0, []
+    for port, ref in zip(port_chain, ref_chain):
+        for k in params0:
+            allowed[k] = allowed[k] + 2 * update_bound(ref[k], ref[k].astype(np.float64) - prev[k])
+        ratios.append(max(float(np.max(np.abs(port[k].astype(np.float64) - ref[k]) / np.maximum(allowed[k], 1e-300)))
+                          for k in params0))
+        prev = ref
+    return ratios
 
-    cause = None
-    if first_bad is not None:
-        cause = _diagnose(ctx, params0, port_chain, grads_per_epoch, sigmas, allowed_ratio=ratios)
-    for e, worst in enumerate(ratios):
-        rec.bound("max |params port - ref| / bound", "both", f"epoch {e} N={n} lr={fmt(cfg.lr)}", worst, 1.0,
-                  "u |p| + gamma_24 |update| per step and side, accumulated", cause=cause)
-        d_port = np.concatenate([(port_chain[e][k].astype(np.float64) - (params0 if e == 0 else port_chain[e - 1])[k]).ravel()
-                                 for k in names])
-        d_ref = np.concatenate([(ref_chain[e][k].astype(np.float64) - (params0 if e == 0 else ref_chain[e - 1])[k]).ravel()
-                                for k in names])
-        rec.info("update norm ratio port/ref", "both", f"epoch {e}",
-                 float(np.linalg.norm(d_port) / np.linalg.norm(d_ref)) if np.linalg.norm(d_ref) > 0 else float("nan"))
+
+def _candidates(ctx, params0, port_chain, grads) -> tuple[dict[str, float], dict[int, float]]:
+    """How far each optax optimizer's first update is from the port's; with the same optimizer, the ratio of
+    update sizes per epoch (what an lr schedule changes)."""
+    port_d0 = _delta(port_chain, 0, params0)
+    errors = {}
+    for opt in ("sgd", "adam", "adamw"):
+        cand = _delta(_reference_chain(ctx, params0, grads[:1], None, optimizer=opt), 0, params0)
+        errors[opt] = float(np.max(np.abs(port_d0 - cand)) / max(np.max(np.abs(cand)), 1e-30))
+    ratios = {}
+    if errors[ctx.reference.run.optimizer] < 1e-4:
+        chain = _reference_chain(ctx, params0, grads, None)
+        ratios = {e: float(np.linalg.norm(_delta(port_chain, e, params0)) / np.linalg.norm(_delta(chain, e, params0)))
+                  for e in range(len(port_chain))}
+    return errors, ratios
+
+
+def measure(ctx) -> Measured:
+    rng = ctx.rng("update fitness")
+    params0 = {k: (v if k.endswith(".weight") else (0.1 * rng.standard_normal(v.shape)).astype(np.float32))
+               for k, v in ctx.reference.init_params(ctx.shapes, ctx.seed).items()}
+    sigmas = [ctx.reference.sigma_at(e) for e in range(ctx.sizes.update_epochs)]
+    port_chain, grads = _port_chain(ctx, params0, sigmas, rng)
+    ref_chain = _reference_chain(ctx, params0, grads, sigmas)
+    ratios = _ratios(params0, port_chain, ref_chain)
+    norms = [float(np.linalg.norm(_delta(port_chain, e, params0)) / np.linalg.norm(_delta(ref_chain, e, params0)))
+             if np.linalg.norm(_delta(ref_chain, e, params0)) > 0 else float("nan") for e in range(len(ratios))]
+    errors, lr_ratios = (_candidates(ctx, params0, port_chain, grads) if any(r > 1 for r in ratios) else ({}, {}))
     run = ctx.reference.run
-    section = "\n".join([
-        f"{epochs} epochs from the same parameters (the reference's init, biases set non-zero), population {n}; each "
-        "epoch the reference's noise at the reference's sigma schedule and a fresh standard-normal fitness vector "
-        "shaped by the reference. The port runs its own `optimizer_step`; the reference runs optax "
-        f"{run.optimizer} (lr {fmt(cfg.lr)}, lr_decay {fmt(run.lr_decay)}) on -(g sqrt(N)) with g the port's own "
+    return Measured(tuple(ratios), tuple(norms), errors, lr_ratios, ctx.cfg.pop, ctx.cfg.lr, len(sigmas),
+                    run.optimizer, run.lr_decay)
+
+
+def _cause(m: Measured):
+    """Which optimizer reproduces the port's first update, and which lr factor per epoch its later ones."""
+    best = min(m.first_errors, key=m.first_errors.get)
+    worst = f"first update differs from {m.optimizer}'s by {fmt(m.first_errors[m.optimizer])} of its largest entry"
+    if m.first_errors[best] < 1e-4 and best != m.optimizer:
+        return diagnose.optimizer_cause(best, m.optimizer, worst)
+    if m.lr_ratios:     # same optimizer at epoch 0: the schedule is what differs
+        return diagnose.lr_schedule_cause(m.lr_ratios, m.lr_decay)
+    return diagnose.optimizer_cause(None, m.optimizer, worst)
+
+
+def judge(m: Measured) -> Recorder:
+    rec = Recorder(NAME)
+    cause = _cause(m) if m.first_errors else None
+    for e, (worst, norm) in enumerate(zip(m.ratios, m.update_norms)):
+        rec.bound("max |params port - ref| / bound", "both", f"epoch {e} N={m.pop} lr={fmt(m.lr)}", worst, 1.0,
+                  "u |p| + gamma_24 |update| per step and side, accumulated", cause=cause)
+        rec.info("update norm ratio port/ref", "both", f"epoch {e}", norm)
+    return rec
+
+
+def section(m: Measured) -> str:
+    return "\n".join([
+        f"{m.epochs} epochs from the same parameters (the reference's init, biases set non-zero), population {m.pop}; "
+        "each epoch the reference's noise at the reference's sigma schedule and a fresh standard-normal fitness "
+        "vector shaped by the reference. The port runs its own `optimizer_step`; the reference runs optax "
+        f"{m.optimizer} (lr {fmt(m.lr)}, lr_decay {fmt(m.lr_decay)}) on -(g sqrt(N)) with g the port's own "
         "`gradient()` (so the optimizer and its schedule are all that is compared).",
         "",
         "Allowed: per step and side u |p_new| (the rounding of p + update) + gamma_24 |update| (the optimizer's "
         "elementwise arithmetic), accumulated over epochs; deterministic. On a mismatch the port's first update is "
         "matched against optax sgd, adam and adamw, and the ratio of update sizes per epoch against lr_decay^e.",
     ])
-    return summarize(NAME, rec, section)
 
 
-def _diagnose(ctx, params0, port_chain, grads_per_epoch, sigmas, allowed_ratio):
-    """Which optimizer reproduces the port's first update, and which lr factor per epoch its later ones."""
-    names = list(params0)
-    ref_opt, ref_decay = ctx.reference.run.optimizer, ctx.reference.run.lr_decay
-
-    def delta(chain, e, start):
-        before = start if e == 0 else chain[e - 1]
-        return np.concatenate([(chain[e][k].astype(np.float64) - before[k]).ravel() for k in names])
-
-    port_d0 = delta(port_chain, 0, params0)
-    errors = {}
-    for opt in ("sgd", "adam", "adamw"):
-        chain = _reference_chain(ctx, params0, grads_per_epoch[:1], sigmas, optimizer=opt)
-        cand = delta(chain, 0, params0)
-        errors[opt] = float(np.max(np.abs(port_d0 - cand)) / max(np.max(np.abs(cand)), 1e-30))
-    best = min(errors, key=errors.get)
-    worst = f"first update differs from {ref_opt}'s by {fmt(errors[ref_opt])} of its largest entry"
-    if errors[best] < 1e-4 and best != ref_opt:
-        return diagnose.optimizer_cause(best, ref_opt, worst)
-    if errors[ref_opt] < 1e-4:
-        # Same optimizer at epoch 0: the schedule is what differs (update sizes relative to the reference's).
-        chain = _reference_chain(ctx, params0, grads_per_epoch, sigmas)
-        ratios = {e: float(np.linalg.norm(delta(port_chain, e, params0)) / np.linalg.norm(delta(chain, e, params0)))
-                  for e in range(len(port_chain))}
-        return diagnose.lr_schedule_cause(ratios, ref_decay)
-    return diagnose.optimizer_cause(None, ref_opt, worst)
+def run(ctx):
+    if not ctx.port.has("optimizer_step"):
+        return summarize(NAME, Recorder(NAME), "Skipped: the port has no `optimizer_init`/`optimizer_step`.")
+    m = measure(ctx)
+    return summarize(NAME, judge(m), section(m))

@@ -1,5 +1,5 @@
 """A numpy EGGROLL port written only from the adapter protocol's documentation (parity/adapter.py) and
-REFERENCE.md, with one switch per row of PARITY_SPEC.md's knob table: the suite's self-test subject.
+the reference's described behaviour, with one switch per row of DESIGN.md's knob table: the suite's self-test subject.
 
 `Drift()` is the faithful port; each field set away from its default makes the port drift in that one
 way (the field names are the knob table's). `rng="jax"` draws JAX's own numbers through `jax.random`

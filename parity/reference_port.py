@@ -48,7 +48,7 @@ def enable_compile_cache() -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def _f32(x: float) -> float:
+def _round32(x: float) -> float:
     return float(np.float32(x))
 
 
@@ -178,10 +178,10 @@ class ReferencePort:
 
     # ---- schedules
     def sigma_at(self, epoch: int) -> float:
-        return _f32(schedule(self.cfg.sigma, self.run.sigma_decay, epoch))
+        return _round32(schedule(self.cfg.sigma, self.run.sigma_decay, epoch))
 
     def lr_at(self, epoch: int) -> float:
-        return _f32(schedule(self.cfg.lr, self.run.lr_decay, epoch))
+        return _round32(schedule(self.cfg.lr, self.run.lr_decay, epoch))
 
     # ---- required
     def noise(self, shapes, seed, epoch, members, pop, sigma, rank) -> dict:
