@@ -23,15 +23,18 @@ ES_CLASSES = (PARAM, MM_PARAM, EMB_PARAM, EXCLUDED)
 
 
 # ----------------------------------------------------------------------------- noise of one member
-def true_epoch(noise_reuse: int, epoch):
-    """The epoch the noise is drawn for: 0 forever when noise_reuse == 0 (upstream's quirk), else epoch // noise_reuse."""
+def true_epoch(epoch, noise_reuse):
+    """The epoch the noise is drawn for: 0 forever when noise_reuse == 0 (upstream's quirk), else epoch // noise_reuse.
+
+    Arguments in the torch side's order (`torch_impl.noise.true_epoch(epoch, noise_reuse)`).
+    """
     return 0 if noise_reuse == 0 else epoch // noise_reuse
 
 
 def member_key(base_key, noise_reuse: int, iterinfo):
     """fold_in(fold_in(k, true_epoch), thread_id // 2): members 2p and 2p+1 share the key of pair p."""
     epoch, thread_id = iterinfo
-    return jax.random.fold_in(jax.random.fold_in(base_key, true_epoch(noise_reuse, epoch)), thread_id // 2)
+    return jax.random.fold_in(jax.random.fold_in(base_key, true_epoch(epoch, noise_reuse)), thread_id // 2)
 
 
 def signed_sigma(base_sigma, thread_id):

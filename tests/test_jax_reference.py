@@ -14,10 +14,11 @@ import pytest
 
 from jax_reference.models import (ACTIVATIONS, EMB_PARAM, EXCLUDED, MLP, MM_PARAM, PARAM, TMM, Embedding, Linear,
                                   layer_norm, simple_es_tree_key)
-from jax_reference.noiser import EggRoll, es_grads, fullrank_noise, lowrank_factors, lowrank_sigma
+from jax_reference.noiser import EggRoll, es_grads, fullrank_noise, lowrank_factors, lowrank_sigma, true_epoch
 from jax_reference.population import (flat_to_params, leaf_names, make_cached_population_forward, make_forward,
                                       make_population_forward, member_noise_tree, params_to_flat,
                                       population_iterinfos, population_noise)
+from torch_impl.noise import true_epoch as torch_true_epoch
 
 U = 2.0 ** -24   # float32 unit roundoff
 
@@ -145,6 +146,14 @@ def test_noise_reuse_k_changes_the_noise_only_at_multiples_of_k():
     # and the key is fold_in(k, epoch // 3): epoch 5 uses true epoch 1
     z = normal(member_key(es_tree_key["1"]["weight"], 5, 2, 3), (2 + 6, RANK))
     np.testing.assert_array_equal(draws[5].B["1.weight"][2], z[:6])
+
+
+@pytest.mark.parametrize("noise_reuse", [2, 3, 7])
+def test_true_epoch_takes_epoch_then_noise_reuse_like_the_torch_side(noise_reuse):
+    epochs = np.random.default_rng(noise_reuse).integers(1, 10_000, size=20)
+    for e in epochs:
+        assert true_epoch(int(e), noise_reuse) == torch_true_epoch(int(e), noise_reuse) == int(e) // noise_reuse
+        assert true_epoch(int(e), 0) == torch_true_epoch(int(e), 0) == 0          # noise_reuse 0: epoch 0 forever
 
 
 @pytest.mark.parametrize("seed,sigma", [(4, 0.25), (10, 1.5)])
