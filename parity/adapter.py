@@ -19,7 +19,8 @@ Required methods
     perturbed_linear(W (out, in), A (m, out, r), B (m, in, r), x (m, batch, in)) -> (m, batch, out)
         member i's x @ (W + A_i B_i^T)^T, however the port computes it.
     shape_fitness(f (N,), group_size=0) -> (N,)
-        the port's fitness shaping; it must raise an exception for NaN/inf input.
+        the port's fitness shaping. Raising for NaN/inf input is advised; a port that accepts it
+        behaves like upstream EggRoll and gets a warning with advice, never a drift.
     gradient(noise, shaped (N,), sigma) -> {name: array shaped like the param}
         the ES gradient estimate in the reference's convention: ascent direction, before the
         sqrt(N) factor (weights: einsum('nir,njr->ij', f*A, B) / N; biases: mean(f * eps)); zeros
