@@ -79,12 +79,12 @@ def as_typed_key(key):
     return jax.random.wrap_key_data(key)
 
 
-def recursive_scan_split(param, base_key, scan_axes):
-    """One key per index of each scanned axis, in order (no scanned axes: the key itself)."""
-    if len(scan_axes) == 0:
+def recursive_scan_split(param, base_key, scan_tuple):
+    """One key per index of each scanned axis in scan_tuple, in order (an empty tuple: the key itself)."""
+    if len(scan_tuple) == 0:
         return base_key
-    keys = jax.random.split(base_key, param.shape[scan_axes[0]])
-    return jax.vmap(recursive_scan_split, in_axes=(None, 0, None))(param, keys, tuple(scan_axes[1:]))
+    keys = jax.random.split(base_key, param.shape[scan_tuple[0]])
+    return jax.vmap(recursive_scan_split, in_axes=(None, 0, None))(param, keys, tuple(scan_tuple[1:]))
 
 
 def simple_es_tree_key(params, base_key, scan_map):
@@ -123,6 +123,12 @@ def call_submodule(cls, name, common_params: CommonParams, *args, **kwargs):
     return cls._forward(sub, *args, **kwargs)
 
 
+def noiser_args(common_params: CommonParams) -> tuple:
+    """(frozen_noiser_params, noiser_params, param, base_key, iterinfo): how a leaf module calls its noiser."""
+    return (common_params.frozen_noiser_params, common_params.noiser_params, common_params.params,
+            common_params.es_tree_key, common_params.iterinfo)
+
+
 class Model:
     """Base: `rand_init` builds a CommonInit; `forward` packs CommonParams and calls `_forward`."""
 
@@ -154,9 +160,8 @@ class Parameter(Model):
         return CommonInit(None, value, (), PARAM)
 
     @classmethod
-    def _forward(cls, cp, *args, **kwargs):
-        return cp.noiser.get_noisy_standard(cp.frozen_noiser_params, cp.noiser_params, cp.params,
-                                            cp.es_tree_key, cp.iterinfo)
+    def _forward(cls, common_params, *args, **kwargs):
+        return common_params.noiser.get_noisy_standard(*noiser_args(common_params))
 
 
 class MM(Model):
@@ -169,9 +174,8 @@ class MM(Model):
         return CommonInit(None, value, (), MM_PARAM)
 
     @classmethod
-    def _forward(cls, cp, x, *args, **kwargs):
-        return cp.noiser.do_mm(cp.frozen_noiser_params, cp.noiser_params, cp.params, cp.es_tree_key,
-                               cp.iterinfo, x)
+    def _forward(cls, common_params, x, *args, **kwargs):
+        return common_params.noiser.do_mm(*noiser_args(common_params), x)
 
 
 class TMM(Model):
@@ -184,9 +188,8 @@ class TMM(Model):
         return CommonInit(None, value, (), MM_PARAM)
 
     @classmethod
-    def _forward(cls, cp, x, *args, **kwargs):
-        return cp.noiser.do_Tmm(cp.frozen_noiser_params, cp.noiser_params, cp.params, cp.es_tree_key,
-                                cp.iterinfo, x)
+    def _forward(cls, common_params, x, *args, **kwargs):
+        return common_params.noiser.do_Tmm(*noiser_args(common_params), x)
 
 
 class Embedding(Model):
@@ -199,9 +202,8 @@ class Embedding(Model):
         return CommonInit(None, value, (), EMB_PARAM)
 
     @classmethod
-    def _forward(cls, cp, x, *args, **kwargs):
-        return cp.noiser.do_emb(cp.frozen_noiser_params, cp.noiser_params, cp.params, cp.es_tree_key,
-                                cp.iterinfo, x)
+    def _forward(cls, common_params, x, *args, **kwargs):
+        return common_params.noiser.do_emb(*noiser_args(common_params), x)
 
 
 class Linear(Model):
@@ -215,10 +217,10 @@ class Linear(Model):
         return merge_inits(**parts)
 
     @classmethod
-    def _forward(cls, cp, x, *args, **kwargs):
-        out = call_submodule(MM, "weight", cp, x)
-        if "bias" in cp.params:
-            out = out + call_submodule(Parameter, "bias", cp)
+    def _forward(cls, common_params, x, *args, **kwargs):
+        out = call_submodule(MM, "weight", common_params, x)
+        if "bias" in common_params.params:
+            out = out + call_submodule(Parameter, "bias", common_params)
         return out
 
 
@@ -236,11 +238,11 @@ class MLP(Model):
         return merge_frozen(merge_inits(**layers), activation=activation)
 
     @classmethod
-    def _forward(cls, cp, x, *args, **kwargs):
-        n_layers = len(cp.params)
-        act = ACTIVATIONS[cp.frozen_params["activation"]]
+    def _forward(cls, common_params, x, *args, **kwargs):
+        n_layers = len(common_params.params)
+        act = ACTIVATIONS[common_params.frozen_params["activation"]]
         for t in range(n_layers):
-            x = call_submodule(Linear, str(t), cp, x)
+            x = call_submodule(Linear, str(t), common_params, x)
             if t != n_layers - 1:
                 x = act(x)
         return x

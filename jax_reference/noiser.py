@@ -1,10 +1,12 @@
 """The EggRoll noiser: low-rank antithetic ES noise, fitness shaping and the optax update.
 
-Same interface and numbers as the public HyperscaleES `EggRoll` (module `hyperscalees.noiser.eggroll`):
-classmethods `init_noiser`, `do_mm`, `do_Tmm`, `do_emb`, `get_noisy_standard`,
-`convert_fitnesses`, `do_updates`. The module-level functions below are the pieces the
-class is made of; `population.py` reuses them so the noise it exports is by
-construction the noise `do_mm` uses.
+Same interface and numbers as the public HyperscaleES `EggRoll`, usable as a
+drop-in: classmethods `init_noiser`, `do_mm`, `do_Tmm`, `do_emb`, `get_noisy_standard`,
+`convert_fitnesses`, `do_updates` and the hooks upstream's variant noisers override
+(`_do_update`, `_do_updates_original`, `_do_updates_batched`), with upstream's argument names,
+its in-place update of `noiser_params["opt_state"]`, and no validation of values. The
+module-level functions below are the pieces the class is made of; `population.py` reuses them
+so the noise it exports is by construction the noise `do_mm` uses.
 """
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jax_reference.models import EMB_PARAM, EXCLUDED, MM_PARAM, PARAM, as_typed_key
@@ -23,8 +24,11 @@ ES_CLASSES = (PARAM, MM_PARAM, EMB_PARAM, EXCLUDED)
 
 
 # ----------------------------------------------------------------------------- noise of one member
-def true_epoch(epoch, noise_reuse: int):
-    """The epoch the noise is drawn for: 0 forever when noise_reuse == 0 (upstream's quirk), else epoch // noise_reuse."""
+def true_epoch(epoch, noise_reuse):
+    """The epoch the noise is drawn for: 0 forever when noise_reuse == 0 (upstream's quirk), else epoch // noise_reuse.
+
+    Arguments in the torch side's order (`torch_impl.keys.true_epoch(epoch, noise_reuse)`).
+    """
     return 0 if noise_reuse == 0 else epoch // noise_reuse
 
 
@@ -117,29 +121,49 @@ def leaf_grad(frozen_noiser_params, sigma, param, key, scores, iterinfos, es_cla
     return jax.lax.scan(step, 0, xs=(param, key))[1]
 
 
-def es_grads(frozen_noiser_params, noiser_params, params, es_tree_key, fitnesses, iterinfos, es_map):
-    """Pytree of g (before the -sqrt(N) scaling handed to the solver), per leaf or batched by (shape, class)."""
-    _check_population(fitnesses, iterinfos)
-    sigma = noiser_params["sigma"]
-    if not frozen_noiser_params.get("use_batched_update", False):
-        return jax.tree.map(
-            lambda p, k, m: leaf_grad(frozen_noiser_params, sigma, p, k, fitnesses, iterinfos, m),
-            params, es_tree_key, es_map)
+# ----------------------------------------------------------------------------- over the parameter tree
+def map_leaves(fn, params, es_tree_key, es_map):
+    """fn(param, typed key, es_class) on every leaf, one call per leaf: the per-leaf update path."""
+    return jax.tree.map(lambda p, k, m: fn(p, as_typed_key(k), m), params, es_tree_key, es_map)
+
+
+def leaf_buckets(flat_params, flat_keys, flat_classes) -> dict[tuple, list[int]]:
+    """Leaf indices grouped by (shape, dtype, key shape, es class): the leaves one vmapped call can take together."""
+    buckets: dict[tuple, list[int]] = defaultdict(list)
+    for i, (p, k, m) in enumerate(zip(flat_params, flat_keys, flat_classes)):
+        buckets[(jnp.shape(p), jnp.dtype(p.dtype), k.shape, m)].append(i)
+    return buckets
+
+
+def map_leaves_batched(fn, params, es_tree_key, es_map):
+    """Like map_leaves, but fn is vmapped once per bucket of alike leaves (fewer, larger ops for XLA to compile)."""
     flat_params, treedef = jax.tree.flatten(params)
     flat_keys = [as_typed_key(k) for k in treedef.flatten_up_to(es_tree_key)]
     flat_classes = treedef.flatten_up_to(es_map)
-    buckets: dict[tuple, list[int]] = defaultdict(list)
-    for i, (p, k, m) in enumerate(zip(flat_params, flat_keys, flat_classes)):
-        buckets[(p.shape, jnp.dtype(p.dtype), k.shape, m)].append(i)
-    grads: list[Any] = [None] * len(flat_params)
-    for (_, _, _, m), idx in buckets.items():
-        stacked_p = jnp.stack([flat_params[i] for i in idx])                      # (n_same, *shape)
-        stacked_k = jnp.stack([flat_keys[i] for i in idx])
-        g = jax.vmap(lambda p, k: leaf_grad(frozen_noiser_params, sigma, p, k, fitnesses, iterinfos, m))(
-            stacked_p, stacked_k)
+    out: list[Any] = [None] * len(flat_params)
+    for (_, _, _, es_class), idx in leaf_buckets(flat_params, flat_keys, flat_classes).items():
+        stacked = jax.vmap(lambda p, k: fn(p, k, es_class))(jnp.stack([flat_params[i] for i in idx]),
+                                                           jnp.stack([flat_keys[i] for i in idx]))
         for j, i in enumerate(idx):
-            grads[i] = g[j]
-    return jax.tree.unflatten(treedef, grads)
+            out[i] = stacked[j]
+    return jax.tree.unflatten(treedef, out)
+
+
+def leaf_mapper(frozen_noiser_params):
+    """map_leaves_batched when frozen_noiser_params asks for use_batched_update, else map_leaves."""
+    return map_leaves_batched if frozen_noiser_params.get("use_batched_update", False) else map_leaves
+
+
+def es_grads(frozen_noiser_params, noiser_params, params, es_tree_key, fitnesses, iterinfos, es_map):
+    """Pytree of g (before the -sqrt(N) scaling handed to the solver), per leaf or batched by (shape, class).
+
+    Ours, for callers that log g (the trainer); it checks that fitnesses and iterinfos describe one
+    population, and, like upstream's update, nothing about their values (NaN flows through).
+    """
+    check_population(fitnesses, iterinfos)
+    sigma = noiser_params["sigma"]
+    grad = lambda p, k, m: leaf_grad(frozen_noiser_params, sigma, p, k, fitnesses, iterinfos, m)
+    return leaf_mapper(frozen_noiser_params)(grad, params, es_tree_key, es_map)
 
 
 def solver_input(grad, n_members: int, dtype):
@@ -147,14 +171,30 @@ def solver_input(grad, n_members: int, dtype):
     return -(grad * jnp.sqrt(n_members)).astype(dtype)
 
 
+def apply_solver(frozen_noiser_params, noiser_params, params, directions):
+    """The solver's step on the directions, applied; noiser_params["opt_state"] is updated in place (as upstream does).
+
+    Returns (noiser_params, new params): the caller's dict itself, so code that ignores it keeps the new state.
+    """
+    updates, noiser_params["opt_state"] = frozen_noiser_params["solver"].update(
+        directions, noiser_params["opt_state"], params)
+    return noiser_params, optax.apply_updates(params, updates)
+
+
 def apply_grads(frozen_noiser_params, noiser_params, params, grads, n_members: int):
-    """The second half of do_updates: -(g * sqrt(N)) through the solver, applied. Returns (noiser_params, params)."""
-    direction = jax.tree.map(lambda g, p: solver_input(g, n_members, p.dtype), grads, params)
-    updates, opt_state = frozen_noiser_params["solver"].update(direction, noiser_params["opt_state"], params)
-    return {**noiser_params, "opt_state": opt_state}, optax.apply_updates(params, updates)
+    """The second half of do_updates: -(g * sqrt(N)) through the solver, applied, opt_state updated in place."""
+    directions = jax.tree.map(lambda g, p: solver_input(g, n_members, p.dtype), grads, params)
+    return apply_solver(frozen_noiser_params, noiser_params, params, directions)
 
 
-def _check_population(fitnesses, iterinfos) -> None:
+def leaf_update_fn(noiser, frozen_noiser_params, noiser_params, fitnesses, iterinfos):
+    """(param, key, es_class) -> noiser._do_update(...) at this population and sigma (overrides included)."""
+    sigma = noiser_params["sigma"]
+    return lambda p, k, m: noiser._do_update(p, k, fitnesses, iterinfos, m, sigma, frozen_noiser_params)
+
+
+def check_population(fitnesses, iterinfos) -> None:
+    """Shapes only (the same eagerly and under jit): one fitness per member and (epochs, thread_ids) to match."""
     if iterinfos is None or len(iterinfos) != 2:
         raise ValueError("iterinfos must be (epochs (N,), thread_ids (N,)) for the whole population")
     n = fitnesses.shape[0] if getattr(fitnesses, "ndim", 0) == 1 else None
@@ -163,19 +203,6 @@ def _check_population(fitnesses, iterinfos) -> None:
     for name, arr in zip(("epochs", "thread_ids"), iterinfos):
         if jnp.shape(arr) != (n,):
             raise ValueError(f"iterinfos {name} must have shape ({n},) like fitnesses, got {jnp.shape(arr)}")
-    if not isinstance(fitnesses, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(fitnesses))):
-        raise ValueError("fitnesses contain NaN or inf; every member needs a finite fitness")
-
-
-def _check_settings(sigma, rank, group_size, noise_reuse) -> None:
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
-        raise ValueError(f"rank must be an integer >= 1 (columns of A and B), got {rank!r}")
-    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 0:
-        raise ValueError(f"group_size must be an integer >= 0 (0 = shape over the whole population), got {group_size!r}")
-    if isinstance(noise_reuse, bool) or not isinstance(noise_reuse, (int, np.integer)) or noise_reuse < 0:
-        raise ValueError(f"noise_reuse must be an integer >= 0 (0 = the same noise every epoch), got {noise_reuse!r}")
-    if isinstance(sigma, (int, float)) and not (np.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
 
 
 # ----------------------------------------------------------------------------- the noiser classes
@@ -183,7 +210,8 @@ class Noiser:
     """No noise at all: the interface every noiser has, with the plain model's behaviour."""
 
     @classmethod
-    def init_noiser(cls, params, sigma, lr, *args, **kwargs):
+    def init_noiser(cls, params, sigma, lr, *args, solver=None, solver_kwargs=None, **kwargs):
+        """({}, {}): nothing to hold; extra arguments are ignored, as upstream's base noiser ignores them."""
         return {}, {}
 
     @classmethod
@@ -212,23 +240,25 @@ class Noiser:
 
 
 class EggRoll(Noiser):
-    """Low-rank ES noise: a rank-r perturbation (A*s) @ B.T per weight, full-rank noise on plain leaves."""
+    """Low-rank ES noise: a rank-r perturbation (A*s) @ B.T per weight, full-rank noise on plain leaves.
+
+    Built like upstream's so that its subclasses work here: do_updates -> _do_updates_original or
+    _do_updates_batched -> cls._do_update per leaf (the solver input of one leaf). No value is
+    validated (upstream validates none): our trainers and the parity suite check what they feed it.
+    """
 
     @classmethod
-    def init_noiser(cls, params, sigma, lr, *, solver=None, solver_kwargs=None, group_size=0,
-                    freeze_nonlora=False, noise_reuse=0, rank=1, use_batched_update=False):
-        """(frozen_noiser_params, noiser_params = {"sigma", "opt_state"}); solver(lr, **solver_kwargs) defaults to optax.sgd."""
-        _check_settings(sigma, rank, group_size, noise_reuse)
+    def init_noiser(cls, params, sigma, lr, *args, solver=None, solver_kwargs=None, group_size=0,
+                    freeze_nonlora=False, noise_reuse=0, rank=1, use_batched_update=False, **kwargs):
+        """(frozen_noiser_params, noiser_params = {"sigma", "opt_state"}); solver(lr, **solver_kwargs) defaults to optax.sgd.
+
+        Extra positional and keyword arguments are ignored, as upstream ignores them, so one settings
+        dict can serve several noisers. Settings are stored as given (sigma=0.0, rank=jnp.int32(2), ...).
+        """
         solver = optax.sgd if solver is None else solver
-        optimizer = solver(lr, **(solver_kwargs or {}))
-        frozen = {
-            "group_size": int(group_size),
-            "freeze_nonlora": bool(freeze_nonlora),
-            "noise_reuse": int(noise_reuse),
-            "solver": optimizer,
-            "rank": int(rank),
-            "use_batched_update": bool(use_batched_update),
-        }
+        optimizer = solver(lr, **({} if solver_kwargs is None else solver_kwargs))
+        frozen = {"group_size": group_size, "freeze_nonlora": freeze_nonlora, "noise_reuse": noise_reuse,
+                  "solver": optimizer, "rank": rank, "use_batched_update": use_batched_update}
         return frozen, {"sigma": sigma, "opt_state": optimizer.init(params)}
 
     @classmethod
@@ -276,10 +306,36 @@ class EggRoll(Noiser):
         return ((groups - jnp.mean(groups, axis=-1, keepdims=True)) / scale).ravel()
 
     @classmethod
+    def _do_update(cls, param, base_key, fitnesses, iterinfos, map_classification, sigma, frozen_noiser_params,
+                   **kwargs):
+        """One leaf's solver input -(g * sqrt(N)) in its dtype, g by es_map class: the hook subclasses override."""
+        g = leaf_grad(frozen_noiser_params, sigma, param, base_key, fitnesses, iterinfos, map_classification)
+        return solver_input(g, fitnesses.size, param.dtype)
+
+    @classmethod
     def do_updates(cls, frozen_noiser_params, noiser_params, params, base_keys, fitnesses, iterinfos, es_map):
-        """One ES step: g per leaf, -(g * sqrt(N)) through the optax solver, applied. Returns a new noiser_params."""
-        grads = es_grads(frozen_noiser_params, noiser_params, params, base_keys, fitnesses, iterinfos, es_map)
-        return apply_grads(frozen_noiser_params, noiser_params, params, grads, fitnesses.size)
+        """One ES step: _do_updates_batched if frozen_noiser_params["use_batched_update"], else _do_updates_original."""
+        if frozen_noiser_params.get("use_batched_update", False):
+            return cls._do_updates_batched(frozen_noiser_params, noiser_params, params, base_keys, fitnesses,
+                                           iterinfos, es_map)
+        return cls._do_updates_original(frozen_noiser_params, noiser_params, params, base_keys, fitnesses,
+                                        iterinfos, es_map)
+
+    @classmethod
+    def _do_updates_original(cls, frozen_noiser_params, noiser_params, params, base_keys, fitnesses, iterinfos,
+                             es_map):
+        """cls._do_update leaf by leaf, then the solver; noiser_params["opt_state"] updated in place, both returned."""
+        directions = map_leaves(leaf_update_fn(cls, frozen_noiser_params, noiser_params, fitnesses, iterinfos),
+                                params, base_keys, es_map)
+        return apply_solver(frozen_noiser_params, noiser_params, params, directions)
+
+    @classmethod
+    def _do_updates_batched(cls, frozen_noiser_params, noiser_params, params, base_keys, fitnesses, iterinfos,
+                            es_map):
+        """cls._do_update vmapped over each bucket of alike leaves, then the solver; same contract as the original."""
+        directions = map_leaves_batched(leaf_update_fn(cls, frozen_noiser_params, noiser_params, fitnesses, iterinfos),
+                                        params, base_keys, es_map)
+        return apply_solver(frozen_noiser_params, noiser_params, params, directions)
 
 
 # Upstream's module-level names for the two draws (same signatures).

@@ -45,6 +45,14 @@ def action_uniforms(action_key, epoch: int, pop: int) -> np.ndarray:
     return np.asarray(jax.random.uniform(jax.random.fold_in(action_key, epoch), (cartpole.MAX_STEPS, pop)))
 
 
+def check_returns(returns: np.ndarray, epoch: int) -> None:
+    """Raise a ValueError naming the members whose return is NaN or inf: EggRoll (like upstream) would take them."""
+    bad = np.flatnonzero(~np.isfinite(np.asarray(returns, dtype=np.float64)))
+    if bad.size:
+        shown = ", ".join(map(str, bad[:8].tolist())) + (" ..." if bad.size > 8 else "")
+        raise ValueError(f"epoch {epoch}: returns must be finite; {bad.size} are NaN or inf, at member(s) {shown}")
+
+
 def lr_schedule(lr: float, lr_decay: float, max_epochs: int):
     """optax schedule: count -> float32(lr * lr_decay**count), the power taken in Python float64 (DESIGN.md).
 
@@ -159,6 +167,7 @@ def train(cfg: Config, run: RunSettings, seed: int, progress: bool = True, strea
         init_state = cartpole.reset(seed + epoch + np.arange(cfg.pop))
         policy = policy_for(noiser_params, params, es_tree_key, epoch)
         returns = run_episodes(policy, init_state, action_uniforms(keys.action, epoch, cfg.pop)).returns
+        check_returns(returns, epoch)
         env_steps += int(returns.sum())
         noiser_params, params, norms = p.step(noiser_params, params, es_tree_key, jnp.asarray(returns), jnp.int32(epoch))
         row = epoch_row(epoch, env_steps, returns.mean(), returns.max(), sigma_e, lr_e,

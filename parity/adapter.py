@@ -19,7 +19,8 @@ Required methods
     perturbed_linear(W (out, in), A (m, out, r), B (m, in, r), x (m, batch, in)) -> (m, batch, out)
         member i's x @ (W + A_i B_i^T)^T, however the port computes it.
     shape_fitness(f (N,), group_size=0) -> (N,)
-        the port's fitness shaping; it must raise an exception for NaN/inf input.
+        the port's fitness shaping. Raising for NaN/inf input is advised; a port that accepts it
+        behaves like upstream EggRoll and gets a warning with advice, never a drift.
     gradient(noise, shaped (N,), sigma) -> {name: array shaped like the param}
         the ES gradient estimate in the reference's convention: ascent direction, before the
         sqrt(N) factor (weights: einsum('nir,njr->ij', f*A, B) / N; biases: mean(f * eps)); zeros
@@ -191,6 +192,11 @@ class CheckedPort:
     def has(self, method: str) -> bool:
         group = next((g for g in GROUPS.values() if method in g), (method,))
         return all(callable(getattr(self.port, m, None)) for m in group)
+
+    def unchecked(self, method: str, *args):
+        """The port's own method called as is: no validation, its exceptions passed through (for a check that
+        must see what the port itself raises, e.g. on NaN fitness)."""
+        return getattr(self.port, method)(*args)
 
     def _call(self, method: str, *args, **kwargs):
         fn: Callable | None = getattr(self.port, method, None)

@@ -228,7 +228,11 @@ class ReferencePort:
         return grads
 
     def rejects_nonfinite(self, noise: dict, f: np.ndarray, shapes) -> str | None:
-        """The error text EggRoll.do_updates raises for this fitness vector, or None if it accepts it."""
+        """The error text EggRoll.do_updates raises for this fitness vector, or None if it accepts it.
+
+        Run for real, so the suite reports what the reference does: like upstream EggRoll, which validates
+        no fitness, it accepts NaN and inf (None); the built-in trainers reject them before the update.
+        """
         sig = _signature(shapes)
         tree = _zeros_tree(sig)
         _, es_map = _maps(tree)
@@ -237,7 +241,7 @@ class ReferencePort:
         iterinfos = (jnp.zeros(n, jnp.int32), jnp.arange(n, dtype=jnp.int32))
         try:
             EggRoll.do_updates(frozen, nparams, tree, _key_tree(sig, 0), jnp.asarray(f), iterinfos, es_map)
-        except Exception as err:   # the reference's own validation
+        except Exception as err:   # validation, had the reference any
             return f"{type(err).__name__}: {err}"
         return None
 

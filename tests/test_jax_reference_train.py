@@ -13,10 +13,12 @@ import optax
 import pytest
 
 from jax_reference import __main__ as cli
+from jax_reference import train as train_module
 from jax_reference.models import simple_es_tree_key
 from jax_reference.noiser import EggRoll, es_grads
 from jax_reference.population import population_iterinfos
-from jax_reference.train import action_uniforms, compiled, init_model, lr_schedule, run_keys, train
+from jax_reference.train import (action_uniforms, check_returns, compiled, init_model, lr_schedule, run_keys,
+                                 train)
 from rollout import cartpole
 from rollout.episodes import run_episodes
 from spec.config import Config
@@ -163,3 +165,29 @@ def test_cli_presets_overrides_and_exit_codes(capsys):
     code = cli.main(["--pop", "8", "--rank", "2", "--hidden", "6", "--layers", "1", "--max-steps", "300",
                      "--seed", "3", "--quiet", "--lr-decay", "0.9", "--sigma-decay", "0.95"])
     assert code == 1 and capsys.readouterr().out.startswith("not solved (")
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_check_returns_names_the_nonfinite_members(value):
+    rng = np.random.default_rng(7)
+    for pop in (8, 20):
+        returns = rng.integers(8, 500, size=pop).astype(np.float32)
+        check_returns(returns, 3)                                        # finite: silent
+        bad = rng.choice(pop, size=3, replace=False)
+        returns[bad] = value
+        with pytest.raises(ValueError, match=r"epoch 3: returns must be finite; 3 are NaN or inf, at member\(s\) "
+                                             + ", ".join(map(str, sorted(bad)))):
+            check_returns(returns, 3)
+
+
+def test_the_trainer_rejects_a_nonfinite_return_before_the_update(monkeypatch):
+    # The trainer owns this error (EggRoll, like upstream's, need not validate fitness).
+    def poisoned(policy, init_state, uniforms):
+        result = run_episodes(policy, init_state, uniforms)
+        returns = np.asarray(result.returns, np.float32).copy()
+        returns[5] = np.nan
+        return result._replace(returns=returns)
+
+    monkeypatch.setattr(train_module, "run_episodes", poisoned)
+    with pytest.raises(ValueError, match=r"epoch 0: returns must be finite; 1 are NaN or inf, at member\(s\) 5"):
+        train(TINY, KNOBS, seed=4, progress=False)

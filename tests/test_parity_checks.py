@@ -97,3 +97,37 @@ def test_synthetic_objectives_equal_the_formed_perturbation(kind):
     else:
         want = -((target["0.weight"] + delta) ** 2).sum((1, 2)) - ((target["0.bias"] + eps) ** 2).sum(1)
     np.testing.assert_allclose(_objective_values(kind, noise, target, ["0.bias", "0.weight"]), want, rtol=1e-5)
+
+
+class RejectsNonfinite(ReferencePort):
+    """The reference's shaping, plus the validation the built-in trainers have: NaN/inf raise."""
+
+    def shape_fitness(self, f, group_size=0):
+        if not np.all(np.isfinite(f)):
+            raise ValueError("fitness must be finite")
+        return super().shape_fitness(f, group_size)
+
+
+def _nonfinite_rows(result) -> dict:
+    return {(r.quantity, r.side): r for r in result.rows if "fitness rejected" in r.quantity}
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_a_port_that_accepts_nonfinite_fitness_gets_a_warning_not_a_failure(seed):
+    result = _run(ReferencePort(SELFTEST.cfg), "fitness", seed)    # accepts NaN/inf, as upstream EggRoll does
+    assert result.verdict == "pass"
+    rows = _nonfinite_rows(result)
+    assert {q for q, _ in rows} == {"NaN fitness rejected", "+inf fitness rejected", "-inf fitness rejected"}
+    for (quantity, side), row in rows.items():
+        assert row.verdict == "info" and row.value == 0.0, (quantity, side)
+        assert ("warning" in row.tolerance and "advice" in row.tolerance) == (side == "port")
+    assert "warning: the port accepts non-finite fitness" in result.section
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_a_port_that_rejects_nonfinite_fitness_still_passes(seed):
+    result = _run(RejectsNonfinite(SELFTEST.cfg), "fitness", seed)
+    assert result.verdict == "pass" and "warning" not in result.section
+    for (quantity, side), row in _nonfinite_rows(result).items():
+        assert row.verdict == "info" and row.value == (1.0 if side == "port" else 0.0), (quantity, side)
+    assert "reference says `None`" in result.section

@@ -97,3 +97,22 @@ def test_action_uniforms_are_unit_interval_and_per_epoch():
     u0, u1 = ref.action_uniforms(0, 0, 8), ref.action_uniforms(0, 1, 8)
     assert u0.shape == (500, 8) and u0.dtype == np.float32
     assert 0 <= u0.min() and u0.max() < 1 and not np.array_equal(u0, u1)
+
+
+@pytest.mark.parametrize("pop", [8, 16])
+def test_rejects_nonfinite_reports_that_the_reference_accepts_like_upstream(pop, monkeypatch):
+    cfg = Config(pop=pop, hidden=8)
+    ref = ReferencePort(cfg)
+    shapes = param_shapes(cfg)
+    noise = ref.noise(shapes, 0, 0, np.arange(pop), pop, cfg.sigma, cfg.rank)
+    f = np.random.default_rng(pop).standard_normal(pop).astype(np.float32)
+    for value in (np.nan, np.inf, -np.inf):
+        bad = f.copy()
+        bad[pop // 2] = value
+        assert ref.rejects_nonfinite(noise, bad, shapes) is None
+    # what it reports is what do_updates does: a do_updates that raises is reported with its message
+    def raising(*args):
+        raise ValueError("no NaN here")
+
+    monkeypatch.setattr(EggRoll, "do_updates", raising)
+    assert ref.rejects_nonfinite(noise, bad, shapes) == "ValueError: no NaN here"
