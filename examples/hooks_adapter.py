@@ -7,6 +7,7 @@
 import torch
 
 from examples.hooks_port import MLP, EggrollStrategy, shape_fitness
+from rollout.episodes import sample_actions
 
 
 def to_port(tree):    # protocol names "0.weight" -> the module's "layers.0.weight"; numpy -> torch
@@ -83,6 +84,9 @@ class HooksAdapter:
 
     def es_params(self, es):
         return from_port(es.model.state_dict())
+
+    def actions(self, logits, u):   # the port rolls out with rollout.episodes.run_episodes: inverse-CDF sampling
+        return sample_actions(logits, u)
 
 
 adapter = HooksAdapter

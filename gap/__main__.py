@@ -12,21 +12,39 @@ import sys
 import time
 from typing import NamedTuple
 
-from gap import report, stats
+from gap import executors, report, stats
 from gap.arms import Arm, dedupe, profile_arm
+from gap.attribution import DESIGNS
 from gap.attribution import study as build_study
-from gap.runs import RunStore, run_all, run_specs, train_spec
+from gap.runs import run_all, run_specs, train_spec
+from gap.store import RunStore
 from spec.config import PRESETS
 from spec.knobs import PROFILES, KnobError
 
-DEFAULT_PRESET = "gap"
+class StudyDefaults(NamedTuple):
+    """What `--study NAME` means when no other flag says otherwise."""
 
-# The default study fits 30 minutes on 2 idle cores (measured one-thread cost: 35-50 s per solving
-# run, ~100 s per run censored at the gap preset's 10 M budget): 3 main arms x 8 seeds + 12
-# attribution arms x 3 seeds = 60 runs, about 25 minutes.
-DEFAULT_SEEDS = 8              # main arms (jax_reference, torch:jax, torch:<profile>)
-DEFAULT_ATTRIBUTION_SEEDS = 3  # every other arm of the ladder and the singles
-CPU_S_PER_RUN = 45.0           # measured mean one-thread cost of a solving run at the cpu/gap preset
+    preset: str
+    budget: int | None          # env steps per run (None: the preset's)
+    design: str                 # ladder | factorial | none
+    seeds: int                  # per main arm: 42, 142, ...
+    attribution_seeds: int      # per attribution-only arm
+    others: tuple[str, ...]     # further profiles compared with the reference
+    published: str              # where the committed study lives (--from seeds a folder with its runs)
+    about: str
+
+
+STUDIES = {
+    # 30 minutes on 2 idle cores: 3 main arms x 8 seeds + 12 ladder arms x 3 seeds.
+    "gap": StudyDefaults("gap", None, "ladder", 8, 3, (), "reports/gap",
+                         "the CPU-sized study: pop 256, 3 x 64, 10 M-step budget, ladder attribution"),
+    # The published question at its own preset. A faithful run solves in 14-18 M env steps (CV about 6%): a
+    # 30 M budget censors it almost never; the factorial's 16 points at 3 seeds give 48 runs.
+    "paper": StudyDefaults("paper", 30_000_000, "factorial", 10, 3, ("functional-port",), "reports/gap-paper",
+                           "the published CartPole benchmark's preset (pop 2048, rank 4, 3 x 256), 30 M-step "
+                           "budget, a resolution-IV fraction over the oop-port's drifts"),
+}
+CPU_S_PER_RUN = {"gap": 45.0, "paper": 150.0}   # measured one-thread cost of a solving run
 
 
 def seed_list(n: int, first: int = 42, stride: int = 100) -> list[int]:
@@ -48,23 +66,30 @@ def _parse_seeds(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gap", description=__doc__.splitlines()[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default=DEFAULT_PRESET,
-                   help=f"hyper-parameters (default {DEFAULT_PRESET}: cpu with a 10M-step budget; "
-                        f"paper: the published run)")
-    p.add_argument("--seeds", type=int, default=None,
-                   help=f"seeds per main arm (default {DEFAULT_SEEDS}): 42, 142, ...")
+    p.add_argument("--study", choices=sorted(STUDIES), default="gap",
+                   help="; ".join(f"{k}: {v.about}" for k, v in STUDIES.items()) + " (default gap)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="hyper-parameters (default: the study's)")
+    p.add_argument("--design", choices=DESIGNS, default=None,
+                   help="attribution: ladder (and single drifts), factorial (a resolution-IV fraction with an "
+                        "AFT model), none (default: the study's)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per main arm (default: the study's): 42, 142, ...")
     p.add_argument("--seed-list", type=_parse_seeds, default=None, help="explicit seeds, e.g. 0,1,2 (all arms)")
     p.add_argument("--attribution-seeds", type=int, default=None,
-                   help=f"seeds per attribution-only arm, the first of the main seeds (default: "
-                        f"min(main seeds, {DEFAULT_ATTRIBUTION_SEEDS}))")
+                   help="seeds per attribution-only arm, the first of the main seeds (default: the study's)")
     p.add_argument("--profile", default="oop-port", help="the drifted profile to attribute (default oop-port)")
     p.add_argument("--arms", default=None,
                    help="comma-separated subset of the planned arms (see --plan), or jax_reference / torch:<profile>")
-    p.add_argument("--no-ladder", action="store_true", help="only the main arms, no attribution")
+    p.add_argument("--no-ladder", action="store_true", help="the same as --design none")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where runs execute: local processes, or an existing Ray cluster (--address)")
+    p.add_argument("--address", default=None, help="--executor ray: the Ray head, HOST:PORT")
     p.add_argument("--workers", type=int, default=None,
-                   help="parallel runs, one thread each (default: the CPU count; 1 with a cuda device)")
-    p.add_argument("--out", default="reports/gap", help="output folder (default reports/gap); reused to resume")
-    p.add_argument("--max-steps", type=int, default=None, help="env-step budget per run (default: the preset's)")
+                   help="local parallel runs, one thread each (default: the CPU count; 1 with a cuda device)")
+    p.add_argument("--out", default=None, help="output folder, reused to resume (default runs/<study>, which git "
+                                               "ignores; the committed studies live in reports/)")
+    p.add_argument("--from", dest="from_dir", default=None,
+                   help="a study folder whose finished runs seed --out (nothing is retrained), e.g. reports/gap-paper")
+    p.add_argument("--max-steps", type=int, default=None, help="env-step budget per run (default: the study's)")
     p.add_argument("--device", default="cpu", help="torch device for the torch side (cpu, cuda)")
     p.add_argument("--resamples", type=int, default=stats.N_RESAMPLES, help="bootstrap resamples (default 10000)")
     p.add_argument("--plan", action="store_true", help="print the arms and run count, train nothing")
@@ -112,39 +137,50 @@ def plan_study(args) -> StudyPlan:
                                ("--resamples", args.resamples, 100)):
         if value is not None and value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
-    cfg, reference = PRESETS[args.preset]
-    if args.max_steps is not None:
-        cfg = cfg.replace(max_env_steps=args.max_steps)
-    seeds = args.seed_list or seed_list(args.seeds or DEFAULT_SEEDS)
-    n_attr = args.attribution_seeds or min(len(seeds), DEFAULT_ATTRIBUTION_SEEDS)
+    if args.executor == "ray" and not args.address:
+        raise ValueError("--executor ray needs --address HOST:PORT of a running Ray head (`ray start --head`)")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: torch sees no CUDA device on this machine; use --device cpu")
+    d = STUDIES[args.study]
+    cfg, reference = PRESETS[args.preset or d.preset]
+    budget = args.max_steps or (d.budget if args.preset in (None, d.preset) else None)
+    if budget is not None:
+        cfg = cfg.replace(max_env_steps=budget)
+    seeds = args.seed_list or seed_list(args.seeds or d.seeds)
+    n_attr = args.attribution_seeds or min(len(seeds), d.attribution_seeds)
     if args.seed_list and n_attr > len(seeds):
         raise ValueError(f"--attribution-seeds {n_attr} is more than the {len(seeds)} seeds of --seed-list")
     attr_seeds = seeds[:n_attr] if args.seed_list else seed_list(n_attr)
-    st = build_study(args.profile, reference, attribution=not args.no_ladder)
+    design = "none" if args.no_ladder else (args.design or d.design)
+    st = build_study(args.profile, reference, design, tuple(o for o in d.others if o != args.profile))
     main_arms, extra_arms = _select(st, args.arms)
     return StudyPlan(cfg, seeds, attr_seeds, st, main_arms, extra_arms)
 
 
 def print_plan(args, p: StudyPlan, n_runs: int) -> None:
     """--plan: the arms, their seed counts and the expected time."""
-    print(f"{n_runs} runs at preset {args.preset} (budget {p.cfg.max_env_steps:,} env steps per run):")
+    print(f"{n_runs} runs at preset {args.preset or STUDIES[args.study].preset} (budget {p.cfg.max_env_steps:,} env steps per run):")
     for a in p.main_arms:
         print(f"  {a.name:48s} {a.side:5s} {len(p.seeds)} seeds (main)")
     for a in p.extra_arms:
         print(f"  {a.name:48s} {a.side:5s} {len(p.attribution_seeds)} seeds (attribution)")
-    if args.preset != "paper":
+    per_run = CPU_S_PER_RUN.get(args.preset or STUDIES[args.study].preset)
+    if per_run:
         n_workers = args.workers or os.cpu_count() or 1
-        print(f"expected: about {n_runs * CPU_S_PER_RUN / n_workers / 60:.0f} min with {n_workers} worker(s) on idle "
-              f"cores ({CPU_S_PER_RUN:.0f} s of one core per solving run; a run censored at the budget costs about "
-              f"{CPU_S_PER_RUN * p.cfg.max_env_steps / 4e6:.0f} s)")
+        print(f"expected: about {n_runs * per_run / n_workers / 60:.0f} min with {n_workers} worker(s) on idle "
+              f"cores ({per_run:.0f} s of one core per solving run; a run censored at the budget costs more)")
 
 
 def notes_of(args) -> list[str]:
     """What the report should say about how this invocation departs from the defaults."""
     notes = []
+    d = STUDIES[args.study]
     if args.seeds is None and args.seed_list is None and args.attribution_seeds is None:
-        notes.append(f"default seed counts ({DEFAULT_SEEDS} main, {DEFAULT_ATTRIBUTION_SEEDS} attribution) sized "
-                     f"so the default study fits 30 minutes on 2 cores; more seeds: --seeds, --attribution-seeds")
+        notes.append(f"the {args.study} study's seed counts ({d.seeds} main, {d.attribution_seeds} attribution); "
+                     "more seeds: --seeds, --attribution-seeds")
     if args.arms:
         notes.append(f"arms restricted to: {args.arms}")
     if args.max_steps is not None:
@@ -165,26 +201,30 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
     if args.plan:
         print_plan(args, p, len(specs))
         return 0
-    os.makedirs(args.out, exist_ok=True)
+    out = args.out or f"runs/{args.study}"
     workers = args.workers or (1 if args.device.startswith("cuda") else os.cpu_count() or 1)
     t0 = time.perf_counter()
     failed: list[str] = []
     try:
-        store = RunStore(args.out)
+        executor = executors.make(args.executor, workers, args.address)
+        store = RunStore(out)
+        if args.from_dir and os.path.abspath(args.from_dir) != os.path.abspath(out):
+            copied = store.import_from(RunStore(args.from_dir), {s.key for s in specs})
+            print(f"{copied} finished runs taken from {args.from_dir}", file=sys.stderr)
         if not args.report_only:
-            failed = run_all(specs, store, trainer, workers).failed
+            failed = run_all(specs, store, trainer, executor).failed
     except KeyboardInterrupt:
-        print(f"\ninterrupted: finished runs are saved in {args.out}/runs.csv; rerun the same command to resume",
+        print(f"\ninterrupted: finished runs are saved in {out}/runs.csv; rerun the same command to resume",
               file=sys.stderr)
         return 130
     except (RuntimeError, ValueError) as err:
         print(f"gap: {err}", file=sys.stderr)
         return 2
     info = report.StudyInfo(
-        command="python -m gap " + shlex.join(argv), preset=args.preset, config=p.cfg, seeds=p.seeds,
-        attribution_seeds=p.attribution_seeds, workers=workers, device=args.device, wall_s=time.perf_counter() - t0,
-        failed=failed, notes=notes_of(args))
-    print(f"report: {report.write(args.out, store, specs, p.study, info, n_resamples=args.resamples)}")
+        command="python -m gap " + shlex.join(argv), preset=args.preset or STUDIES[args.study].preset, config=p.cfg,
+        seeds=p.seeds, attribution_seeds=p.attribution_seeds, workers=workers, device=args.device,
+        wall_s=time.perf_counter() - t0, failed=failed, notes=notes_of(args), executor=executor.describe())
+    print(f"report: {report.write(out, store, specs, p.study, info, n_resamples=args.resamples)}")
     return 1 if failed else 0
 
 

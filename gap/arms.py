@@ -19,22 +19,31 @@ JAX_ARM = "jax_reference"
 
 @dataclass(frozen=True)
 class Arm:
-    """One thing the study trains over seeds."""
+    """One thing the study trains over seeds: a side, its settings, and the Config changes it trains with."""
 
     name: str
     side: str      # "jax" (jax_reference.train) or "torch" (torch_impl.train)
     knobs: Knobs | RunSettings   # RunSettings for the jax side (the reference run), Knobs for a torch port
+    config: tuple[tuple[str, object], ...] = ()   # Config fields a profile carries, e.g. (("layers", 2),)
 
     def __post_init__(self) -> None:
         if self.side not in SIDES:
             raise ValueError(f"side must be one of {SIDES}, got {self.side!r}")
 
 
-def knobs_json(knobs: Knobs | RunSettings) -> str:
-    """Canonical text of the knobs (sorted keys, no spaces; a reference run as the Knobs of its settings):
-    part of a run's identity on disk."""
+def departures_json(values: dict, defaults: dict) -> str:
+    """Canonical text of the fields that differ from their defaults (sorted keys, no spaces): a run's identity
+    on disk, which stays the same when a field is added later with a default."""
+    return json.dumps({k: v for k, v in values.items() if k not in defaults or defaults[k] != v}, sort_keys=True,
+                      separators=(",", ":"))
+
+
+def knobs_json(knobs: Knobs | RunSettings | dict) -> str:
+    """Canonical text of the knobs (a reference run as the Knobs of its settings; a dict as read from disk)."""
+    if isinstance(knobs, dict):
+        knobs = Knobs(**{k: v for k, v in knobs.items() if k in KNOB_NAMES})
     full = Knobs.from_run(knobs) if isinstance(knobs, RunSettings) else knobs
-    return json.dumps(asdict(full), sort_keys=True, separators=(",", ":"))
+    return departures_json(asdict(full), asdict(Knobs()))
 
 
 def _value_text(value) -> str:
@@ -82,11 +91,15 @@ def jax_arm(reference: RunSettings | None = None) -> Arm:
 
 
 def profile_arm(name: str, reference: RunSettings | None = None) -> Arm:
-    """`jax_reference` or `torch:<profile>`; anything else is a KnobError naming what exists."""
+    """`jax_reference` or `torch:<profile>` (with the configuration the profile carries); anything else is a
+    KnobError naming what exists."""
     if name == JAX_ARM:
         return jax_arm(reference)
     if name.startswith("torch:") and name[len("torch:"):] in PROFILES:
-        return torch_arm(profile(name[len("torch:"):], reference), reference)
+        pname = name[len("torch:"):]
+        arm = torch_arm(profile(pname, reference), reference)
+        return arm if not PROFILES[pname].config else Arm(name, "torch", arm.knobs,
+                                                          tuple(sorted(PROFILES[pname].config.items())))
     known = [JAX_ARM] + [f"torch:{p}" for p in PROFILES]
     raise KnobError(f"unknown arm {name!r}; arms by profile: {', '.join(known)} (or a name the study plan lists)")
 

@@ -27,24 +27,28 @@ class Rung(NamedTuple):
 
 
 class Study(NamedTuple):
-    """The arms of one study: the main comparison, then the attribution arms."""
+    """The arms of one study: the main comparison (and other profiles to compare), then the attribution arms:
+    a ladder and single drifts, or the points of a fractional factorial design (`gap.factorial.Design`)."""
 
     profile: str
     reference: Arm             # jax_reference
     faithful: Arm              # torch:jax
     drifted: Arm               # torch:<profile>
-    ladder: tuple[Rung, ...]   # empty without attribution
+    ladder: tuple[Rung, ...]   # empty without a ladder
     singles: tuple[tuple[str, Arm], ...]   # (knob, torch:jax + that drift alone)
+    others: tuple[Arm, ...] = ()           # further main arms, e.g. torch:functional-port
+    design: object = None                  # gap.factorial.Design, or None
 
     @property
     def main_arms(self) -> list[Arm]:
-        return dedupe([self.reference, self.faithful, self.drifted])
+        return dedupe([self.reference, self.faithful, self.drifted, *self.others])
 
     @property
     def attribution_arms(self) -> list[Arm]:
         """Arms only the attribution needs (the main ones excluded)."""
         main = {a.name for a in self.main_arms}
         rest = [r.arm for r in self.ladder] + [a for _, a in self.singles]
+        rest += list(self.design.arms) if self.design is not None else []
         return [a for a in dedupe(rest) if a.name not in main]
 
 
@@ -76,16 +80,28 @@ def singles(profile_name: str, reference: RunSettings | Knobs | None = None) -> 
             for k in drift_order(profile_name, reference)]
 
 
-def study(profile_name: str = "oop-port", reference: RunSettings | Knobs | None = None, attribution: bool = True) -> Study:
-    """The default study: jax_reference, torch:jax, torch:<profile>, and (optionally) the attribution arms."""
-    reference = as_knobs(reference)
+DESIGNS = ("ladder", "factorial", "none")
+
+
+def study(profile_name: str = "oop-port", reference: RunSettings | Knobs | None = None, design: str = "ladder",
+          others: tuple[str, ...] = ()) -> Study:
+    """jax_reference, torch:jax, torch:<profile> (and torch:<other> for each of `others`), and the attribution
+    arms of `design`: the ladder and single drifts, a fractional factorial over the profile's drifts, or none."""
+    from gap.arms import profile_arm
+    from gap.factorial import design as factorial_design
+
+    if design not in DESIGNS:
+        raise ValueError(f"--design must be one of {', '.join(DESIGNS)}, got {design!r}")
+    ref = as_knobs(reference)
     return Study(
         profile=profile_name,
-        reference=jax_arm(reference.run),
-        faithful=torch_arm(reference, reference),
-        drifted=torch_arm(profile(profile_name, reference), reference),
-        ladder=tuple(ladder(profile_name, reference)) if attribution else (),
-        singles=tuple(singles(profile_name, reference)) if attribution else (),
+        reference=jax_arm(ref.run),
+        faithful=torch_arm(ref, ref),
+        drifted=profile_arm(f"torch:{profile_name}", ref.run),
+        ladder=tuple(ladder(profile_name, ref)) if design == "ladder" else (),
+        singles=tuple(singles(profile_name, ref)) if design == "ladder" else (),
+        others=tuple(profile_arm(f"torch:{name}", ref.run) for name in others),
+        design=factorial_design(profile_name, ref) if design == "factorial" else None,
     )
 
 

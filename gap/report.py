@@ -10,7 +10,8 @@ import pandas as pd
 
 from gap import attribution as attr
 from gap import plots, published, results, stats
-from gap.runs import RunSpec, RunStore
+from gap.runs import RunSpec
+from gap.store import RunStore
 from reporting import atomic_write, machine, markdown_table, versions
 from spec.config import PRESET_NOTES, Config
 
@@ -30,6 +31,7 @@ class StudyInfo(NamedTuple):
     wall_s: float                 # this invocation
     failed: list[str]
     notes: list[str]
+    executor: str = "local"
 
 
 # ---------------------------------------------------------------- formatting
@@ -277,7 +279,7 @@ def _header(st, info) -> list[str]:
         + (f"; attribution arms {len(info.attribution_seeds)} ({', '.join(map(str, info.attribution_seeds))})"
            if st.attribution_arms else ""),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in versions().items()),
-        f"- machine: {machine()}; torch device `{info.device}`; {info.workers} worker process(es), one thread each",
+        f"- machine: {machine()}; torch device `{info.device}`; runs on {info.executor}",
         f"- this invocation: {info.wall_s / 60:.1f} min" + (f"; FAILED runs: {len(info.failed)}" if info.failed else ""),
     ]
     return lines + [f"- note: {n}" for n in info.notes]

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gap.runs import RUN_COLUMNS, RunSpec, RunStore
+from gap.runs import RunSpec
+from gap.store import RUN_COLUMNS, RunStore
 from gap.stats import Sample, sample
 
 

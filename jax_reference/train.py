@@ -20,7 +20,7 @@ from jax_reference.noiser import EggRoll, apply_grads, es_grads
 from jax_reference.population import (leaf_names, make_cached_population_forward, make_population_forward,
                                       member_noise_tree, population_iterinfos)
 from rollout import cartpole
-from rollout.episodes import run_episodes
+from rollout.episodes import Compaction, run_episodes
 from spec.config import N_ACTIONS, OBS_DIM, SOLVED_RETURN, Config, check_pairing, schedule
 from spec.knobs import RunSettings
 from spec.run import Progress, TrainResult, epoch_row
@@ -89,8 +89,32 @@ def _stepper(frozen_noiser_params, es_map, pop: int):
     return step
 
 
+MIN_ROWS = 8   # a compact forward computes at least this many rows (and a power of two: a few compiled shapes)
+_take = jax.jit(lambda tree, rows: jax.tree.map(lambda a: a[rows], tree))
+
+
+def _compact(forward: Callable, noise, pop: int) -> Callable:
+    """policy(obs (m, 4), rows (m,)) -> logits (m, 2): only the members rollout's Compaction keeps (the alive
+    ones, padded to a power of two), their noise taken from the population's a few times per episode.
+
+    A member's logits depend only on its own input and noise, so computing fewer rows changes no value.
+    `forward(noise, x)` is the cached population forward; `noise` None: upstream's graph (the whole population).
+    """
+    plan = Compaction(pop, 1, MIN_ROWS, pow2=True)
+    current = {"noise": noise}
+
+    def policy(obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        members, position, changed = plan.update(rows) if noise is not None else (np.arange(pop), rows, False)
+        if changed:
+            current["noise"] = _take(noise, jnp.asarray(members, jnp.int32))
+        x = np.zeros((members.size, obs.shape[1]), np.float32)
+        x[position] = obs
+        return np.asarray(forward(current["noise"], x))[position]
+    return policy
+
+
 def _policy_maker(frozen_params, es_map, frozen_noiser_params, pop: int, exact_graph: bool):
-    """(noiser_params, params, es_tree_key, epoch) -> policy(obs (pop, 4) float32) -> logits (pop, 2) numpy.
+    """(noiser_params, params, es_tree_key, epoch) -> compact policy(obs (m, 4), rows (m,)) -> logits (m, 2).
 
     Default: each member's noise drawn once per epoch by the noiser's functions
     (`member_noise_tree`) and handed to the forward; `exact_graph=True` runs upstream's graph
@@ -102,7 +126,7 @@ def _policy_maker(frozen_params, es_map, frozen_noiser_params, pop: int, exact_g
 
         def for_epoch(noiser_params, params, es_tree_key, epoch):
             e = jnp.int32(epoch)
-            return lambda obs: np.asarray(forward(noiser_params, params, es_tree_key, e, obs))
+            return _compact(lambda _, x: forward(noiser_params, params, es_tree_key, e, x), None, pop)
         return for_epoch
 
     forward = make_cached_population_forward(frozen_params, frozen_noiser_params)
@@ -111,7 +135,7 @@ def _policy_maker(frozen_params, es_map, frozen_noiser_params, pop: int, exact_g
 
     def for_epoch(noiser_params, params, es_tree_key, epoch):
         noise = draw(noiser_params, params, es_tree_key, jnp.int32(epoch))
-        return lambda obs: np.asarray(forward(noiser_params, params, noise, obs))
+        return _compact(lambda tree, x: forward(noiser_params, params, tree, x), noise, pop)
     return for_epoch
 
 
@@ -142,8 +166,11 @@ def exact_policy(cfg: Config, run: RunSettings) -> Callable:
 
 
 def train(cfg: Config, run: RunSettings, seed: int, progress: bool = True, stream: TextIO | None = None,
-          exact_graph: bool = False) -> TrainResult:
-    """Run ES epochs until the population's mean return reaches 475 or cfg.max_env_steps are spent."""
+          exact_graph: bool = False, compact: bool = True) -> TrainResult:
+    """Run ES epochs until the population's mean return reaches 475 or cfg.max_env_steps are spent.
+
+    `compact`: compute only the members still alive at each step (the same numbers; False computes all).
+    """
     if not isinstance(run, RunSettings):
         raise TypeError(f"jax_reference runs the reference EggRoll, configured by RunSettings; got {type(run).__name__} "
                         "(a port's Knobs: pass knobs.run for the reference run it describes)")
@@ -166,7 +193,9 @@ def train(cfg: Config, run: RunSettings, seed: int, progress: bool = True, strea
         noiser_params = {**noiser_params, "sigma": jnp.float32(sigma_e)}
         init_state = cartpole.reset(seed + epoch + np.arange(cfg.pop))
         policy = policy_for(noiser_params, params, es_tree_key, epoch)
-        returns = run_episodes(policy, init_state, action_uniforms(keys.action, epoch, cfg.pop)).returns
+        uniforms = action_uniforms(keys.action, epoch, cfg.pop)
+        returns = (run_episodes(policy, init_state, uniforms, compact=True) if compact else
+                   run_episodes(lambda obs: policy(obs, np.arange(cfg.pop)), init_state, uniforms)).returns
         check_returns(returns, epoch)
         env_steps += int(returns.sum())
         noiser_params, params, norms = p.step(noiser_params, params, es_tree_key, jnp.asarray(returns), jnp.int32(epoch))

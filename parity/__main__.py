@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import shlex
 import sys
@@ -18,8 +19,9 @@ from pathlib import Path
 from typing import Sequence
 
 from parity.adapter import UsageError
-from parity.suite import CHECKS, SIZES
+from parity.suite import CHECKS, SIZES, Sizes
 from reporting import cpu_name, versions
+from spec.config import for_profile
 from spec.knobs import CHOICES, NUMERIC, PROFILES
 
 SUITE_PACKAGES = ("torch", "jax", "numpy")
@@ -87,7 +89,8 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
     started = time.perf_counter()
     try:
         args = build_parser().parse_args(argv)
-        port, configuration, label, session = _make_port(args)
+        sizes = suite_sizes(args)
+        port, configuration, label, session = _make_port(args, sizes)
         checks = tuple(c.strip() for c in args.checks.split(",") if c.strip())
         unknown = [c for c in checks if c not in CHECKS]
         if unknown:
@@ -103,7 +106,6 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
     from parity.suite import run_suite
 
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=stream, flush=True))
-    sizes = SIZES[args.size]
     log(f"parity check: {label} vs jax_reference, sizes {sizes.name}, seed {args.seed}")
     try:
         with session:
@@ -134,14 +136,20 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
     return {"pass": EXIT_PASS, "fail": EXIT_MISMATCH}.get(verdict, EXIT_USAGE)
 
 
-def _make_port(args):
+def suite_sizes(args) -> Sizes:
+    """The named size, with the configuration a --profile carries (functional-port: two Linear layers)."""
+    sizes = SIZES[args.size]
+    return sizes if args.port else dataclasses.replace(sizes, cfg=for_profile(sizes.cfg, args.profile))
+
+
+def _make_port(args, sizes: Sizes):
     """(adapter, configuration text, label, the context to run the suite in) from --port or --profile/--torch."""
     if args.port:
         if args.torch or args.profile != "jax":
             raise UsageError("--profile and --torch configure the torch side; they do not apply with --port")
         from parity.adapter import load_port
 
-        cfg = SIZES[args.size].cfg
+        cfg = sizes.cfg
         port = load_port(args.port, cfg)
         return port, f"foreign port {args.port}", str(getattr(port, "name", args.port)), contextlib.nullcontext()
     from spec.knobs import drifts, resolve
@@ -157,7 +165,7 @@ def _make_port(args):
             raise UsageError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
     from parity.torch_adapter import TorchPort, one_thread
 
-    port = TorchPort(SIZES[args.size].cfg, knobs, args.device)
+    port = TorchPort(sizes.cfg, knobs, args.device)
     # The suite's tensors are small: one torch thread avoids oversubscription on shared CPUs.
     return port, text, port.name, one_thread()
 

@@ -40,6 +40,8 @@ Optional methods (a check that needs an absent one is reported as skipped)
     es_tell(state, noise, fitness (pop,), epoch) -> state  one ES epoch from raw returns
     es_params(state) -> params
     action_uniforms(seed, epoch, pop) -> (500, pop)        the port's action randomness (inverse-CDF sampling)
+    actions(logits (n, 2), u (n,)) -> (n,) int64           the port's action for each member, given its logits
+        and its uniform (the reference: action 1 when u >= softmax(logits)[0], computed in float64)
 
 Attributes
     name: str                       shown in reports
@@ -62,7 +64,7 @@ import numpy as np
 
 REQUIRED = ("noise", "perturbed_linear", "shape_fitness", "gradient")
 OPTIONAL = ("forward", "init_params", "optimizer_init", "optimizer_step", "es_init", "es_ask", "es_tell",
-            "es_params", "action_uniforms")
+            "es_params", "action_uniforms", "actions")
 SIGNATURES = {
     "noise": "noise(shapes, seed, epoch, members, pop, sigma, rank) -> {weight: (A (m,out,r), B (m,in,r)), bias: (m,out)}",
     "perturbed_linear": "perturbed_linear(W (out,in), A (m,out,r), B (m,in,r), x (m,batch,in)) -> (m,batch,out)",
@@ -77,6 +79,7 @@ SIGNATURES = {
     "es_tell": "es_tell(state, noise, fitness (pop,), epoch) -> state",
     "es_params": "es_params(state) -> {name: array}",
     "action_uniforms": "action_uniforms(seed, epoch, pop) -> (500, pop) float32 in [0, 1)",
+    "actions": "actions(logits (n,2), u (n,)) -> (n,) int64 actions in {0, 1}",
 }
 # Groups of optional methods that only make sense together.
 GROUPS = {
@@ -266,4 +269,11 @@ class CheckedPort:
             raise PortError("action_uniforms", f"the uniforms have shape {value.shape}; expected ({max_steps}, {pop})")
         if value.min() < 0 or value.max() >= 1:
             raise PortError("action_uniforms", f"the uniforms lie in [{value.min()}, {value.max()}]; expected [0, 1)")
+        return value
+
+    def actions(self, logits: np.ndarray, u: np.ndarray) -> np.ndarray:
+        value = _array("actions", "the actions", self._call("actions", np.asarray(logits, np.float32),
+                                                            np.asarray(u, np.float32)), (len(u),), np.int64)
+        if not np.all((value == 0) | (value == 1)):
+            raise PortError("actions", f"the actions hold {sorted(set(value.tolist()) - {0, 1})[:5]}; expected 0 or 1")
         return value

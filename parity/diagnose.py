@@ -241,9 +241,30 @@ def sigma_schedule_cause(epoch: int, ratio: float, ref_decay: float) -> Cause:
 
 
 # ----------------------------------------------------------------------------- init
-def init_cause(var_in: float, kurtosis: float, bias_zero: bool, bias_bound_ok: bool) -> Cause:
-    """Which init the port's weights look like: normal/sqrt(in) (var*in 1, kurtosis 3) or torch's uniform (1/3, 1.8)."""
+def fixed_std_fits_better(layers: Sequence[tuple[int, float, int]]) -> tuple[bool, float]:
+    """(whether one std for every layer explains the weights better than a std of k/sqrt(in), that std).
+
+    layers: (weights, their mean square, fan-in) per layer; Gaussian log-likelihoods at each model's MLE.
+    """
+    n, m2, fan_in = (np.array([layer[i] for layer in layers], dtype=np.float64) for i in range(3))
+    if n.size < 2 or np.all(fan_in == fan_in[0]):
+        return False, float("nan")
+    s2 = float((n * m2).sum() / n.sum())                       # common variance
+    k2 = float((n * m2 * fan_in).sum() / n.sum())              # variance k^2 / in
+    ll_fixed = -0.5 * float((n * (math.log(s2) + m2 / s2)).sum())
+    ll_scaled = -0.5 * float((n * (np.log(k2 / fan_in) + m2 * fan_in / k2)).sum())
+    return ll_fixed > ll_scaled, math.sqrt(s2)
+
+
+def init_cause(var_in: float, kurtosis: float, bias_zero: bool, bias_bound_ok: bool,
+               layers: Sequence[tuple[int, float, int]] = ()) -> Cause:
+    """Which init the port's weights look like: normal/sqrt(in) (var*in 1, kurtosis 3), torch's uniform (1/3, 1.8),
+    or normal with one std for every layer whatever its fan-in (the functional port's 0.1)."""
     looks_uniform = abs(var_in - 1 / 3) < 0.1 and abs(kurtosis - 1.8) < 0.4
+    fixed, std = fixed_std_fits_better(layers)
+    if fixed and bias_zero and abs(var_in - 1) > 0.2:
+        return cause("init", f"weights are normal with one std for every layer ({fmt(std)}, not 1/sqrt(in)) and "
+                             "biases zero, as init=normal; the reference draws normal/sqrt(in)")
     bias = "biases are zero" if bias_zero else ("biases are non-zero, uniform in +-1/sqrt(in)" if bias_bound_ok
                                                 else "biases are non-zero")
     if looks_uniform:

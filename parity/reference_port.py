@@ -24,6 +24,7 @@ from jax_reference.noiser import EggRoll, factor_grad, lowrank_sigma, member_key
 from jax_reference.population import CachedNoise, flat_to_params, params_to_flat
 from jax_reference.train import SOLVERS
 from rollout.cartpole import MAX_STEPS
+from rollout.episodes import sample_actions
 from spec.config import Config, schedule
 from spec.knobs import RunSettings
 
@@ -319,6 +320,9 @@ class ReferencePort:
 
     def es_params(self, state):
         return {k: np.asarray(v) for k, v in params_to_flat(state["tree"]).items()}
+
+    def actions(self, logits, u):
+        return sample_actions(logits, u)
 
     def action_uniforms(self, seed, epoch, pop):
         action_key = jax.random.split(jax.random.key(int(seed)), 3)[2]

@@ -20,10 +20,10 @@ from spec.config import PRESETS, Config
 from spec.knobs import RunSettings
 from spec.layout import param_shapes as layout_shapes
 
-CHECKS = ("fitness", "products", "noise", "gradients", "updates", "init", "trajectory")
+CHECKS = ("fitness", "products", "actions", "noise", "gradients", "updates", "init", "trajectory")
 # The suite's own random inputs, one numpy stream per purpose (the numbers are fixed: they seed the CSVs' inputs).
 RNG_PURPOSES = {"fitness vectors": 11, "non-finite fitness": 12, "linear products": 20, "forward inputs": 21,
-                "shared-noise fitness": 41, "synthetic targets": 42, "update fitness": 51}
+                "shared-noise fitness": 41, "synthetic targets": 42, "update fitness": 51, "actions": 61}
 
 
 @dataclass(frozen=True)

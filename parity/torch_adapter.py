@@ -19,7 +19,7 @@ from torch_impl.fitness import shape_fitness
 from torch_impl.gradient import es_gradient
 from torch_impl.keys import GENERATORS
 from torch_impl.noise import Noise, per_member, sample_noise
-from torch_impl.train import intra_op_threads
+from torch_impl.train import ACTIONS, intra_op_threads
 
 
 def one_thread():
@@ -69,7 +69,7 @@ class TorchPort:
         A = {k: self._t(v[0]) for k, v in noise.items() if isinstance(v, tuple)}
         B = {k: self._t(v[1]) for k, v in noise.items() if isinstance(v, tuple)}
         bias = {k: self._t(v) for k, v in noise.items() if not isinstance(v, tuple)}
-        return Noise(A, B, bias)
+        return Noise(A, B, bias, bias_in_forward=self.es.plan.bias.in_forward)
 
     @staticmethod
     def _np_noise(noise: Noise, index: torch.Tensor | None = None) -> dict:
@@ -169,6 +169,9 @@ class TorchPort:
 
     def es_params(self, state):
         return self._np(state["state"].params)
+
+    def actions(self, logits, u):
+        return ACTIONS[self.knobs.actions](logits, u)
 
     def action_uniforms(self, seed, epoch, pop):
         return self.es.plan.generator.action_uniforms(int(seed), int(epoch), int(pop))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from spec.knobs import RunSettings
+from spec.knobs import PROFILES, KnobError, RunSettings
 
 OBS_DIM, N_ACTIONS = 4, 2   # CartPole-v1
 SOLVED_RETURN = 475.0        # population mean return that counts as solved
@@ -60,6 +60,13 @@ PRESET_NOTES = {
     "paper": "the published CartPole benchmark's settings (pop 2048, rank 4, sigma 0.2, lr 0.1, 3 x 256)",
     "gap": f"`cpu` with the budget cut to {GAP_BUDGET:,} env steps, so a study fits 30 minutes on 2 cores",
 }
+
+
+def for_profile(cfg: Config, profile_name: str) -> Config:
+    """cfg with the configuration profile `profile_name` carries (e.g. functional-port's two Linear layers)."""
+    if profile_name not in PROFILES:
+        raise KnobError(f"unknown profile {profile_name!r}; known profiles: {', '.join(PROFILES)}")
+    return cfg.replace(**PROFILES[profile_name].config)
 
 
 def check_pairing(pop: int, antithetic: str) -> None:

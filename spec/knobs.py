@@ -17,11 +17,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rng": ("jax", "torch"),
     "antithetic": ("interleaved", "halves", "off"),
     "fitness": ("jax", "std", "std_unbiased", "rank"),
-    "bias_noise": ("jax", "fresh", "off"),
+    "bias_noise": ("jax", "fresh", "update_only", "off"),
     "bias_grad": ("jax", "over_sigma"),
     "activation": ("pqn", "tanh", "relu"),
-    "init": ("jax", "torch"),
+    "init": ("jax", "torch", "normal"),
     "optimizer": ("sgd", "adam", "adamw"),
+    "actions": ("sample", "greedy"),
 }
 # Numeric knobs: name -> (type, what a valid value is).
 NUMERIC: dict[str, tuple[type, str]] = {
@@ -40,6 +41,7 @@ DESCRIPTIONS: dict[str, str] = {
     "activation": "hidden activation",
     "init": "weight init",
     "optimizer": "optimizer",
+    "actions": "action selection",
     "lr_decay": "learning-rate schedule",
     "sigma_decay": "sigma schedule",
 }
@@ -104,6 +106,7 @@ class Knobs:
     optimizer: str = "sgd"
     lr_decay: float = 1.0
     sigma_decay: float = 0.999
+    actions: str = "sample"
 
     def __post_init__(self) -> None:
         _check_values(self, KNOB_NAMES)
@@ -131,32 +134,40 @@ PORT_KNOBS: tuple[str, ...] = tuple(n for n in KNOB_NAMES if n not in RUN_KNOBS)
 
 @dataclass(frozen=True)
 class Profile:
-    """A named port: its departures from the reference run, in the order the attribution switches them off."""
+    """A named port: its departures from the reference run (in the order the attribution switches them off),
+    the configuration it trains with where that differs (Config fields), and the port it models."""
 
     name: str
     drifts: Mapping[str, Any]
-    models: str    # which port it models
+    models: str
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("jax", {}, "the reference itself: every knob at the reference's value"),
     Profile("jax-torchrng", {"rng": "torch"}, "the reference's math with torch's own generator"),
+    # The torch run of the published CartPole benchmark: an object-oriented strategy with forward hooks.
     Profile("oop-port", {
-        "rng": "torch",
-        "activation": "tanh",
-        "init": "torch",
-        "bias_noise": "fresh",
-        "bias_grad": "over_sigma",
-        "fitness": "std",
-        "lr_decay": 0.9995,
+        "rng": "torch",               # torch generators seeded per parameter (and per member for the biases)
+        "activation": "tanh",         # the name pqn was mapped to tanh
+        "init": "torch",              # nn.Linear's default
+        "bias_noise": "update_only",  # fresh bias noise each epoch for the update, never added in the forward
+        "bias_grad": "over_sigma",    # its bias gradient is 1/sigma times the reference's
+        "fitness": "std",             # (f - mean) / std, ddof 0, no epsilon
+        "lr_decay": 0.9995,           # lr x0.9995 per epoch
     }, "the torch run of the published CartPole benchmark"),
+    # The later functional port (its core.py with the CartPole recipe).
     Profile("functional-port", {
-        "rng": "torch",
-        "antithetic": "halves",
-        "fitness": "std_unbiased",
-        "bias_noise": "off",
-        "noise_reuse": 1,
-    }, "the later functional port: halves pairing, ddof-1 shaping, unperturbed biases, fresh noise every epoch"),
+        "rng": "torch",               # one torch generator seeded seed + 1000 epoch
+        "antithetic": "halves",       # member i pairs with i + N/2
+        "noise_reuse": 1,             # fresh weight noise every epoch
+        "bias_noise": "off",          # biases neither perturbed nor updated
+        "fitness": "std_unbiased",    # (f - mean) / (std(ddof 1) + 1e-8)
+        "activation": "tanh",
+        "init": "normal",             # weights normal with std 0.1, zero biases
+        "lr_decay": 0.9995,
+        "actions": "greedy",          # argmax: no action randomness
+    }, "the later functional port of the same fork", config={"layers": 2}),   # a 4-H-2 network
 )}
 PROFILE_DRIFTS: dict[str, dict[str, Any]] = {name: dict(p.drifts) for name, p in PROFILES.items()}
 

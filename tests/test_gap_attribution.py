@@ -60,7 +60,7 @@ def test_study_arms_are_deduplicated():
     # 6 inner rungs + 7 singles, minus the last inner rung that is also the lr_decay single = 12
     assert len(extra) == 12 and "torch:jax+lr_decay=0.9995" in names
     assert not set(names) & {a.name for a in st.main_arms}
-    assert attr.study("oop-port", attribution=False).attribution_arms == []
+    assert attr.study("oop-port", design="none").attribution_arms == []
 
 
 def test_names_are_a_function_of_the_knobs():

@@ -7,7 +7,9 @@ import pytest
 
 from gap import runs
 from gap.arms import jax_arm, torch_arm
-from gap.runs import RunStore, run_all, run_specs
+from gap.executors import Local
+from gap.runs import run_all, run_specs
+from gap.store import RUN_COLUMNS, RunStore
 from spec.config import Config
 from spec.knobs import Knobs, profile
 
@@ -62,7 +64,7 @@ def test_plan_is_seed_major_and_keys_are_stable():
 
 def test_rows_hold_the_history(tmp_path):
     store = RunStore(str(tmp_path))
-    out = run_all(_specs((3,)), store, fake_train, workers=1, log=lambda _: None)
+    out = run_all(_specs((3,)), store, fake_train, executor=Local(1), log=lambda _: None)
     assert out.finished == 3 and not out.failed
     rows = {r["arm"]: r for r in _read(store.runs_path)}
     assert rows["torch:oop-port"]["solved"] == "False" and rows["torch:oop-port"]["steps_to_solve"] == ""
@@ -86,26 +88,26 @@ def test_interrupted_study_resumes_without_duplicates(tmp_path):
 
     store = RunStore(str(tmp_path))
     with pytest.raises(KeyboardInterrupt):
-        run_all(specs, store, stop_after_four, workers=1, log=lambda _: None)
+        run_all(specs, store, stop_after_four, executor=Local(1), log=lambda _: None)
     first = _read(store.runs_path)
     assert len(first) == 4
     epochs_before = len(_read(store.epochs_path))
 
     again = []
     out = run_all(specs, RunStore(str(tmp_path)), lambda s: again.append((s.arm.name, s.seed)) or fake_train(s),
-                  workers=1, log=lambda _: None)
+                  executor=Local(1), log=lambda _: None)
     assert out.skipped == 4 and out.finished == 5
     assert not set(again) & set(calls) and len(again) == 5             # only the rest ran
     final = _read(store.runs_path)
     assert final[:4] == first and len(final) == 9                       # finished rows kept, no duplicates
     assert len({r["run_id"] for r in final}) == 9
     assert len(_read(store.epochs_path)) > epochs_before
-    assert run_all(specs, RunStore(str(tmp_path)), fake_train, workers=1, log=lambda _: None).finished == 0
+    assert run_all(specs, RunStore(str(tmp_path)), fake_train, executor=Local(1), log=lambda _: None).finished == 0
 
 
 def test_store_repairs_a_torn_write(tmp_path):
     store = RunStore(str(tmp_path))
-    run_all(_specs((0,)), store, fake_train, workers=1, log=lambda _: None)
+    run_all(_specs((0,)), store, fake_train, executor=Local(1), log=lambda _: None)
     runs_before, epochs_before = _read(store.runs_path), _read(store.epochs_path)
     # A crash after the epochs of a run were written but inside its run row:
     with open(store.epochs_path, "a") as f:
@@ -122,11 +124,11 @@ def test_store_repairs_a_torn_write(tmp_path):
 def test_failed_runs_are_reported_not_committed_and_retried(tmp_path):
     store = RunStore(str(tmp_path))
     lines = []
-    out = run_all(_specs(), store, failing_train, workers=1, log=lines.append)
+    out = run_all(_specs(), store, failing_train, executor=Local(1), log=lines.append)
     assert len(out.failed) == 3 and out.finished == 6
     assert all("boom" in f for f in out.failed) and any("FAILED" in line for line in lines)
     assert {r["seed"] for r in _read(store.runs_path)} == {"0", "2"}
-    out = run_all(_specs(), store, fake_train, workers=1, log=lambda _: None)
+    out = run_all(_specs(), store, fake_train, executor=Local(1), log=lambda _: None)
     assert out.finished == 3 and out.skipped == 6
 
 
@@ -139,10 +141,10 @@ def test_other_files_are_refused(tmp_path):
 def test_parallel_workers_give_the_same_rows(tmp_path):
     """Spawned workers (two at a time) commit the same runs as one process, in any order."""
     one, two = RunStore(str(tmp_path / "one")), RunStore(str(tmp_path / "two"))
-    run_all(_specs((0, 1)), one, fake_train, workers=1, log=lambda _: None)
+    run_all(_specs((0, 1)), one, fake_train, executor=Local(1), log=lambda _: None)
     lines = []
-    out = run_all(_specs((0, 1)), two, fake_train, workers=2, log=lines.append)
-    assert out.finished == 6 and "2 worker(s)" in lines[0] and "ETA" in lines[-1]
+    out = run_all(_specs((0, 1)), two, fake_train, executor=Local(2), log=lines.append)
+    assert out.finished == 6 and "2 worker process(es)" in lines[0] and "ETA" in lines[-1]
     def strip(rows):   # timings differ between runs; everything else must not
         return sorted(((r["run_id"], {k: v for k, v in r.items() if k not in ("wall_s", "cpu_s")}) for r in rows),
                       key=lambda pair: pair[0])
@@ -163,5 +165,55 @@ def test_a_second_writer_is_refused(tmp_path):
     store = RunStore(str(tmp_path))
     with store.locked():
         with pytest.raises(RuntimeError, match="another study is writing"):
-            run_all(_specs((0,)), store, fake_train, workers=1, log=lambda _: None)
-    assert run_all(_specs((0,)), store, fake_train, workers=1, log=lambda _: None).finished == 3
+            run_all(_specs((0,)), store, fake_train, executor=Local(1), log=lambda _: None)
+    assert run_all(_specs((0,)), store, fake_train, executor=Local(1), log=lambda _: None).finished == 3
+
+
+def test_a_store_of_an_older_version_is_converted_and_resumes(tmp_path):
+    """Rows written with full-JSON identities and without host/versions become today's rows: same runs, no rerun."""
+    import json
+    from dataclasses import asdict
+
+    specs = _specs((0,))
+    store = RunStore(str(tmp_path))
+    run_all(specs, store, fake_train, executor=Local(1), log=lambda _: None)
+    rows, epochs = _read(store.runs_path), _read(store.epochs_path)
+    old_ids = {}
+    for r in rows:   # rewrite as the previous version stored them
+        spec = next(s for s in specs if s.run_id == r["run_id"])
+        knobs = spec.arm.knobs if isinstance(spec.arm.knobs, Knobs) else Knobs.from_run(spec.arm.knobs)
+        r["config"] = json.dumps(asdict(spec.config), sort_keys=True, separators=(",", ":"))
+        r["knobs"] = json.dumps({k: v for k, v in asdict(knobs).items() if k != "actions"}, sort_keys=True,
+                                separators=(",", ":"))
+        old_ids[r["run_id"]] = r["run_id"] = "old" + r["run_id"][3:]
+    for e in epochs:
+        e["run_id"] = "old" + e["run_id"][3:]
+    old_columns = RUN_COLUMNS[:-2]
+    with open(store.runs_path, "w", newline="") as f:
+        w = csv.DictWriter(f, old_columns, extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    with open(store.epochs_path, "w", newline="") as f:
+        w = csv.DictWriter(f, list(epochs[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(epochs)
+    converted = RunStore(str(tmp_path))
+    new_rows = _read(converted.runs_path)
+    assert {r["run_id"] for r in new_rows} == {s.run_id for s in specs} and list(new_rows[0]) == list(RUN_COLUMNS)
+    assert {e["run_id"] for e in _read(converted.epochs_path)} == {s.run_id for s in specs}
+    assert run_all(specs, converted, fake_train, executor=Local(1), log=lambda _: None).finished == 0
+
+
+def test_a_published_study_seeds_a_new_folder_without_retraining(tmp_path):
+    published = RunStore(str(tmp_path / "published"))
+    run_all(_specs((0, 1)), published, fake_train, executor=Local(1), log=lambda _: None)
+    mine = RunStore(str(tmp_path / "mine"))
+    specs = _specs((0, 1, 2))
+    assert mine.import_from(published, {s.key for s in specs}) == 6
+    assert mine.import_from(published, {s.key for s in specs}) == 0                 # once
+    trained = []
+    out = run_all(specs, mine, lambda s: trained.append(s.seed) or fake_train(s), executor=Local(1),
+                  log=lambda _: None)
+    assert out.skipped == 6 and sorted(trained) == [2, 2, 2]
+    assert len(_read(mine.epochs_path)) == len(_read(published.epochs_path)) + sum(
+        int(r["epochs"]) for r in _read(mine.runs_path) if r["seed"] == "2")

@@ -80,7 +80,7 @@ def test_every_epoch_replays_by_hand_from_the_design_key_scheme(tiny_run):
         u = np.asarray(jax.random.uniform(jax.random.fold_in(action_key, epoch), (cartpole.MAX_STEPS, cfg.pop)))
         np.testing.assert_array_equal(action_uniforms(run_keys(seed).action, epoch, cfg.pop), u)
         policy = compiled(cfg, KNOBS).policy_for(nparams, params, keys, epoch)   # the forward itself: other tests
-        episodes = run_episodes(policy, cartpole.reset(seed + epoch + np.arange(cfg.pop)), u)
+        episodes = run_episodes(policy, cartpole.reset(seed + epoch + np.arange(cfg.pop)), u, compact=True)
         assert row["env_steps"] - (history[epoch - 1]["env_steps"] if epoch else 0) == episodes.steps
         assert row["mean_return"] == float(episodes.returns.mean())
         assert row["max_return"] == float(episodes.returns.max())
@@ -182,8 +182,8 @@ def test_check_returns_names_the_nonfinite_members(value):
 
 def test_the_trainer_rejects_a_nonfinite_return_before_the_update(monkeypatch):
     # The trainer owns this error (EggRoll, like upstream's, need not validate fitness).
-    def poisoned(policy, init_state, uniforms):
-        result = run_episodes(policy, init_state, uniforms)
+    def poisoned(policy, init_state, uniforms, **kwargs):
+        result = run_episodes(policy, init_state, uniforms, **kwargs)
         returns = np.asarray(result.returns, np.float32).copy()
         returns[5] = np.nan
         return result._replace(returns=returns)

@@ -23,7 +23,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "torch_impl": ({"torch_impl", "spec", "rollout"}, {"torch", "numpy"}),
     "jax_reference": ({"jax_reference", "spec", "rollout"}, {"jax", "optax", "numpy"}),
     "parity": ({"parity", "spec", "rollout", "reporting"}, {"numpy", "scipy"}),
-    "gap": ({"gap", "spec", "reporting"}, {"numpy", "scipy", "pandas", "matplotlib"}),
+    "gap": ({"gap", "spec", "reporting"}, {"numpy", "scipy", "pandas", "matplotlib", "lifelines", "statsmodels", "pydoe"}),
     "bench": ({"bench", "spec", "reporting", "torch_impl", "jax_reference"},
               {"torch", "numpy", "scipy", "jax", "matplotlib"}),
 }
@@ -33,6 +33,8 @@ EXCEPTIONS: dict[str, set[str]] = {
     "parity/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
     "parity/__main__.py": {"jax", "torch"},                        # device line; --device cuda check
     "gap/runs.py": {"torch_impl", "jax_reference", "torch"},       # the trainers, loaded lazily per run
+    "gap/__main__.py": {"torch"},                                  # --device cuda check before any run
+    "gap/executors.py": {"ray"},                                   # the optional cluster executor, imported on use
 }
 
 
@@ -90,9 +92,11 @@ def test_every_knob_table_has_exactly_the_vocabularys_values():
     from torch_impl.model import ACTIVATIONS, INITS
     from torch_impl.noise import BIAS_SCHEDULES, LAYOUTS
     from torch_impl.optim import OPTIMIZERS
+    from torch_impl.train import ACTIONS
 
     torch_tables = {"rng": GENERATORS, "antithetic": LAYOUTS, "fitness": SHAPINGS, "bias_noise": BIAS_SCHEDULES,
-                    "bias_grad": BIAS_GRADS, "activation": ACTIVATIONS, "init": INITS, "optimizer": OPTIMIZERS}
+                    "bias_grad": BIAS_GRADS, "activation": ACTIVATIONS, "init": INITS, "optimizer": OPTIMIZERS,
+                    "actions": ACTIONS}
     assert set(torch_tables) == set(CHOICES)
     for knob, table in torch_tables.items():
         assert tuple(table) == CHOICES[knob], knob

@@ -40,7 +40,8 @@ DRIFTS += [(k, v) for k, values in NUMERIC_DRIFTS.items() for v in values]
 # What each published port departs in (DESIGN.md's profile table, REFERENCE's ports), rng aside.
 PROFILE_EXPECTED = {
     "oop-port": {"activation", "init", "bias_noise", "bias_grad", "fitness", "lr_decay"},
-    "functional-port": {"antithetic", "fitness", "bias_noise", "noise_reuse"},
+    "functional-port": {"antithetic", "fitness", "bias_noise", "noise_reuse", "activation", "init", "lr_decay",
+                        "actions"},
 }
 
 pytestmark = pytest.mark.slow

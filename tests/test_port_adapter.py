@@ -57,7 +57,7 @@ def test_faithful_numpy_port_passes(name, tmp_path):
     code, summary = check(f"tests.ports.numpy_port:{name}", tmp_path)
     table = verdict_table(summary)
     assert code == 0, summary
-    assert set(table) == {"fitness", "products", "noise", "gradients", "updates", "init", "trajectory"}
+    assert set(table) == {"fitness", "products", "actions", "noise", "gradients", "updates", "init", "trajectory"}
     assert {v for v, _ in table.values()} == {"pass"}, table
 
 
@@ -97,7 +97,7 @@ def test_missing_optional_methods_are_skipped(spec, tmp_path):
     code, summary = check(spec, tmp_path)
     table = verdict_table(summary)
     assert code == 0, summary
-    assert {c for c, (v, _) in table.items() if v == "skip"} == {"updates", "init", "trajectory"}
+    assert {c for c, (v, _) in table.items() if v == "skip"} == {"actions", "updates", "init", "trajectory"}
     assert {c for c, (v, _) in table.items() if v == "pass"} == {"fitness", "products", "noise", "gradients"}
     for check_name, method in (("updates", "optimizer_init"), ("init", "init_params"), ("trajectory", "es_init")):
         section = summary.split(f"## {check_name}: skip")[1].split("\n## ")[0]

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from spec.cli import add_override_arguments, apply_overrides
-from spec.config import PRESETS, check_pairing
+from spec.config import PRESETS, check_pairing, for_profile
 from spec.knobs import PROFILES, KnobError, resolve
 
 
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 def configure(args: argparse.Namespace):
     """(Config, Knobs) from preset, then profile, then --torch, then explicit flags; raises ValueError/KnobError."""
     cfg, run = PRESETS[args.preset]
-    cfg, knobs = apply_overrides(args, cfg, resolve(args.profile, args.torch, reference=run))
+    cfg, knobs = apply_overrides(args, for_profile(cfg, args.profile), resolve(args.profile, args.torch, reference=run))
     check_pairing(cfg.pop, knobs.antithetic)
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")

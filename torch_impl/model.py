@@ -52,9 +52,26 @@ def init_torch(sizes: Sequence[int], generator: Generator, seed: int) -> Params:
     return params
 
 
+NORMAL_INIT_STD = 0.1   # init=normal: the later functional port's fixed weight std
+
+
+def init_normal(sizes: Sequence[int], generator: Generator, seed: int) -> Params:
+    """Weights normal with std 0.1 whatever the fan-in (the later functional port), zero biases; the normals are
+    the run's generator's, as for the reference's init."""
+    dims = [(fan_out, fan_in) for fan_in, fan_out in zip(sizes[:-1], sizes[1:])]
+    normals = generator.init_normals(seed, dims)
+    std = torch.tensor(NORMAL_INIT_STD, dtype=torch.float32)
+    params: Params = {}
+    for t, (fan_out, _) in enumerate(dims):
+        params[f"{t}.weight"] = normals[t].to(torch.float32).cpu() * std
+        params[f"{t}.bias"] = torch.zeros(fan_out, dtype=torch.float32)
+    return params
+
+
 INITS: dict[str, Callable[[Sequence[int], Generator, int], Params]] = {
     "jax": init_reference,
     "torch": init_torch,
+    "normal": init_normal,
 }
 
 
@@ -156,7 +173,7 @@ def forward(
                 if s != 1.0:                                             # member j of each group: exact -1
                     (low[:, :, j] if batch == 1 else low.view(draws, -1, k, batch)[:, :, j]).neg_()
             out.view(draws, k * batch, -1).baddbmm_(low.transpose(1, 2), a_f.transpose(1, 2))   # += (x B) A^T
-        eps = None if noise is None else noise.bias.get(f"{t}.bias")     # (draws, out)
+        eps = None if noise is None or not noise.bias_in_forward else noise.bias.get(f"{t}.bias")   # (draws, out)
         if eps is not None:
             # (draws, k, [batch,] out): 3-d when batch is 1, where broadcasting runs faster.
             grouped = (draws, k, -1) if batch == 1 else (draws, k, batch, -1)

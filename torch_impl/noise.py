@@ -31,6 +31,7 @@ class Noise(NamedTuple):
     B: dict[str, torch.Tensor]      # weight name -> (pop | draws, in, r)
     bias: dict[str, torch.Tensor]   # bias name -> (pop | draws, out); {} when bias_noise=off
     signs: tuple[float, ...] | None = None   # k signs when grouped (plain floats: no device sync)
+    bias_in_forward: bool = True    # False (bias_noise=update_only): the bias noise enters the gradient only
 
 
 def group_size(noise: Noise) -> int:
@@ -51,7 +52,7 @@ def population_of(noise: Noise) -> int | None:
     return None if first is None else first.shape[0] * group_size(noise)
 
 
-def _r_major(t: torch.Tensor) -> torch.Tensor:
+def r_major(t: torch.Tensor) -> torch.Tensor:
     """The same (rows, n, r) values with memory laid out as (rows, r, n): the forward's bmm reads them contiguously."""
     return t.transpose(1, 2).contiguous().transpose(1, 2)
 
@@ -73,9 +74,9 @@ def per_member(noise: Noise) -> Noise:
     def repeat(t: torch.Tensor) -> torch.Tensor:
         return t.repeat_interleave(k, dim=0)
 
-    return Noise(A={n: _r_major(expand(v)) for n, v in noise.A.items()},
-                 B={n: _r_major(repeat(v)) for n, v in noise.B.items()},
-                 bias={n: expand(v) for n, v in noise.bias.items()})
+    return Noise(A={n: r_major(expand(v)) for n, v in noise.A.items()},
+                 B={n: r_major(repeat(v)) for n, v in noise.B.items()},
+                 bias={n: expand(v) for n, v in noise.bias.items()}, bias_in_forward=noise.bias_in_forward)
 
 
 # ----------------------------------------------------------------------------- pairing layouts
@@ -109,11 +110,18 @@ def member_layout(pop: int, antithetic: str, device: str | torch.device = "cpu")
     return layout.draws(pop), index, sign
 
 
-# Which generation the bias noise of an epoch uses, given the weight noise's (None: biases are not perturbed).
-BIAS_SCHEDULES: dict[str, Callable[[int, int], int] | None] = {
-    "jax": lambda epoch, generation: generation,     # the weights' noise_reuse schedule
-    "fresh": lambda epoch, generation: epoch,        # new bias noise every epoch
-    "off": None,
+class BiasNoise(NamedTuple):
+    """How the biases are perturbed (a value of knob bias_noise)."""
+
+    generation: Callable[[int, int], int] | None   # (epoch, the weights' generation) -> the bias noise's; None: none
+    in_forward: bool                                # whether the forward adds it (else it enters the update only)
+
+
+BIAS_SCHEDULES: dict[str, BiasNoise] = {
+    "jax": BiasNoise(lambda epoch, generation: generation, True),    # the weights' noise_reuse schedule
+    "fresh": BiasNoise(lambda epoch, generation: epoch, True),       # new bias noise every epoch
+    "update_only": BiasNoise(lambda epoch, generation: epoch, False),   # fresh, in the gradient, never applied
+    "off": BiasNoise(None, True),                                 # none drawn (noise handed in is applied)
 }
 
 
@@ -124,7 +132,7 @@ class NoisePlan(NamedTuple):
     generator: Generator
     layout: Layout
     antithetic: str
-    bias_schedule: Callable[[int, int], int] | None
+    bias: BiasNoise
     noise_reuse: int
     pop: int
     rank: int
@@ -159,8 +167,8 @@ def draw(plan: NoisePlan, sources: Mapping[str, object], shapes: Mapping[str, tu
         out_dim, in_dim = shapes[name.replace(".bias", ".weight")]
         if name.endswith(".weight"):
             gen, shape = generation, (in_dim + out_dim, plan.rank)
-        elif plan.bias_schedule is not None:
-            gen, shape = plan.bias_schedule(epoch, generation), (out_dim,)
+        elif plan.bias.generation is not None:
+            gen, shape = plan.bias.generation(epoch, generation), (out_dim,)
         else:
             continue
         tag = (plan.generator.name, plan.generator.source_tag(sources[name]), gen, n_draws, shape, str(device))
@@ -194,11 +202,11 @@ def scale(plan: NoisePlan, raw: Mapping[str, tuple[tuple, torch.Tensor]], shapes
         if name.endswith(".weight"):
             in_dim = shapes[name][1]
             z = pick(z)                                                        # (rows, in + out, r)
-            B[name] = _r_major(z[:, :in_dim])                                  # (rows, in, r)
-            A[name] = _r_major(z[:, in_dim:] * a_scale[:, None, None])         # (rows, out, r)
+            B[name] = r_major(z[:, :in_dim])                                  # (rows, in, r)
+            A[name] = r_major(z[:, in_dim:] * a_scale[:, None, None])         # (rows, out, r)
         else:
             bias[name] = pick(z) * b_scale[:, None]                            # (rows, out)
-    return Noise(A=A, B=B, bias=bias, signs=plan.layout.signs)
+    return Noise(A=A, B=B, bias=bias, signs=plan.layout.signs, bias_in_forward=plan.bias.in_forward)
 
 
 def sample_noise(plan: NoisePlan, sources: Mapping[str, object], shapes: Mapping[str, tuple[int, ...]], epoch: int,

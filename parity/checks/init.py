@@ -28,6 +28,7 @@ class Measured(NamedTuple):
     scaled: np.ndarray               # every weight times sqrt(in), pooled over seeds
     bias_values: np.ndarray
     bias_in_bound: bool              # every bias within +-1/sqrt(in) (torch's uniform default)
+    layers: tuple[tuple[int, float, int], ...]   # per weight: (values, raw mean square, fan-in), over seeds
     max_ulps: tuple[int, ...] | None  # per seed, against MLP.rand_init (a port claiming JAX's draws)
 
     @property
@@ -57,13 +58,16 @@ def measure(ctx) -> Measured:
     if ctx.port.jax_compatible_rng:
         ulps = tuple(max(int(ulp_distance(port[k], ctx.reference.init_params(shapes, s)[k]).max()) for k in shapes)
                      for s, port in zip(seeds, inits))
+    layers = tuple((len(inits) * int(np.prod(shapes[w])),
+                    float(np.mean(np.concatenate([p[w].astype(np.float64).ravel() for p in inits]) ** 2)),
+                    int(shapes[w][1])) for w in weights)
     return Measured(seeds, len(weights), len(biases), scaled, bias_values,
-                    bool(np.all(np.abs(bias_values) <= bias_bounds)), ulps)
+                    bool(np.all(np.abs(bias_values) <= bias_bounds)), layers, ulps)
 
 
 def judge(m: Measured) -> Recorder:
     rec = Recorder(NAME)
-    found = diagnose.init_cause(m.var_in, m.kurtosis, m.bias_zero, m.bias_in_bound)
+    found = diagnose.init_cause(m.var_in, m.kurtosis, m.bias_zero, m.bias_in_bound, m.layers)
     size = f"{len(m.seeds)} seeds, {m.scaled.size} weights"
     rec.equal("non-zero bias entries", "port", f"{len(m.seeds)} seeds, {m.bias_values.size} biases",
               int(np.sum(m.bias_values != 0)), 0, "the reference's biases are zeros", cause=found)

@@ -41,12 +41,18 @@ def _forward_inputs(ctx):
     return params, noise, x
 
 
-def _matching_activation(port_out, params, noise, x):
-    """Which activation's float64 MLP the port's logits equal within that MLP's float32 bound."""
-    for act in CANDIDATE_ACTIVATIONS:
-        exact, bound = ForwardBound(params, noise, act)(x)
-        if np.all(np.abs(port_out - exact) <= bound + 1e-7):
-            return act
+def _matching_forward(port_out, params, noise, x, reference_act: str) -> tuple[str, bool] | None:
+    """(activation, whether the bias noise is applied) of the float64 MLP the port's logits equal within its
+    float32 bound: the reference's activation first, then the others; with the bias noise, then without it."""
+    variants = [(noise, True)]
+    if noise is not None and any(not isinstance(v, tuple) for v in noise.values()):
+        variants.append(({k: v for k, v in noise.items() if isinstance(v, tuple)}, False))
+    activations = [reference_act] + [a for a in CANDIDATE_ACTIVATIONS if a != reference_act]
+    for nz, applied in variants:
+        for act in activations:
+            exact, bound = ForwardBound(params, nz, act)(x)
+            if np.all(np.abs(port_out - exact) <= bound + 1e-7):
+                return act, applied
     return None
 
 
@@ -68,7 +74,7 @@ class Forward(NamedTuple):
     port: float
     ref: float
     exceeds: bool                # |port - ref| > 2 bound somewhere
-    port_activation: str | None  # which activation's float64 MLP the port's logits equal (when it exceeds)
+    port_match: tuple[str, bool] | None   # when it exceeds: (activation, bias noise applied) of the MLP it equals
     worst: float                 # max |port - ref|
 
 
@@ -103,7 +109,7 @@ def _measure_forward(ctx, label: str, params, noise, x, act: str) -> Forward:
     exceeds = bool(np.any(np.abs(port - ref) > 2 * bound))
     return Forward(f"{label} m={x.shape[0]} sizes={ctx.cfg.sizes}", float(np.max(np.abs(port - ref) / (2 * bound))),
                    float(np.max(np.abs(port - exact) / bound)), float(np.max(np.abs(ref - exact) / bound)), exceeds,
-                   _matching_activation(port, params, noise, x) if exceeds else None,
+                   _matching_forward(port, params, noise, x, act) if exceeds else None,
                    float(np.max(np.abs(port - ref))))
 
 
@@ -128,10 +134,11 @@ def judge(m: Measured) -> Recorder:
         rec.bound("max |port - exact| / bound", "port", c.size, c.port, 1.0, c.why, cause=product_cause)
         rec.bound("max |ref - exact| / bound", "reference", c.size, c.ref, 1.0, c.why,
                   cause=diagnose.other("reference product", "the reference's do_mm exceeds the float32 bound"))
-    found = None
     for f in m.forward:
-        if found is None and f.exceeds:
-            found = diagnose.activation_cause(f.port_activation, m.activation, fmt(f.worst))
+        found = None
+        if f.exceeds:                          # each differing forward diagnosed on its own (plain, perturbed)
+            found, *more = _forward_causes(f, m.activation)
+            rec.causes.extend(more)
         why = "first-order float32 bound of the MLP"
         rec.bound("max |port - ref| / bound", "both", f.size, f.both, 1.0, f"{why} (ForwardBound), both sides",
                   cause=found)
@@ -139,6 +146,22 @@ def judge(m: Measured) -> Recorder:
         rec.bound("max |ref - exact| / bound", "reference", f.size, f.ref, 1.0, why,
                   cause=diagnose.other("reference forward", "the reference MLP exceeds its float32 bound"))
     return rec
+
+
+def _forward_causes(f: Forward, reference_act: str) -> list:
+    """The causes a differing forward shows: the bias noise left out of it, another activation, or neither known."""
+    if f.port_match is None:
+        return [diagnose.activation_cause(None, reference_act, fmt(f.worst))]
+    act, applied = f.port_match
+    causes = []
+    if not applied:
+        causes.append(diagnose.cause("bias_noise", "the port's forward does not add the bias noise it is given: its "
+                                                   "logits equal the reference MLP's without bias noise (as "
+                                                   "bias_noise=update_only, noise that enters the update only); "
+                                                   f"worst logit difference {fmt(f.worst)}"))
+    if act != reference_act:
+        causes.append(diagnose.activation_cause(act, reference_act, fmt(f.worst)))
+    return causes or [diagnose.activation_cause(None, reference_act, fmt(f.worst))]
 
 
 def section(m: Measured) -> str:

@@ -34,7 +34,7 @@ UPSTREAM = {"noise": ("noise",), "outputs": ("products",), "fitness": ("fitness"
             "parameters": ("updates", "gradients")}
 
 
-def _lockstep(ref_policy, port_policy, bound, watched, init_state, uniforms, max_steps):
+def _lockstep(ref_policy, port_policy, bound, watched, init_state, uniforms, max_steps, choose=sample_actions):
     """run_episodes with actions from the reference; returns (returns, worst logit ratio, forks, steps).
 
     The logits of the `watched` members are judged against `bound` (a ForwardBound over those members).
@@ -48,7 +48,7 @@ def _lockstep(ref_policy, port_policy, bound, watched, init_state, uniforms, max
         live = alive[watched]
         if live.any():
             tally["worst"] = max(tally["worst"], float(np.max((diff / (2 * allowed))[live])))
-        tally["forks"] += int(np.sum((sample_actions(logits_port, uniforms[t]) != action) & alive))
+        tally["forks"] += int(np.sum((choose(logits_port, uniforms[t]) != action) & alive))
         tally["steps"] += int(alive.sum())
 
     episodes = run_episodes(ref_policy, init_state, uniforms, max_steps, watch=judge)
@@ -175,7 +175,8 @@ def _outputs_obs(ctx, e: int, sides: _Sides, n_ref: dict, n_port: dict) -> tuple
     returns, worst, forks, steps = _lockstep(
         lambda obs: ctx.ref.forward(r_params, n_ref, obs, n_out),
         lambda obs: ctx.port.forward(p_params, n_port, obs, n_out),
-        bound, watched, cartpole.reset(seed + e + np.arange(pop)), uniforms, ctx.sizes.traj_max_steps)
+        bound, watched, cartpole.reset(seed + e + np.arange(pop)), uniforms, ctx.sizes.traj_max_steps,
+        ctx.port.actions if ctx.port.has("actions") else sample_actions)
     return [Observation(e, "outputs", "outputs: max |logits port - ref| / bound", "both",
                         f"{size} {steps} member-steps ({watched.size} members judged)", worst, ("bound", 1.0),
                         "ForwardBound with the parameter difference allowed so far"),

@@ -22,7 +22,7 @@ MAX_STEPS = 500
 LN_EPS = np.float32(1e-5)
 PURPOSE_WEIGHT, PURPOSE_BIAS, PURPOSE_INIT, PURPOSE_ACTION = 1, 2, 3, 4
 OPTIONAL = ("forward", "init_params", "optimizer_init", "optimizer_step", "es_init", "es_ask", "es_tell",
-            "es_params", "action_uniforms")
+            "es_params", "action_uniforms", "actions")
 
 
 @dataclass(frozen=True)
@@ -33,14 +33,15 @@ class Drift:
     claims_jax_rng: bool | None = None  # what the adapter claims; None: the truth (rng == "jax")
     antithetic: str = "interleaved"     # interleaved | halves | off
     fitness: str = "jax"                # jax | std | std_unbiased | rank
-    bias_noise: str = "jax"             # jax | fresh | off
+    bias_noise: str = "jax"             # jax | fresh | update_only (fresh, never added in the forward) | off
     bias_grad: str = "jax"              # jax | over_sigma
     noise_reuse: int = 0
     activation: str = "pqn"             # pqn | tanh | relu
-    init: str = "jax"                   # jax | torch (nn.Linear's uniform default)
+    init: str = "jax"                   # jax | torch (nn.Linear's uniform default) | normal (std 0.1)
     optimizer: str = "sgd"              # sgd | adam | adamw (optax's semantics and defaults)
     lr_decay: float = 1.0
     sigma_decay: float = 0.999
+    actions: str = "sample"             # sample (inverse CDF on the uniforms) | greedy (argmax)
 
     def label(self) -> str:
         changed = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
@@ -158,7 +159,7 @@ class NumpyPort:
         members = np.asarray(members, dtype=np.int64)
         draws, sign = self._layout(members, pop)
         generation = 0 if d.noise_reuse == 0 else epoch // d.noise_reuse
-        bias_generation = epoch if d.bias_noise == "fresh" else generation
+        bias_generation = epoch if d.bias_noise in ("fresh", "update_only") else generation
         sign32 = sign.astype(np.float32)
         a_scale = sign32 * (np.float32(sigma) / np.sqrt(np.float32(rank)))     # (m,)
         names = leaf_order(shapes)
@@ -211,7 +212,7 @@ class NumpyPort:
             if noise is not None and f"{t}.weight" in noise:
                 A, B = noise[f"{t}.weight"]
                 z = z + ((h[:, None, :] @ B) @ np.swapaxes(A, 1, 2))[:, 0]
-            if noise is not None and f"{t}.bias" in noise:
+            if noise is not None and f"{t}.bias" in noise and self.drift.bias_noise != "update_only":
                 z = z + noise[f"{t}.bias"]
             h = z if t == n_layers - 1 else self._activate(z)
         return h
@@ -228,11 +229,13 @@ class NumpyPort:
                 params[f"{layer}.weight"] = _float32(gen.uniform(-bound, bound, (n_out, n_in)))
                 params[f"{layer}.bias"] = _float32(gen.uniform(-bound, bound, n_out))
                 continue
+            normal = self.drift.init == "normal"     # std 0.1 whatever the fan-in
             if self.drift.rng == "jax":
-                w = jax.random.normal(model_keys[t], (n_out, n_in)) * (1 / jnp.sqrt(n_in))
+                w = jax.random.normal(model_keys[t], (n_out, n_in)) * (jnp.float32(0.1) if normal
+                                                                       else 1 / jnp.sqrt(n_in))
             else:
-                w = _numpy_rng(seed, PURPOSE_INIT, t).standard_normal((n_out, n_in), dtype=np.float32) \
-                    / np.sqrt(np.float32(n_in))
+                w = _numpy_rng(seed, PURPOSE_INIT, t).standard_normal((n_out, n_in), dtype=np.float32)
+                w = w * np.float32(0.1) if normal else w / np.sqrt(np.float32(n_in))
             params[f"{layer}.weight"] = _float32(w)
             params[f"{layer}.bias"] = np.zeros(n_out, np.float32)
         return params
@@ -280,6 +283,12 @@ class NumpyPort:
     def es_params(self, state):
         return state["params"]
 
+    def actions(self, logits, u):
+        z = np.asarray(logits, np.float64)
+        if self.drift.actions == "greedy":
+            return (z[:, 1] > z[:, 0]).astype(np.int64)
+        return (np.asarray(u) >= 1 / (1 + np.exp(z[:, 1] - z[:, 0]))).astype(np.int64)
+
     def action_uniforms(self, seed, epoch, pop):
         if self.drift.rng == "jax":
             key = jax.random.fold_in(_seed_key(seed, 2), int(epoch))
@@ -307,6 +316,9 @@ VARIANTS: dict[str, tuple[Drift, str | None]] = {
     "fitness_rank": (Drift(fitness="rank"), "fitness"),
     "bias_noise_fresh": (Drift(bias_noise="fresh"), "bias_noise"),
     "bias_noise_off": (Drift(bias_noise="off"), "bias_noise"),
+    "bias_noise_update_only": (Drift(bias_noise="update_only"), "bias_noise"),
+    "init_normal": (Drift(init="normal"), "init"),
+    "actions_greedy": (Drift(actions="greedy"), "actions"),
     "bias_grad_over_sigma": (Drift(bias_grad="over_sigma"), "bias_grad"),
     "noise_reuse_1": (Drift(noise_reuse=1), "noise_reuse"),
     "activation_tanh": (Drift(activation="tanh"), "activation"),
