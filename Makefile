@@ -1,14 +1,21 @@
 # Every target installs what it needs first, so each works as the first command on a fresh clone.
+# Runs write under $(RUNS)/ (default runs/, which git ignores), so a user's run never dirties the tree; the
+# committed reports live in reports/ and are refreshed with RUNS=reports (e.g. `make parity RUNS=reports`).
 PYTHON_BOOT ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 CONSTRAINTS ?= constraints.txt
 STAMP       := $(VENV)/.installed
+RUNS        ?= runs
 ARGS        ?=
 
-.PHONY: setup test parity gap bench clean
+.PHONY: help setup test parity gap gap-paper bench clean
 
-setup: $(STAMP)
+help:  ## this list
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "  options: ARGS=\"...\" (passed to the command), RUNS=dir (output root, default runs), CONSTRAINTS=file"
+
+setup: $(STAMP)  ## create .venv and install the project (pins from constraints.txt)
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
@@ -16,17 +23,20 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test]'
 	touch $(STAMP)
 
-test: setup
+test: setup  ## the pytest suite (unit tests, the suite's self-tests, the Ray executor test)
 	$(PY) -m pytest -q $(ARGS)
 
-parity: setup
-	$(PY) -m parity check --out reports/parity $(ARGS)
+parity: setup  ## the parity suite, torch_impl against the JAX reference, on the CPU -> runs/parity
+	$(PY) -m parity check --out $(RUNS)/parity $(ARGS)
 
-gap: setup
-	$(PY) -m gap --out reports/gap $(ARGS)
+gap: setup  ## the CPU-sized gap study (resumes from the committed reports/gap) -> runs/gap
+	$(PY) -m gap --out $(RUNS)/gap --from reports/gap $(ARGS)
 
-bench: setup
-	$(PY) -m bench --out reports/bench $(ARGS)
+gap-paper: setup  ## the published question at its own preset (resumes from reports/gap-paper) -> runs/gap-paper
+	$(PY) -m gap --study paper --out $(RUNS)/gap-paper --from reports/gap-paper $(ARGS)
 
-clean:
+bench: setup  ## throughput and time to solve, torch_impl against JAX -> runs/bench
+	$(PY) -m bench --out $(RUNS)/bench $(ARGS)
+
+clean:  ## remove .venv and caches (never runs/ or reports/)
 	rm -rf $(VENV) .pytest_cache

@@ -16,7 +16,7 @@ import torch
 
 from bench import ceilings as ceil
 from bench import names as M
-from bench import report, runners
+from bench import report, runners, solve
 from bench.measure import (Skipped, Timing, quantiles,
                                   time_round_robin)
 from bench.report import BenchInfo, Measurement, RowLog
@@ -51,6 +51,7 @@ class BenchPlan(NamedTuple):
     rewarm_below_s: float = 0.05       # cases faster than this make an untimed call before each timed one
     sweep: tuple[str, ...] = ()        # models swept over pops (empty: all)
     quick: bool = False                # tiny sizes for tests: not a measurement
+    solve_runs: tuple[tuple[str, int], ...] = solve.SOLVE_RUNS   # (preset, seed) timed to solve; () for none
 
 
 FULL = BenchPlan(
@@ -70,6 +71,7 @@ QUICK = BenchPlan(
     warmup=1, repeats=2, min_repeats=2, group_budget_s=0.5, max_call_s=5.0, max_first_call_s=60.0,
     headline=("cartpole", 64), step_pop=64, gen_pairs=32,
     matmul_n=256, copy_mib=8, deadline_s=120.0, headline_repeats=2, headline_budget_s=0.5, quick=True,
+    solve_runs=(("cpu", 0),),
 )
 
 
@@ -297,6 +299,14 @@ class Bench:
             self.rows.add_value(impl, spec.name, pop, measure, min(1.0, noise.median_s / step.median_s),
                            "fraction", cases[f"{impl}:step"].device)
 
+    def solve_group(self) -> None:
+        """Time to solve at each preset, torch_impl then jax_reference (after the throughput groups: no deadline)."""
+        if not self.plan.solve_runs:
+            return
+        runs = tuple((preset, seed) for preset, seed in self.plan.solve_runs)
+        times = solve.time_to_solve(self.device.type, self.plan.quick, self.log, runs)
+        self.rows.extend(solve_rows(times, str(self.device)))
+
     def generator_group(self, spec: ModelSpec, pairs: int) -> None:
         """The paper preset's factor draws by torch.randn, torch_impl.random.normal and jax.random.normal."""
         if self.out_of_time("generator comparison"):
@@ -307,6 +317,17 @@ class Bench:
         for impl, t in timings.items():
             self.rows.add_ms(impl, spec.name, 2 * pairs, M.NORMAL_MS, t, cases[impl].device)
             self.rows.add_rate(impl, spec.name, 2 * pairs, M.NORMALS, t, n, "normals/s", cases[impl].device)
+
+
+def solve_rows(times: list[solve.SolveTime], device: str) -> list[Measurement]:
+    """Each training run as rows: its wall time, CPU time and env steps (model `solve:<preset>`, pop = its pop)."""
+    rows = []
+    for t in times:
+        pop = solve._config(t.preset, False).pop
+        for measure, value, unit in ((M.SOLVE_S, t.wall_s, "s"), (M.SOLVE_CPU_S, t.cpu_s, "s"),
+                                     (M.SOLVE_STEPS, float(t.env_steps) if t.solved else float("nan"), "steps")):
+            rows.append(Measurement(t.impl, f"solve:{t.preset}", pop, measure, value, value, value, unit, device))
+    return rows
 
 
 def profile_forward(spec: ModelSpec, pop: int, device: torch.device, seed: int) -> list[str]:
@@ -345,6 +366,7 @@ def run(plan: BenchPlan, device: torch.device, seed: int, log: Callable[[str], N
                 bench.forward_noise_group(spec, pop)
         bench.measure_ceilings("end")
         bench.add_floors()
+    bench.solve_group()
     agreement = runners.agreement_report(1 << 16 if plan.quick else 1 << 20)
     log(f"generator agreement: {agreement}")
     ctx = BenchInfo(
@@ -378,6 +400,21 @@ def restrict(plan: BenchPlan, models: str | None, pops: str | None) -> BenchPlan
     return plan
 
 
+def solve_plan(text: str | None, default: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """--solve: comma-separated presets (each at its seed from solve.SOLVE_RUNS, else 0), or none."""
+    if text is None:
+        return default
+    if text.strip() == "none":
+        return ()
+    seeds = dict(solve.SOLVE_RUNS)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    from spec.config import PRESETS
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or not names:
+        raise ValueError(f"--solve takes presets from {sorted(PRESETS)} or none, got {text!r}")
+    return tuple((n, seeds.get(n, 0)) for n in names)
+
+
 def _cores() -> list[int]:
     """The cores this process may run on (all of them where the OS cannot say)."""
     getter = getattr(os, "sched_getaffinity", None)
@@ -406,7 +443,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda (default cpu)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (for tests)")
-    ap.add_argument("--out", default="reports/bench", help="output folder (default reports/bench)")
+    ap.add_argument("--out", default="runs/bench", help="output folder (default runs/bench, which git ignores; the published report is reports/bench)")
     ap.add_argument("--seed", type=int, default=0, help="seed of params, inputs and noise (default 0)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads, and pin the whole process (JAX's threads too) to that many cores; "
@@ -417,6 +454,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--pops", default=None,
                     help="comma-separated populations to sweep (default: 256,...,16384; quick: 64); the goal "
                          "size (cartpole at 2048) is always measured")
+    ap.add_argument("--solve", default=None,
+                    help="presets timed to solve, torch_impl against jax_reference (default cpu,paper; 'none' "
+                         "skips them; the paper run costs about 5 minutes of 2 cores)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds after which remaining groups are skipped (default: 360, quick 120)")
     return ap.parse_args(argv)
@@ -447,6 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan._replace(deadline_s=args.deadline)
     try:
         plan = restrict(plan, args.models, args.pops)
+        plan = plan._replace(solve_runs=solve_plan(args.solve, plan.solve_runs))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -47,6 +47,11 @@ class Local(NamedTuple):
         return f"local, {self.workers} worker process(es), one thread each"
 
 
+def _call(task: Callable, spec):
+    """What a Ray worker runs: the task (a picklable callable, resolved from the object store) on one spec."""
+    return task(spec)
+
+
 class Ray(NamedTuple):
     """Tasks on an existing Ray cluster (`ray start --head` on one machine, `ray start --address` on the others).
 
@@ -64,8 +69,9 @@ class Ray(NamedTuple):
         ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False,
                  runtime_env={"env_vars": {**SINGLE_THREAD_ENV, "XLA_FLAGS": XLA_SINGLE_THREAD,
                                            "EGGROLL_SINGLE_THREAD": "1"}})
-        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(task)
-        pending = {remote.remote(s): s for s in specs}
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(_call)
+        task_ref = ray.put(task)                  # shipped once, not once per run
+        pending = {remote.remote(task_ref, s): s for s in specs}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:

@@ -1,4 +1,5 @@
-"""The study's three figures (PNG, matplotlib's Agg backend): learning curves, steps per seed, the ladder."""
+"""The study's figures (PNG, matplotlib's Agg backend): learning curves, steps per seed, the ladder, the
+factorial's effects."""
 from __future__ import annotations
 
 import matplotlib
@@ -88,6 +89,32 @@ def ladder(steps: list[Step], path: str, title: str) -> None:
         ax.set(title=label, xlabel="ratio of mean steps to solve (95% bootstrap interval)")
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def effects(fit, path: str, title: str) -> None:
+    """The factorial's main effects and interaction chains: ratio (on / off) with its 95% interval, log scale."""
+    rows = [(e.term, e) for e in fit.effects] + [(e.term.replace(" = ", " =\n"), e) for e in fit.interactions]
+    fig, ax = plt.subplots(figsize=(8, 0.42 * len(rows) + 1.6))
+    y = np.arange(len(rows))
+    ratio = np.array([e.ratio for _, e in rows])
+    lo, hi = np.array([e.lo for _, e in rows]), np.array([e.hi for _, e in rows])
+    main = np.arange(len(rows)) < len(fit.effects)
+    for mask, color, label in ((main, "C0", "main effect"), (~main, "C1", "two-factor alias chain")):
+        ax.errorbar(ratio[mask], y[mask], xerr=[(ratio - lo)[mask], (hi - ratio)[mask]], fmt="o", color=color,
+                    capsize=3, label=label)
+    ax.axvline(1.0, color="k", lw=1, ls=":")
+    ax.axvline(fit.predicted, color="C2", lw=1, ls="--", label=f"predicted all on / all off x{fit.predicted:.2f}")
+    ax.set_yticks(y, [t for t, _ in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set(title=title, xlabel="steps to solve, drift on / off (log-normal AFT, 95% interval)")
+    ax.legend(fontsize=7)
+    ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from gap import attribution as attr
-from gap import plots, published, results, stats
+from gap import factorial, factorial_report, plots, published, results, stats
 from gap.runs import RunSpec
 from gap.store import RunStore
 from reporting import atomic_write, machine, markdown_table, versions
@@ -85,7 +85,7 @@ def main_comparisons(st: attr.Study, samples: dict[str, stats.Sample], n_resampl
     rows = [_cmp_row("published: torch_eggroll vs jax_eggroll", "published", published.JAX_METHOD,
                      published.TORCH_METHOD, stats.compare(pj, pt, n_resamples, seed))]
     pairs = [(st.reference.name, st.drifted.name), (st.reference.name, st.faithful.name),
-             (st.faithful.name, st.drifted.name)]
+             (st.faithful.name, st.drifted.name)] + [(st.reference.name, o.name) for o in st.others]
     for base, arm in dict.fromkeys(pairs):
         if base != arm and base in samples and arm in samples:
             rows.append(_cmp_row(f"{arm} vs {base}", "study", base, arm,
@@ -142,15 +142,38 @@ def _floor_line(ref: str, faith: str, floor: stats.Comparison | None) -> list[st
 
 
 def _gap_line(ref: str, drift: str, gap: stats.Comparison | None, published_cmp: stats.Comparison) -> list[str]:
-    """The drifted profile against the reference, beside the published ratio."""
+    """The drifted profile against the reference, beside the published ratio, with the answer in words."""
     if gap is None:
         return []
-    inside = published_cmp.ratio_lo <= gap.ratio <= published_cmp.ratio_hi
+    if gap.ratio_kind == "no bound":
+        return [f"**No gap verdict for `{drift}`**: runs of both arms hit the budget unsolved, so their ratio "
+                "cannot be bounded; raise the budget (`--max-steps`)."]
     overlap = gap.ratio_lo <= published_cmp.ratio_hi and published_cmp.ratio_lo <= gap.ratio_hi
-    agree = "the two intervals overlap" if overlap else "the two intervals do not overlap"
-    return [f"**The reproduced gap**: `{drift}` / `{ref}` = {_ratio(gap)}, Gehan p {_p(gap.gehan_p)} (published, "
-            f"paper preset: {_ratio(published_cmp)}, Welch p {_p(published_cmp.welch_p)}); {agree}"
-            f"{'' if inside else ', and this study’s ratio lies outside the published interval'}."]
+    if _covers_one(gap):
+        answer = ("**Not reproduced**: no gap detected" + (", though the interval also covers the published ratio"
+                                                          if overlap else ", and the interval excludes the published ratio"))
+    elif overlap:
+        answer = "**Reproduced**: a gap, of a size consistent with the published one"
+    else:
+        answer = "**A gap of another size**: the interval excludes 1 and does not overlap the published interval"
+    return [f"{answer}: `{drift}` / `{ref}` = {_ratio(gap)}, Gehan p {_p(gap.gehan_p)} (published, paper preset: "
+            f"{_ratio(published_cmp)}, Welch p {_p(published_cmp.welch_p)})."]
+
+
+def _other_lines(st: attr.Study, cmps) -> list[str]:
+    """What each further profile (e.g. the functional port) costs against the reference."""
+    out = []
+    for o in st.others:
+        c = cmps.get((st.reference.name, o.name))
+        if c is None:
+            continue
+        if c.ratio_kind == "no bound":
+            out.append(f"**What `{o.name}` costs**: no verdict (both arms censored).")
+            continue
+        word = "no difference detected" if _covers_one(c) else ("more steps" if c.ratio > 1 else "fewer steps")
+        out.append(f"**What `{o.name}` costs**: `{o.name}` / `{st.reference.name}` = {_ratio(c)}, Gehan p "
+                   f"{_p(c.gehan_p)}: {word}.")
+    return out
 
 
 def _drift_lines(st: attr.Study, steps: list[attr.Step]) -> list[str]:
@@ -212,13 +235,38 @@ def _noise_line(st: attr.Study, cmps, steps: list[attr.Step]) -> list[str]:
             "shares depend on the ladder's order; the single-drift view has none."]
 
 
-def verdict_lines(st: attr.Study, cmps: dict[tuple[str, str], stats.Comparison], steps: list[attr.Step],
-                  published_cmp: stats.Comparison, paired: tuple[int, int] = (0, 0)) -> list[str]:
-    """The plain verdict: the noise floor, the reproduced gap, which drifts matter, what is left to noise."""
+def _factorial_lines(st: attr.Study, cmps, fit, published_cmp) -> list[str]:
+    d = st.design
+    if fit is None:
+        return ["**Factorial attribution**: not fitted yet (a finished run at every design point is needed)."]
     ref, faith, drift = st.reference.name, st.faithful.name, st.drifted.name
-    return (_pairing_line(ref, faith, paired) + _floor_line(ref, faith, cmps.get((ref, faith)))
-            + (_gap_line(ref, drift, cmps.get((ref, drift)), published_cmp) if drift != faith else [])
-            + _power_notes(steps) + _drift_lines(st, steps) + _noise_line(st, cmps, steps))
+    return (factorial_report.drift_lines(fit, d)
+            + factorial_report.prediction_line(fit, d, cmps.get((faith, drift)), cmps.get((ref, drift)), published_cmp)
+            + factorial_report.noise_line(fit, d, cmps.get((ref, drift)), cmps.get((ref, faith)))
+            + factorial_report.power_line(fit))
+
+
+def nothing_solved(runs: pd.DataFrame) -> bool:
+    return not runs.empty and not bool(runs["solved"].any())
+
+
+def verdict_lines(st: attr.Study, cmps: dict[tuple[str, str], stats.Comparison], steps: list[attr.Step],
+                  published_cmp: stats.Comparison, paired: tuple[int, int] = (0, 0), fit=None,
+                  runs: pd.DataFrame | None = None) -> list[str]:
+    """The plain verdict: the noise floor, the reproduced gap, which drifts matter, what is left to noise, what the
+    other profiles cost; nothing but that fact when no run solved."""
+    if runs is not None and nothing_solved(runs):
+        return [f"**Nothing solved**: none of the {len(runs)} runs reached a mean return of 475 within the budget, "
+                "so there is no gap verdict and no attribution. Raise the budget (`--max-steps`) or check the "
+                "preset."]
+    ref, faith, drift = st.reference.name, st.faithful.name, st.drifted.name
+    lines = (_pairing_line(ref, faith, paired) + _floor_line(ref, faith, cmps.get((ref, faith)))
+             + (_gap_line(ref, drift, cmps.get((ref, drift)), published_cmp) if drift != faith else []))
+    if st.design is not None:
+        lines += _factorial_lines(st, cmps, fit, published_cmp)
+    else:
+        lines += _power_notes(steps) + _drift_lines(st, steps) + _noise_line(st, cmps, steps)
+    return lines + _other_lines(st, cmps)
 
 
 # ---------------------------------------------------------------- the whole report
@@ -237,8 +285,12 @@ def write(out: str, store: RunStore, specs: list[RunSpec], st: attr.Study, info:
             for r in cmp_rows}
     published_cmp = cmps[(published.JAX_METHOD, published.TORCH_METHOD)]
     steps = attr.attribute(st, samples, n_resamples, seed) if st.ladder else []
+    fit = factorial.fit(runs, st.design) if st.design is not None and not runs.empty else None
     pd.DataFrame(cmp_rows).to_csv(os.path.join(out, "comparisons.csv"), index=False)
-    attribution_frame(steps).to_csv(os.path.join(out, "attribution.csv"), index=False)
+    if st.design is None:
+        attribution_frame(steps).to_csv(os.path.join(out, "attribution.csv"), index=False)
+    elif fit is not None:
+        factorial_report.effects_frame(fit, st.design).to_csv(os.path.join(out, "factorial.csv"), index=False)
 
     figures = []
     groups = [("learning_curves.png", [a.name for a in st.main_arms], "main arms"),
@@ -256,16 +308,28 @@ def write(out: str, store: RunStore, specs: list[RunSpec], st: attr.Study, info:
     if any(s.cmp is not None for s in steps):
         plots.ladder(steps, os.path.join(out, "attribution.png"), f"attribution of the {st.profile} gap")
         figures.append(("attribution.png", "attribution: ratio per drift with its interval"))
+    if fit is not None:
+        plots.effects(fit, os.path.join(out, "factorial.png"), f"factorial attribution of the {st.profile} drifts")
+        figures.append(("factorial.png", "factorial main effects and interaction chains with 95% intervals"))
 
     paired = same_steps(runs, st.reference.name, st.faithful.name)
-    text = _markdown(st, info, arms_df, cmp_rows, steps, verdict_lines(st, cmps, steps, published_cmp, paired),
-                     figures, n_resamples, seed)
+    verdict = verdict_lines(st, cmps, steps, published_cmp, paired, fit, runs)
+    text = _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed, runs, fit)
     path = os.path.join(out, "summary.md")
     atomic_write(path, text)
     return path
 
 
-def _header(st, info) -> list[str]:
+def where_runs_ran(runs: pd.DataFrame) -> list[str]:
+    """One line per (host, versions, device) with its run count: a study's runs may come from many machines."""
+    if runs.empty or "host" not in runs:
+        return []
+    g = runs.fillna("").groupby(["host", "versions", "device"], sort=True).size()
+    return [f"- runs trained on: {host or 'unrecorded host'}, {vers or 'unrecorded versions'}, torch device "
+            f"`{dev}`: {n} run(s)" for (host, vers, dev), n in g.items()]
+
+
+def _header(st, info, runs: pd.DataFrame | None = None) -> list[str]:
     cfg, ref = info.config, st.reference.knobs
     lines = [
         f"# Gap study: does the torch port learn CartPole-v1 as fast as the JAX reference? (`{st.profile}`)", "",
@@ -279,9 +343,10 @@ def _header(st, info) -> list[str]:
         + (f"; attribution arms {len(info.attribution_seeds)} ({', '.join(map(str, info.attribution_seeds))})"
            if st.attribution_arms else ""),
         "- versions: " + ", ".join(f"{k} {val}" for k, val in versions().items()),
-        f"- machine: {machine()}; torch device `{info.device}`; runs on {info.executor}",
+        f"- this invocation ran on: {machine()}; torch device `{info.device}`; runs on {info.executor}",
         f"- this invocation: {info.wall_s / 60:.1f} min" + (f"; FAILED runs: {len(info.failed)}" if info.failed else ""),
     ]
+    lines += where_runs_ran(runs) if runs is not None else []
     return lines + [f"- note: {n}" for n in info.notes]
 
 
@@ -367,7 +432,8 @@ METHOD_FILES = [
     "per worker), the cost of a run on an idle core.",
     "- `epochs.csv`: one row per epoch (run_id, arm, seed, epoch, env_steps, mean_return, max_return, sigma, lr, "
     "wall_s, grad_norms as JSON).",
-    "- `arms.csv`, `comparisons.csv`, `attribution.csv`: the tables above, unrounded.",
+    "- `arms.csv`, `comparisons.csv`, `attribution.csv` (ladder studies) or `factorial.csv` (factorial studies): "
+    "the tables above, unrounded.",
 ]
 
 
@@ -379,11 +445,12 @@ def _method_section(n_resamples: int, seed: int) -> list[str]:
             + [line.format(n_resamples=n_resamples, seed=seed) for line in METHOD_FILES] + [""])
 
 
-def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed) -> str:
-    lines = _header(st, info) + ["", "## Verdict", ""] + [f"- {x}" for x in verdict]
+def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed, runs=None, fit=None) -> str:
+    lines = _header(st, info, runs) + ["", "## Verdict", ""] + [f"- {x}" for x in verdict]
     if info.failed:
         lines += ["", "Failed runs (not in the statistics; rerun the command to retry them):", ""]
         lines += [f"- {f}" for f in info.failed]
     lines += _arms_section(arms_df) + _comparisons_section(info, cmp_rows) + _attribution_section(st, steps)
+    lines += factorial_report.section(fit, st.design) if st.design is not None else []
     lines += ["", "## Figures", ""] + [f"![{cap}]({name})" for name, cap in figures]
     return "\n".join(lines + _method_section(n_resamples, seed))

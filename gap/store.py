@@ -87,13 +87,35 @@ def _write(path: str, header: tuple[str, ...], rows: list[dict]) -> None:
     atomic_write(path, ",".join(header) + "\n" + _rows_text(rows, header))
 
 
-class RunStore:
-    """`runs.csv` and `epochs.csv` in one folder; only the parent process writes them."""
+def canonical_rows(runs: list[dict], epochs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Rows in today's identity and columns, each run once, epochs only of committed runs (renamed with them)."""
+    renamed, seen, unique = {}, set(), []
+    for r in runs:
+        key = canonical_key(r)
+        new = {**{c: r.get(c, "") for c in RUN_COLUMNS}, "config": key[2], "knobs": key[3], "run_id": run_id(key)}
+        renamed[r["run_id"]] = new["run_id"]
+        if new["run_id"] not in seen:                  # a run row twice (two writers) is kept once
+            seen.add(new["run_id"])
+            unique.append(new)
+    return unique, [{**e, "run_id": renamed[e["run_id"]]} for e in epochs if e["run_id"] in renamed]
 
-    def __init__(self, folder: str):
+
+class RunStore:
+    """`runs.csv` and `epochs.csv` in one folder; only the parent process writes them.
+
+    `readonly=True` (a published study read as the source of `import_from`): nothing on disk is touched; old
+    rows are converted in memory.
+    """
+
+    def __init__(self, folder: str, readonly: bool = False):
         self.folder = folder
+        self.readonly = readonly
         self.runs_path = os.path.join(folder, "runs.csv")
         self.epochs_path = os.path.join(folder, "epochs.csv")
+        if readonly:
+            if not os.path.isfile(self.runs_path):
+                raise ValueError(f"{folder} holds no study (no runs.csv)")
+            return
         os.makedirs(folder, exist_ok=True)
         with self.locked():
             self.repair()
@@ -112,18 +134,10 @@ class RunStore:
         """Cut partial lines, convert old rows to today's identity and columns, keep each run once, drop the
         epochs of runs that never committed."""
         self._check_headers()
-        runs, renamed, seen, unique = _read_rows(self.runs_path), {}, set(), []
-        for r in runs:
-            key = canonical_key(r)
-            new = {**{c: r.get(c, "") for c in RUN_COLUMNS}, "config": key[2], "knobs": key[3], "run_id": run_id(key)}
-            renamed[r["run_id"]] = new["run_id"]
-            if new["run_id"] not in seen:                  # a run row twice (two writers) is kept once
-                seen.add(new["run_id"])
-                unique.append(new)
+        runs, epochs = _read_rows(self.runs_path), _read_rows(self.epochs_path)
+        unique, kept = canonical_rows(runs, epochs)
         if unique != runs or _header(self.runs_path) != RUN_COLUMNS:
             _write(self.runs_path, RUN_COLUMNS, unique)
-        epochs = _read_rows(self.epochs_path)
-        kept = [{**e, "run_id": renamed[e["run_id"]]} for e in epochs if e["run_id"] in renamed]
         if kept != epochs:                                 # epochs of a run that never committed, or renamed
             _write(self.epochs_path, EPOCH_COLUMNS, kept)
 
@@ -154,13 +168,20 @@ class RunStore:
 
     def run_rows(self) -> list[dict]:
         """Every committed run row (strings, as csv reads them)."""
+        if self.readonly:
+            return canonical_rows(_read_rows(self.runs_path), [])[0]
         return _read_rows(self.runs_path)
 
     def epoch_rows(self) -> list[dict]:
+        if self.readonly:
+            runs = _read_rows(self.runs_path)
+            return canonical_rows(runs, _read_rows(self.epochs_path) if os.path.exists(self.epochs_path) else [])[1]
         return _read_rows(self.epochs_path)
 
     def commit(self, run_row: dict, epoch_rows: list[dict]) -> None:
         """Epochs first, then the run row that marks the run done."""
+        if self.readonly:
+            raise PermissionError(f"{self.folder} was opened read-only")
         _append(self.epochs_path, _rows_text(epoch_rows, EPOCH_COLUMNS))
         _append(self.runs_path, _rows_text([run_row], RUN_COLUMNS))
 

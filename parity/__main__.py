@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"torch-side knob, repeatable, applied after the profile ({knob_help})")
     p.add_argument("--port", metavar="MODULE:ATTR", help="check a foreign port through the adapter protocol "
                                                          "(parity/adapter.py) instead of torch_impl")
-    p.add_argument("--out", default="reports/parity", help="report folder (default reports/parity)")
+    p.add_argument("--out", default="runs/parity", help="report folder (default runs/parity, which git ignores; the published report is reports/parity)")
     p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="the quick suite (default)")

@@ -197,6 +197,17 @@ def test_a_store_of_an_older_version_is_converted_and_resumes(tmp_path):
         w = csv.DictWriter(f, list(epochs[0]), lineterminator="\n")
         w.writeheader()
         w.writerows(epochs)
+    # Read-only (a published study used by --from): converted in memory, the files untouched (a clean git tree).
+    before = (open(store.runs_path, "rb").read(), open(store.epochs_path, "rb").read())
+    fresh = RunStore(str(tmp_path / "fresh"))
+    assert fresh.import_from(RunStore(str(tmp_path), readonly=True), {s.key for s in specs}) == len(specs)
+    assert (open(store.runs_path, "rb").read(), open(store.epochs_path, "rb").read()) == before
+    assert {r["run_id"] for r in _read(fresh.runs_path)} == {s.run_id for s in specs}
+    assert {e["run_id"] for e in _read(fresh.epochs_path)} == {s.run_id for s in specs}
+    with pytest.raises(PermissionError):
+        RunStore(str(tmp_path), readonly=True).commit({}, [])
+    with pytest.raises(ValueError, match="holds no study"):
+        RunStore(str(tmp_path / "nowhere"), readonly=True)
     converted = RunStore(str(tmp_path))
     new_rows = _read(converted.runs_path)
     assert {r["run_id"] for r in new_rows} == {s.run_id for s in specs} and list(new_rows[0]) == list(RUN_COLUMNS)
