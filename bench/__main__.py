@@ -22,6 +22,7 @@ from bench.measure import (Skipped, Timing, quantiles,
 from bench.report import BenchInfo, Measurement, RowLog
 from bench.runners import Case, ModelSpec
 from reporting import cpu_name, versions
+from spec.limits import available_bytes, check_fits, check_out_dir, estimate_population_bytes, seed_arg
 from torch_impl.noise import per_member
 
 CARTPOLE = ModelSpec("cartpole", (4, 256, 256, 2))
@@ -415,6 +416,22 @@ def solve_plan(text: str | None, default: tuple[tuple[str, int], ...]) -> tuple[
     return tuple((n, seeds.get(n, 0)) for n in names)
 
 
+def check_bench_memory(plan: BenchPlan, device: str) -> None:
+    """Refuse populations whose forward cannot fit: the largest swept population on each model (3x for the noise
+    copies the cases hold side by side), against the device's free memory."""
+    if device == "cuda":
+        available, where = torch.cuda.mem_get_info()[0], "the GPU"
+    else:
+        available, where = available_bytes(), "this machine"
+    for spec in plan.models:
+        if plan.sweep and spec.name not in plan.sweep:
+            continue
+        pop = max(plan.pops)
+        est = estimate_population_bytes(pop, spec.sizes, spec.rank)
+        est = est._replace(total=3 * est.total, parts={k: 3 * v for k, v in est.parts.items()})
+        check_fits(estimate=est, pop=pop, available=available, where=where)
+
+
 def _cores() -> list[int]:
     """The cores this process may run on (all of them where the OS cannot say)."""
     getter = getattr(os, "sched_getaffinity", None)
@@ -444,7 +461,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda (default cpu)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (for tests)")
     ap.add_argument("--out", default="runs/bench", help="output folder (default runs/bench, which git ignores; the published report is reports/bench)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of params, inputs and noise (default 0)")
+    ap.add_argument("--seed", type=seed_arg, default=0, help="seed of params, inputs and noise, in [0, 2**32 - 1] "
+                                                               "(default 0)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads, and pin the whole process (JAX's threads too) to that many cores; "
                          "default: torch's own choice, no pinning. --threads 1 compares both sides on one "
@@ -488,6 +506,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = restrict(plan, args.models, args.pops)
         plan = plan._replace(solve_runs=solve_plan(args.solve, plan.solve_runs))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        check_out_dir(args.out)
+        check_bench_memory(plan, args.device)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from gap.runs import run_all, run_specs, train_spec
 from gap.store import RunStore
 from spec.config import PRESETS
 from spec.knobs import PROFILES, KnobError
+from spec.limits import check_out_dir, check_seed, device_arg
 
 class StudyDefaults(NamedTuple):
     """What `--study NAME` means when no other flag says otherwise."""
@@ -59,10 +60,14 @@ def _parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(s) for s in text.replace(" ", "").split(",") if s]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--seed-list takes comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--seed-list takes comma-separated integers in [0, 4,294,967,295], "
+                                         f"got {text!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise argparse.ArgumentTypeError(f"--seed-list needs distinct seeds, got {text!r}")
-    return seeds
+    try:
+        return [check_seed(s, "each seed of --seed-list") for s in seeds]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_dir", default=None,
                    help="a study folder whose finished runs seed --out (nothing is retrained), e.g. reports/gap-paper")
     p.add_argument("--max-steps", type=int, default=None, help="env-step budget per run (default: the study's)")
-    p.add_argument("--device", default="cpu", help="torch device for the torch side (cpu, cuda)")
+    p.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device for the torch side: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--resamples", type=int, default=stats.N_RESAMPLES, help="bootstrap resamples (default 10000)")
     p.add_argument("--note", action="append", default=[],
                    help="a line for the report's header, e.g. where imported runs came from (repeatable)")
@@ -147,6 +153,10 @@ def plan_study(args) -> StudyPlan:
 
         if not torch.cuda.is_available():
             raise ValueError(f"--device {args.device}: torch sees no CUDA device on this machine; use --device cpu")
+    check_out_dir(args.out or f"runs/{args.study}")
+    if args.from_dir and not os.path.isfile(os.path.join(args.from_dir, "runs.csv")):
+        raise ValueError(f"--from {args.from_dir}: no study there (no runs.csv); give a study folder such as "
+                         f"{STUDIES[args.study].published}")
     d = STUDIES[args.study]
     cfg, reference = PRESETS[args.preset or d.preset]
     budget = args.max_steps or (d.budget if args.preset in (None, d.preset) else None)

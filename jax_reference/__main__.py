@@ -1,6 +1,6 @@
 """`python -m jax_reference`: train CartPole-v1 with the JAX reference EggRoll and print steps to solve.
 
-Exit status: 0 solved, 1 not solved within the step budget, 2 bad usage.
+Exit status: 0 solved, 1 not solved within the step budget, 2 bad usage or input.
 """
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import sys
 from spec.cli import add_override_arguments, apply_overrides
 from spec.config import PRESETS, check_pairing
 from spec.knobs import KnobError
+from spec.limits import check_fits, seed_arg
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_reference", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="hyper-parameter preset (default cpu)")
     p.add_argument("--quiet", action="store_true", help="print only the final line")
     p.add_argument("--exact-graph", action="store_true",
@@ -30,6 +31,7 @@ def configure(args: argparse.Namespace):
     cfg, run = PRESETS[args.preset]
     cfg, run = apply_overrides(args, cfg, run)
     check_pairing(cfg.pop, "interleaved")
+    check_fits(cfg)
     return cfg, run
 
 

@@ -23,6 +23,7 @@ from parity.suite import CHECKS, SIZES, Sizes
 from reporting import cpu_name, versions
 from spec.config import for_profile
 from spec.knobs import CHOICES, NUMERIC, PROFILES
+from spec.limits import check_out_dir, device_arg, seed_arg
 
 SUITE_PACKAGES = ("torch", "jax", "numpy")
 
@@ -51,15 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"torch-side knob, repeatable, applied after the profile ({knob_help})")
     p.add_argument("--port", metavar="MODULE:ATTR", help="check a foreign port through the adapter protocol "
                                                          "(parity/adapter.py) instead of torch_impl")
-    p.add_argument("--out", default="runs/parity", help="report folder (default runs/parity, which git ignores; the published report is reports/parity)")
-    p.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
+    p.add_argument("--out", default="runs/parity",
+                   help="report folder (default runs/parity, which git ignores; the published one is reports/parity)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick", help="the quick suite (default)")
     size.add_argument("--full", dest="size", action="store_const", const="full", help="paper-sized, longer")
     size.add_argument("--size", dest="size", choices=sorted(SIZES), help="a named size (selftest: tiny, for tests)")
-    p.add_argument("--device", default="cpu", help="torch device of the torch side (default cpu)")
+    p.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--quiet", action="store_true", help="no progress lines: only the verdict line")
+    p.add_argument("--json", action="store_true",
+                   help="print the machine-readable result (result.json, always written beside summary.md) on "
+                        "stdout, and the progress and verdict lines on stderr")
     p.set_defaults(size="quick")
     return p
 
@@ -88,24 +94,16 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         return EXIT_USAGE
     started = time.perf_counter()
     try:
-        args = build_parser().parse_args(argv)
-        sizes = suite_sizes(args)
-        port, configuration, label, session = _make_port(args, sizes)
-        checks = tuple(c.strip() for c in args.checks.split(",") if c.strip())
-        unknown = [c for c in checks if c not in CHECKS]
-        if unknown:
-            raise UsageError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
-    except UsageError as err:
-        print(f"parity check: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except ValueError as err:            # KnobError and Config errors
+        args, sizes, (port, configuration, label, session), checks = parse(argv)
+    except (UsageError, ValueError) as err:     # ValueError: KnobError, Config and --out errors
         print(f"parity check: {err}", file=sys.stderr)
         return EXIT_USAGE
 
     from parity.report import RunInfo, overall, write_report
     from parity.suite import run_suite
 
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=stream, flush=True))
+    text_out = sys.stderr if args.json else stream     # --json: stdout holds the JSON alone
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=text_out, flush=True))
     log(f"parity check: {label} vs jax_reference, sizes {sizes.name}, seed {args.seed}")
     try:
         with session:
@@ -124,16 +122,42 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         seed=args.seed, versions=versions(SUITE_PACKAGES), device=device_description(args.device),
         started=datetime.datetime.now().isoformat(timespec="seconds"),
         seconds=time.perf_counter() - started)
-    written = write_report(Path(args.out), results, info)
     verdict = overall(results)
-    width = max(len(r.name) for r in results)
+    code = {"pass": EXIT_PASS, "fail": EXIT_MISMATCH}.get(verdict, EXIT_USAGE)
+    written = write_report(Path(args.out), results, info, code)
     log("")
+    for line in terminal_lines(results):
+        log(line)
+    summary = next(p for p in written if p.name == "summary.md")
+    final = f"{verdict.upper()}: report in {summary} ({time.perf_counter() - started:.0f} s)"
+    if args.json:
+        print(next(p for p in written if p.name == "result.json").read_text(), file=stream, end="")
+    print(final if args.quiet else "\n" + final, file=text_out, flush=True)
+    return code
+
+
+def parse(argv: list[str]):
+    """(args, sizes, (port, configuration, label, session), checks) or UsageError / ValueError: all before any work."""
+    args = build_parser().parse_args(argv)
+    check_out_dir(args.out)
+    sizes = suite_sizes(args)
+    made = _make_port(args, sizes)
+    checks = tuple(c.strip() for c in args.checks.split(",") if c.strip())
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown:
+        raise UsageError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+    return args, sizes, made, checks
+
+
+def terminal_lines(results) -> list[str]:
+    """One line per check: verdict, headline (or, for a skipped or errored check, why) and likely cause."""
+    width = max(len(r.name) for r in results)
+    lines = []
     for r in results:
         cause = f"  <- {r.cause_text}" if r.cause_text else ""
-        log(f"  {r.name:<{width}}  {r.verdict:<5}  {r.observed} (allowed {r.allowed}){cause}")
-    summary = next(p for p in written if p.name == "summary.md")
-    log(f"\n{verdict.upper()}: report in {summary} ({time.perf_counter() - started:.0f} s)")
-    return {"pass": EXIT_PASS, "fail": EXIT_MISMATCH}.get(verdict, EXIT_USAGE)
+        what = r.observed if r.verdict in ("skip", "error") else f"{r.observed} (allowed {r.allowed})"
+        lines.append(f"  {r.name:<{width}}  {r.verdict:<5}  {what}{cause}")
+    return lines
 
 
 def suite_sizes(args) -> Sizes:

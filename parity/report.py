@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -17,6 +18,7 @@ from reporting import atomic_write, markdown_table
 
 SUMMARY = "summary.md"
 ALL_ROWS = "parity.csv"
+RESULT = "result.json"
 MANIFEST = ".parity-files"
 
 
@@ -100,8 +102,22 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
     return "\n".join(lines)
 
 
-def write_report(out: Path, results: Sequence[CheckResult], info: RunInfo) -> list[Path]:
-    """Write summary.md, parity.csv and <check>.csv into `out`; returns the paths written."""
+def result_json(results: Sequence[CheckResult], info: RunInfo, exit_code: int) -> str:
+    """result.json: the verdicts, causes and exit code with the run's seed, versions and device, for scripts."""
+    return json.dumps({
+        "verdict": overall(results), "exit_code": exit_code,
+        "knobs": list(dict.fromkeys(k for r in results for k in r.knobs)),
+        "checks": [{"name": r.name, "verdict": r.verdict, "observed": r.observed, "allowed": r.allowed,
+                    "causes": [{"knob": c.knob, "text": c.text} for c in r.causes], "seconds": round(r.seconds, 3)}
+                   for r in results],
+        "command": info.command, "port": info.port, "configuration": info.configuration, "sizes": info.sizes,
+        "seed": info.seed, "versions": info.versions, "device": info.device, "started": info.started,
+        "seconds": round(info.seconds, 3),
+    }, indent=2) + "\n"
+
+
+def write_report(out: Path, results: Sequence[CheckResult], info: RunInfo, exit_code: int | None = None) -> list[Path]:
+    """Write summary.md, result.json, parity.csv and <check>.csv into `out`; returns the paths written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -113,12 +129,15 @@ def write_report(out: Path, results: Sequence[CheckResult], info: RunInfo) -> li
     written.append(out / ALL_ROWS)
     atomic_write(out / SUMMARY, summary_markdown(results, info))
     written.append(out / SUMMARY)
+    code = exit_code if exit_code is not None else {PASS: 0, FAIL: 1}.get(overall(results), 2)
+    atomic_write(out / RESULT, result_json(results, info, code))
+    written.append(out / RESULT)
     # Remove CSVs an earlier run wrote that this one did not (listed in the manifest).
     manifest = out / MANIFEST
     if manifest.exists():
         names = {p.name for p in written}
         for old in manifest.read_text().split():
-            if old not in names and old.endswith(".csv") and (out / old).exists():
+            if old not in names and old.endswith((".csv", ".json")) and (out / old).exists():
                 (out / old).unlink()
     atomic_write(manifest, "\n".join(p.name for p in written) + "\n")
     return written

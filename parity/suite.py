@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from parity.adapter import CheckedPort, PortError
-from parity.verdict import ERROR, CheckResult, Recorder, summarize
+from parity.verdict import ERROR, CheckResult, Recorder, summarize, with_status_row
 from spec.config import PRESETS, Config
 from spec.knobs import RunSettings
 from spec.layout import param_shapes as layout_shapes
@@ -105,8 +105,8 @@ def run_check(name: str, ctx: Context) -> CheckResult:
         section = (f"The port broke the adapter protocol, so this check could not judge it:\n\n    {err}\n\n"
                    "See parity/adapter.py for what each method must return.")
         result = summarize(name, rec, section, verdict=ERROR, observed=str(err), allowed="the adapter protocol")
-    return CheckResult(result.name, result.verdict, result.observed, result.allowed, result.causes, result.rows,
-                       result.section, result.alpha, time.perf_counter() - start)
+    return with_status_row(CheckResult(result.name, result.verdict, result.observed, result.allowed, result.causes,
+                                       result.rows, result.section, result.alpha, time.perf_counter() - start))
 
 
 def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings | None = None,

@@ -151,6 +151,19 @@ def summarize(name: str, rec: Recorder, section: str, seconds: float = 0.0, verd
                        rec.alpha, seconds)
 
 
+def with_status_row(result: CheckResult) -> CheckResult:
+    """A skipped or errored check without rows gets one row saying so (and why), so the CSVs list every check;
+    a skip's headline is its reason."""
+    if result.verdict not in (SKIP, ERROR):
+        return result
+    reason = result.observed or result.section.split("\n", 1)[0].removeprefix("Skipped: ").strip()
+    observed = result.observed or f"skipped: {reason}"
+    rows = result.rows or (Row(result.name, "skipped" if result.verdict == SKIP else "error", "port", "",
+                               math.nan, result.allowed or "-", result.verdict, reason),)
+    return CheckResult(result.name, result.verdict, observed, result.allowed or "-", result.causes, rows,
+                       result.section, result.alpha, result.seconds)
+
+
 def worst(verdicts: Iterable[str]) -> str:
     """The suite's verdict: error > fail > pass (skips and infos do not fail a run)."""
     seen = set(verdicts)

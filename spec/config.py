@@ -36,6 +36,8 @@ class Config:
             raise ValueError(f"layers and hidden must be >= 1, got layers={self.layers}, hidden={self.hidden}")
         if self.group_size < 0 or (self.group_size and self.pop % self.group_size):
             raise ValueError(f"group_size must be 0 or divide pop={self.pop}, got {self.group_size}")
+        if self.max_env_steps < 1:
+            raise ValueError(f"max_env_steps (--max-steps) must be >= 1, got {self.max_env_steps}")
 
     @property
     def sizes(self) -> list[int]:

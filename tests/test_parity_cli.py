@@ -20,7 +20,7 @@ from parity import __main__ as cli
     (["--port", "no_colon"], "package.module:attr"),
     (["--port", "a.b:c", "--torch", "rng=torch"], "do not apply with --port"),
     (["--checks", "noise,vibes"], "unknown check(s) vibes"),
-    (["--seed", "many"], "invalid int value"),
+    (["--seed", "many"], "a seed is an integer in [0, 4,294,967,295], got 'many'"),
     (["--quick", "--full"], "not allowed with argument"),
 ])
 def test_bad_usage_exits_2_with_a_clear_message(argv, needle, capsys, tmp_path):

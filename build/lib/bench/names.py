@@ -1,0 +1,45 @@
+"""The benchmark's measure names: what `bench.__main__` writes into bench.csv and `bench.report` reads back.
+
+One constant per name, so renaming one cannot silently empty a report table.
+"""
+from __future__ import annotations
+
+# population forward
+FORWARD = "forward_evals_per_s"                  # forward alone, noise given
+FORWARD_MEMBERS = "forward_members_evals_per_s"  # torch_impl's forward handed the noise per member
+FORWARD_MS = "forward_ms"
+FORWARD_MEMBERS_MS = "forward_members_ms"
+FORWARD_NOISE = "forward_noise_evals_per_s"      # noise generation + forward
+FORWARD_NOISE_MS = "forward_noise_ms"
+NOISE_MS = "noise_ms"
+# round-by-round ratios (torch_impl's speed over the row's impl), with the 95% interval of their median
+FORWARD_RATIO = "forward_ratio"
+FORWARD_NOISE_RATIO = "forward_noise_ratio"
+LAYOUT_RATIO = "forward_layout_ratio"            # torch_impl grouped noise vs per member
+MEMBERS_RATIO = "forward_members_ratio"          # torch_impl per member vs hooks
+CI_LOW, CI_HIGH = "_ci95_low", "_ci95_high"      # suffixes of a ratio's interval rows
+PAIRED = {FORWARD: FORWARD_RATIO, FORWARD_NOISE: FORWARD_NOISE_RATIO}
+# machine ceilings and floors
+MATMUL = "matmul_gflops"
+COPY = "copy_gbps"
+FLOOR_MS = "floor_ms"
+FLOOR_COMPUTE_MS = "floor_compute_ms"
+FLOOR_MEMORY_MS = "floor_memory_ms"
+FLOOR_EVALS = "floor_evals_per_s"
+FLOOR_FRACTION = "floor_fraction"
+FLOOR_FRACTION_MEMBERS = "floor_fraction_members"
+# one ES step
+STEP = "step_per_s"
+STEP_CACHED = "step_cached_per_s"
+STEP_RATES = {"step": STEP, "step_cached": STEP_CACHED}
+STEP_MS = {"step": "step_ms", "step_cached": "step_cached_ms", "noise": "step_noise_ms",
+           "forward": "step_forward_ms", "tell": "step_tell_ms"}
+NOISE_SHARE = "noise_share"
+NOISE_SHARE_EST = "noise_share_est"
+# generators
+SOLVE_S = "time_to_solve_s"                      # one training run to a mean return of 475 (model = solve:<preset>)
+SOLVE_STEPS = "steps_to_solve"                   # its env steps (the budget if it did not solve)
+SOLVE_CPU_S = "time_to_solve_cpu_s"
+
+NORMAL_MS = "normal_ms"
+NORMALS = "normals_per_s"

@@ -1,0 +1,193 @@
+"""`python -m parity check` (or `python -m parity`): the parity suite from the command line.
+
+Exit codes: 0 every check within tolerance; 1 a mismatch; 2 bad usage or input (unknown knob,
+value or profile, an unloadable port, a port that breaks the adapter protocol).
+--profile / --torch configure the torch side (torch_impl through parity.torch_adapter); the
+reference run keeps the preset's knobs, so e.g. `--torch noise_reuse=3` is a drift to be caught.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Sequence
+
+from parity.adapter import UsageError
+from parity.suite import CHECKS, SIZES, Sizes
+from reporting import cpu_name, versions
+from spec.config import for_profile
+from spec.knobs import CHOICES, NUMERIC, PROFILES
+from spec.limits import check_out_dir, device_arg, seed_arg
+
+SUITE_PACKAGES = ("torch", "jax", "numpy")
+
+EXIT_PASS, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+EXIT_INTERNAL = 3   # the suite itself crashed: neither parity nor a mismatch
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so main() owns the exit code and the message."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message}\n\n{self.format_usage().strip()}")
+
+
+# The study and the benchmark were subcommands here; they are sibling packages now.
+MOVED = {"gap": "python -m gap", "bench": "python -m bench"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    knob_help = "; ".join([f"{k}: {'|'.join(v)}" for k, v in CHOICES.items()]
+                          + [f"{k}: {meaning}" for k, (_, meaning) in NUMERIC.items()])
+    p = _Parser(prog="python -m parity check",
+                description="Run the parity suite: does the port compute what the JAX reference computes?")
+    p.add_argument("--profile", default="jax", help=f"torch-side profile: {', '.join(PROFILES)} (default jax)")
+    p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
+                   help=f"torch-side knob, repeatable, applied after the profile ({knob_help})")
+    p.add_argument("--port", metavar="MODULE:ATTR", help="check a foreign port through the adapter protocol "
+                                                         "(parity/adapter.py) instead of torch_impl")
+    p.add_argument("--out", default="runs/parity",
+                   help="report folder (default runs/parity, which git ignores; the published one is reports/parity)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="size", action="store_const", const="quick", help="the quick suite (default)")
+    size.add_argument("--full", dest="size", action="store_const", const="full", help="paper-sized, longer")
+    size.add_argument("--size", dest="size", choices=sorted(SIZES), help="a named size (selftest: tiny, for tests)")
+    p.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
+    p.add_argument("--quiet", action="store_true", help="no progress lines: only the verdict line")
+    p.add_argument("--json", action="store_true",
+                   help="print the machine-readable result (result.json, always written beside summary.md) on stdout")
+    p.set_defaults(size="quick")
+    return p
+
+
+def device_description(device: str) -> str:
+    """Where each side ran: the torch side's device, JAX's backend, the host CPU."""
+    import jax
+
+    torch_dev = device
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            torch_dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return f"torch side on {torch_dev}; JAX reference on {jax.default_backend()}; host CPU {cpu_name()}"
+
+
+def main(argv: Sequence[str] | None = None, stream=None) -> int:
+    """Run `check` with argv (without the subcommand); returns the exit code."""
+    stream = stream or sys.stdout
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "check":
+        argv = argv[1:]
+    elif argv and argv[0] in MOVED:
+        print(f"python -m parity {argv[0]}: moved; run `{MOVED[argv[0]]}` (same options)", file=sys.stderr)
+        return EXIT_USAGE
+    started = time.perf_counter()
+    try:
+        args = build_parser().parse_args(argv)
+        check_out_dir(args.out)
+        sizes = suite_sizes(args)
+        port, configuration, label, session = _make_port(args, sizes)
+        checks = tuple(c.strip() for c in args.checks.split(",") if c.strip())
+        unknown = [c for c in checks if c not in CHECKS]
+        if unknown:
+            raise UsageError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+    except UsageError as err:
+        print(f"parity check: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as err:            # KnobError and Config errors
+        print(f"parity check: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+    from parity.report import RunInfo, overall, write_report
+    from parity.suite import run_suite
+
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=stream, flush=True))
+    log(f"parity check: {label} vs jax_reference, sizes {sizes.name}, seed {args.seed}")
+    try:
+        with session:
+            results = run_suite(port, sizes, args.seed, checks=checks, log=log)
+    except Exception:   # a crash of the suite itself must not read as a mismatch (exit 1)
+        traceback.print_exc()
+        print(f"parity check: internal error in the suite (exit {EXIT_INTERNAL}); no verdict, no report written. "
+              "Please report it with the traceback above.", file=sys.stderr)
+        return EXIT_INTERNAL
+    info = RunInfo(
+        command="python -m parity check " + " ".join(shlex.quote(a) for a in argv),
+        port=label, configuration=configuration,
+        sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
+              f"MLP {sizes.cfg.sizes}, noise statistics over {sizes.noise_pop} members, trajectory "
+              f"{sizes.traj_epochs} epochs",
+        seed=args.seed, versions=versions(SUITE_PACKAGES), device=device_description(args.device),
+        started=datetime.datetime.now().isoformat(timespec="seconds"),
+        seconds=time.perf_counter() - started)
+    verdict = overall(results)
+    code = {"pass": EXIT_PASS, "fail": EXIT_MISMATCH}.get(verdict, EXIT_USAGE)
+    written = write_report(Path(args.out), results, info, code)
+    log("")
+    for line in terminal_lines(results):
+        log(line)
+    summary = next(p for p in written if p.name == "summary.md")
+    final = f"{verdict.upper()}: report in {summary} ({time.perf_counter() - started:.0f} s)"
+    if args.json:
+        print(next(p for p in written if p.name == "result.json").read_text(), file=stream, end="")
+    print(final if args.quiet else "\n" + final, file=stream, flush=True)
+    return code
+
+
+def terminal_lines(results) -> list[str]:
+    """One line per check: verdict, headline (or, for a skipped or errored check, why) and likely cause."""
+    width = max(len(r.name) for r in results)
+    lines = []
+    for r in results:
+        cause = f"  <- {r.cause_text}" if r.cause_text else ""
+        what = r.observed if r.verdict in ("skip", "error") else f"{r.observed} (allowed {r.allowed})"
+        lines.append(f"  {r.name:<{width}}  {r.verdict:<5}  {what}{cause}")
+    return lines
+
+
+def suite_sizes(args) -> Sizes:
+    """The named size, with the configuration a --profile carries (functional-port: two Linear layers)."""
+    sizes = SIZES[args.size]
+    return sizes if args.port else dataclasses.replace(sizes, cfg=for_profile(sizes.cfg, args.profile))
+
+
+def _make_port(args, sizes: Sizes):
+    """(adapter, configuration text, label, the context to run the suite in) from --port or --profile/--torch."""
+    if args.port:
+        if args.torch or args.profile != "jax":
+            raise UsageError("--profile and --torch configure the torch side; they do not apply with --port")
+        from parity.adapter import load_port
+
+        cfg = sizes.cfg
+        port = load_port(args.port, cfg)
+        return port, f"foreign port {args.port}", str(getattr(port, "name", args.port)), contextlib.nullcontext()
+    from spec.knobs import drifts, resolve
+
+    knobs = resolve(args.profile, args.torch)
+    changed = drifts(knobs)
+    text = f"profile {args.profile}" + (f", knobs {' '.join(args.torch)}" if args.torch else "")
+    text += "; departures from the reference: " + (", ".join(f"{k}={v[1]} (reference {v[0]})"
+                                                             for k, v in changed.items()) or "none")
+    if args.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
+    from parity.torch_adapter import TorchPort, one_thread
+
+    port = TorchPort(sizes.cfg, knobs, args.device)
+    # The suite's tensors are small: one torch thread avoids oversubscription on shared CPUs.
+    return port, text, port.name, one_thread()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The port adapter protocol: how the parity suite talks to ANY implementation of EGGROLL.
+
+A port is checked through a small object with the methods below. Every array goes in and comes
+out as a numpy float32 array (integers: numpy int64), so a port in any framework can implement it
+by converting at the boundary. Parameters are flat dicts named like DESIGN.md's torch params:
+"{layer}.weight" (out, in) and "{layer}.bias" (out,), layers 0..L-1.
+
+The noise of a population is a dict:
+    {weight name: (A (m, out, r) already times +-sigma/sqrt(r), B (m, in, r)),
+     bias name:   eps (m, out) already times +-sigma}     # bias names absent when biases are not perturbed
+where row i belongs to member members[i].
+
+Required methods
+    noise(shapes, seed, epoch, members, pop, sigma, rank) -> noise dict
+        shapes: {name: shape} of every parameter; seed: the run seed (DESIGN.md's key scheme:
+        es_key = split(key(seed), 3)[1], leaf i of the JAX flatten order gets split(es_key, n_leaves)[i]);
+        members: int64 array of member indices into a population of size pop. The port's own noise,
+        from its own generator, exactly as its training loop would use it at that epoch and sigma.
+    perturbed_linear(W (out, in), A (m, out, r), B (m, in, r), x (m, batch, in)) -> (m, batch, out)
+        member i's x @ (W + A_i B_i^T)^T, however the port computes it.
+    shape_fitness(f (N,), group_size=0) -> (N,)
+        the port's fitness shaping. Raising for NaN/inf input is advised; a port that accepts it
+        behaves like upstream EggRoll and gets a warning with advice, never a drift.
+    gradient(noise, shaped (N,), sigma) -> {name: array shaped like the param}
+        the ES gradient estimate in the reference's convention: ascent direction, before the
+        sqrt(N) factor (weights: einsum('nir,njr->ij', f*A, B) / N; biases: mean(f * eps)); zeros
+        for leaves without noise. The noise covers members 0..N-1 in order.
+
+Optional methods (a check that needs an absent one is reported as skipped)
+    forward(params, noise, x (m, in)) -> logits (m, out)
+        the full MLP with the port's hidden activation; noise None = the plain model (x (n, in)).
+    init_params(shapes, seed) -> params                    the port's initial parameters for a run seed
+    optimizer_init(params) -> state                        opaque optimizer state
+    optimizer_step(params, state, noise, shaped, sigma, epoch) -> (params, state)
+        one ES step from shaped fitness: gradient, -(g sqrt(N)) to the optimizer at the port's
+        learning rate for `epoch` (its schedule), applied to params. Its gradient must be the one
+        `gradient()` returns (the updates check feeds that to the reference's optimizer).
+    es_init(params, seed) -> state                         a training run's state, from given params
+    es_ask(state, epoch) -> noise dict                     all pop members, at the port's sigma for epoch
+    es_tell(state, noise, fitness (pop,), epoch) -> state  one ES epoch from raw returns
+    es_params(state) -> params
+    action_uniforms(seed, epoch, pop) -> (500, pop)        the port's action randomness (inverse-CDF sampling)
+    actions(logits (n, 2), u (n,)) -> (n,) int64           the port's action for each member, given its logits
+        and its uniform (the reference: action 1 when u >= softmax(logits)[0], computed in float64)
+
+Attributes
+    name: str                       shown in reports
+    jax_compatible_rng: bool        True when the port claims to draw JAX's very numbers (then noise,
+                                    init and action uniforms are compared element by element, and any
+                                    difference is a drift); False: compared in distribution only.
+
+Loading: `--port package.module:attr`. attr is an adapter object, or a class/factory called with the
+run's `spec.config.Config` (pop, rank, sigma, lr, hidden, layers, group_size) that returns one.
+`CheckedPort` wraps an adapter so that a missing method, a wrong shape or dtype, or an exception
+inside the port becomes a `PortError` naming the method and what was expected.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+REQUIRED = ("noise", "perturbed_linear", "shape_fitness", "gradient")
+OPTIONAL = ("forward", "init_params", "optimizer_init", "optimizer_step", "es_init", "es_ask", "es_tell",
+            "es_params", "action_uniforms", "actions")
+SIGNATURES = {
+    "noise": "noise(shapes, seed, epoch, members, pop, sigma, rank) -> {weight: (A (m,out,r), B (m,in,r)), bias: (m,out)}",
+    "perturbed_linear": "perturbed_linear(W (out,in), A (m,out,r), B (m,in,r), x (m,batch,in)) -> (m,batch,out)",
+    "shape_fitness": "shape_fitness(f (N,), group_size=0) -> (N,)",
+    "gradient": "gradient(noise, shaped (N,), sigma) -> {name: array shaped like the param}",
+    "forward": "forward(params, noise or None, x (m,in)) -> logits (m,out)",
+    "init_params": "init_params(shapes, seed) -> {name: array}",
+    "optimizer_init": "optimizer_init(params) -> state",
+    "optimizer_step": "optimizer_step(params, state, noise, shaped, sigma, epoch) -> (params, state)",
+    "es_init": "es_init(params, seed) -> state",
+    "es_ask": "es_ask(state, epoch) -> noise dict for all pop members",
+    "es_tell": "es_tell(state, noise, fitness (pop,), epoch) -> state",
+    "es_params": "es_params(state) -> {name: array}",
+    "action_uniforms": "action_uniforms(seed, epoch, pop) -> (500, pop) float32 in [0, 1)",
+    "actions": "actions(logits (n,2), u (n,)) -> (n,) int64 actions in {0, 1}",
+}
+# Groups of optional methods that only make sense together.
+GROUPS = {
+    "optimizer": ("optimizer_init", "optimizer_step"),
+    "es": ("es_init", "es_ask", "es_tell", "es_params"),
+}
+
+Noise = dict  # {weight name: (A, B), bias name: eps}
+Shapes = Mapping[str, tuple]
+
+
+class UsageError(ValueError):
+    """Bad command-line usage or input (exit code 2)."""
+
+
+class PortError(RuntimeError):
+    """The port broke the protocol inside `method`: raised, or returned the wrong shape/dtype/type."""
+
+    def __init__(self, method: str, message: str, original: BaseException | None = None):
+        super().__init__(f"port method `{method}`: {message}")
+        self.method = method
+        self.original = original
+
+
+def load_port(spec: str, cfg: Any) -> Any:
+    """The adapter named by `package.module:attr` (called with `cfg` when it is a class or factory)."""
+    if ":" not in spec:
+        raise UsageError(f"--port expects package.module:attr (e.g. examples.my_port:adapter), got {spec!r}")
+    module_name, attr = spec.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise UsageError(f"--port {spec}: cannot import module {module_name!r} ({err}); is it on PYTHONPATH?") from err
+    except Exception as err:          # the port's own module failed while importing
+        raise UsageError(f"--port {spec}: importing module {module_name!r} raised {type(err).__name__}: {err}") from err
+    if not hasattr(module, attr):
+        raise UsageError(f"--port {spec}: module {module_name!r} has no attribute {attr!r}")
+    obj = getattr(module, attr)
+    if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "noise")):
+        try:
+            obj = obj(cfg)
+        except Exception as err:   # the port's own constructor failed
+            raise UsageError(f"--port {spec}: calling {attr}(cfg) to build the adapter raised "
+                             f"{type(err).__name__}: {err}") from err
+    missing = [m for m in REQUIRED if not callable(getattr(obj, m, None))]
+    if missing:
+        lines = "\n".join(f"  {SIGNATURES[m]}" for m in missing)
+        raise UsageError(f"--port {spec}: the adapter lacks required method(s) {', '.join(missing)}; expected:\n{lines}")
+    return obj
+
+
+# ----------------------------------------------------------------------------- validation helpers
+def _array(method: str, what: str, value: Any, shape: tuple | None, dtype=np.float32) -> np.ndarray:
+    """`value` as a numpy array of exactly `shape` and `dtype`, or a PortError saying what was expected."""
+    try:
+        arr = np.asarray(value)
+    except Exception as err:
+        raise PortError(method, f"{what} is a {type(value).__name__}, which numpy cannot read; return numpy arrays "
+                                f"(e.g. tensor.detach().cpu().numpy())", err) from err
+    if arr.dtype == object:
+        raise PortError(method, f"{what} is not a numeric array (got {type(value).__name__})")
+    if dtype is not None and arr.dtype != np.dtype(dtype):
+        raise PortError(method, f"{what} has dtype {arr.dtype}; expected {np.dtype(dtype).name}")
+    if shape is not None and tuple(arr.shape) != tuple(shape):
+        raise PortError(method, f"{what} has shape {tuple(arr.shape)}; expected {tuple(shape)}")
+    if dtype is not None and np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
+        raise PortError(method, f"{what} contains NaN or inf")
+    return arr
+
+
+def _params(method: str, value: Any, shapes: Shapes) -> dict[str, np.ndarray]:
+    if not isinstance(value, Mapping):
+        raise PortError(method, f"returned a {type(value).__name__}; expected a dict {{name: array}} with names "
+                                f"{sorted(shapes)}")
+    if set(value) != set(shapes):
+        raise PortError(method, f"returned names {sorted(value)}; expected {sorted(shapes)}")
+    return {k: _array(method, f"'{k}'", value[k], tuple(shapes[k])) for k in shapes}
+
+
+def check_noise(method: str, value: Any, shapes: Shapes, m: int, rank: int) -> Noise:
+    """Validate a noise dict for m members against the parameter shapes."""
+    if not isinstance(value, Mapping):
+        raise PortError(method, f"returned a {type(value).__name__}; expected a dict {{weight name: (A, B), "
+                                f"bias name: eps}}")
+    unknown = sorted(set(value) - set(shapes))
+    if unknown:
+        raise PortError(method, f"returned unknown names {unknown}; parameter names are {sorted(shapes)}")
+    out: Noise = {}
+    for name, shape in shapes.items():
+        if name.endswith(".weight"):
+            if name not in value:
+                raise PortError(method, f"returned no factors for weight '{name}'; every weight needs (A, B)")
+            pair = value[name]
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise PortError(method, f"'{name}' must be a pair (A, B), got {type(pair).__name__}")
+            o, i = shape
+            A = _array(method, f"A of '{name}'", pair[0], (m, o, rank))
+            B = _array(method, f"B of '{name}'", pair[1], (m, i, rank))
+            out[name] = (A, B)
+        elif name in value:
+            out[name] = _array(method, f"bias noise of '{name}'", value[name], (m,) + tuple(shape))
+    return out
+
+
+class CheckedPort:
+    """An adapter wrapped so that every call is validated; `has(method)` tells whether an optional one exists."""
+
+    def __init__(self, port: Any):
+        self.port = port
+        self.name = str(getattr(port, "name", type(port).__name__))
+        self.jax_compatible_rng = bool(getattr(port, "jax_compatible_rng", False))
+
+    def has(self, method: str) -> bool:
+        group = next((g for g in GROUPS.values() if method in g), (method,))
+        return all(callable(getattr(self.port, m, None)) for m in group)
+
+    def unchecked(self, method: str, *args):
+        """The port's own method called as is: no validation, its exceptions passed through (for a check that
+        must see what the port itself raises, e.g. on NaN fitness)."""
+        return getattr(self.port, method)(*args)
+
+    def _call(self, method: str, *args, **kwargs):
+        fn: Callable | None = getattr(self.port, method, None)
+        if not callable(fn):
+            raise PortError(method, f"is not implemented; expected {SIGNATURES[method]}")
+        try:
+            return fn(*args, **kwargs)
+        except PortError:
+            raise
+        except Exception as err:
+            raise PortError(method, f"raised {type(err).__name__}: {err}", err) from err
+
+    # ---- required
+    def noise(self, shapes: Shapes, seed: int, epoch: int, members: np.ndarray, pop: int, sigma: float,
+              rank: int) -> Noise:
+        members = np.asarray(members, dtype=np.int64)
+        value = self._call("noise", dict(shapes), int(seed), int(epoch), members, int(pop), float(sigma), int(rank))
+        return check_noise("noise", value, shapes, members.size, rank)
+
+    def perturbed_linear(self, W, A, B, x) -> np.ndarray:
+        m, batch = x.shape[0], x.shape[1]
+        value = self._call("perturbed_linear", W, A, B, x)
+        return _array("perturbed_linear", "the result", value, (m, batch, W.shape[0]))
+
+    def shape_fitness(self, f: np.ndarray, group_size: int = 0) -> np.ndarray:
+        value = self._call("shape_fitness", np.asarray(f, dtype=np.float32), int(group_size))
+        return _array("shape_fitness", "the shaped fitness", value, f.shape)
+
+    def gradient(self, noise: Noise, shaped: np.ndarray, sigma: float, shapes: Shapes) -> dict[str, np.ndarray]:
+        value = self._call("gradient", noise, np.asarray(shaped, dtype=np.float32), float(sigma))
+        return _params("gradient", value, shapes)
+
+    # ---- optional
+    def forward(self, params: dict, noise: Noise | None, x: np.ndarray, n_out: int) -> np.ndarray:
+        value = self._call("forward", params, noise, x)
+        return _array("forward", "the logits", value, (x.shape[0], n_out))
+
+    def init_params(self, shapes: Shapes, seed: int) -> dict[str, np.ndarray]:
+        return _params("init_params", self._call("init_params", dict(shapes), int(seed)), shapes)
+
+    def optimizer_init(self, params: dict):
+        return self._call("optimizer_init", params)
+
+    def optimizer_step(self, params, state, noise, shaped, sigma, epoch, shapes: Shapes):
+        value = self._call("optimizer_step", params, state, noise, np.asarray(shaped, dtype=np.float32),
+                           float(sigma), int(epoch))
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise PortError("optimizer_step", f"returned a {type(value).__name__}; expected (params, state)")
+        return _params("optimizer_step", value[0], shapes), value[1]
+
+    def es_init(self, params: dict, seed: int):
+        return self._call("es_init", params, int(seed))
+
+    def es_ask(self, state, epoch: int, shapes: Shapes, pop: int, rank: int) -> Noise:
+        return check_noise("es_ask", self._call("es_ask", state, int(epoch)), shapes, pop, rank)
+
+    def es_tell(self, state, noise: Noise, fitness: np.ndarray, epoch: int):
+        return self._call("es_tell", state, noise, np.asarray(fitness, dtype=np.float32), int(epoch))
+
+    def es_params(self, state, shapes: Shapes) -> dict[str, np.ndarray]:
+        return _params("es_params", self._call("es_params", state), shapes)
+
+    def action_uniforms(self, seed: int, epoch: int, pop: int, max_steps: int) -> np.ndarray:
+        value = _array("action_uniforms", "the uniforms",
+                       self._call("action_uniforms", int(seed), int(epoch), int(pop)), None)
+        if value.ndim != 2 or value.shape[1] != pop or value.shape[0] < max_steps:
+            raise PortError("action_uniforms", f"the uniforms have shape {value.shape}; expected ({max_steps}, {pop})")
+        if value.min() < 0 or value.max() >= 1:
+            raise PortError("action_uniforms", f"the uniforms lie in [{value.min()}, {value.max()}]; expected [0, 1)")
+        return value
+
+    def actions(self, logits: np.ndarray, u: np.ndarray) -> np.ndarray:
+        value = _array("actions", "the actions", self._call("actions", np.asarray(logits, np.float32),
+                                                            np.asarray(u, np.float32)), (len(u),), np.int64)
+        if not np.all((value == 0) | (value == 1)):
+            raise PortError("actions", f"the actions hold {sorted(set(value.tolist()) - {0, 1})[:5]}; expected 0 or 1")
+        return value

@@ -1,0 +1,532 @@
+"""Noise: distribution, pairing, scaling, bias noise, independence, the noise_reuse schedule, the generator.
+
+The port's noise comes from its own generator (`noise()`), the reference's from the noiser's draws.
+Deterministic parts (exact: no false alarms): which member mirrors which, bias noise presence,
+which probed epochs share noise, draws shared across members/leaves/epochs, and, for a port that
+claims JAX-compatible draws, bit-identity with jax.random. Statistical parts (moments against exact
+expected values): t-intervals over independent members (one per mirrored pair) at a Bonferroni
+share of the suite's false-alarm budget (see parity.tolerances).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats
+
+from parity import diagnose
+from parity.tolerances import (ULP_TOLERANCE, check_alpha, chi2_interval, ks_critical, mean_interval,
+                               normal_mean_interval, ulp_distance)
+from parity.verdict import Recorder, fmt, summarize
+from rollout.cartpole import MAX_STEPS
+
+NAME = "noise"
+P_MEMBERS = 128   # members whose perturbation A B^T is formed for the independence tests
+
+
+def _weights(shapes):
+    return [n for n in shapes if n.endswith(".weight")]
+
+
+def _biases(shapes):
+    return [n for n in shapes if n.endswith(".bias")]
+
+
+def _perturbation(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Each member's A_i @ B_i^T in float64: (m, out, in)."""
+    return np.asarray(A, np.float64) @ np.swapaxes(np.asarray(B, np.float64), 1, 2)
+
+
+def _signfree(x: np.ndarray) -> bytes:
+    """Bytes of x with its sign fixed by the first non-zero entry (a draw and its negation hash alike)."""
+    flat = np.asarray(x, np.float64).ravel()
+    nz = np.flatnonzero(flat)
+    return diagnose.canonical(flat * (np.sign(flat[nz[0]]) if nz.size else 1.0))
+
+
+# ----------------------------------------------------------------------------- statistics
+class Test(NamedTuple):
+    """One statistical test: `kind` chi2 (mean of squares of iid N(0,1) values), mean (their mean), ks
+    (normality of the values) or t (per-member statistics with expected mean `expected`)."""
+
+    quantity: str
+    size: str
+    kind: str
+    values: np.ndarray
+    cause: object
+    expected: float = 0.0
+
+
+SHAPE = diagnose.other("noise distribution", "the draws are not normal")
+CENTRE = diagnose.other("noise distribution", "the draws do not have mean zero")
+
+
+def _scale_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
+    """Per weight: the mean square of A / (sigma/sqrt r) and of B (chi-square: both are iid N(0,1) entries)."""
+    tests = []
+    for w in _weights(shapes):
+        a = noise[w][0][reps].astype(np.float64).ravel() / (sigma / np.sqrt(r))
+        b = noise[w][1][reps].astype(np.float64).ravel()
+        size = f"{reps.size} members, {w} {noise[w][0].shape[1]}x{noise[w][1].shape[1]} r={r}"
+        tests.append(Test(f"{w} A / (sigma/sqrt r): mean square", size, "chi2", a, diagnose.other(
+            "noise scaling (sigma/sqrt(r) on A)",
+            f"A of {w} has variance {fmt(float(np.mean(a ** 2)))} x sigma^2/r (sigma={fmt(sigma)}, r={r})")))
+        tests.append(Test(f"{w} B: mean square", size, "chi2", b, diagnose.other(
+            "noise scaling", f"B of {w} has variance {fmt(float(np.mean(b ** 2)))}; the reference's B is standard normal")))
+    return tests
+
+
+def _pooled_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
+    """All weights pooled: the mean (normal) and the Kolmogorov-Smirnov distance to N(0,1) of A and B."""
+    weights = _weights(shapes)
+    a_all = np.concatenate([noise[w][0][reps].astype(np.float64).ravel() for w in weights]) / (sigma / np.sqrt(r))
+    b_all = np.concatenate([noise[w][1][reps].astype(np.float64).ravel() for w in weights])
+    size = f"{reps.size} members, all weights"
+    return [Test("A / (sigma/sqrt r): mean", size, "mean", a_all, CENTRE),
+            Test("B: mean", size, "mean", b_all, CENTRE),
+            Test("A / (sigma/sqrt r): Kolmogorov-Smirnov distance to N(0,1)", size, "ks", a_all, SHAPE),
+            Test("B: Kolmogorov-Smirnov distance to N(0,1)", size, "ks", b_all, SHAPE)]
+
+
+def _independence_tests(noise: dict, reps: np.ndarray, shapes, sigma: float) -> list[Test]:
+    """Symmetric per-member statistics that are 0 in expectation: products of adjacent rows and columns of each
+    A B^T, of different pairs' perturbations, of different leaves' draws (t-intervals)."""
+    weights = _weights(shapes)
+    tests, p_all = [], []
+    few = reps[:P_MEMBERS]                     # A B^T is formed (out x in per member): cap the memory
+    for w in weights:
+        p = _perturbation(noise[w][0][few], noise[w][1][few]) / sigma               # (n, out, in)
+        p_all.append(p.reshape(few.size, -1))
+        leaf_size = f"{few.size} members, {w} {p.shape[1]}x{p.shape[2]}"
+        dep = diagnose.other("noise independence", f"neighbouring entries of {w}'s perturbation are correlated")
+        if p.shape[1] > 1:
+            tests.append(Test(f"{w} A B^T / sigma^2: mean product of adjacent rows", leaf_size, "t",
+                              (p[:, 1:, :] * p[:, :-1, :]).mean((1, 2)), dep))
+        if p.shape[2] > 1:
+            tests.append(Test(f"{w} A B^T / sigma^2: mean product of adjacent columns", leaf_size, "t",
+                              (p[:, :, 1:] * p[:, :, :-1]).mean((1, 2)), dep))
+    p_all = np.concatenate(p_all, 1)
+    tests.append(Test("A B^T / sigma: mean", f"{few.size} members, all weights", "t", p_all.mean(1), CENTRE))
+    half = (few.size // 2) * 2
+    tests.append(Test("A B^T: mean product of different pairs", f"{half // 2} disjoint pairs of members", "t",
+                      (p_all[0:half:2] * p_all[1:half:2]).mean(1),
+                      diagnose.cause("rng", "the noise of different antithetic pairs is correlated (key scheme)")))
+    if len(weights) > 1:
+        cross = []
+        for w1, w2 in zip(weights[:-1], weights[1:]):
+            x1, x2 = noise[w1][1][reps].reshape(reps.size, -1), noise[w2][1][reps].reshape(reps.size, -1)
+            k = min(x1.shape[1], x2.shape[1])
+            cross.append(x1[:, :k] * x2[:, :k])
+        tests.append(Test("B: mean product across leaves", f"{reps.size} members, all weights", "t",
+                          np.concatenate(cross, 1).mean(1),
+                          diagnose.cause("rng", "the noise of different parameter leaves is correlated (key scheme)")))
+    return tests
+
+
+def _bias_tests(noise: dict, reps: np.ndarray, shapes, sigma: float) -> list[Test]:
+    """Per bias the mean square of eps (chi-square), pooled its mean and Kolmogorov-Smirnov distance."""
+    tests = []
+    biases = [bn for bn in _biases(shapes) if bn in noise]
+    for bn in biases:
+        e = noise[bn][reps].astype(np.float64).ravel() / sigma
+        tests.append(Test(f"{bn} noise / sigma: mean square", f"{reps.size} members, {bn}", "chi2", e, diagnose.cause(
+            "bias_noise", f"bias noise of {bn} has variance {fmt(float(np.mean(e ** 2)))} x sigma^2; the reference's is "
+                          "sigma * eps, eps standard normal")))
+    if biases:
+        e = np.concatenate([noise[bn][reps].astype(np.float64).ravel() for bn in biases]) / sigma
+        size = f"{reps.size} members, all biases"
+        tests += [Test("bias noise / sigma: mean", size, "mean", e, CENTRE),
+                  Test("bias noise / sigma: Kolmogorov-Smirnov distance to N(0,1)", size, "ks", e, SHAPE)]
+    return tests
+
+
+def _moment_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
+    """Every distribution and independence test of the port's noise, over independent members `reps`.
+
+    Under the reference's behaviour the entries of A / (sigma/sqrt r), of B and of eps / sigma are iid
+    standard normal across independent members, so their scale (chi-square), mean (normal) and
+    shape (Kolmogorov-Smirnov) have exact null distributions.
+    """
+    return (_scale_tests(noise, reps, shapes, sigma, r) + _pooled_tests(noise, reps, shapes, sigma, r)
+            + _independence_tests(noise, reps, shapes, sigma) + _bias_tests(noise, reps, shapes, sigma))
+
+
+def _judge(rec: Recorder, test: Test, alpha: float) -> None:
+    """Record one statistical test at level alpha (exact for chi2, mean and ks; a t-interval for t)."""
+    n = test.values.size
+    if test.kind == "chi2":
+        lo, hi = chi2_interval(n, alpha)
+        rec.stat(test.quantity, "port", test.size, float(np.mean(test.values ** 2)), lo, hi, alpha,
+                 f"chi-square({n})/{n}, alpha={alpha:.2g}", cause=test.cause)
+    elif test.kind == "mean":
+        lo, hi = normal_mean_interval(n, alpha)
+        rec.stat(test.quantity, "port", test.size, float(np.mean(test.values)), lo, hi, alpha,
+                 f"N(0, 1/{n}), alpha={alpha:.2g}", cause=test.cause)
+    elif test.kind == "ks":
+        rec.alpha += alpha
+        d = float(stats.kstest(test.values, "norm").statistic)
+        rec.bound(test.quantity, "port", test.size, d, ks_critical(n, alpha), f"exact KS critical value, alpha={alpha:.2g}",
+                  cause=test.cause)
+    else:
+        mean, lo, hi = mean_interval(test.values, test.expected, alpha)
+        rec.stat(test.quantity, "port", test.size, mean, lo, hi, alpha, f"t-interval, alpha={alpha:.2g}",
+                 cause=test.cause)
+
+
+# ----------------------------------------------------------------------------- structure
+def _mirror_consistency(noise: dict, mirror: np.ndarray, shapes) -> tuple[int, str]:
+    """How many (member, leaf) pairs break the mirror map found on the first weight (exact negation)."""
+    bad, first = 0, ""
+    for i, j in enumerate(mirror):
+        if j < 0:
+            continue
+        for name in shapes:
+            if name not in noise:
+                continue
+            if name.endswith(".weight"):
+                pi = _perturbation(noise[name][0][i:i + 1], noise[name][1][i:i + 1])
+                pj = _perturbation(noise[name][0][j:j + 1], noise[name][1][j:j + 1])
+                same = np.array_equal(pi, -pj)
+            else:
+                same = np.array_equal(np.asarray(noise[name][i], np.float64), -np.asarray(noise[name][j], np.float64))
+            if not same:
+                bad += 1
+                first = first or f"member {i} mirrors member {j} in the first weight but not in '{name}'"
+    return bad, first
+
+
+def _duplicates(noise: dict, reps: np.ndarray, shapes) -> tuple[int, str]:
+    """Members (one per pair) whose draw of some weight equals another's up to sign: a reused key."""
+    count, first = 0, ""
+    for w in _weights(shapes):
+        seen: dict[bytes, int] = {}
+        for i in reps:
+            fp = _signfree(noise[w][1][i])
+            if fp in seen:
+                count += 1
+                first = first or f"members {seen[fp]} and {i} draw the same B for '{w}'"
+            seen.setdefault(fp, int(i))
+    return count, first
+
+
+def _shared_prefix(noise: dict, reps: np.ndarray, shapes) -> tuple[int, str]:
+    """Members whose draws for two leaves share a prefix: one key used for several leaves draws the same numbers.
+
+    Weights are compared through B (the raw draw), biases through |eps| (same sigma on every bias).
+    """
+    groups = [[(w, noise[w][1]) for w in _weights(shapes)],
+              [(bn, np.abs(noise[bn])) for bn in _biases(shapes) if bn in noise]]
+    count, first = 0, ""
+    for leaves in groups:
+        for x, (n1, v1) in enumerate(leaves):
+            for n2, v2 in leaves[x + 1:]:
+                f1, f2 = v1[reps].reshape(reps.size, -1), v2[reps].reshape(reps.size, -1)
+                k = min(f1.shape[1], f2.shape[1])
+                same = np.all(f1[:, :k] == f2[:, :k], axis=1)
+                if same.any():
+                    count += int(same.sum())
+                    first = first or f"'{n1}' and '{n2}' draw the same first {k} numbers (one key for both leaves?)"
+    return count, first
+
+
+def _fingerprints(noise: dict, names: list[str]) -> bytes | None:
+    parts = []
+    for name in names:
+        if name not in noise:
+            return None
+        value = noise[name]
+        parts += list(value) if isinstance(value, tuple) else [value]
+    return b"".join(diagnose.canonical(np.asarray(p, np.float64)) for p in parts)
+
+
+def _reuse_across_epochs(draws: dict[int, dict], epochs, groups: list[int], names: list[str]) -> tuple[int, str]:
+    """Draws of one epoch group found again (any member, up to sign) in another group of `names`' noise."""
+    firsts: dict[int, int] = {}
+    for e, g in zip(epochs, groups):
+        firsts.setdefault(g, e)
+    chosen = sorted(firsts.values())[:4]
+    count, first = 0, ""
+    for name in names:
+        seen: dict[bytes, tuple[int, int]] = {}
+        for e in chosen:
+            noise = draws[e]
+            values = noise[name][1] if name.endswith(".weight") else noise[name]
+            for i in range(values.shape[0]):
+                fp = _signfree(values[i])
+                if fp in seen and seen[fp][0] != e:
+                    count += 1
+                    if not first:
+                        e0, i0 = seen[fp]
+                        first = f"'{name}' of member {i} at epoch {e} equals member {i0}'s at epoch {e0}"
+                seen.setdefault(fp, (e, i))
+    return count, first
+
+
+# ----------------------------------------------------------------------------- measure
+class Structure(NamedTuple):
+    """Exact facts about the port's noise at epoch 0: bias leaves, who mirrors whom, shared draws."""
+
+    ref_biases: tuple[str, ...]        # biases the reference perturbs
+    port_biases: tuple[str, ...]       # ... that the port perturbs too
+    port_mirror: np.ndarray            # (pop,) the member whose A B^T is this member's exact negation, or -1
+    ref_mirror: np.ndarray
+    unnegated: tuple[int, str]         # (mirror pairs not negated in some leaf, the first seen)
+    reps: np.ndarray                   # one member per mirrored pair: the independent members
+    duplicates: tuple[int, str]        # (unmirrored members drawing the same B, the first seen)
+    shared_prefix: tuple[int, str]     # (members whose leaves share their first draws, the first seen)
+
+
+class Schedule(NamedTuple):
+    """Which probed epochs share noise, per side and kind; draws that come back in another epoch."""
+
+    probes: tuple[int, ...]
+    members: int
+    groups: dict                       # (side, "weight" | "bias") -> partition ids, None where a leaf is missing
+    reuse: dict                        # kind -> (draws back in an epoch with other noise, the first seen)
+
+
+class Generator(NamedTuple):
+    """The generator itself: bit-identity per leaf (a port claiming JAX's draws) or in distribution."""
+
+    leaf_ulps: tuple[tuple[str, float, float], ...]   # (leaf, max ULP vs jax.random, identical fraction)
+    action_differ: tuple[tuple[int, int], ...]        # (epoch, action uniforms differing from jax.random)
+    b_identical: tuple[str, float] | None             # own generator: (first weight, B bit-identical fraction)
+    uniform_ks: float | None                          # own generator: KS distance of its action uniforms
+    uniform_draws: int
+    action_pop: int                                   # the population the action uniforms are drawn for
+
+
+class Measured(NamedTuple):
+    seed: int
+    pop: int
+    rank: int
+    sigma: float
+    weights: tuple[str, ...]
+    structure: Structure
+    tests: tuple[Test, ...]
+    shape_stats: tuple[tuple[str, float, float, float], ...]   # (weight, var, kurtosis of A B^T/sigma, std(A) ratio)
+    schedule: Schedule
+    jax_compatible: bool
+    uses_uniform_test: bool
+    generator: Generator
+
+
+def _structure(port: dict, ref: dict, shapes, pop: int) -> Structure:
+    ref_biases = tuple(bn for bn in _biases(shapes) if bn in ref)
+    w0 = _weights(shapes)[0]
+    port_mirror = diagnose.mirror_map(_perturbation(*port[w0]).reshape(pop, -1))
+    ref_mirror = diagnose.mirror_map(_perturbation(*ref[w0]).reshape(pop, -1))
+    reps = np.array([i for i in range(pop) if port_mirror[i] < 0 or i < port_mirror[i]])
+    return Structure(ref_biases, tuple(bn for bn in ref_biases if bn in port), port_mirror, ref_mirror,
+                     _mirror_consistency(port, port_mirror, shapes), reps, _duplicates(port, reps, shapes),
+                     _shared_prefix(port, reps, shapes))
+
+
+def _shape_stats(port: dict, reps: np.ndarray, weights, sigma: float, r: int):
+    """Per weight: variance and kurtosis of A B^T / sigma (1 and 3 + 6/r for EGGROLL), std(A) / (sigma/sqrt r)."""
+    out = []
+    for w in weights:
+        p = _perturbation(port[w][0][reps[:P_MEMBERS]], port[w][1][reps[:P_MEMBERS]]) / sigma
+        std_a = float(np.sqrt((port[w][0][reps].astype(np.float64) ** 2).mean()) * np.sqrt(r) / sigma)
+        out.append((w, float(np.mean(p ** 2)), float(np.mean(p ** 4) / np.mean(p ** 2) ** 2), std_a))
+    return tuple(out)
+
+
+def _schedule(ctx, port_biases) -> Schedule:
+    """Draw a few members at every probed epoch on both sides; partition the epochs by equal noise."""
+    shapes, cfg = ctx.shapes, ctx.cfg
+    probes = tuple(ctx.sizes.probe_epochs)
+    ctx.log(f"[{NAME}] probing {len(probes)} epochs for the noise_reuse schedule")
+    probe = np.arange(ctx.sizes.probe_pop)
+    draws = {side: {e: port.noise(shapes, ctx.seed, e, probe, probe.size, cfg.sigma, cfg.rank) for e in probes}
+             for side, port in (("port", ctx.port), ("reference", ctx.ref))}
+    groups = {}
+    for side in draws:
+        for kind, names in (("weight", _weights(shapes)), ("bias", _biases(shapes))):
+            fps = [_fingerprints(draws[side][e], names) for e in probes]
+            groups[side, kind] = None if any(fp is None for fp in fps) else diagnose.partition(fps)
+    reuse = {kind: _reuse_across_epochs(draws["port"], probes, groups["port", kind], list(names))
+             for kind, names in (("weight", _weights(shapes)), ("bias", port_biases))
+             if names and groups["port", kind] is not None}
+    return Schedule(probes, probe.size, groups, reuse)
+
+
+def _generator(ctx, port: dict, ref: dict, names, uniform_test: bool) -> Generator:
+    """Bit-identity with jax.random for a port that claims it; else B's identical share and the uniforms' KS."""
+    cfg, seed = ctx.cfg, ctx.seed
+    if ctx.port.jax_compatible_rng:
+        leaf_ulps = []
+        for name in names:
+            parts = port[name] if name.endswith(".weight") else (port[name],)
+            refs = ref[name] if name.endswith(".weight") else (ref[name],)
+            ulps = ulp_distance(np.concatenate([p.ravel() for p in parts]), np.concatenate([q.ravel() for q in refs]))
+            leaf_ulps.append((name, float(ulps.max()), float(np.mean(ulps == 0))))
+        differ = []
+        if ctx.port.has("action_uniforms"):
+            for e in (0, 3):
+                pu = ctx.port.action_uniforms(seed, e, cfg.pop, MAX_STEPS)[:MAX_STEPS]
+                ru = ctx.ref.action_uniforms(seed, e, cfg.pop, MAX_STEPS)[:MAX_STEPS]
+                differ.append((e, int(np.sum(ulp_distance(pu, ru) > 0))))
+        return Generator(tuple(leaf_ulps), tuple(differ), None, None, 0, cfg.pop)
+    w0 = _weights(ctx.shapes)[0]
+    ks, n = None, 0
+    if uniform_test:
+        u = ctx.port.action_uniforms(seed, 0, cfg.pop, MAX_STEPS)[:MAX_STEPS].ravel().astype(np.float64)
+        ks, n = float(stats.kstest(u, "uniform").statistic), u.size
+    return Generator((), (), (w0, float(np.mean(port[w0][1] == ref[w0][1]))), ks, n, cfg.pop)
+
+
+def measure(ctx) -> Measured:
+    cfg, shapes = ctx.cfg, ctx.shapes
+    sigma, r, pop = cfg.sigma, cfg.rank, ctx.sizes.noise_pop
+    ctx.log(f"[{NAME}] drawing {pop} members on both sides")
+    port = ctx.port.noise(shapes, ctx.seed, 0, np.arange(pop), pop, sigma, r)
+    ref = ctx.ref.noise(shapes, ctx.seed, 0, np.arange(pop), pop, sigma, r)
+    structure = _structure(port, ref, shapes, pop)
+    weights = tuple(_weights(shapes))
+    uniform_test = ctx.port.has("action_uniforms") and not ctx.port.jax_compatible_rng
+    return Measured(ctx.seed, pop, r, sigma, weights, structure, tuple(_moment_tests(port, structure.reps, shapes, sigma, r)),
+                    _shape_stats(port, structure.reps, weights, sigma, r), _schedule(ctx, structure.port_biases),
+                    ctx.port.jax_compatible_rng, uniform_test,
+                    _generator(ctx, port, ref, list(weights) + list(structure.port_biases), uniform_test))
+
+
+# ----------------------------------------------------------------------------- judge
+def _judge_structure(rec: Recorder, m: Measured, size: str) -> None:
+    st = m.structure
+    rec.equal("bias leaves with noise", "port", size, len(st.port_biases), len(st.ref_biases),
+              "the reference perturbs every bias",
+              cause=diagnose.cause("bias_noise", "the port does not perturb the biases (no bias noise, as "
+                                                 "bias_noise=off); the reference adds +-sigma*eps to every bias"))
+    rec.equal("members whose mirror differs from the reference's", "port", size,
+              int(np.sum(st.port_mirror != st.ref_mirror)), 0, "exact negation of A B^T",
+              cause=diagnose.pairing_cause(st.port_mirror, st.ref_mirror))
+    bad, first = st.unnegated
+    rec.equal("mirror pairs not negated in every leaf", "port", size, bad, 0, "exact",
+              cause=diagnose.cause("antithetic", first or "mirrored members differ"))
+    for quantity, (count, first) in (("unmirrored members with identical draws", st.duplicates),
+                                     ("members whose leaves share draws", st.shared_prefix)):
+        rec.equal(quantity, "port", f"{st.reps.size} members", count, 0, "exact",
+                  cause=diagnose.cause("rng", f"key scheme: {first}"))
+
+
+def _disagreements(a, b) -> int:
+    """Pairs of probed epochs that share noise on one side and not on the other."""
+    same_a, same_b = np.equal.outer(a, a), np.equal.outer(b, b)
+    return int(np.triu(same_a != same_b, 1).sum())
+
+
+def _judge_schedule(rec: Recorder, sch: Schedule) -> None:
+    g = sch.groups
+    causes = diagnose.schedule_cause(sch.probes, g["port", "weight"], g["reference", "weight"], g["port", "bias"],
+                                     g["reference", "bias"])
+    size = f"{len(sch.probes)} epochs 0..{sch.probes[-1]}, {sch.members} members"
+    rec.equal("pairs of probed epochs sharing weight noise differently", "port", size,
+              _disagreements(g["port", "weight"], g["reference", "weight"]), 0, "exact",
+              cause=next((c for c in causes if c.knob == "noise_reuse"), None))
+    if g["port", "bias"] is not None and g["reference", "bias"] is not None:
+        rec.equal("pairs of probed epochs sharing bias noise differently", "port", size,
+                  _disagreements(g["port", "bias"], g["reference", "bias"]), 0, "exact",
+                  cause=next((c for c in causes if c.knob == "bias_noise"), causes[0] if causes else None))
+    for kind, knob in (("weight", "noise_reuse"), ("bias", "bias_noise")):
+        if kind in sch.reuse:
+            count, first = sch.reuse[kind]
+            rec.equal(f"{kind} draws reused across epochs with different noise", "port", size, count, 0, "exact",
+                      cause=diagnose.cause(knob, f"draws come back in another epoch: {first}"))
+
+
+def _judge_generator(rec: Recorder, m: Measured, size: str, alpha: float) -> None:
+    gen = m.generator
+    aligned = diagnose.pairing_cause(m.structure.port_mirror, m.structure.ref_mirror) is None
+    for name, max_ulp, identical in gen.leaf_ulps:
+        if aligned:
+            rec.bound(f"{name}: max ULP vs jax.random", "port", size, max_ulp, ULP_TOLERANCE,
+                      "bit-identical draws on the same backend",
+                      cause=diagnose.cause("rng", f"the port claims JAX-compatible draws, but "
+                                                  f"{100 * (1 - identical):.3g}% of '{name}' differ from jax.random "
+                                                  f"(max {int(max_ulp)} ULP)"))
+        else:
+            rec.info(f"{name}: max ULP vs jax.random", "port", size, max_ulp,
+                     "not judged: the pairing differs, so members do not line up")
+        rec.info(f"{name}: bit-identical fraction", "port", size, identical)
+    for e, differ in gen.action_differ:
+        rec.equal(f"action uniforms differing from jax.random, epoch {e}", "port", f"({MAX_STEPS}, {gen.action_pop})",
+                  differ, 0, "bit-identical",
+                  cause=diagnose.cause("rng", f"the port claims JAX-compatible draws, but {differ} action "
+                                              f"uniforms of epoch {e} differ from uniform(fold_in(action_key, e))"))
+    if gen.b_identical is not None:
+        rec.info(f"{gen.b_identical[0]}: B bit-identical fraction", "port", size, gen.b_identical[1],
+                 "not judged: own generator, compared in distribution")
+    if gen.uniform_ks is not None:
+        rec.alpha += alpha
+        rec.bound("action uniforms: Kolmogorov-Smirnov distance to U[0,1)", "port", f"{gen.uniform_draws} draws",
+                  gen.uniform_ks, ks_critical(gen.uniform_draws, alpha), f"exact KS critical value, alpha={alpha:.2g}",
+                  cause=diagnose.other("action sampling", "the port's action uniforms are not uniform on [0, 1)"))
+
+
+def _alpha(m: Measured) -> float:
+    """Each statistical test's level: the noise check's share of the suite's budget, split evenly (Bonferroni)."""
+    return check_alpha(NAME) / (len(m.tests) + int(m.uses_uniform_test))
+
+
+def judge(m: Measured) -> Recorder:
+    rec = Recorder(NAME)
+    size = f"pop={m.pop} r={m.rank} sigma={fmt(m.sigma)}"
+    _judge_structure(rec, m, size)
+    for test in m.tests:
+        _judge(rec, test, _alpha(m))
+    for w, var, kurt, _ in m.shape_stats:
+        rec.info(f"{w} A B^T / sigma: variance", "port", size, var, "expected 1")
+        rec.info(f"{w} A B^T / sigma: kurtosis", "port", size, kurt, f"expected 3 + 6/r = {fmt(3 + 6 / m.rank)}")
+    for w, _, _, std_a in m.shape_stats:
+        rec.info(f"{w}: std(A) / (sigma/sqrt r)", "port", size, std_a)
+    _judge_schedule(rec, m.schedule)
+    _judge_generator(rec, m, size, _alpha(m))
+    return rec
+
+
+# ----------------------------------------------------------------------------- section
+def _notes(m: Measured) -> list[str]:
+    st, g = m.structure, m.schedule.groups
+    notes = [f"Pairing layout: port {diagnose.layout_name(st.port_mirror)}, reference "
+             f"{diagnose.layout_name(st.ref_mirror)}.",
+             "Schedule: port weights: " + diagnose.describe_schedule(m.schedule.probes, g["port", "weight"])
+             + "; reference weights: " + diagnose.describe_schedule(m.schedule.probes, g["reference", "weight"])
+             + (("; port biases: " + diagnose.describe_schedule(m.schedule.probes, g["port", "bias"]))
+                if g["port", "bias"] else "") + "."]
+    if m.jax_compatible:
+        notes.append("Generator: the port claims JAX-compatible draws, so its noise is compared with jax.random "
+                     "element by element (after the pairing check; a pairing drift makes members not line up).")
+    else:
+        notes.append("Generator: the port uses its own generator (e.g. rng=torch), which is not a drift: its noise "
+                     "is compared in distribution, pairing, key scheme and schedule only, never element by element.")
+    return notes
+
+
+def section(m: Measured) -> str:
+    return "\n".join([
+        f"The port's and the reference's noise for {m.pop} members at epoch 0 (seed {m.seed}), and "
+        f"{m.schedule.members} members "
+        f"at each of {len(m.schedule.probes)} probed epochs.",
+        "",
+        "Exact parts (no false alarms): which member is the exact negation of which (A_i B_i^T = -A_j B_j^T, and the "
+        "same pairs negated in every leaf and bias); bias noise present; no two unmirrored members and no two leaves "
+        "sharing draws; which probed epochs share noise (weights and biases apart), against the reference's schedule "
+        "for its noise_reuse; no draw coming back in an epoch with different noise.",
+        "",
+        f"Statistical parts, over {m.structure.reps.size} independent members (one per mirrored pair), "
+        f"{len(m.tests)} tests at alpha={_alpha(m):.2g} each (the noise check's share of the suite's false-alarm "
+        "budget, Bonferroni). Under the reference the entries of A/(sigma/sqrt r), of B and of eps/sigma are iid "
+        "standard normal, so the tests are exact: per leaf the mean square against chi-square(n)/n (the "
+        "sigma/sqrt(r) scaling), pooled the mean against N(0, 1/n) and the Kolmogorov-Smirnov distance to N(0,1) "
+        "against its exact critical value. Independence: the per-member mean product of adjacent rows and columns "
+        "of A B^T, of different pairs and of different leaves must be 0 within a t-interval (symmetric "
+        "statistics). The variance (1) and kurtosis (3 + 6/r) of A B^T / sigma are reported.",
+        "",
+        *_notes(m),
+    ])
+
+
+def run(ctx):
+    m = measure(ctx)
+    return summarize(NAME, judge(m), section(m))

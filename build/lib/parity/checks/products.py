@@ -1,0 +1,186 @@
+"""Perturbed products and forwards: the same W, factors and inputs through both sides.
+
+perturbed_linear against the reference's do_mm expression x @ W^T + (x @ B) @ A^T, at the MLP's
+shapes and a few more; then the full MLP forward without and with noise (shared: the reference's
+draws), where an activation drift shows. Tolerance: the float32 bounds of parity.tolerances
+(linear_bound; ForwardBound for the MLP), both sides summed; deterministic.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from parity import diagnose
+from parity.tolerances import ForwardBound, gamma, linear_bound, linear_exact
+from parity.verdict import Recorder, fmt, summarize
+from spec.layout import n_layers_of
+
+NAME = "products"
+CANDIDATE_ACTIVATIONS = ("pqn", "tanh", "relu", "silu")
+
+
+def _linear_cases(ctx):
+    shapes = [s for n, s in ctx.shapes.items() if n.endswith(".weight")]
+    for extra in ctx.sizes.extra_linear:
+        if tuple(extra) not in shapes:
+            shapes.append(tuple(extra))
+    return shapes
+
+
+def _forward_inputs(ctx):
+    """Params (the reference's init with non-zero biases), the shared noise and observations."""
+    rng = ctx.rng("forward inputs")
+    m = ctx.sizes.product_members
+    params = ctx.reference.init_params(ctx.shapes, ctx.seed)
+    params = {k: (v if k.endswith(".weight") else (0.1 * rng.standard_normal(v.shape)).astype(np.float32))
+              for k, v in params.items()}
+    noise = ctx.reference.noise(ctx.shapes, ctx.seed, 0, np.arange(m), ctx.cfg.pop, ctx.cfg.sigma, ctx.cfg.rank)
+    x = (rng.standard_normal((m, ctx.shapes["0.weight"][1])) * np.array([1.0, 0.5, 0.1, 0.5])[: ctx.shapes["0.weight"][1]]
+         ).astype(np.float32)                                   # CartPole-like observation scales
+    return params, noise, x
+
+
+def _matching_forward(port_out, params, noise, x, reference_act: str) -> tuple[str, bool] | None:
+    """(activation, whether the bias noise is applied) of the float64 MLP the port's logits equal within its
+    float32 bound: the reference's activation first, then the others; with the bias noise, then without it."""
+    variants = [(noise, True)]
+    if noise is not None and any(not isinstance(v, tuple) for v in noise.values()):
+        variants.append(({k: v for k, v in noise.items() if isinstance(v, tuple)}, False))
+    activations = [reference_act] + [a for a in CANDIDATE_ACTIVATIONS if a != reference_act]
+    for nz, applied in variants:
+        for act in activations:
+            exact, bound = ForwardBound(params, nz, act)(x)
+            if np.all(np.abs(port_out - exact) <= bound + 1e-7):
+                return act, applied
+    return None
+
+
+class Linear(NamedTuple):
+    """perturbed_linear at one shape: each side's and their difference's ratio to the float32 bound."""
+
+    size: str
+    both: float          # max |port - ref| / (2 bound)
+    port: float          # max |port - exact| / bound
+    ref: float           # max |ref - exact| / bound
+    why: str
+
+
+class Forward(NamedTuple):
+    """The full MLP forward, plain or perturbed, against the first-order float32 bound."""
+
+    size: str
+    both: float
+    port: float
+    ref: float
+    exceeds: bool                # |port - ref| > 2 bound somewhere
+    port_match: tuple[str, bool] | None   # when it exceeds: (activation, bias noise applied) of the MLP it equals
+    worst: float                 # max |port - ref|
+
+
+class Measured(NamedTuple):
+    linear: tuple[Linear, ...]
+    forward: tuple[Forward, ...]     # empty when the port has no forward
+    activation: str                  # the reference's
+    members: int
+
+
+def _measure_linear(ctx, rng, out_dim: int, in_dim: int) -> Linear:
+    m, batch, r, sigma = ctx.sizes.product_members, ctx.sizes.product_batch, ctx.cfg.rank, ctx.cfg.sigma
+    W = (rng.standard_normal((out_dim, in_dim)) / np.sqrt(in_dim)).astype(np.float32)
+    A = (rng.standard_normal((m, out_dim, r)) * sigma / np.sqrt(r)).astype(np.float32)
+    B = rng.standard_normal((m, in_dim, r)).astype(np.float32)
+    x = rng.standard_normal((m, batch, in_dim)).astype(np.float32)
+    port = ctx.port.perturbed_linear(W, A, B, x)
+    ref = ctx.ref.perturbed_linear(W, A, B, x)
+    bound = linear_bound(W, A, B, x)
+    exact = linear_exact(W, A, B, x)
+    return Linear(f"out={out_dim} in={in_dim} r={r} m={m} batch={batch}",
+                  float(np.max(np.abs(port - ref) / (2 * bound))), float(np.max(np.abs(port - exact) / bound)),
+                  float(np.max(np.abs(ref - exact) / bound)),
+                  f"gamma_(in+r+1) = {fmt(gamma(in_dim + r + 1))} times |x||W|^T + |x||B||A|^T")
+
+
+def _measure_forward(ctx, label: str, params, noise, x, act: str) -> Forward:
+    n_out = ctx.shapes[f"{n_layers_of(ctx.shapes) - 1}.weight"][0]
+    port = ctx.port.forward(params, noise, x, n_out)
+    ref = ctx.ref.forward(params, noise, x, n_out)
+    exact, bound = ForwardBound(params, noise, act)(x)
+    exceeds = bool(np.any(np.abs(port - ref) > 2 * bound))
+    return Forward(f"{label} m={x.shape[0]} sizes={ctx.cfg.sizes}", float(np.max(np.abs(port - ref) / (2 * bound))),
+                   float(np.max(np.abs(port - exact) / bound)), float(np.max(np.abs(ref - exact) / bound)), exceeds,
+                   _matching_forward(port, params, noise, x, act) if exceeds else None,
+                   float(np.max(np.abs(port - ref))))
+
+
+def measure(ctx) -> Measured:
+    rng = ctx.rng("linear products")
+    linear = tuple(_measure_linear(ctx, rng, out_dim, in_dim) for out_dim, in_dim in _linear_cases(ctx))
+    act = ctx.reference.run.activation
+    forward: tuple[Forward, ...] = ()
+    if ctx.port.has("forward"):
+        params, noise, x = _forward_inputs(ctx)
+        forward = tuple(_measure_forward(ctx, label, params, nz, x, act)
+                        for label, nz in (("plain", None), ("perturbed", noise)))
+    return Measured(linear, forward, act, ctx.sizes.product_members)
+
+
+def judge(m: Measured) -> Recorder:
+    rec = Recorder(NAME)
+    for c in m.linear:
+        product_cause = diagnose.other("perturbed product", f"x @ (W + A B^T)^T at {c.size}: the port's result is "
+                                                            "not within float32 rounding of the exact product")
+        rec.bound("max |port - ref| / bound", "both", c.size, c.both, 1.0, c.why + ", both sides", cause=product_cause)
+        rec.bound("max |port - exact| / bound", "port", c.size, c.port, 1.0, c.why, cause=product_cause)
+        rec.bound("max |ref - exact| / bound", "reference", c.size, c.ref, 1.0, c.why,
+                  cause=diagnose.other("reference product", "the reference's do_mm exceeds the float32 bound"))
+    for f in m.forward:
+        found = None
+        if f.exceeds:                          # each differing forward diagnosed on its own (plain, perturbed)
+            found, *more = _forward_causes(f, m.activation)
+            rec.causes.extend(more)
+        why = "first-order float32 bound of the MLP"
+        rec.bound("max |port - ref| / bound", "both", f.size, f.both, 1.0, f"{why} (ForwardBound), both sides",
+                  cause=found)
+        rec.bound("max |port - exact| / bound", "port", f.size, f.port, 1.0, why, cause=found)
+        rec.bound("max |ref - exact| / bound", "reference", f.size, f.ref, 1.0, why,
+                  cause=diagnose.other("reference forward", "the reference MLP exceeds its float32 bound"))
+    return rec
+
+
+def _forward_causes(f: Forward, reference_act: str) -> list:
+    """The causes a differing forward shows: the bias noise left out of it, another activation, or neither known."""
+    if f.port_match is None:
+        return [diagnose.activation_cause(None, reference_act, fmt(f.worst))]
+    act, applied = f.port_match
+    causes = []
+    if not applied:
+        causes.append(diagnose.cause("bias_noise", "the port's forward does not add the bias noise it is given: its "
+                                                   "logits equal the reference MLP's without bias noise (as "
+                                                   "bias_noise=update_only, noise that enters the update only); "
+                                                   f"worst logit difference {fmt(f.worst)}"))
+    if act != reference_act:
+        causes.append(diagnose.activation_cause(act, reference_act, fmt(f.worst)))
+    return causes or [diagnose.activation_cause(None, reference_act, fmt(f.worst))]
+
+
+def section(m: Measured) -> str:
+    forward_note = "skipped: the port has no `forward` method"
+    if m.forward:
+        forward_note = (f"Full MLP forwards on {m.members} members with the reference's {m.activation} activation, "
+                        "plain and with the reference's noise (weights and biases) fed to both sides.")
+    return "\n".join([
+        "perturbed_linear: x @ W^T + (x @ B) @ A^T on the same float32 inputs. Allowed: each side within "
+        "gamma_(in+r+1) (|x||W|^T + |x||B||A|^T) of the exact product (Higham's bound for any summation order; "
+        "u = 2^-24), so the sides differ by at most twice that; deterministic.",
+        "",
+        forward_note + " Allowed: the first-order float32 bound of parity.tolerances.ForwardBound (rounding "
+        "of each perturbed product, bias additions, the layer norm's mean/variance/sqrt/division, propagated "
+        "through |W| + |A||B|^T and the layer norm's 1/s Jacobian), both sides. A port whose logits match a "
+        "different activation's float64 MLP is diagnosed as an activation drift.",
+    ])
+
+
+def run(ctx):
+    m = measure(ctx)
+    return summarize(NAME, judge(m), section(m))

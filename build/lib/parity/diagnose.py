@@ -1,0 +1,275 @@
+"""Diagnosis: from what a port was OBSERVED to do, the most likely knob of DESIGN.md's knob table, in its words.
+
+Nothing here reads a port's knobs (a foreign port has none): each function takes measurements
+(mirror maps, which epochs share noise, which candidate formula reproduces the port's output, norm
+ratios) and returns a `Cause` whose text names the knob (`DESCRIPTIONS` of spec.knobs) and
+what was seen.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from parity.verdict import Cause, fmt
+from spec.knobs import DESCRIPTIONS
+
+
+def cause(knob: str, detail: str) -> Cause:
+    """A cause naming a knob: '<description> differs (knob `k`): <detail>'."""
+    return Cause(knob, f"{DESCRIPTIONS[knob]} differs (knob `{knob}`): {detail}")
+
+
+def other(what: str, detail: str) -> Cause:
+    """A cause no knob describes (a foreign port's own difference)."""
+    return Cause(None, f"{what} differs: {detail}")
+
+
+def follows(check: str, causes: Iterable[Cause]) -> tuple[Cause, ...]:
+    """Causes of an upstream check, restated for a downstream one that their difference explains."""
+    return tuple(Cause(c.knob, f"follows from the {check} check: {c.text}") for c in causes)
+
+
+# ----------------------------------------------------------------------------- antithetic pairing
+def canonical(x: np.ndarray) -> bytes:
+    """Bytes of a float array with -0.0 made +0.0 (so that exact equality is byte equality)."""
+    return np.ascontiguousarray(np.asarray(x) + 0.0).tobytes()
+
+
+def mirror_map(fingerprints: np.ndarray) -> np.ndarray:
+    """For each member (row), the other member whose fingerprint is its exact negation, or -1.
+
+    fingerprints: (m, k) float64, e.g. each member's perturbation A_i B_i^T flattened. Exact
+    negation is what antithetic sampling produces (the mirror's A or eps is the negated draw).
+    """
+    table: dict[bytes, int] = {}
+    for i, row in enumerate(fingerprints):
+        table.setdefault(canonical(row), i)
+    out = np.full(len(fingerprints), -1, dtype=np.int64)
+    for i, row in enumerate(fingerprints):
+        j = table.get(canonical(-row))
+        if j is not None and j != i:
+            out[i] = j
+    return out
+
+
+def layout_name(mirror: np.ndarray) -> str:
+    """interleaved (2k <-> 2k+1), halves (i <-> i + N/2), off (no mirrors) or other."""
+    n = len(mirror)
+    idx = np.arange(n)
+    if np.all(mirror == -1):
+        return "off"
+    if np.array_equal(mirror, idx ^ 1):
+        return "interleaved"
+    if n % 2 == 0 and np.array_equal(mirror, (idx + n // 2) % n):
+        return "halves"
+    return "other"
+
+
+def pairing_cause(port_mirror: np.ndarray, ref_mirror: np.ndarray) -> Cause | None:
+    """None when the pairing agrees; else which member mirrors which, on each side."""
+    diff = np.nonzero(port_mirror != ref_mirror)[0]
+    if diff.size == 0:
+        return None
+    i = int(diff[0])
+    p, r = int(port_mirror[i]), int(ref_mirror[i])
+    if p < 0:
+        seen = f"member {i} is the mirror of no member"
+    else:
+        seen = f"member {i} is the mirror of member {p}"
+    want = f"not of member {r}" if r >= 0 else "while the reference gives it no mirror"
+    layout = layout_name(port_mirror)
+    named = {"halves": "pairs are the two halves of the population (i, i + N/2)",
+             "off": "no antithetic pairs", "interleaved": "interleaved pairs (2k, 2k+1)",
+             "other": "an unrecognised pairing"}[layout]
+    return cause("antithetic", f"{seen}, {want} ({named}; reference: {layout_name(ref_mirror)})")
+
+
+# ----------------------------------------------------------------------------- noise schedule
+def partition(fingerprints: Sequence[bytes]) -> list[int]:
+    """Group ids: probes with equal fingerprints share an id (ids in order of first appearance)."""
+    ids: dict[bytes, int] = {}
+    return [ids.setdefault(fp, len(ids)) for fp in fingerprints]
+
+
+def describe_schedule(epochs: Sequence[int], groups: Sequence[int], knob: bool = True) -> str:
+    """In words: when the noise changes over the probed epochs (and, with knob, which noise_reuse matches)."""
+    changes = [e for e, g, g0 in zip(epochs[1:], groups[1:], groups[:-1]) if g != g0]
+    if not changes:
+        return f"the same noise at every probed epoch (0 to {epochs[-1]})" + (", as noise_reuse=0" if knob else "")
+    k = changes[0]
+    predicted = partition([str(e // k).encode() for e in epochs])
+    if list(predicted) == list(groups):
+        if k == 1:
+            return "new noise every epoch" + (", as noise_reuse=1" if knob else "")
+        prev = max(e for e in epochs if e < k)
+        exact = "" if prev == k - 1 else f" (first change between epochs {prev} and {k})"
+        return f"new noise every {k} epochs" + (f", as noise_reuse={k}" if knob else "") + exact
+    shown = ", ".join(map(str, changes[:6])) + (" ..." if len(changes) > 6 else "")
+    return f"the noise changes at epochs {shown}" + (" (no noise_reuse value gives this pattern)" if knob else "")
+
+
+def schedule_cause(epochs, port_weight, ref_weight, port_bias, ref_bias) -> list[Cause]:
+    """Causes from the partitions of probed epochs by equal weight noise and by equal bias noise."""
+    found: list[Cause] = []
+    if list(port_weight) != list(ref_weight):
+        found.append(cause("noise_reuse", f"the port's weight noise: {describe_schedule(epochs, port_weight)}; "
+                                          f"the reference's: {describe_schedule(epochs, ref_weight)}"))
+    if port_bias is not None and ref_bias is not None and list(port_bias) != list(ref_bias):
+        if list(port_bias) != list(port_weight) and list(port_weight) == list(ref_weight):
+            found.append(cause("bias_noise", f"the port's bias noise: {describe_schedule(epochs, port_bias, False)} "
+                                             "(fresh bias noise), while its weight noise and the reference's bias "
+                                             f"noise follow noise_reuse: {describe_schedule(epochs, ref_bias)}"))
+        elif not found:
+            found.append(cause("bias_noise", f"the port's bias noise: {describe_schedule(epochs, port_bias, False)}; "
+                                             f"the reference's: {describe_schedule(epochs, ref_bias, False)}"))
+    return found
+
+
+# ----------------------------------------------------------------------------- fitness shaping
+def _centred_ranks(f: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+    n = f.size
+    return np.zeros_like(f) if n == 1 else (rankdata(f) - 1) / (n - 1) - 0.5
+
+
+def _grouped(f: np.ndarray, group_size: int) -> np.ndarray:
+    if not group_size:
+        return f - f.mean()
+    g = f.reshape(-1, group_size)
+    return (g - g.mean(1, keepdims=True)).ravel()
+
+
+def _safe_div(a: np.ndarray, s: float) -> np.ndarray:
+    return np.zeros_like(a) if s == 0 else a / s
+
+
+# name -> (words, float64 formula (f, group_size) -> shaped, knob value it corresponds to or None)
+FITNESS_CANDIDATES: dict[str, tuple[str, Callable[[np.ndarray, int], np.ndarray], str | None]] = {
+    "jax": ("(f - mean) / sqrt(var + 1e-5)", lambda f, g: _grouped(f, g) / math.sqrt(f.var() + 1e-5), "jax"),
+    "std": ("(f - mean) / std (ddof 0, no epsilon)",
+            lambda f, g: np.zeros_like(f) if f.std() < 1e-8 else _grouped(f, g) / f.std(), "std"),
+    "std_unbiased": ("(f - mean) / (std(ddof 1) + 1e-8)",
+                     lambda f, g: _grouped(f, g) / ((f.std(ddof=1) if f.size > 1 else 0.0) + 1e-8), "std_unbiased"),
+    "rank": ("centred ranks in [-0.5, 0.5]", lambda f, g: _centred_ranks(f), "rank"),
+    "std_eps": ("(f - mean) / (std + 1e-8)", lambda f, g: _grouped(f, g) / (f.std() + 1e-8), None),
+    "raw": ("the raw fitness (no shaping)", lambda f, g: f.copy(), None),
+    "centred": ("f - mean (not divided)", lambda f, g: _grouped(f, g), None),
+}
+
+
+def fitness_cause(matches: dict[str, int], n_shaped: int, n_cases: int, failing: int, worst: str) -> Cause:
+    """matches: candidate -> in how many of the n_shaped vectors the port shaped (of n_cases) it equals the port."""
+    full = [name for name, count in matches.items() if n_shaped and count == n_shaped and name != "jax"]
+    if full:
+        name = full[0]
+        words, _, knob_value = FITNESS_CANDIDATES[name]
+        extra = f" (as fitness={knob_value})" if knob_value else ""
+        return cause("fitness", f"the port's shaped fitness is {words}{extra}, the reference's "
+                                f"{FITNESS_CANDIDATES['jax'][0]}; {failing} of {n_cases} vectors differ, worst {worst}")
+    best = max((n for n in matches if n != "jax"), key=lambda n: matches[n], default=None)
+    hint = ""
+    if best is not None and matches[best] > 0:
+        hint = f"; closest known shaping: {FITNESS_CANDIDATES[best][0]} ({matches[best]} of {n_shaped} vectors)"
+    return cause("fitness", f"the port's shaped fitness differs on {failing} of {n_cases} vectors (worst {worst}) "
+                            f"and is none of the known shapings{hint}")
+
+
+# ----------------------------------------------------------------------------- forward / activation
+def activation_cause(port_act: str | None, ref_act: str, worst: str) -> Cause:
+    if port_act is not None:
+        return cause("activation", f"the port's forward matches the {port_act} activation, not {ref_act} "
+                                   f"(worst logit difference {worst})")
+    return other("forward pass", f"the port's forward matches the reference MLP with none of the known activations "
+                                 f"(pqn, tanh, relu, silu); worst logit difference {worst}")
+
+
+# ----------------------------------------------------------------------------- gradients
+def gradient_cause(leaf: str, norm_ratio: float, cosine: float, ratio_other_sigma: float | None,
+                   sigma: float, other_sigma: float | None) -> Cause:
+    """A gradient leaf that differs: a pure scale (which?), a sign flip, or a different direction."""
+    is_bias = leaf.endswith(".bias")
+    if cosine > 1 - 1e-4 and math.isfinite(norm_ratio):
+        scales_with_sigma = (ratio_other_sigma is not None and other_sigma is not None
+                             and abs(ratio_other_sigma * other_sigma / (norm_ratio * sigma) - 1) < 1e-3)
+        if abs(norm_ratio * sigma - 1) < 1e-3 or scales_with_sigma:
+            detail = (f"'{leaf}' gradient is {fmt(norm_ratio)}x the reference's = 1/sigma at sigma={fmt(sigma)}"
+                      + (f" and {fmt(ratio_other_sigma)}x at sigma={fmt(other_sigma)}" if ratio_other_sigma else "")
+                      + " (divided by sigma once more)")
+            return cause("bias_grad", detail) if is_bias else other("weight gradient scale", detail)
+        return other("gradient scale", f"'{leaf}' gradient is {fmt(norm_ratio)}x the reference's (same direction)")
+    if cosine < -1 + 1e-4:
+        return other("gradient sign", f"'{leaf}' gradient points the opposite way (cosine {fmt(cosine)}); "
+                                      "the reference's convention is the ascent direction")
+    return other("gradient estimate", f"'{leaf}' gradient has cosine {fmt(cosine)} and norm ratio "
+                                      f"{fmt(norm_ratio)} to the reference's on the same noise and fitness")
+
+
+# ----------------------------------------------------------------------------- optimizer and schedules
+def decay_estimate(ratios: dict[int, float], ref_decay: float) -> float | None:
+    """The port's per-epoch factor d from ratios r_e = (d / d_ref)^e observed at epochs e >= 1."""
+    pairs = [(e, r) for e, r in ratios.items() if e >= 1 and r > 0 and math.isfinite(r)]
+    if not pairs:
+        return None
+    # least squares of log r_e = e log(d / d_ref) through the origin
+    num = sum(e * math.log(r) for e, r in pairs)
+    den = sum(e * e for e, _ in pairs)
+    return ref_decay * math.exp(num / den)
+
+
+def optimizer_cause(matched: str | None, ref_opt: str, worst: str) -> Cause:
+    if matched is not None and matched != ref_opt:
+        return cause("optimizer", f"the port's parameter updates match optax {matched} (its defaults), not {ref_opt} "
+                                  f"(worst difference {worst})")
+    return cause("optimizer", f"the port's parameter updates match none of optax sgd, adam, adamw at the "
+                              f"reference's learning rate (worst difference {worst})")
+
+
+def lr_schedule_cause(ratios: dict[int, float], ref_decay: float) -> Cause:
+    d = decay_estimate(ratios, ref_decay)
+    shown = ", ".join(f"epoch {e}: {r:.6f}" for e, r in sorted(ratios.items()))
+    guess = f"; a per-epoch factor of {d:.6g} (lr_decay={d:.4g}) fits, the reference uses {ref_decay:g}" if d else ""
+    return cause("lr_decay", f"the port's update size relative to the reference's is {shown}{guess}")
+
+
+def sigma_schedule_cause(epoch: int, ratio: float, ref_decay: float) -> Cause:
+    d = ref_decay * ratio ** (1.0 / epoch) if epoch > 0 and ratio > 0 else None
+    guess = f"; a per-epoch factor of {d:.6g} (sigma_decay={d:.4g}) fits, the reference uses {ref_decay:g}" if d else ""
+    return cause("sigma_decay", f"at epoch {epoch} the port's noise is {ratio:.6f}x the reference's "
+                                f"(same draws, different sigma){guess}")
+
+
+# ----------------------------------------------------------------------------- init
+def fixed_std_fits_better(layers: Sequence[tuple[int, float, int]]) -> tuple[bool, float]:
+    """(whether one std for every layer explains the weights better than a std of k/sqrt(in), that std).
+
+    layers: (weights, their mean square, fan-in) per layer; Gaussian log-likelihoods at each model's MLE.
+    """
+    n, m2, fan_in = (np.array([layer[i] for layer in layers], dtype=np.float64) for i in range(3))
+    if n.size < 2 or np.all(fan_in == fan_in[0]):
+        return False, float("nan")
+    s2 = float((n * m2).sum() / n.sum())                       # common variance
+    k2 = float((n * m2 * fan_in).sum() / n.sum())              # variance k^2 / in
+    ll_fixed = -0.5 * float((n * (math.log(s2) + m2 / s2)).sum())
+    ll_scaled = -0.5 * float((n * (np.log(k2 / fan_in) + m2 * fan_in / k2)).sum())
+    return ll_fixed > ll_scaled, math.sqrt(s2)
+
+
+def init_cause(var_in: float, kurtosis: float, bias_zero: bool, bias_bound_ok: bool,
+               layers: Sequence[tuple[int, float, int]] = ()) -> Cause:
+    """Which init the port's weights look like: normal/sqrt(in) (var*in 1, kurtosis 3), torch's uniform (1/3, 1.8),
+    or normal with one std for every layer whatever its fan-in (the functional port's 0.1)."""
+    looks_uniform = abs(var_in - 1 / 3) < 0.1 and abs(kurtosis - 1.8) < 0.4
+    fixed, std = fixed_std_fits_better(layers)
+    if fixed and bias_zero and abs(var_in - 1) > 0.2:
+        return cause("init", f"weights are normal with one std for every layer ({fmt(std)}, not 1/sqrt(in)) and "
+                             "biases zero, as init=normal; the reference draws normal/sqrt(in)")
+    bias = "biases are zero" if bias_zero else ("biases are non-zero, uniform in +-1/sqrt(in)" if bias_bound_ok
+                                                else "biases are non-zero")
+    if looks_uniform:
+        return cause("init", f"weights look uniform(+-1/sqrt(in)) (var*in {fmt(var_in)}, kurtosis {fmt(kurtosis)}) "
+                             f"and {bias}, as torch nn.Linear's default; the reference draws normal/sqrt(in) "
+                             "with zero biases")
+    return cause("init", f"weights have var*in {fmt(var_in)} and kurtosis {fmt(kurtosis)} and {bias}; the reference "
+                         "draws normal/sqrt(in) (var*in 1, kurtosis 3) with zero biases")

@@ -1,0 +1,131 @@
+"""The parity suite: sizes, the shared context, and the run of every check in order.
+
+Order matters for the diagnosis: fitness, products, noise, gradients and updates isolate one
+piece of the math each (both sides fed the same inputs); init compares initial parameters; the
+trajectory then trains both sides together and attributes the first place they part to the
+earlier check that explains it.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from parity.adapter import CheckedPort, PortError
+from parity.verdict import ERROR, CheckResult, Recorder, summarize, with_status_row
+from spec.config import PRESETS, Config
+from spec.knobs import RunSettings
+from spec.layout import param_shapes as layout_shapes
+
+CHECKS = ("fitness", "products", "actions", "noise", "gradients", "updates", "init", "trajectory")
+# The suite's own random inputs, one numpy stream per purpose (the numbers are fixed: they seed the CSVs' inputs).
+RNG_PURPOSES = {"fitness vectors": 11, "non-finite fitness": 12, "linear products": 20, "forward inputs": 21,
+                "shared-noise fitness": 41, "synthetic targets": 42, "update fitness": 51, "actions": 61}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each check runs. `cfg` carries pop, rank, sigma, lr and the MLP widths."""
+
+    name: str
+    cfg: Config
+    noise_pop: int = 512             # members drawn for noise statistics and pairing
+    probe_pop: int = 8               # members drawn per probed epoch (schedule, reuse across epochs)
+    probe_epochs: tuple = tuple(range(18)) + (24, 31, 32, 33, 48, 64, 100, 128, 256, 1000, 1024, 4096, 10_000,
+                                              65_536, 1_000_000)
+    product_members: int = 8         # members in the perturbed-product and forward checks
+    product_batch: int = 4           # inputs per member in perturbed_linear
+    extra_linear: tuple = ((64, 4), (128, 128))   # (out, in) of perturbed_linear shapes besides the MLP's
+    fitness_sizes: tuple = (2, 8, 256, 2048)
+    grad_pops: tuple = (256,)        # populations of the shared-noise gradient check
+    synthetic_pops: tuple = (16, 64, 256)
+    synthetic_repeats: int = 6
+    update_epochs: int = 4
+    init_seeds: int = 3
+    traj_epochs: int = 3
+    traj_max_steps: int = 500
+
+
+QUICK = Sizes("quick", Config())
+FULL = Sizes("full", PRESETS["paper"][0], noise_pop=2048, extra_linear=((256, 4), (256, 256), (2, 256)),
+             fitness_sizes=(2, 8, 256, 2048, 8192), grad_pops=(256, 2048), synthetic_pops=(16, 64, 256, 1024),
+             synthetic_repeats=8, update_epochs=8, init_seeds=4, traj_epochs=8)
+SELFTEST = Sizes("selftest", Config(pop=32, hidden=8), noise_pop=128, probe_pop=8,
+                 probe_epochs=(0, 1, 2, 3, 4, 5, 7, 8, 16, 100, 1000, 1_000_000), product_members=4,
+                 extra_linear=((16, 4),), fitness_sizes=(2, 8, 64), grad_pops=(32,), synthetic_pops=(32,),
+                 synthetic_repeats=3, update_epochs=3, init_seeds=2, traj_epochs=2, traj_max_steps=200)
+SIZES = {s.name: s for s in (QUICK, FULL, SELFTEST)}
+
+
+def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the MLP cfg describes, in the JAX flatten order."""
+    return layout_shapes(cfg.sizes)
+
+
+@dataclass
+class Context:
+    """Everything a check needs: both sides (validated), sizes, the run seed and earlier results."""
+
+    port: CheckedPort
+    ref: CheckedPort                 # the reference behind the same validation
+    reference: Any                   # parity.reference_port.ReferencePort (candidates, schedules, extra probes)
+    sizes: Sizes
+    seed: int
+    results: dict[str, CheckResult] = field(default_factory=dict)
+    log: Callable[[str], None] = lambda line: None
+
+    @property
+    def cfg(self) -> Config:
+        return self.sizes.cfg
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return param_shapes(self.cfg)
+
+    def rng(self, purpose: str) -> np.random.Generator:
+        """A numpy generator for the suite's own inputs, from (run seed, RNG_PURPOSES[purpose]): no global state."""
+        return np.random.default_rng([self.seed, RNG_PURPOSES[purpose]])
+
+    def causes_of(self, check: str):
+        result = self.results.get(check)
+        return result.causes if result is not None and result.verdict != "pass" else ()
+
+
+def run_check(name: str, ctx: Context) -> CheckResult:
+    """Run one check; a PortError becomes an `error` verdict that names the method and what was expected."""
+    module = importlib.import_module(f"parity.checks.{name}")
+    start = time.perf_counter()
+    try:
+        result = module.run(ctx)
+    except PortError as err:
+        rec = Recorder(name)
+        section = (f"The port broke the adapter protocol, so this check could not judge it:\n\n    {err}\n\n"
+                   "See parity/adapter.py for what each method must return.")
+        result = summarize(name, rec, section, verdict=ERROR, observed=str(err), allowed="the adapter protocol")
+    return with_status_row(CheckResult(result.name, result.verdict, result.observed, result.allowed, result.causes,
+                                       result.rows, result.section, result.alpha, time.perf_counter() - start))
+
+
+def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings | None = None,
+              checks: tuple[str, ...] = CHECKS, log: Callable[[str], None] = lambda line: None) -> list[CheckResult]:
+    """Run the checks against `port` (an adapter object); returns their results in order."""
+    from parity.reference_port import ReferencePort, enable_compile_cache
+
+    enable_compile_cache()
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown:
+        raise ValueError(f"unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
+    reference = ReferencePort(sizes.cfg, reference_run or RunSettings())
+    ctx = Context(CheckedPort(port), CheckedPort(reference), reference, sizes, int(seed), log=log)
+    results = []
+    for name in checks:
+        log(f"[{name}] running ...")
+        result = run_check(name, ctx)
+        ctx.results[name] = result
+        results.append(result)
+        tail = f": {result.cause_text}" if result.cause_text else ""
+        log(f"[{name}] {result.verdict} ({result.seconds:.1f} s) {result.observed} (allowed {result.allowed}){tail}")
+    return results

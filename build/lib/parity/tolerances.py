@@ -1,0 +1,278 @@
+"""Tolerances and why they hold: float32 rounding bounds and statistical thresholds.
+
+Float32 bounds (deterministic: a faithful port can never exceed them). With the unit roundoff
+u = 2^-24, Higham's gamma_n = n*u / (1 - n*u) bounds the error of ANY evaluation order of a
+length-n sum of products: |fl(sum x_i y_i) - sum x_i y_i| <= gamma_n * sum |x_i y_i|
+(Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., sec. 3.1). A chain of k
+roundings along the longest path gives gamma_k. Each side is within the bound of the exact
+(float64) value, so the two sides differ by at most the sum of their bounds; every bound
+below is computed in float64 from the actual inputs and is per element.
+
+Statistical thresholds (false-alarm rate stated). The quick suite's statistical tests share a
+family-wise false-alarm budget FAMILY_ALPHA = 1e-3 per run: each check gets a share
+(CHECK_SHARES) and splits it evenly over its tests (Bonferroni), so the chance that a faithful
+port fails any statistical test in a run is at most 1e-3 (up to the normal/t approximation of
+the per-member means, which average many elements each).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+from reporting import ulp_distance  # noqa: F401  (the checks' ULP measure, re-exported)
+
+U32 = 2.0 ** -24               # float32 unit roundoff
+FAMILY_ALPHA = 1e-3            # family-wise false-alarm budget of one suite run
+CHECK_SHARES = {               # fraction of FAMILY_ALPHA each check may spend (sums to <= 1)
+    "noise": 0.45,
+    "init": 0.1,
+    "gradients": 0.3,
+    "trajectory": 0.1,
+}
+ULP_TOLERANCE = 0              # JAX-compatible draws must be bit-identical on the same backend (DESIGN.md)
+
+
+def gamma(n: float, u: float = U32) -> float:
+    """Higham's gamma_n = n u / (1 - n u): relative error bound of n chained float32 roundings."""
+    if n * u >= 1:
+        return math.inf
+    return n * u / (1 - n * u)
+
+
+def check_alpha(check: str) -> float:
+    """The false-alarm budget of one check."""
+    return FAMILY_ALPHA * CHECK_SHARES.get(check, 0.0)
+
+
+# ----------------------------------------------------------------------------- perturbed products
+def linear_bound(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """One side's float32 error bound for x @ W^T + (x @ B) @ A^T, per element (m, batch, out).
+
+    The longest rounding chain is x@B (in products and sums), then @A^T (r more), then the final
+    addition: gamma_{in + r + 1} times the same expression in absolute values.
+    """
+    n_in, r = W.shape[1], A.shape[-1]
+    ax, aw, aa, ab = (np.abs(np.asarray(t, dtype=np.float64)) for t in (x, W, A, B))
+    magnitude = ax @ aw.T + (ax @ ab) @ np.swapaxes(aa, -1, -2)           # (m, batch, out)
+    return gamma(n_in + r + 1) * magnitude
+
+
+def linear_exact(W, A, B, x) -> np.ndarray:
+    """x @ W^T + (x @ B) @ A^T in float64 (the value both float32 sides approximate)."""
+    x64, w64, a64, b64 = (np.asarray(t, dtype=np.float64) for t in (x, W, A, B))
+    return x64 @ w64.T + (x64 @ b64) @ np.swapaxes(a64, -1, -2)
+
+
+# ----------------------------------------------------------------------------- MLP forward
+LN_EPS = 1e-5
+ACTIVATION_LIPSCHITZ = {"relu": 1.0, "tanh": 1.0, "silu": 1.1, "pqn": 1.0}
+ACTIVATION_ROUNDINGS = {"relu": 0, "tanh": 4, "silu": 6, "pqn": 0}   # ULPs of the elementwise function
+
+
+def _activate64(z: np.ndarray, activation: str) -> np.ndarray:
+    if activation == "relu":
+        return np.maximum(z, 0.0)
+    if activation == "tanh":
+        return np.tanh(z)
+    if activation == "silu":
+        return z / (1.0 + np.exp(-z))
+    if activation == "pqn":
+        mu = z.mean(-1, keepdims=True)
+        var = ((z - mu) ** 2).mean(-1, keepdims=True)
+        return np.maximum((z - mu) / np.sqrt(var + LN_EPS), 0.0)
+    raise ValueError(f"unknown activation {activation!r}; known: pqn, tanh, relu, silu")
+
+
+class ForwardBound:
+    """The MLP in float64 with a first-order bound on one float32 side's error, per logit.
+
+    noise: the protocol's dict (weight name -> (A, B), bias name -> eps) or None; member i sees
+    row i of x. The error is tracked as a 2-norm per member: each layer adds the rounding of the
+    perturbed product (gamma_{in+r+3} on the absolute values: the chain x@B, @A^T and three
+    additions) and propagates the incoming error through ||W + A B^T||_2 <= ||W||_2 + ||A||_2 ||B||_2;
+    `param_err` (name -> elementwise bound on a parameter difference between the sides) adds
+    || |h| |dW|^T + |db| ||_2. Activations are Lipschitz (relu, tanh: 1; silu: 1.1) plus a few ULPs of
+    their own; the parameter-free layer norm has Jacobian 2-norm <= 1/s (s = sqrt(var + 1e-5)), plus
+    the rounding of its mean (gamma_n), variance (gamma_{n+2}), + eps and sqrt or a reciprocal sqrt
+    (4u) and the division or product (u). The last layer's logit i gets its row's norm
+    ||(W + A B^T)_i||_2 times the incoming error norm. First order in u.
+    """
+
+    def __init__(self, params: dict, noise: dict | None, activation: str, param_err: dict | None = None):
+        if activation not in ACTIVATION_LIPSCHITZ:
+            raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATION_LIPSCHITZ)}")
+        self.activation = activation
+        self.layers = []
+        n_layers = sum(name.endswith(".weight") for name in params)
+        for t in range(n_layers):
+            W = np.asarray(params[f"{t}.weight"], dtype=np.float64)
+            b = np.asarray(params[f"{t}.bias"], dtype=np.float64)
+            A = B = eps = None
+            spec = np.linalg.norm(W, 2)                                                    # scalar or (m,)
+            if noise is not None and f"{t}.weight" in noise:
+                A, B = (np.asarray(v, dtype=np.float64) for v in noise[f"{t}.weight"])   # (m,out,r), (m,in,r)
+                spec = spec + np.linalg.norm(A, 2, axis=(1, 2)) * np.linalg.norm(B, 2, axis=(1, 2))
+            if noise is not None and f"{t}.bias" in noise:
+                eps = np.asarray(noise[f"{t}.bias"], dtype=np.float64)                   # (m, out)
+            rows = None
+            if t == n_layers - 1:   # per-logit row norms of W + A B^T
+                w_eff = W[None] if A is None else W[None] + A @ np.swapaxes(B, 1, 2)
+                rows = np.linalg.norm(w_eff, axis=-1)                                     # (1 or m, out)
+            dW = db = None
+            if param_err is not None:
+                dW = np.asarray(param_err[f"{t}.weight"], dtype=np.float64)
+                db = np.asarray(param_err[f"{t}.bias"], dtype=np.float64)
+            self.layers.append((W, b, A, B, eps, np.broadcast_to(spec, (1,)) if np.ndim(spec) == 0 else spec,
+                                rows, dW, db))
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(float64 logits (m, out), one side's error bound (m, out)) for inputs x (m, in)."""
+        h = np.asarray(x, dtype=np.float64)[:, None, :]                              # (m, 1, in)
+        norm = np.zeros(h.shape[0])                                                   # error 2-norm per member
+        last = len(self.layers) - 1
+        for t, (W, b, A, B, eps, spec, rows, dW, db) in enumerate(self.layers):
+            ah = np.abs(h)
+            z = h @ W.T + b
+            mag = ah @ np.abs(W).T + np.abs(b)
+            r = 0
+            if A is not None:
+                At = np.swapaxes(A, 1, 2)
+                z = z + (h @ B) @ At
+                mag = mag + (ah @ np.abs(B)) @ np.abs(At)
+                r = A.shape[-1]
+            if eps is not None:
+                z = z + eps[:, None, :]
+                mag = mag + np.abs(eps)[:, None, :]
+            rounding = (gamma(W.shape[1] + r + 3) * (mag + np.abs(z)))[:, 0, :]        # (m, out) elementwise
+            from_params = 0.0
+            if dW is not None:
+                from_params = (ah @ dW.T + db)[:, 0, :]                                  # (m, out) elementwise
+            if t == last:
+                return z[:, 0, :], rounding + from_params + rows * norm[:, None]
+            norm = (np.linalg.norm(rounding + from_params, axis=-1) + spec * norm)      # error of z
+            if self.activation == "pqn":
+                n = z.shape[-1]
+                mu = z.mean(-1, keepdims=True)
+                d = z - mu
+                var = (d ** 2).mean(-1, keepdims=True)
+                s = np.sqrt(var + LN_EPS)
+                y = d / s
+                rel_s = 0.5 * gamma(n + 2) * var / (var + LN_EPS) + 4 * U32   # +eps, sqrt or rsqrt (<= 2 ulp)
+                ln_round = np.abs(y) * (rel_s + U32) + (gamma(n) * np.abs(z).mean(-1, keepdims=True)
+                                                        + U32 * np.abs(d)) / s
+                norm = norm / s[:, 0, 0] + np.linalg.norm(ln_round[:, 0, :], axis=-1)   # relu after: 1-Lipschitz
+                h = np.maximum(y, 0.0)
+            else:
+                h = _activate64(z, self.activation)
+                norm = (ACTIVATION_LIPSCHITZ[self.activation] * norm
+                        + ACTIVATION_ROUNDINGS[self.activation] * U32 * np.linalg.norm(h[:, 0, :], axis=-1))
+        raise ValueError("params hold no layers")
+
+
+# ----------------------------------------------------------------------------- fitness shaping
+def shaping_bound(f: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """One side's float32 error bound for (f - mean) / sqrt(var + eps), per element (first order).
+
+    mean: gamma_N * mean|f|; the centred value d adds one rounding; var = mean(d^2) has relative
+    error gamma_{N+2} (its first-order dependence on the mean's error vanishes since sum d = 0);
+    sqrt and + eps add 2u to the scale s; the division one more u.
+    """
+    f = np.asarray(f, dtype=np.float64)
+    n = f.size
+    d = f - f.mean()
+    var = (d ** 2).mean()
+    s = math.sqrt(var + eps)
+    err_d = gamma(n) * np.abs(f).mean() + U32 * np.abs(d)
+    rel_s = 0.5 * gamma(n + 2) * var / (var + eps) + 2 * U32
+    return err_d / s + np.abs(d) / s * (rel_s + U32)
+
+
+# ----------------------------------------------------------------------------- gradients and updates
+def weight_grad_bound(f: np.ndarray, A: np.ndarray, B: np.ndarray, f_err: np.ndarray | None = None) -> np.ndarray:
+    """One side's bound for einsum('nir,njr->ij', f*A, B) / N, (out, in): gamma_{N r + 3} sum|f A B| / N.
+
+    f_err (N,), when given, adds what an error in the shaped fitness itself propagates.
+    """
+    af = np.abs(np.asarray(f, dtype=np.float64))
+    aa, ab = np.abs(np.asarray(A, dtype=np.float64)), np.abs(np.asarray(B, dtype=np.float64))
+    n, r = aa.shape[0], aa.shape[-1]
+    weight = gamma(n * r + 3) * af
+    if f_err is not None:
+        weight = weight + np.asarray(f_err, dtype=np.float64)
+    # sum_n w_n |A_n| |B_n|^T as one BLAS contraction over (n, r)
+    return np.tensordot(weight[:, None, None] * aa, ab, axes=([0, 2], [0, 2])) / n
+
+
+def bias_grad_bound(f: np.ndarray, eps: np.ndarray, f_err: np.ndarray | None = None) -> np.ndarray:
+    """One side's bound for mean_n(f_n eps_n), (out,): gamma_{N + 2} mean|f eps|."""
+    af = np.abs(np.asarray(f, dtype=np.float64))
+    ae = np.abs(np.asarray(eps, dtype=np.float64))
+    out = gamma(af.size + 2) * (af[:, None] * ae).mean(0)
+    if f_err is not None:
+        out = out + (np.asarray(f_err, dtype=np.float64)[:, None] * ae).mean(0)
+    return out
+
+
+OPT_ROUNDINGS = 24   # float32 roundings of one elementwise optimizer step (adam's: moments, corrections, sqrt, div)
+
+
+def update_bound(new_params: np.ndarray, update: np.ndarray) -> np.ndarray:
+    """One side's bound for one optimizer step from the same params and gradient, elementwise.
+
+    u |p_new| for the rounding of p + update, plus gamma_24 |update| for the optimizer's own
+    elementwise arithmetic (adam: two moments, two bias corrections, sqrt, +eps, division, lr, wd).
+    """
+    return U32 * np.abs(np.asarray(new_params, np.float64)) + gamma(OPT_ROUNDINGS) * np.abs(np.asarray(update, np.float64))
+
+
+# ----------------------------------------------------------------------------- statistics
+def z_threshold(alpha: float) -> float:
+    """Two-sided standard-normal threshold at level alpha."""
+    return float(stats.norm.isf(alpha / 2))
+
+
+def t_threshold(alpha: float, dof: int) -> float:
+    """Two-sided Student-t threshold at level alpha (dof >= 1)."""
+    return float(stats.t.isf(alpha / 2, max(int(dof), 1)))
+
+
+def mean_interval(samples: np.ndarray, expected: float, alpha: float) -> tuple[float, float, float]:
+    """(sample mean, lo, hi): the region expected +- t * se that the mean must fall in at level alpha.
+
+    The samples are independent per-member statistics (each an average over many elements), so
+    their mean is close to normal; the t quantile accounts for estimating the standard error.
+    """
+    x = np.asarray(samples, dtype=np.float64)
+    n = x.size
+    mean = float(x.mean())
+    se = float(x.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+    half = t_threshold(alpha, n - 1) * se
+    return mean, expected - half, expected + half
+
+
+def chi2_interval(n: int, alpha: float) -> tuple[float, float]:
+    """Exact two-sided region of mean(z^2) for n iid standard normals (chi-square with n dof, over n)."""
+    return float(stats.chi2.ppf(alpha / 2, n) / n), float(stats.chi2.isf(alpha / 2, n) / n)
+
+
+def normal_mean_interval(n: int, alpha: float) -> tuple[float, float]:
+    """Exact two-sided region of mean(z) for n iid standard normals."""
+    half = z_threshold(alpha) / math.sqrt(n)
+    return -half, half
+
+
+def ks_critical(n: int, alpha: float) -> float:
+    """Exact critical value of the two-sided one-sample Kolmogorov-Smirnov statistic at level alpha."""
+    return float(stats.kstwo.isf(alpha, n))
+
+
+def two_sample_interval(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, float]:
+    """(mean(a) - mean(b), half-width) of a Welch-type interval at level alpha."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    diff = float(a.mean() - b.mean())
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se = math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / max(va ** 2 / max(a.size - 1, 1) + vb ** 2 / max(b.size - 1, 1), 1e-300)
+    return diff, t_threshold(alpha, int(dof)) * se

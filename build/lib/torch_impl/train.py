@@ -1,0 +1,120 @@
+"""Train a CartPole-v1 policy with the functional torch EGGROLL: ask, roll out, tell, log. Stops when solved."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import TextIO
+
+import numpy as np
+import torch
+
+from rollout import cartpole
+from rollout.episodes import Compaction, greedy_actions, run_episodes, sample_actions
+from spec.config import SOLVED_RETURN, Config
+from spec.knobs import Knobs
+from spec.run import Progress, TrainResult, epoch_row
+from torch_impl import es as es_mod
+from torch_impl.model import forward
+from torch_impl.noise import Noise, r_major, group_size, population_of
+
+
+# knob actions -> how logits become an action (the shared uniforms are the action randomness)
+ACTIONS = {"sample": sample_actions, "greedy": greedy_actions}
+MIN_ROWS = 8   # a compact forward computes at least this many rows: torch's matmul takes another path below ~4
+
+
+def subset_noise(noise: Noise, draws: torch.Tensor) -> Noise:
+    """The noise of the given draws only (grouped or per-member rows), in the same r-major layout."""
+    pick = lambda t: t.index_select(0, draws)                                    # noqa: E731
+    return noise._replace(A={n: r_major(pick(v)) for n, v in noise.A.items()},
+                          B={n: r_major(pick(v)) for n, v in noise.B.items()},
+                          bias={n: pick(v) for n, v in noise.bias.items()})
+
+
+def compact_policy(params: dict[str, torch.Tensor], noise: Noise, activation: str, device: str | torch.device):
+    """policy(obs (m, 4), rows (m,)) -> logits (m, 2) computing only the draws that alive rows use (rollout's
+    Compaction: whole antithetic pairs, re-gathered a few times per episode as members finish).
+
+    A finished partner runs on a zero input; a row's logits depend only on its own input and noise, so the
+    values are those of the whole-population forward.
+    """
+    k, pop = group_size(noise), population_of(noise)
+    plan = Compaction(pop, k, MIN_ROWS)
+    current = {"noise": noise}
+
+    def policy(obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        members, position, changed = plan.update(rows)
+        if changed:
+            current["noise"] = subset_noise(noise, torch.from_numpy(plan.groups).to(device))
+        x = torch.zeros(members.size, obs.shape[1])
+        x[torch.from_numpy(position)] = torch.from_numpy(obs)
+        return forward(params, x.to(device), current["noise"], activation).cpu().numpy()[position]
+
+    return policy
+
+
+def evaluate(es: es_mod.ES, params: dict[str, torch.Tensor], noise: Noise, seed: int, epoch: int,
+             device: str | torch.device, compact: bool = True) -> np.ndarray:
+    """Every member's return (pop,) float32: one CartPole episode each, the alive members stepped together
+    (compact=False: every member computed at every step, finished or not; the same numbers, slower)."""
+    pop = es.cfg.pop
+    init_state = cartpole.reset(seed + epoch + np.arange(pop))
+    uniforms = es.plan.generator.action_uniforms(seed, epoch, pop)
+    choose = ACTIONS[es.knobs.actions]
+    with torch.inference_mode():
+        if compact:
+            policy = compact_policy(params, noise, es.activation, device)
+            return run_episodes(policy, init_state, uniforms, choose=choose, compact=True).returns
+        policy = lambda obs: forward(params, torch.from_numpy(obs).to(device), noise, es.activation).cpu().numpy()  # noqa: E731
+        return run_episodes(policy, init_state, uniforms, choose=choose).returns
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int | None):
+    """Run with torch's intra-op thread count set to n (None: leave it), restored afterwards."""
+    if n is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def train(cfg: Config, knobs: Knobs, seed: int, device: str | torch.device = "cpu", progress: bool = True,
+          stream: TextIO | None = None, threads: int | None = 1, compact: bool = True) -> TrainResult:
+    """Run ES epochs until the population's mean return reaches 475 or cfg.max_env_steps are spent.
+
+    `threads`: torch intra-op threads while training (default 1: the rollout's kernels are tens of
+    microseconds, where thread hand-offs cost more than they save; None leaves torch's setting).
+    `compact`: compute only the members still alive at each step (the same numbers; False computes all).
+    """
+    with intra_op_threads(threads):
+        return _train(cfg, knobs, seed, device, Progress(stream or sys.stdout, progress), compact)
+
+
+def _train(cfg: Config, knobs: Knobs, seed: int, device: str | torch.device, progress: Progress,
+           compact: bool = True) -> TrainResult:
+    es = es_mod.make(cfg, knobs)
+    state = es_mod.init(es, seed, device)
+    history: list[dict] = []
+    env_steps, solved_at, start = 0, None, time.perf_counter()
+    while env_steps < cfg.max_env_steps:
+        epoch = state.epoch
+        noise, state = es_mod.ask(es, state)
+        returns = evaluate(es, state.params, noise, seed, epoch, device, compact)
+        env_steps += int(returns.sum())
+        state, info = es_mod.tell(es, state, noise, torch.from_numpy(returns))
+        row = epoch_row(epoch, env_steps, returns.mean(), returns.max(), info["sigma"], info["lr"],
+                        info["grad_norm"], time.perf_counter() - start)
+        history.append(row)
+        progress.epoch(row)
+        if row["mean_return"] >= SOLVED_RETURN:
+            solved_at = env_steps
+            break
+    result = TrainResult(solved_at is not None, solved_at, len(history), env_steps, history)
+    progress.done(result, time.perf_counter() - start)
+    return result
