@@ -7,6 +7,8 @@ takes a batch of keys (..., 2) and puts the batch dims first in its result. Word
 faster than masked int64. Normals reproduce XLA's CPU float32 code for `sqrt(2) * erf_inv(u)` (Giles'
 approximation, XLA's log1p, its fused multiply-adds) and were checked against JAX for all 2^23 inputs.
 No jax import anywhere: tests/test_random.py and the benchmark measure the agreement with JAX.
+This eager code is the definition; random_compiled runs the same arithmetic torch.compile'd for large draws
+(bit-identical, checked by tests/test_random_compiled.py) and falls back to it when it cannot compile.
 """
 from __future__ import annotations
 
@@ -217,6 +219,19 @@ def _draw(keys: torch.Tensor, shape, dtype: torch.dtype, finish) -> torch.Tensor
     return out.reshape(tuple(batch) + shape)
 
 
+def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = ()) -> torch.Tensor | None:
+    """The compiled kernel's draws (*batch, *shape) when random_compiled takes this request, else None."""
+    from torch_impl import random_compiled  # noqa: PLC0415 - it imports this module
+
+    k0, _ = _key_words(keys)
+    shape = _shape_tuple(shape)
+    n = math.prod(shape)
+    if not random_compiled.wanted(k0.numel(), n, keys.device):
+        return None
+    out = random_compiled.draw(kind, keys, n, extra)                     # (B, n) or None
+    return None if out is None else out.reshape(tuple(k0.shape) + shape)
+
+
 def _xor_into(y0, y1, dst):
     torch.bitwise_xor(y0, y1, out=y0)
     dst.copy_(y0)
@@ -231,8 +246,10 @@ def bits(keys: torch.Tensor, shape=()) -> torch.Tensor:
     """Random 32-bit words (*batch, *shape) as int64 holding uint32 values, as jax.random.bits (uint32).
 
     Element j (row-major) is y0 ^ y1 of threefry(key; hi32(j), lo32(j)). Compare with numpy via to_uint32.
+    Large requests run the compiled kernel (random_compiled), which gives the same words.
     """
-    return _u32_to_int64(_draw(keys, shape, torch.int32, _xor_into))
+    compiled = _compiled_draw("bits", keys, shape)
+    return compiled if compiled is not None else _u32_to_int64(_draw(keys, shape, torch.int32, _xor_into))
 
 
 def _unit_floats(m: torch.Tensor) -> torch.Tensor:
@@ -259,7 +276,12 @@ def uniform(keys: torch.Tensor, shape=(), minval: float = 0.0, maxval: float = 1
     lo = float(np.float32(minval))
     hi = float(np.float32(maxval))
     span = float(np.float32(hi) - np.float32(lo))             # JAX forms maxval - minval in float32
+    compiled = _compiled_draw("uniform", keys, shape, (lo, span))
+    return compiled if compiled is not None else _uniform_eager(keys, shape, lo, span)
 
+
+def _uniform_eager(keys: torch.Tensor, shape, lo: float, span: float) -> torch.Tensor:
+    """uniform() on the eager path, bounds already float32 values: lo and span = float32(hi - lo)."""
     def finish(y0, y1, dst):
         f = _unit_floats(_mantissa_(y0, y1))
         if lo == 0.0 and span == 1.0:                          # f * 1 + 0 is exact
@@ -391,9 +413,14 @@ def normal_table(device: str | torch.device = "cpu") -> torch.Tensor:
 def normal(keys: torch.Tensor, shape=()) -> torch.Tensor:
     """Standard normals (*batch, *shape) float32, equal to jax.random.normal(key, shape) on JAX's CPU backend.
 
-    Large requests (or any, once the table exists) read the table of all 2^23 values (built once, 32 MB per
-    device); small ones evaluate the same formula directly. Both paths give identical bits.
+    Requests of random_compiled.MIN_DRAWS values or more run compiled (threefry, then this formula, as two
+    torch.compile'd kernels); otherwise large requests (or any, once the table exists) read the table of all
+    2^23 values (built once, 32 MB per device) and small ones evaluate the formula directly. All paths give
+    identical bits.
     """
+    compiled = _compiled_draw("normal", keys, shape)
+    if compiled is not None:
+        return compiled
     k0, _ = _key_words(keys)
     draws = k0.numel() * math.prod(_shape_tuple(shape))
     use_table = draws >= _TABLE_MIN_DRAWS or _cpu_table.cache_info().currsize > 0
