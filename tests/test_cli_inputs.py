@@ -179,3 +179,16 @@ def test_knobs_default_is_faithful():   # the torch trainer's CLI default is the
     args = torch_cli.build_parser().parse_args([])
     assert torch_cli.configure(args)[1] == Knobs()
     assert sys.executable
+
+
+def test_cuda_asked_for_without_a_gpu_stops_up_front(capsys, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the refusal cannot be seen here")
+    for main, argv in ((torch_cli.main, ["--device", "cuda"]), (parity_cli.main, ["--device", "cuda"]),
+                       (gap_cli.main, ["--device", "cuda", "--out", str(tmp_path / "g")]),
+                       (bench_cli.main, ["--device", "cuda", "--out", str(tmp_path / "b")])):
+        assert code_of(main, argv) == 2, main.__module__
+        assert "CUDA" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists() and not (tmp_path / "b").exists()

@@ -17,10 +17,11 @@ import torch
 
 from torch_impl import random as R
 from torch_impl import random_compiled as C
-from torch_impl.config import Config
-from torch_impl.knobs import Knobs
+from spec.config import Config
+from spec.knobs import Knobs
+from tests.helpers import noise_of
+from reporting import agreement
 from torch_impl.model import init_params
-from torch_impl.noise import sample_noise
 
 ENV = "TORCH_IMPL_RNG_COMPILE"
 
@@ -81,7 +82,7 @@ def test_bits_compiled_equal_eager(keys, shape):
 def test_normal_compiled_equal_eager(keys, shape):
     got, ref = both(R.normal, keys, shape)
     assert got.dtype == torch.float32 and got.shape == ref.shape
-    assert torch.equal(got, ref), R.agreement(got, ref)
+    assert torch.equal(got, ref), agreement(got.numpy(), ref.numpy())
 
 
 @pytest.mark.parametrize("keys,shape", CASES[:6])
@@ -89,7 +90,7 @@ def test_normal_compiled_equal_eager(keys, shape):
 def test_uniform_compiled_equal_eager(keys, shape, bounds):
     got, ref = both(R.uniform, keys, shape, *bounds)
     assert got.dtype == torch.float32 and got.shape == ref.shape
-    assert torch.equal(got, ref), R.agreement(got, ref)
+    assert torch.equal(got, ref), agreement(got.numpy(), ref.numpy())
 
 
 def test_normal_finish_exhaustive_over_all_2_23_mantissas():
@@ -97,7 +98,7 @@ def test_normal_finish_exhaustive_over_all_2_23_mantissas():
     # normal_from_mantissa (the table holds it for all 2^23 inputs; tests/test_random.py checks it against JAX).
     words = torch.arange(1 << 23, dtype=torch.int32) << 9
     got = C._compiled("normal")(words)
-    result = R.agreement(got, R.normal_table())
+    result = agreement(got.numpy(), R.normal_table().numpy())
     print(f"compiled finish, all 2^23 mantissas vs eager: {result}")
     assert result.draws == 1 << 23 and result.identical_fraction == 1.0, result
 
@@ -114,8 +115,9 @@ def test_compiled_normal_matches_jax_random_normal():
 def test_sample_noise_rng_jax_compiled_equal_eager(antithetic):
     cfg = Config(pop=64, rank=4, hidden=32, layers=3, sigma=0.2, lr=0.1)
     knobs = Knobs(antithetic=antithetic)
-    params = init_params(cfg, knobs, 3)
-    got, ref = both(sample_noise, params, cfg, knobs, 3, 2, 0.2)
+    from torch_impl.keys import GENERATORS
+    params = init_params(cfg.sizes, knobs.init, GENERATORS["jax"], 3)
+    got, ref = both(noise_of, params, cfg, knobs, 3, 2, 0.2)
     for part in ("A", "B", "bias"):
         a, b = getattr(got, part), getattr(ref, part)
         assert a.keys() == b.keys()
@@ -174,6 +176,6 @@ def test_cuda_compiled_equal_cpu_eager():
             assert torch.equal(got.cpu(), with_mode("never", fn, keys, shape, *args)), (fn.__name__, shape)
     assert not C.compiled_status().failed, C.compiled_status()
     words = torch.arange(1 << 23, dtype=torch.int32, device="cuda") << 9
-    result = R.agreement(C._compiled("normal")(words).cpu(), R.normal_table())
+    result = agreement(C._compiled("normal")(words).cpu().numpy(), R.normal_table().numpy())
     print(f"compiled finish on CUDA, all 2^23 mantissas vs CPU eager: {result}")
     assert result.identical_fraction == 1.0, result
