@@ -194,6 +194,8 @@ class Bench:
             jnoise = runners.torch_noise(params, spec, pop, "jax", self.seed, self.device)
             cases["torch_impl_jaxrng"] = runners.forward_case("torch_impl_jaxrng", params, x, jnoise,
                                                               spec.activation, self.device)
+        for impl in (i for i in extra if i in runners.KNOB_IMPLS):
+            cases[impl] = runners.forward_case(impl, params, x, noise, spec.activation, self.device)
         if self.allowed("jax_reference", spec, pop) and self.predicted_ok("jax_reference", spec, pop, measure):
             cases["jax_reference"] = runners.jax_forward_case(self.jax(spec), x.cpu().numpy(), pop)
         timings = self.run_group(f"forward {spec.name} pop {pop}", cases, headline=(spec.name, pop) == self.plan.headline)
@@ -353,7 +355,7 @@ def run(plan: BenchPlan, device: torch.device, seed: int, log: Callable[[str], N
         bench.measure_ceilings("start")
         head_model, head_pop = plan.headline
         head = bench.spec(head_model)
-        bench.forward_group(head, head_pop, extra=("torch_impl_jaxrng",))
+        bench.forward_group(head, head_pop, extra=("torch_impl_jaxrng", *runners.KNOB_IMPLS))
         bench.forward_noise_group(head, head_pop, with_noise_alone=True)
         bench.step_group(head, plan.step_pop)
         bench.generator_group(head, plan.gen_pairs)

@@ -484,6 +484,36 @@ METHOD = [
 ]
 
 
+KNOB_SPEEDUPS = {"torch_impl_compiled": "compile=on (torch.compile'd forward)",
+                 "torch_impl_tf32": "matmul_precision=high (TF32 matmuls; on a CPU emulated by rounding operands)"}
+
+
+def _knob_section(rows: Sequence[Measurement]) -> list[str]:
+    """The speed-ups the parity suite checks: torch_impl's forward with compile=on and matmul_precision=high."""
+    head = _goal_model(rows)
+    if head is None:
+        return []
+    model, pop = head
+    base = lookup(rows, "torch_impl", model, pop, M.FORWARD)
+    table = []
+    for impl, label in KNOB_SPEEDUPS.items():
+        other = lookup(rows, impl, model, pop, M.FORWARD)
+        if base is None or other is None:
+            continue
+        ratio = lookup(rows, impl, model, pop, M.FORWARD_RATIO)
+        ci = [lookup(rows, impl, model, pop, M.FORWARD_RATIO + s) for s in (M.CI_LOW, M.CI_HIGH)]
+        speed = (f"{1 / ratio.median:.2f}x" + (f" [{1 / ci[1].median:.2f}, {1 / ci[0].median:.2f}]"
+                                               if all(ci) else "")) if ratio else "-"
+        table.append([label, fmt(other.median), fmt(base.median), speed])
+    if not table:
+        return []
+    return [f"## Speed-ups the parity suite checks ({model}, pop {pop})", "",
+            "torch_impl's forward with each knob against the default, timed in the same rounds. `compile=on` passes "
+            "the parity suite (same numbers within float32 bounds); `matmul_precision=high` is a drift the suite "
+            "names (`python -m parity check --torch matmul_precision=high`).", "",
+            markdown_table(["knob", "evals/s", "torch_impl evals/s", "speed-up over torch_impl [95% CI]"], table), ""]
+
+
 def _solve_section(rows: Sequence[Measurement]) -> list[str]:
     """Time to solve per preset: torch_impl and jax_reference wall time, their env steps, the speed-up."""
     presets = list(dict.fromkeys(r.model for r in rows if r.measure == M.SOLVE_S))
@@ -511,7 +541,8 @@ def _solve_section(rows: Sequence[Measurement]) -> list[str]:
 def summary_markdown(rows: Sequence[Measurement], ctx: BenchInfo) -> str:
     """The benchmark's summary page: environment, goal check, ratio tables, floors, step, generators."""
     lines = (_intro(ctx) + _ceilings_section(ctx) + _goal_section(rows) + _throughput_sections(rows, ctx)
-             + _floor_sections(rows, ctx) + _step_section(rows) + _generator_section(rows, ctx) + _solve_section(rows))
+             + _floor_sections(rows, ctx) + _step_section(rows) + _generator_section(rows, ctx) + _knob_section(rows)
+             + _solve_section(rows))
     if ctx.profile:
         lines += ["## Where torch_impl's forward spends its time (torch.profiler, 10 calls at the goal size)", "",
                   "```", *ctx.profile, "```", ""]

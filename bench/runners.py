@@ -21,7 +21,7 @@ from spec.knobs import Knobs
 from spec.layout import param_shapes
 from torch_impl import es as es_mod
 from torch_impl import random as rnd
-from torch_impl.model import forward
+from torch_impl.model import forward, make_forward
 from torch_impl.noise import Noise, per_member, sample_noise, seed_sources
 
 SIGMA, LR = PRESETS["paper"][0].sigma, PRESETS["paper"][0].lr
@@ -109,6 +109,9 @@ def forward_case(impl: str, params, x, noise: Noise, activation: str, device: to
     dev = device.type
     if impl in ("torch_impl", "torch_impl_jaxrng"):
         return Case(partial(forward, params, x, noise, activation), sync, dev)
+    if impl in KNOB_IMPLS:                       # torch_impl with compile=on or matmul_precision=high
+        precision, compiled = KNOB_IMPLS[impl]
+        return Case(partial(make_forward(activation, precision, compiled), params, x, noise), sync, dev)
     members = per_member(noise)
     if impl == "torch_impl_members":
         return Case(partial(forward, params, x, members, activation), sync, dev)
@@ -123,6 +126,8 @@ def forward_case(impl: str, params, x, noise: Noise, activation: str, device: to
 
 
 RNG_OF = {"torch_impl": "torch", "torch_impl_jaxrng": "jax"}   # bench impl -> torch_impl's knob rng
+# bench impl -> torch_impl's knobs (matmul_precision, compile): the speed-ups the parity suite checks
+KNOB_IMPLS = {"torch_impl_compiled": ("highest", "on"), "torch_impl_tf32": ("high", "off")}
 
 
 def forward_noise_case(impl: str, params, x, spec: ModelSpec, pop: int, seed: int, device: torch.device) -> Case:

@@ -89,7 +89,8 @@ def noise_line(fit: factorial.Fit, d: factorial.Design, gap: stats.Comparison | 
     if abs(log_gap) < 1e-9 or gap.ratio_lo <= 1.0 <= gap.ratio_hi:
         return [f"**What is left to noise**: the observed `torch:{d.profile}` / `jax_reference` = "
                 f"{_ci(gap.ratio, gap.ratio_lo, gap.ratio_hi)} covers 1, so at these seeds the gap itself is within "
-                f"noise; the drifts' modelled effect (x{fit.predicted:.3f}) is what a larger study would see. {spread}"]
+                f"noise; the model's estimate of the drifts' combined effect is x{fit.predicted:.3f} "
+                f"[{fit.predicted_lo:.3f}, {fit.predicted_hi:.3f}]. {spread}"]
     model, floor_log = math.log(fit.predicted), math.log(floor.ratio)
     rest = log_gap - model - floor_log
     return [f"**What is left to noise**: log(`torch:{d.profile}` / `jax_reference`) = {log_gap:+.3f} splits into the "

@@ -59,6 +59,16 @@ def linear_bound(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray) -> 
     return gamma(n_in + r + 1) * magnitude
 
 
+U_TF32 = 2.0 ** -11             # TF32 keeps 10 mantissa bits: operands rounded to nearest lose at most 2^-11
+
+
+def linear_bound_tf32(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The same bound when every matmul operand is first rounded to TF32 (x, W; x, B; x@B, A): at most 4
+    roundings of relative size 2^-11 along the longest chain, then float32 accumulation as in linear_bound.
+    A port within this but not within linear_bound computes with TF32 matmuls (knob matmul_precision=high)."""
+    return linear_bound(W, A, B, x) * (1 + gamma(4, U_TF32) / gamma(W.shape[1] + A.shape[-1] + 1))
+
+
 def linear_exact(W, A, B, x) -> np.ndarray:
     """x @ W^T + (x @ B) @ A^T in float64 (the value both float32 sides approximate)."""
     x64, w64, a64, b64 = (np.asarray(t, dtype=np.float64) for t in (x, W, A, B))

@@ -97,7 +97,12 @@ class TorchPort:
         params = {"0.weight": self._t(W), "0.bias": torch.zeros(W.shape[0], device=self.device)}
         noise = Noise({"0.weight": self._t(A)}, {"0.weight": self._t(B)}, {})
         with torch.inference_mode():
-            return model.forward(params, self._t(x), noise, self.knobs.activation).cpu().numpy()
+            return self._forward_fn(params, self._t(x), noise).cpu().numpy()
+
+    @property
+    def _forward_fn(self):
+        """torch_impl's forward with this port's activation, matmul_precision and compile knobs."""
+        return model.make_forward(self.knobs.activation, self.knobs.matmul_precision, self.knobs.compile)
 
     def shape_fitness(self, f, group_size=0):
         with torch.inference_mode():
@@ -116,7 +121,7 @@ class TorchPort:
     def forward(self, params, noise, x):
         tparams, tnoise = self._forward_inputs(params, noise)
         with torch.inference_mode():
-            return model.forward(tparams, self._t(x), tnoise, self.knobs.activation).cpu().numpy()
+            return self._forward_fn(tparams, self._t(x), tnoise).cpu().numpy()
 
     def _forward_inputs(self, params, noise):
         """params and noise as tensors, converted once per (params, noise) pair (a rollout calls forward per step)."""

@@ -23,6 +23,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "init": ("jax", "torch", "normal"),
     "optimizer": ("sgd", "adam", "adamw"),
     "actions": ("sample", "greedy"),
+    "compile": ("off", "on"),
+    "matmul_precision": ("highest", "high"),
 }
 # Numeric knobs: name -> (type, what a valid value is).
 NUMERIC: dict[str, tuple[type, str]] = {
@@ -42,6 +44,8 @@ DESCRIPTIONS: dict[str, str] = {
     "init": "weight init",
     "optimizer": "optimizer",
     "actions": "action selection",
+    "compile": "compiled forward (torch.compile)",
+    "matmul_precision": "matmul precision (TF32)",
     "lr_decay": "learning-rate schedule",
     "sigma_decay": "sigma schedule",
 }
@@ -107,6 +111,8 @@ class Knobs:
     lr_decay: float = 1.0
     sigma_decay: float = 0.999
     actions: str = "sample"
+    compile: str = "off"                 # on: the population forward runs torch.compile'd
+    matmul_precision: str = "highest"    # high: TF32 matmuls (CUDA's, or its input rounding emulated on a CPU)
 
     def __post_init__(self) -> None:
         _check_values(self, KNOB_NAMES)

@@ -89,14 +89,14 @@ def test_every_knob_table_has_exactly_the_vocabularys_values():
     from torch_impl.fitness import SHAPINGS
     from torch_impl.gradient import BIAS_GRADS
     from torch_impl.keys import GENERATORS
-    from torch_impl.model import ACTIVATIONS, INITS
+    from torch_impl.model import ACTIVATIONS, COMPILERS, INITS, PRECISIONS
     from torch_impl.noise import BIAS_SCHEDULES, LAYOUTS
     from torch_impl.optim import OPTIMIZERS
     from torch_impl.train import ACTIONS
 
     torch_tables = {"rng": GENERATORS, "antithetic": LAYOUTS, "fitness": SHAPINGS, "bias_noise": BIAS_SCHEDULES,
                     "bias_grad": BIAS_GRADS, "activation": ACTIVATIONS, "init": INITS, "optimizer": OPTIMIZERS,
-                    "actions": ACTIONS}
+                    "actions": ACTIONS, "compile": COMPILERS, "matmul_precision": PRECISIONS}
     assert set(torch_tables) == set(CHOICES)
     for knob, table in torch_tables.items():
         assert tuple(table) == CHOICES[knob], knob

@@ -35,7 +35,8 @@ DOCUMENTED = design_knob_table()
 # Values of the numeric knobs that depart from the reference (0, 1.0 and 0.999).
 NUMERIC_DRIFTS = {"noise_reuse": ("1", "3", "1000"), "lr_decay": ("0.9995", "0.9"), "sigma_decay": ("0.99", "1.0")}
 # Every documented value but the reference's (the first), rng=torch excepted: it is not a drift in the math.
-DRIFTS = [(k, v) for k, values in DOCUMENTED.items() for v in values[1:] if (k, v) != ("rng", "torch")]
+NOT_DRIFTS = {("rng", "torch"), ("compile", "on")}    # must pass: the same math
+DRIFTS = [(k, v) for k, values in DOCUMENTED.items() for v in values[1:] if (k, v) not in NOT_DRIFTS]
 DRIFTS += [(k, v) for k, values in NUMERIC_DRIFTS.items() for v in values]
 # What each published port departs in (DESIGN.md's profile table, REFERENCE's ports), rng aside.
 PROFILE_EXPECTED = {
@@ -97,3 +98,9 @@ def test_a_port_that_claims_jax_draws_but_has_others_is_an_rng_drift():
     results = run_suite(port, SELFTEST, 0)
     assert overall(results) == "fail"
     assert "rng" in {k for r in results for k in r.knobs}
+
+
+def test_a_compiled_forward_passes_the_suite(tmp_path):
+    """compile=on is a speed-up, not a drift: torch.compile'd forwards must stay within every float32 bound."""
+    rc, table, summary = _check(tmp_path, "--torch", "compile=on")
+    assert rc == 0, summary[:3000]

@@ -553,3 +553,36 @@ def test_both_trainer_clis_take_the_same_overrides():
     assert t_cfg == j_cfg and t_cfg.group_size == 8 and t_cfg.max_env_steps == 1234
     assert (t_knobs.sigma_decay, t_knobs.noise_reuse, t_knobs.activation) == (0.99, 3, "relu")
     assert t_knobs.run == j_knobs
+
+
+def test_tf32_round_keeps_10_mantissa_bits_to_nearest_even():
+    from torch_impl.model import tf32_round
+
+    rng = np.random.default_rng(5)
+    for scale in (1e-3, 1.0, 1e4):
+        x = torch.from_numpy((rng.standard_normal(4096) * scale).astype(np.float32))
+        r = tf32_round(x)
+        bits = r.view(torch.int32)
+        assert torch.all(bits & 0x1FFF == 0)                                         # 13 low bits cleared
+        assert torch.all((r - x).abs() <= x.abs() * 2.0 ** -11)                       # nearest: half an ulp of 2^-10
+        lo_bits = x.view(torch.int32) & ~0x1FFF                                      # the two TF32 neighbours of x
+        lo, hi = lo_bits.view(torch.float32), (lo_bits + 0x2000).view(torch.float32)
+        assert torch.all((r - x).abs() <= torch.minimum((lo - x).abs(), (hi - x).abs()))   # r is the nearer
+    tie = torch.tensor([1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11], dtype=torch.float32)   # halfway cases
+    assert tf32_round(tie).tolist() == [1.0, 1.0 + 4 * 2.0 ** -11]                 # to the even neighbour
+
+
+def test_tf32_forward_differs_from_float32_by_tf32_rounding_only():
+    from spec.config import Config as _Config
+    from torch_impl.model import forward, init_params
+    from torch_impl.keys import GENERATORS
+    from tests.helpers import noise_of
+
+    for hidden in (16, 64):
+        cfg = _Config(pop=32, hidden=hidden)
+        params = init_params(cfg.sizes, "jax", GENERATORS["jax"], 1)
+        noise = noise_of(params, cfg, Knobs(), 1, 0, 0.2)
+        x = torch.from_numpy(np.random.default_rng(hidden).standard_normal((32, 4)).astype(np.float32))
+        full, tf32 = forward(params, x, noise), forward(params, x, noise, precision="high")
+        diff = (full - tf32).abs().max().item()
+        assert 0 < diff < 0.05 * full.abs().max().item(), diff       # changed, by about 2^-11 relative per layer

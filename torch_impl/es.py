@@ -17,7 +17,7 @@ from spec.layout import leaf_names, n_layers_of
 from torch_impl import noise as noise_mod
 from torch_impl.fitness import check_fitness, shape_fitness
 from torch_impl.gradient import es_gradient
-from torch_impl.model import init_params
+from torch_impl.model import init_params, make_forward
 from torch_impl.noise import Noise, NoisePlan
 from torch_impl.optim import Optimizer, apply_updates, make_optimizer
 
@@ -34,6 +34,8 @@ class ES(NamedTuple):
     shaping: Callable[[torch.Tensor], torch.Tensor]  # knob fitness (with cfg.group_size): raw -> shaped
     activation: str                                  # knob activation (model.ACTIVATIONS)
     bias_grad: str                                   # knob bias_grad (gradient.BIAS_GRADS)
+    forward: Callable                                # forward(params, x, noise): knobs activation,
+                                                     # matmul_precision (model.PRECISIONS), compile (COMPILERS)
 
 
 class ESState(NamedTuple):
@@ -47,7 +49,8 @@ class ESState(NamedTuple):
 def make(cfg: Config, knobs: Knobs) -> ES:
     """Resolve every knob once (evosax's way): nothing inside ask or tell branches on a knob's name."""
     return ES(cfg, knobs, noise_mod.make_plan(cfg.pop, cfg.rank, knobs), make_optimizer(knobs.optimizer),
-              lambda f: shape_fitness(f, knobs.fitness, cfg.group_size), knobs.activation, knobs.bias_grad)
+              lambda f: shape_fitness(f, knobs.fitness, cfg.group_size), knobs.activation, knobs.bias_grad,
+              make_forward(knobs.activation, knobs.matmul_precision, knobs.compile))
 
 
 def sigma_at(es: ES, epoch: int) -> float:

@@ -121,6 +121,32 @@ def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
     return activation_of(activation).fn(x)
 
 
+# ----------------------------------------------------------------------------- matmul precision
+def tf32_round(t: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to TF32 (10 mantissa bits, round to nearest even), as a TF32 matmul rounds its
+    inputs before multiplying; products and sums stay float32."""
+    i = t.contiguous().view(torch.int32)
+    lsb = (i >> 13) & 1
+    return ((i + 0xFFF + lsb) & ~0x1FFF).view(torch.float32)
+
+
+def _tf32_on_cuda(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda"
+
+
+class Precision(NamedTuple):
+    """A matmul precision: how operands are rounded on a CPU (None: not at all) and whether CUDA may use TF32."""
+
+    cpu_round: Callable[[torch.Tensor], torch.Tensor] | None
+    cuda_tf32: bool
+
+
+PRECISIONS: dict[str, Precision] = {
+    "highest": Precision(None, False),
+    "high": Precision(tf32_round, True),
+}
+
+
 # ----------------------------------------------------------------------------- forward
 @functools.lru_cache(maxsize=16)
 def _sign_tensor(signs: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -134,6 +160,7 @@ def forward(
     x: torch.Tensor,                 # (pop, in) or (pop, batch, in)
     noise: Noise | None = None,
     activation: str = "pqn",
+    precision: str = "highest",
 ) -> torch.Tensor:                   # (pop, out) or (pop, batch, out)
     """Every member's perturbed MLP in one batched call per layer; the plain MLP when `noise` is None.
 
@@ -142,7 +169,18 @@ def forward(
     (+ (x B) A^T), in-place bias-noise add, the activation. Grouped noise (Noise.signs) is read once per
     draw: the k members of a group go through one bmm with that draw's factors, and the negative
     members' (x B) and bias noise change sign (one small in-place kernel each).
+    `precision` (knob matmul_precision): "high" runs the matmuls as TF32, on CUDA by its TF32 mode, on a CPU
+    by rounding every matmul operand to TF32 first.
     """
+    mode = PRECISIONS[precision]
+    if mode.cuda_tf32 and _tf32_on_cuda(x):
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            return forward(params, x, noise, activation)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+    rnd = mode.cpu_round or (lambda t: t)
     n_layers = n_layers_of(params)
     if x.dim() not in (2, 3):
         raise ValueError(f"x must be (pop, in) or (pop, batch, in), got shape {tuple(x.shape)}")
@@ -162,16 +200,20 @@ def forward(
         w, b = params[f"{t}.weight"], params[f"{t}.bias"]               # (out, in), (out,)
         if h.shape[-1] != w.shape[1]:
             raise ValueError(f"layer {t} expects {w.shape[1]} inputs, got {h.shape[-1]}")
-        out = torch.addmm(b, h, w.T)                                     # (pop batch, out)
+        h = rnd(h) if mode.cpu_round else h
+        out = torch.addmm(b, h, rnd(w).T)                                # (pop batch, out)
         a_f = None if noise is None else noise.A.get(f"{t}.weight")
         if a_f is not None:
             b_f = noise.B[f"{t}.weight"]                                 # (draws, in, r); a_f (draws, out, r)
+            if mode.cpu_round:
+                a_f, b_f = rnd(a_f), rnd(b_f)
             # The k members of a draw share its factors: rows grouped as (draws, k batch, in). B^T @ h^T
             # (draws, r, k batch) is ~25% faster on the CPU than h @ B and reads the r-major B contiguously.
             low = torch.bmm(b_f.transpose(1, 2), h.view(draws, k * batch, -1).transpose(1, 2))
             for j, s in enumerate(signs):
                 if s != 1.0:                                             # member j of each group: exact -1
                     (low[:, :, j] if batch == 1 else low.view(draws, -1, k, batch)[:, :, j]).neg_()
+            low = rnd(low) if mode.cpu_round else low
             out.view(draws, k * batch, -1).baddbmm_(low.transpose(1, 2), a_f.transpose(1, 2))   # += (x B) A^T
         eps = None if noise is None or not noise.bias_in_forward else noise.bias.get(f"{t}.bias")   # (draws, out)
         if eps is not None:
@@ -184,3 +226,19 @@ def forward(
                 out.view(grouped).addcmul_(eps_g, sign_t.view(1, k, *([1] * (len(grouped) - 2))))   # + s eps, exact
         h = act(out) if t < n_layers - 1 else out
     return h.view(pop, -1) if x.dim() == 2 else h.view(pop, batch, -1)
+
+
+COMPILERS: dict[str, Callable[[Callable], Callable]] = {
+    "off": lambda fn: fn,
+    "on": lambda fn: torch.compile(fn, dynamic=True),
+}
+
+
+@functools.lru_cache(maxsize=32)
+def make_forward(activation: str = "pqn", precision: str = "highest", compile: str = "off") -> Callable:
+    """forward(params, x, noise) with the knobs activation, matmul_precision and compile resolved once."""
+    activation_of(activation)
+    if precision not in PRECISIONS or compile not in COMPILERS:
+        raise ValueError(f"matmul_precision must be one of {', '.join(PRECISIONS)} and compile one of "
+                         f"{', '.join(COMPILERS)}; got {precision!r}, {compile!r}")
+    return COMPILERS[compile](functools.partial(forward, activation=activation, precision=precision))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 import numpy as np
 import torch
@@ -15,7 +15,6 @@ from spec.config import SOLVED_RETURN, Config
 from spec.knobs import Knobs
 from spec.run import Progress, TrainResult, epoch_row
 from torch_impl import es as es_mod
-from torch_impl.model import forward
 from torch_impl.noise import Noise, r_major, group_size, population_of
 
 
@@ -32,7 +31,7 @@ def subset_noise(noise: Noise, draws: torch.Tensor) -> Noise:
                           bias={n: pick(v) for n, v in noise.bias.items()})
 
 
-def compact_policy(params: dict[str, torch.Tensor], noise: Noise, activation: str, device: str | torch.device):
+def compact_policy(params: dict[str, torch.Tensor], noise: Noise, forward: Callable, device: str | torch.device):
     """policy(obs (m, 4), rows (m,)) -> logits (m, 2) computing only the draws that alive rows use (rollout's
     Compaction: whole antithetic pairs, re-gathered a few times per episode as members finish).
 
@@ -49,7 +48,7 @@ def compact_policy(params: dict[str, torch.Tensor], noise: Noise, activation: st
             current["noise"] = subset_noise(noise, torch.from_numpy(plan.groups).to(device))
         x = torch.zeros(members.size, obs.shape[1])
         x[torch.from_numpy(position)] = torch.from_numpy(obs)
-        return forward(params, x.to(device), current["noise"], activation).cpu().numpy()[position]
+        return forward(params, x.to(device), current["noise"]).cpu().numpy()[position]
 
     return policy
 
@@ -64,9 +63,9 @@ def evaluate(es: es_mod.ES, params: dict[str, torch.Tensor], noise: Noise, seed:
     choose = ACTIONS[es.knobs.actions]
     with torch.inference_mode():
         if compact:
-            policy = compact_policy(params, noise, es.activation, device)
+            policy = compact_policy(params, noise, es.forward, device)
             return run_episodes(policy, init_state, uniforms, choose=choose, compact=True).returns
-        policy = lambda obs: forward(params, torch.from_numpy(obs).to(device), noise, es.activation).cpu().numpy()  # noqa: E731
+        policy = lambda obs: es.forward(params, torch.from_numpy(obs).to(device), noise).cpu().numpy()  # noqa: E731
         return run_episodes(policy, init_state, uniforms, choose=choose).returns
 
 
