@@ -16,7 +16,7 @@ import torch
 
 from bench import ceilings as ceil
 from bench import names as M
-from bench import report, runners, solve
+from bench import busy, report, runners, solve
 from bench.measure import (Skipped, Timing, quantiles,
                                   time_round_robin)
 from bench.report import BenchInfo, Measurement, RowLog
@@ -53,6 +53,7 @@ class BenchPlan(NamedTuple):
     sweep: tuple[str, ...] = ()        # models swept over pops (empty: all)
     quick: bool = False                # tiny sizes for tests: not a measurement
     solve_runs: tuple[tuple[str, int], ...] = solve.SOLVE_RUNS   # (preset, seed) timed to solve; () for none
+    busy_seconds: float = busy.PROBE_SECONDS   # busy-machine section: seconds timed per probe (0: skip it)
 
 
 FULL = BenchPlan(
@@ -72,7 +73,7 @@ QUICK = BenchPlan(
     warmup=1, repeats=2, min_repeats=2, group_budget_s=0.5, max_call_s=5.0, max_first_call_s=60.0,
     headline=("cartpole", 64), step_pop=64, gen_pairs=32,
     matmul_n=256, copy_mib=8, deadline_s=120.0, headline_repeats=2, headline_budget_s=0.5, quick=True,
-    solve_runs=(("cpu", 0),),
+    solve_runs=(("cpu", 0),), busy_seconds=0.5,
 )
 
 
@@ -302,6 +303,18 @@ class Bench:
             self.rows.add_value(impl, spec.name, pop, measure, min(1.0, noise.median_s / step.median_s),
                            "fraction", cases[f"{impl}:step"].device)
 
+    def busy_group(self) -> None:
+        """The goal-size forward alone and beside CPU-bound competitors, each implementation in a fresh process."""
+        if not self.plan.busy_seconds or self.device.type != "cpu":
+            if self.plan.busy_seconds:
+                self.notes.append("busy-machine section: CPU only (it loads CPU cores); skipped on " + self.device.type)
+            return
+        model, pop = self.plan.headline
+        for p in busy.measure(pop, self.seed, self.log, self.plan.busy_seconds):
+            s = quantiles([1e3 * t for t in p.seconds])
+            self.rows.append(Measurement(p.impl, model, pop, M.BUSY_MS if p.busy else M.ALONE_MS, s.median, s.p10,
+                                         s.p90, "ms", "cpu"))
+
     def solve_group(self) -> None:
         """Time to solve at each preset, torch_impl then jax_reference (after the throughput groups: no deadline)."""
         if not self.plan.solve_runs:
@@ -369,6 +382,7 @@ def run(plan: BenchPlan, device: torch.device, seed: int, log: Callable[[str], N
                 bench.forward_noise_group(spec, pop)
         bench.measure_ceilings("end")
         bench.add_floors()
+    bench.busy_group()
     bench.solve_group()
     agreement = runners.agreement_report(1 << 16 if plan.quick else 1 << 20)
     log(f"generator agreement: {agreement}")
@@ -477,6 +491,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--solve", default=None,
                     help="presets timed to solve, torch_impl against jax_reference (default cpu,paper; 'none' "
                          "skips them; the paper run costs about 5 minutes of 2 cores)")
+    ap.add_argument("--busy-seconds", type=float, default=None,
+                    help="busy-machine section: seconds timed per probe (default 5, quick 0.5; 0 skips the section)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds after which remaining groups are skipped (default: 360, quick 120)")
     return ap.parse_args(argv)
@@ -505,6 +521,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     if args.deadline is not None:
         plan = plan._replace(deadline_s=args.deadline)
+    if args.busy_seconds is not None:
+        if args.busy_seconds < 0:
+            print(f"error: --busy-seconds must be >= 0, got {args.busy_seconds}", file=sys.stderr)
+            return 2
+        plan = plan._replace(busy_seconds=args.busy_seconds)
     try:
         plan = restrict(plan, args.models, args.pops)
         plan = plan._replace(solve_runs=solve_plan(args.solve, plan.solve_runs))

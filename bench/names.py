@@ -37,6 +37,9 @@ STEP_MS = {"step": "step_ms", "step_cached": "step_cached_ms", "noise": "step_no
 NOISE_SHARE = "noise_share"
 NOISE_SHARE_EST = "noise_share_est"
 # generators
+ALONE_MS = "alone_forward_ms"                    # busy-machine section: the forward in a fresh process, idle
+BUSY_MS = "busy_forward_ms"                      # ... the same beside cores + 1 CPU-bound competitors
+
 SOLVE_S = "time_to_solve_s"                      # one training run to a mean return of 475 (model = solve:<preset>)
 SOLVE_STEPS = "steps_to_solve"                   # its env steps (the budget if it did not solve)
 SOLVE_CPU_S = "time_to_solve_cpu_s"

@@ -514,6 +514,40 @@ def _knob_section(rows: Sequence[Measurement]) -> list[str]:
             markdown_table(["knob", "evals/s", "torch_impl evals/s", "speed-up over torch_impl [95% CI]"], table), ""]
 
 
+BUSY_AIM = 0.25    # torch_impl keeps at least this fraction of its alone throughput under load (bench.busy.KEEP_AIM)
+
+
+def _busy_section(rows: Sequence[Measurement]) -> list[str]:
+    """The busy-machine section: each forward alone and under load, kept fraction, torch_impl against JAX."""
+    found = {(r.impl, r.measure): r for r in rows if r.measure in (M.ALONE_MS, M.BUSY_MS)}
+    if not found:
+        return []
+    model, pop = next((r.model, r.pop) for r in rows if r.measure == M.BUSY_MS)
+    table, rate = [], lambda ms: pop / (ms / 1e3)    # noqa: E731
+    for impl in ("torch_impl", "torch_impl_spinning", "jax_reference"):
+        alone, busy_ = found.get((impl, M.ALONE_MS)), found.get((impl, M.BUSY_MS))
+        if alone and busy_:
+            table.append([impl, fmt(rate(alone.median)), fmt(rate(busy_.median)), f"{alone.median / busy_.median:.0%}"])
+    lines = [f"## Speed on a busy machine ({model}, pop {pop}, forward with its noise given)", "",
+             f"Each forward timed in a fresh process, alone and then beside {os.cpu_count() + 1} CPU-bound competitor "
+             "processes (this machine's cores + 1; each stops by itself and all are killed when the section ends). "
+             "`torch_impl` as it ships sets OMP_WAIT_POLICY=PASSIVE before torch loads; `torch_impl_spinning` is the "
+             "same forward with OMP_WAIT_POLICY=ACTIVE, torch's threads spinning while they wait (the behaviour "
+             "before the fix): spinning threads take the cores the working threads need.", "",
+             markdown_table(["impl", "evals/s alone", "evals/s busy", "kept under load"], table), ""]
+    t, j = found.get(("torch_impl", M.BUSY_MS)), found.get(("jax_reference", M.BUSY_MS))
+    ta = found.get(("torch_impl", M.ALONE_MS))
+    if t and j and ta:
+        ahead = j.median / t.median
+        kept = ta.median / t.median
+        lines += [f"- under load torch_impl runs {ahead:.2f}x JAX's speed (aim: ahead, > 1): "
+                  f"{'met' if ahead > 1 else 'not met'}",
+                  f"- torch_impl keeps {kept:.0%} of its speed alone (aim: at least {BUSY_AIM:.0%}; a fair share of "
+                  f"the cores is about {os.cpu_count() / (2 * os.cpu_count() + 1):.0%}): "
+                  f"{'met' if kept >= BUSY_AIM else 'not met'}", ""]
+    return lines
+
+
 def _solve_section(rows: Sequence[Measurement]) -> list[str]:
     """Time to solve per preset: torch_impl and jax_reference wall time, their env steps, the speed-up."""
     presets = list(dict.fromkeys(r.model for r in rows if r.measure == M.SOLVE_S))
@@ -542,7 +576,7 @@ def summary_markdown(rows: Sequence[Measurement], ctx: BenchInfo) -> str:
     """The benchmark's summary page: environment, goal check, ratio tables, floors, step, generators."""
     lines = (_intro(ctx) + _ceilings_section(ctx) + _goal_section(rows) + _throughput_sections(rows, ctx)
              + _floor_sections(rows, ctx) + _step_section(rows) + _generator_section(rows, ctx) + _knob_section(rows)
-             + _solve_section(rows))
+             + _busy_section(rows) + _solve_section(rows))
     if ctx.profile:
         lines += ["## Where torch_impl's forward spends its time (torch.profiler, 10 calls at the goal size)", "",
                   "```", *ctx.profile, "```", ""]

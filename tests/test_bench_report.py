@@ -153,3 +153,32 @@ def test_rate_summary_is_work_over_each_call():
 def test_bad_device_is_a_usage_error(capsys):
     assert cli.main(["--device", "tpu"]) == 2
     assert "cpu or cuda" in capsys.readouterr().err
+
+
+def test_torch_impl_sets_a_passive_openmp_wait_policy_before_torch_loads():
+    """The busy-machine fix: importing torch_impl (or bench) first makes torch's OpenMP threads sleep, not spin;
+    a value the user set is kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import bench, os, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "ACTIVE"
+
+
+def test_busy_section_reports_kept_fraction_and_the_jax_ratio():
+    rows = [report.Measurement(impl, "cartpole", 2048, m, ms, ms, ms, "ms", "cpu")
+            for impl, alone, busy in (("torch_impl", 5.0, 12.0), ("torch_impl_spinning", 5.5, 300.0),
+                                      ("jax_reference", 13.0, 60.0))
+            for m, ms in ((M.ALONE_MS, alone), (M.BUSY_MS, busy))]
+    text = "\n".join(report._busy_section(rows))
+    assert "| torch_impl | 409,600 | 170,667 | 42% |" in text
+    assert "| torch_impl_spinning | 372,364 | 6,827 | 2% |" in text
+    assert "torch_impl runs 5.00x JAX's speed (aim: ahead, > 1): met" in text
+    assert "keeps 42% of its speed alone (aim: at least 25%" in text and ": met" in text
+    assert report._busy_section([]) == []
