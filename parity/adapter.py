@@ -38,6 +38,8 @@ Optional methods (a check that needs an absent one is reported as skipped)
     es_init(params, seed) -> state                         a training run's state, from given params
     es_ask(state, epoch) -> noise dict                     all pop members, at the port's sigma for epoch
     es_tell(state, noise, fitness (pop,), epoch) -> state  one ES epoch from raw returns
+        on the given noise; its gradient must be gradient(noise, shape_fitness(fitness), sigma_e) (the
+        trajectory check feeds that to the reference's optimizer and compares the step).
     es_params(state) -> params
     action_uniforms(seed, epoch, pop) -> (500, pop)        the port's action randomness (inverse-CDF sampling)
     actions(logits (n, 2), u (n,)) -> (n,) int64           the port's action for each member, given its logits

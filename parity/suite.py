@@ -2,8 +2,9 @@
 
 Order matters for the diagnosis: fitness, products, noise, gradients and updates isolate one
 piece of the math each (both sides fed the same inputs); init compares initial parameters; the
-trajectory then trains both sides together and attributes the first place they part to the
-earlier check that explains it.
+trajectory then trains both sides in lockstep on the reference's returns, compares every epoch
+however far they have parted, and attributes each difference to the earlier check that explains it
+or to what it reads off the port (sigma and lr schedules, optimizer).
 """
 from __future__ import annotations
 

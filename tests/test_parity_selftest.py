@@ -80,6 +80,23 @@ def test_published_port_profiles_list_each_of_their_drifts(name, tmp_path):
         assert f"knob `{knob}`" in table, (knob, table)
 
 
+# Two drifts in one run (README's examples): the run names both, and so does the trajectory where it can see the
+# drift at all (fitness=std is ~1e-8 relative from the reference's shaping on CartPole returns: the fitness check's).
+COMBINED = {("bias_noise=off", "sigma_decay=0.99"): {"bias_noise", "sigma_decay"},
+            ("activation=tanh", "lr_decay=0.9995"): {"activation", "lr_decay"},
+            ("fitness=std", "sigma_decay=0.99"): {"sigma_decay"}}
+
+
+@pytest.mark.parametrize("first,second", list(COMBINED), ids=[f"{a}+{b}" for a, b in COMBINED])
+def test_two_drifts_in_one_run_are_both_named(first, second, tmp_path):
+    rc, table, summary = _check(tmp_path, "--torch", first, "--torch", second)
+    assert rc == 1, summary[:3000]
+    knobs = {first.split("=")[0], second.split("=")[0]}
+    assert all(f"knob `{k}`" in table for k in knobs), table
+    trajectory = next(line for line in table.splitlines() if line.startswith("| trajectory |"))
+    assert set(re.findall(r"knob `(\w+)`", trajectory)) == COMBINED[(first, second)], trajectory
+
+
 @pytest.mark.parametrize("seed", range(1, 21))
 def test_the_faithful_port_is_never_flagged(seed, tmp_path):
     rc, table, summary = _check(tmp_path, "--seed", str(seed))

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,6 +89,18 @@ def test_drifted_port_is_caught_and_named(name, knob, tmp_path):
     assert failed, table
     assert named_knobs(summary) == {knob}, {c: table[c] for c in failed}
     assert "error" not in {v for v, _ in table.values()}
+
+
+@pytest.mark.parametrize("name", sorted(numpy_port.PAIRS))
+def test_two_drifts_of_an_outside_port_are_both_named(name, tmp_path):
+    """The trajectory keeps going after the first parting: a second drift is named in the same run."""
+    _, knobs, in_trajectory = numpy_port.PAIRS[name]
+    seed = int(np.random.default_rng().integers(1000))      # fresh inputs each run
+    code, summary = check(f"tests.ports.numpy_port:{name}", tmp_path, "--seed", str(seed))
+    table = verdict_table(summary)
+    assert code == 1, (seed, summary)
+    assert named_knobs(summary) == knobs, (seed, table)
+    assert set(re.findall(r"knob `(\w+)`", table["trajectory"][1])) == in_trajectory, (seed, table["trajectory"])
 
 
 # ----------------------------------------------------------------------------- optional methods absent

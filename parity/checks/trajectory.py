@@ -1,16 +1,25 @@
-"""Trajectory: both sides train the same policy together and the first place they part is reported.
+"""Trajectory: both sides train the same policy in lockstep; every quantity is compared at every epoch.
 
 Both start from the reference's initial parameters (copied across), see the same CartPole resets
-(seed + epoch + member) and the same action uniforms (the reference's). The episodes run in
-lockstep: actions are sampled from the REFERENCE's probabilities, so a one-ULP logit difference at
-u ~ p cannot fork an episode; the port's logits are compared at every step, and the steps where
-the port's own sample would have differed are counted. Per epoch, in order: noise (the port's own
-`es_ask`; element by element for a JAX-compatible port, else its sigma schedule, while both sides
-then share the reference's noise), outputs, shaped fitness, gradient, parameters after `es_tell`.
-Tolerances are the float32 bounds of parity.tolerances, with the parameter difference allowed so
-far propagated into the next epoch's forward and step (first order). The first (epoch, quantity)
-beyond tolerance is attributed to the earlier check that explains it, or diagnosed here (sigma
-schedule). Rollouts are rollout.episodes.run_episodes itself, the port judged through its watch hook.
+(seed + epoch + member) and the same action uniforms (the reference's). Episodes run on the REFERENCE's
+policy and actions (rollout.episodes.run_episodes itself), so the returns are the reference's; both sides'
+`es_tell` get those returns every epoch and each continues from its own state, however far the two have
+parted. Each epoch's comparison is re-synchronised so that it isolates one piece of that epoch:
+
+- noise: the port's own `es_ask` (element by element for a JAX-compatible port);
+- sigma: its sigma_e / sigma_0 read off its own noise against its own epoch 0 (parity.lockstep);
+- outputs: the port's forward on the REFERENCE's parameters and noise along the reference's episodes, judged
+  at every step (the steps where the port's own action would differ are counted);
+- fitness: both sides shape the same returns;
+- gradient: both sides' estimate on the reference's noise and the reference's shaped fitness;
+- step, lr: the port's parameters after `es_tell` against the reference optimizer applied to the port's own
+  parameters with the port's own `gradient()` of its own shaping (so shaping and gradient drifts, caught above,
+  do not reach it), and that step's size along the reference's direction.
+
+Every row beyond tolerance gets a cause: the isolated check that explains it (UPSTREAM), or what this check
+reads off the port (sigma schedule, optimizer, lr schedule, a learning rate no knob names). Tolerances: the
+float32 bounds of parity.tolerances and those derived in parity.lockstep; the sigma reading from fresh draws is
+an F test at the check's share of the false-alarm budget.
 """
 from __future__ import annotations
 
@@ -20,24 +29,28 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose
-from parity.tolerances import (U32, ForwardBound, bias_grad_bound, check_alpha, chi2_interval, shaping_bound,
-                               ulp_distance, update_bound, weight_grad_bound)
+from parity import diagnose, lockstep
+from parity.tolerances import ForwardBound, bias_grad_bound, check_alpha, shaping_bound, ulp_distance, weight_grad_bound
 from parity.verdict import Recorder, fmt, summarize
 from rollout import cartpole
 from rollout.episodes import run_episodes, sample_actions
 
 NAME = "trajectory"
 WATCHED = 256   # members whose logits are judged at every step (all of them up to this population)
-QUANTITIES = ("noise", "outputs", "fitness", "gradient", "parameters")
+QUANTITIES = ("noise", "sigma", "outputs", "fitness", "gradient", "step", "lr")
 UPSTREAM = {"noise": ("noise",), "outputs": ("products",), "fitness": ("fitness",), "gradient": ("gradients",),
-            "parameters": ("updates", "gradients")}
+            "step": ("updates",), "lr": ("updates",), "sigma": ()}
+WORDS = {"noise": "the noise es_ask returns", "sigma": "the sigma schedule", "outputs": "the policy's logits",
+         "fitness": "the shaped fitness", "gradient": "the gradient estimate",
+         "step": "the parameters after es_tell (the ES step inside the port's training loop)",
+         "lr": "the size of the es_tell step"}
 
 
 def _lockstep(ref_policy, port_policy, bound, watched, init_state, uniforms, max_steps, choose=sample_actions):
     """run_episodes with actions from the reference; returns (returns, worst logit ratio, forks, steps).
 
-    The logits of the `watched` members are judged against `bound` (a ForwardBound over those members).
+    The logits of the `watched` members are judged against `bound` (a ForwardBound over those members);
+    port_policy None: the reference's episodes alone.
     """
     tally = {"worst": 0.0, "forks": 0, "steps": 0}
 
@@ -51,7 +64,7 @@ def _lockstep(ref_policy, port_policy, bound, watched, init_state, uniforms, max
         tally["forks"] += int(np.sum((choose(logits_port, uniforms[t]) != action) & alive))
         tally["steps"] += int(alive.sum())
 
-    episodes = run_episodes(ref_policy, init_state, uniforms, max_steps, watch=judge)
+    episodes = run_episodes(ref_policy, init_state, uniforms, max_steps, watch=None if port_policy is None else judge)
     return episodes.returns, tally["worst"], tally["forks"], tally["steps"]
 
 
@@ -65,30 +78,16 @@ def _noise_ulps(port: dict, ref: dict) -> tuple[int, set]:
     return worst, set(port) ^ set(ref)
 
 
-def _same_draws(a: dict, b: dict) -> bool:
-    """Whether two noise dicts hold the same draws (B equal), so A's ratio is the ratio of their sigmas."""
-    weights = [k for k, v in a.items() if isinstance(v, tuple)]
-    return all(k in b and np.array_equal(a[k][1], b[k][1]) for k in weights)
-
-
-def _sigma_ratio(a: dict, b: dict) -> float:
-    """The common factor c with A_a = c * A_b over all weights (same draws assumed): median of the ratios."""
-    num = np.concatenate([a[k][0].ravel() for k, v in a.items() if isinstance(v, tuple)]).astype(np.float64)
-    den = np.concatenate([b[k][0].ravel() for k, v in b.items() if isinstance(v, tuple)]).astype(np.float64)
-    keep = den != 0
-    return float(np.median(num[keep] / den[keep]))
-
-
-def _grad_bound(name, noise, shaped, f_err):
+def _grad_bound(name, noise, shaped):
     if name.endswith(".weight"):
-        return weight_grad_bound(shaped, *noise[name], f_err=f_err)
+        return weight_grad_bound(shaped, *noise[name])
     if name in noise:
-        return bias_grad_bound(shaped, noise[name], f_err=f_err)
+        return bias_grad_bound(shaped, noise[name])
     return np.zeros(1)
 
 
 class Observation(NamedTuple):
-    """One judged (or reported) quantity of one epoch, in the order the lockstep run met it."""
+    """One judged (or reported) quantity of one epoch."""
 
     epoch: int
     quantity: str | None       # one of QUANTITIES for a judged row; None for an info row
@@ -98,7 +97,7 @@ class Observation(NamedTuple):
     value: float
     limit: tuple               # ("bound", allowed) | ("stat", lo, hi, alpha) | ("info",)
     why: str = ""
-    detail: object = None      # noise: ("sigma", the ratio seen), for the diagnosis
+    detail: object = None      # noise: ("scale", c) when the draws agree; sigma: ("sigma", the ratio seen)
 
     @property
     def ok(self) -> bool:
@@ -111,210 +110,243 @@ class Observation(NamedTuple):
 
 class Measured(NamedTuple):
     observations: tuple[Observation, ...]
-    parted: tuple[int, str, object] | None   # (epoch, quantity, detail) of the first quantity beyond tolerance
+    steps: tuple[lockstep.Step, ...]       # the port's es_tell step per epoch, against the expected one
+    candidates: dict                       # on a first step that differs: optax optimizer -> its distance
+    candidate_ratios: dict                 # ... and the port's step sizes per epoch under the one that matches
     epochs: int
     pop: int
     seed: int
     max_steps: int
     jax_compatible: bool
+    has_forward: bool
+    optimizer: str                         # the reference run's settings the diagnosis compares with
+    lr_decay: float
+    sigma_decay: float
+
+    @property
+    def failures(self) -> dict[str, list[int]]:
+        """quantity -> the epochs where it is beyond tolerance."""
+        out: dict[str, list[int]] = {}
+        for o in self.observations:
+            if not o.ok:
+                out.setdefault(o.quantity, []).append(o.epoch)
+        return out
 
 
-class _Sides(NamedTuple):
-    """Both sides' ES states and what the comparison carries from one epoch to the next."""
+class _Run(NamedTuple):
+    """What the lockstep run carries from one epoch to the next."""
 
-    port: object
-    ref: object
-    param_err: dict            # leaf -> the parameter difference allowed so far (elementwise)
-    port_noise0: dict | None   # an own-generator port's epoch-0 noise (its sigma schedule is judged against it)
+    port: object               # the port's ES state (its own, never reset)
+    ref: object                # the reference's ES state
+    shadow: object             # the reference optimizer's state, fed the port's own gradients
+    moments: lockstep.Moments  # float64 moments and their rounding bounds (stateful optimizers)
+    noise0: tuple | None       # (the port's, the reference's) epoch-0 noise
+    history: tuple             # per epoch: (port params before es_tell, its gradient, port params after)
 
 
-def _noise_obs(ctx, e: int, sides: _Sides, alpha: float) -> tuple[Observation, dict, dict, _Sides]:
-    """The port's own es_ask noise at epoch e: bit-identical (JAX-compatible) or its sigma schedule.
-    Returns (observation, the reference's noise, the noise the port runs on, sides)."""
+def _noise_obs(ctx, e: int, run: _Run, alpha: float):
+    """The port's own es_ask at epoch e: bit-identical (JAX-compatible) and its sigma schedule.
+    Returns (observations, the reference's noise, the port's sigma_e as read, run)."""
     shapes, pop, r, reference = ctx.shapes, ctx.cfg.pop, ctx.cfg.rank, ctx.reference
     size, sigma_e = f"epoch {e} pop={pop}", reference.sigma_at(e)
-    n_ref = ctx.ref.es_ask(sides.ref, e, shapes, pop, r)
-    n_own = ctx.port.es_ask(sides.port, e, shapes, pop, r)
+    n_ref = ctx.ref.es_ask(run.ref, e, shapes, pop, r)
+    n_own = ctx.port.es_ask(run.port, e, shapes, pop, r)
+    run = run._replace(noise0=run.noise0 or (n_own, n_ref))
+    obs = []
     if ctx.port.jax_compatible_rng:
         ulps, odd = _noise_ulps(n_own, n_ref)
         ulps = max(ulps, 1 << 31) if odd else ulps
-        detail = ("sigma", _sigma_ratio(n_own, n_ref)) if ulps and not odd and _same_draws(n_own, n_ref) else None
-        return (Observation(e, "noise", "noise: max ULP port vs ref", "both", size, float(ulps), ("bound", 0),
-                            "bit-identical (JAX-compatible)", detail), n_ref, n_own, sides)
-    sides = sides._replace(port_noise0=sides.port_noise0 if sides.port_noise0 is not None else n_own)
-    ref_ratio = sigma_e / reference.sigma_at(0)
-    if _same_draws(n_own, sides.port_noise0):
-        c = _sigma_ratio(n_own, sides.port_noise0)
-        obs = Observation(e, "noise", "noise: |sigma_e/sigma_0 port / ref - 1|", "both", size, abs(c / ref_ratio - 1),
-                          ("bound", 8 * U32), "same draws: float32 rounding of sigma_e and A", ("sigma", c / ref_ratio))
-    else:
-        w0 = min((k for k, v in n_own.items() if isinstance(v, tuple)), key=lambda k: n_own[k][0][0].size
-                 * n_own[k][1][0].shape[0])                 # the smallest A B^T identifies mirrors
-        mirror = diagnose.mirror_map((n_own[w0][0].astype(np.float64)
-                                      @ np.swapaxes(n_own[w0][1].astype(np.float64), 1, 2)).reshape(pop, -1))
-        reps = np.array([i for i in range(pop) if mirror[i] < 0 or i < mirror[i]])
-        a = np.concatenate([v[0][reps].ravel() for v in n_own.values() if isinstance(v, tuple)])
-        mean = float(np.mean(a.astype(np.float64) ** 2) * r / sigma_e ** 2)
-        lo, hi = chi2_interval(a.size, alpha)
-        obs = Observation(e, "noise", "noise: mean square of A / (sigma_e / sqrt r)", "both", size, mean,
-                          ("stat", lo, hi, alpha), f"chi-square({a.size})/{a.size}, alpha={alpha:.2g}",
-                          ("sigma", float(np.sqrt(mean))))
-    return obs, n_ref, n_ref, sides      # own generator: both sides run on the reference's noise from here on
+        detail = (("scale", lockstep.scale_ratio(n_own, n_ref))
+                  if ulps and not odd and lockstep.same_draws(n_own, n_ref) else None)
+        obs.append(Observation(e, "noise", "noise: max ULP port vs ref", "both", size, float(ulps), ("bound", 0),
+                               "bit-identical (JAX-compatible)", detail))
+    sigma_port = sigma_e
+    if e > 0:
+        s = lockstep.read_sigma(n_own, run.noise0[0], n_ref, run.noise0[1], sigma_e, reference.sigma_at(0), pop,
+                                alpha)
+        obs.append(Observation(e, "sigma", "sigma: port's sigma_e/sigma_0 over the reference's"
+                               + (", |ratio - 1|" if s.exact else ", F"), "both", size, s.value, s.limit, s.why,
+                               ("sigma", s.ratio)))
+        if s.exact and not obs[-1].ok:      # the port's es_tell runs at its own sigma_e (bias_grad=over_sigma)
+            sigma_port = float(np.float32(sigma_e * s.ratio))
+    return obs, n_ref, sigma_port, run
 
 
-def _outputs_obs(ctx, e: int, sides: _Sides, n_ref: dict, n_port: dict) -> tuple[list[Observation], np.ndarray]:
-    """The policies' logits along the reference's episodes (lockstep), against the carried forward bound."""
+def _outputs_obs(ctx, e: int, r_params: dict, n_ref: dict) -> tuple[list[Observation], np.ndarray]:
+    """The reference's episodes (its returns) and, when the port has a forward, both sides' logits along them
+    on the reference's parameters and noise."""
     shapes, pop, seed = ctx.shapes, ctx.cfg.pop, ctx.seed
     size = f"epoch {e} pop={pop}"
     n_out = shapes[max((k for k in shapes if k.endswith(".weight")), key=lambda k: int(k.split(".")[0]))][0]
-    p_params, r_params = ctx.port.es_params(sides.port, shapes), ctx.ref.es_params(sides.ref, shapes)
     watched = np.arange(pop) if pop <= WATCHED else np.linspace(0, pop - 1, WATCHED).astype(np.int64)
     bound = ForwardBound(r_params, {k: (tuple(x[watched] for x in v) if isinstance(v, tuple) else v[watched])
-                                    for k, v in n_ref.items()}, ctx.reference.run.activation, sides.param_err)
+                                    for k, v in n_ref.items()}, ctx.reference.run.activation)
     uniforms = ctx.ref.action_uniforms(seed, e, pop, cartpole.MAX_STEPS)
+    forward = ctx.port.has("forward")
     returns, worst, forks, steps = _lockstep(
         lambda obs: ctx.ref.forward(r_params, n_ref, obs, n_out),
-        lambda obs: ctx.port.forward(p_params, n_port, obs, n_out),
+        (lambda obs: ctx.port.forward(r_params, n_ref, obs, n_out)) if forward else None,
         bound, watched, cartpole.reset(seed + e + np.arange(pop)), uniforms, ctx.sizes.traj_max_steps,
         ctx.port.actions if ctx.port.has("actions") else sample_actions)
+    mean = Observation(e, None, "mean return (lockstep)", "both", size, float(returns.mean()), ("info",))
+    if not forward:
+        return [mean], returns
     return [Observation(e, "outputs", "outputs: max |logits port - ref| / bound", "both",
                         f"{size} {steps} member-steps ({watched.size} members judged)", worst, ("bound", 1.0),
-                        "ForwardBound with the parameter difference allowed so far"),
+                        "ForwardBound, both sides on the reference's parameters and noise"),
             Observation(e, None, "steps where the port's own sample would differ", "port",
-                        f"{size} {steps} member-steps", forks, ("info",)),
-            Observation(e, None, "mean return (lockstep)", "both", size, float(returns.mean()), ("info",))], returns
+                        f"{size} {steps} member-steps", forks, ("info",)), mean], returns
 
 
-def _step_obs(ctx, e: int, sides: _Sides, n_ref: dict, n_port: dict, returns: np.ndarray):
-    """Shaped fitness, the gradient estimate and the parameters after one es_tell on each side; stops at the
-    first quantity beyond tolerance. Returns (observations, sides)."""
-    shapes, pop, cfg = ctx.shapes, ctx.cfg.pop, ctx.cfg
-    size, sigma_e = f"epoch {e} pop={pop}", ctx.reference.sigma_at(e)
+def _shaping_gradient_obs(ctx, e: int, n_ref: dict, returns: np.ndarray):
+    """Shaped fitness (both sides, the same returns) and the gradient estimate (both sides, the reference's noise
+    and shaped fitness). Returns (observations, the port's shaped fitness, the port's gradient on it or None)."""
+    shapes, cfg = ctx.shapes, ctx.cfg
+    size, sigma_e = f"epoch {e} pop={cfg.pop}", ctx.reference.sigma_at(e)
     sp, sr = ctx.port.shape_fitness(returns, cfg.group_size), ctx.ref.shape_fitness(returns, cfg.group_size)
     f_err = 2 * shaping_bound(returns)
     obs = [Observation(e, "fitness", "fitness: max |shaped port - ref| / bound", "both", size,
                        float(np.max(np.abs(sp.astype(np.float64) - sr) / f_err)), ("bound", 1.0),
-                       "float32 shaping bound")]
-    if not obs[-1].ok:
-        return obs, sides
-    gp, gr = ctx.port.gradient(n_port, sp, sigma_e, shapes), ctx.ref.gradient(n_ref, sr, sigma_e, shapes)
-    g_err = {k: 2 * _grad_bound(k, n_ref, sr, f_err) for k in shapes}
-    worst_g = max(float(np.max(np.abs(gp[k].astype(np.float64) - gr[k]) / np.maximum(g_err[k], 1e-300)))
-                  if np.any(gp[k] != gr[k]) else 0.0 for k in shapes)
-    obs.append(Observation(e, "gradient", "gradient: max |port - ref| / bound", "both", size, worst_g, ("bound", 1.0),
-                           "float32 bound of the estimate incl. the shaped fitness' error"))
-    if not obs[-1].ok:
-        return obs, sides
-    r_params = ctx.ref.es_params(sides.ref, shapes)
-    sides = sides._replace(port=ctx.port.es_tell(sides.port, n_port, returns, e),
-                           ref=ctx.ref.es_tell(sides.ref, n_ref, returns, e))
-    worst_p, param_err = _parameter_error(ctx, e, sides, r_params, gr, g_err)
-    obs.append(Observation(e, "parameters", "parameters: max |port - ref| / bound", "both", size, worst_p,
-                           ("bound", 1.0), "propagated gradient bound x lr sqrt(N) + step rounding, accumulated"))
-    return obs, sides._replace(param_err=param_err)
+                       "float32 shaping bound, both sides")]
+    gp, gr = ctx.port.gradient(n_ref, sr, sigma_e, shapes), ctx.ref.gradient(n_ref, sr, sigma_e, shapes)
+    g_err = {k: 2 * _grad_bound(k, n_ref, sr) for k in shapes}
+    worst = max(float(np.max(np.abs(gp[k].astype(np.float64) - gr[k]) / np.maximum(g_err[k], 1e-300)))
+                if np.any(gp[k] != gr[k]) else 0.0 for k in shapes)
+    obs.append(Observation(e, "gradient", "gradient: max |port - ref| / bound", "both", size, worst, ("bound", 1.0),
+                           "float32 bound of the estimate on the reference's noise and shaped fitness"))
+    return obs, sp, (gp if np.array_equal(sp, sr) else None)
 
 
-def _parameter_error(ctx, e: int, sides: _Sides, r_params: dict, gr: dict, g_err: dict) -> tuple[float, dict]:
-    """(worst |port - ref| over the allowed parameter difference after this epoch's step, the new allowance)."""
-    shapes = ctx.shapes
-    new_p, new_r = ctx.port.es_params(sides.port, shapes), ctx.ref.es_params(sides.ref, shapes)
-    lr_e, root_n = ctx.reference.lr_at(e), float(np.sqrt(np.float32(ctx.cfg.pop)))
-    param_err, worst = dict(sides.param_err), 0.0
-    for k in shapes:
-        step = new_r[k].astype(np.float64) - r_params[k]
-        if ctx.reference.run.optimizer == "sgd":
-            from_grad = lr_e * root_n * g_err[k]
-        else:   # adam's step is normalised: a relative gradient error moves it by at most ~2 lr
-            from_grad = np.minimum(2 * lr_e, lr_e * g_err[k] / np.maximum(np.abs(gr[k]), 1e-30))
-        param_err[k] = param_err[k] + from_grad + 2 * update_bound(new_r[k], step)
-        diff = np.abs(new_p[k].astype(np.float64) - new_r[k])
-        if np.any(diff > 0):
-            worst = max(worst, float(np.max(diff / np.maximum(param_err[k], 1e-300))))
-    return worst, param_err
+def _step_obs(ctx, e: int, run: _Run, n_ref: dict, returns, sigma_port: float, sp, gp):
+    """One es_tell on each side (the reference's returns); the port's against the reference optimizer on its own
+    parameters and gradient. Returns (observations, the step, run)."""
+    shapes, pop, reference = ctx.shapes, ctx.cfg.pop, ctx.reference
+    size = f"epoch {e} pop={pop}"
+    old = {k: v.copy() for k, v in ctx.port.es_params(run.port, shapes).items()}   # es_tell may update in place
+    grad = gp if gp is not None and sigma_port == reference.sigma_at(e) else ctx.port.gradient(
+        n_ref, sp, sigma_port, shapes)
+    grad = {k: v.copy() for k, v in grad.items()}
+    expected, shadow = reference.optimizer_apply(old, run.shadow, grad, pop, e)
+    allowed, moments = lockstep.step_allowance(reference.run.optimizer, run.moments, old, grad, expected, pop,
+                                               reference.lr_at(e))
+    port_state = ctx.port.es_tell(run.port, n_ref, returns, e)
+    new = ctx.port.es_params(port_state, shapes)
+    ref_state = ctx.ref.es_tell(run.ref, n_ref, returns, e)
+    step = lockstep.compare_step(e, old, new, expected, allowed)
+    new_ref = ctx.ref.es_params(ref_state, shapes)
+    apart = max(float(np.max(np.abs(new[k].astype(np.float64) - new_ref[k]))) for k in shapes)
+    obs = [Observation(e, "step", "step: max |port - expected| / bound", "both", size, step.worst, ("bound", 1.0),
+                       f"one {reference.run.optimizer} step from the port's parameters on its own gradient, "
+                       "float32 bound of both sides (parity.lockstep)"),
+           Observation(e, "lr", "lr: port's step along the expected one, |ratio - 1|", "both",
+                       f"{size} lr={fmt(reference.lr_at(e))}", abs(step.lr_ratio - 1), ("bound", step.lr_allowed),
+                       "|step bound|_2 / |expected step|_2") if step.moved > 0 else
+           Observation(e, None, "lr: no expected step (zero gradient)", "both", size, 0.0, ("info",)),
+           Observation(e, None, "parameters: max |port - ref| (each side on its own trajectory)", "both", size,
+                       apart, ("info",))]
+    run = run._replace(port=port_state, ref=ref_state, shadow=shadow, moments=moments,
+                       history=run.history + ((old, grad, new),))
+    return obs, step, run
 
 
 def measure(ctx) -> Measured:
-    cfg, epochs = ctx.cfg, ctx.sizes.traj_epochs
+    cfg, epochs, shapes = ctx.cfg, ctx.sizes.traj_epochs, ctx.shapes
     alpha = check_alpha(NAME) / max(epochs - 1, 1)
-    params0 = ctx.reference.init_params(ctx.shapes, ctx.seed)
-    sides = _Sides(ctx.port.es_init(params0, ctx.seed), ctx.ref.es_init(params0, ctx.seed),
-                   {k: np.zeros(v.shape) for k, v in params0.items()}, None)
+    params0 = ctx.reference.init_params(shapes, ctx.seed)
+    run = _Run(ctx.port.es_init(params0, ctx.seed), ctx.ref.es_init(params0, ctx.seed),
+               ctx.reference.optimizer_init(params0), lockstep.moments_init(params0), None, ())
     observations: list[Observation] = []
+    steps: list[lockstep.Step] = []
     for e in range(epochs):
         ctx.log(f"[{NAME}] epoch {e}")
-        noise_obs, n_ref, n_port, sides = _noise_obs(ctx, e, sides, alpha)
-        observations.append(noise_obs)
-        if noise_obs.ok:
-            outputs, returns = _outputs_obs(ctx, e, sides, n_ref, n_port)
-            observations += outputs
-            if outputs[0].ok:
-                step, sides = _step_obs(ctx, e, sides, n_ref, n_port, returns)
-                observations += step
-        first = next((o for o in observations if not o.ok), None)
-        if first is not None:
-            return Measured(tuple(observations), (first.epoch, first.quantity, first.detail), epochs, cfg.pop,
-                            ctx.seed, ctx.sizes.traj_max_steps, ctx.port.jax_compatible_rng)
-    return Measured(tuple(observations), None, epochs, cfg.pop, ctx.seed, ctx.sizes.traj_max_steps,
-                    ctx.port.jax_compatible_rng)
+        noise_obs, n_ref, sigma_port, run = _noise_obs(ctx, e, run, alpha)
+        output_obs, returns = _outputs_obs(ctx, e, ctx.ref.es_params(run.ref, shapes), n_ref)
+        math_obs, sp, gp = _shaping_gradient_obs(ctx, e, n_ref, returns)
+        step_obs, step, run = _step_obs(ctx, e, run, n_ref, returns, sigma_port, sp, gp)
+        observations += noise_obs + output_obs + math_obs + step_obs
+        steps.append(step)
+    candidates, ratios = (lockstep.optimizer_candidates(ctx.reference, run.history, cfg.pop)
+                          if steps and not steps[0].ok else ({}, {}))
+    settings = ctx.reference.run
+    return Measured(tuple(observations), tuple(steps), candidates, ratios, epochs, cfg.pop, ctx.seed,
+                    ctx.sizes.traj_max_steps, ctx.port.jax_compatible_rng, ctx.port.has("forward"),
+                    settings.optimizer, settings.lr_decay, settings.sigma_decay)
 
 
-def judge(m: Measured, upstream: dict, sigma_decay: float) -> Recorder:
-    """upstream: check name -> its causes (the first parting is attributed to the check that explains it)."""
+def _diagnose(o: Observation, m: Measured, upstream: dict) -> list:
+    """The causes of one row beyond tolerance: what this check reads off the port where it can (sigma schedule,
+    optimizer, lr schedule), else every cause of the isolated check that explains it, else the quantity in words."""
+    if o.quantity == "sigma":     # one fit for the run: the last epoch that differs says the most
+        last = [s for s in m.observations if s.quantity == "sigma" and not s.ok][-1]
+        return [diagnose.sigma_schedule_cause(last.epoch, last.detail[1], m.sigma_decay)]
+    if o.quantity in ("step", "lr"):
+        found = lockstep.step_causes(m.steps, m.candidates, m.candidate_ratios, m.optimizer, m.lr_decay)
+        if found:
+            return found
+    causes = [c for check in UPSTREAM[o.quantity] for c in diagnose.follows(check, upstream.get(check, ()))]
+    if causes:      # one per knob (an upstream check may name a knob once per leaf or case)
+        first: dict = {}
+        for c in causes:
+            first.setdefault(c.knob or c.text, c)
+        return list(first.values())
+    if o.quantity == "noise" and o.detail:
+        sigma = next((s for s in m.observations if s.quantity == "sigma" and s.epoch == o.epoch), None)
+        if sigma is not None and not sigma.ok:
+            return _diagnose(sigma, m, upstream)
+        return [diagnose.other("noise scale", f"the port's noise at epoch {o.epoch} is {fmt(o.detail[1])}x the "
+                                              "reference's (same draws)")]
+    return [diagnose.other("training trajectory", f"{WORDS[o.quantity]} part from the reference's at epoch "
+                                                  f"{o.epoch} although the isolated checks pass")]
+
+
+def judge(m: Measured, upstream: dict) -> Recorder:
+    """upstream: check name -> its causes (a row the isolated checks explain is attributed to them)."""
     rec = Recorder(NAME)
     for o in m.observations:
         if o.limit[0] == "bound":
-            rec.bound(o.row, o.side, o.size, o.value, o.limit[1], o.why, cause=None)
+            ok = rec.bound(o.row, o.side, o.size, o.value, o.limit[1], o.why)
         elif o.limit[0] == "stat":
-            rec.stat(o.row, o.side, o.size, o.value, o.limit[1], o.limit[2], o.limit[3], o.why, cause=None)
+            ok = rec.stat(o.row, o.side, o.size, o.value, o.limit[1], o.limit[2], o.limit[3], o.why)
         else:
+            ok = True
             rec.info(o.row, o.side, o.size, o.value)
-    if m.parted is not None:
-        found = _diagnose(m.parted, upstream, sigma_decay)
-        rec.rows[:] = [row if row.verdict != "fail" else dataclasses.replace(row, cause=found.text) for row in rec.rows]
-        rec.causes.append(found)
+        if not ok:
+            found = _diagnose(o, m, upstream)
+            rec.rows[-1] = dataclasses.replace(rec.rows[-1], cause="; ".join(c.text for c in found))
+            rec.causes.extend(found)
+    rec.causes[:] = list(dict.fromkeys(rec.causes))
     return rec
 
 
 def section(m: Measured) -> str:
-    verdict_line = (f"The sides part at epoch {m.parted[0]}, first in {m.parted[1]}." if m.parted
-                    else f"The sides agree for all {m.epochs} epochs.")
+    failures = m.failures
+    verdict_lines = ([f"- {q}: beyond tolerance at epoch{'s' if len(es) > 1 else ''} {', '.join(map(str, es))}"
+                      for q in QUANTITIES if (es := failures.get(q))]
+                     or [f"The sides agree on every quantity at all {m.epochs} epochs."])
     return "\n".join([
         f"{m.epochs} epochs, population {m.pop}, from the reference's initial parameters (seed {m.seed}); CartPole "
-        f"resets seed + epoch + member, the reference's action uniforms; episodes of at most {m.max_steps} steps, "
-        "in lockstep on the reference's actions. "
-        + ("The port claims JAX-compatible draws: its own noise must equal the reference's bit for bit. "
-           if m.jax_compatible else
-           "The port uses its own generator: its noise is judged by its sigma schedule (exact ratio to its epoch-0 "
-           "noise when the draws repeat, else a variance test), and both sides then run on the reference's noise. ")
-        + "Quantities per epoch, in order: " + ", ".join(QUANTITIES) + ". Allowed: float32 bounds (products and "
-        "layer norm per step, shaping, the gradient estimate), with the parameter difference allowed so far carried "
-        "into the next epoch's forward (|h||dW|^T + |db|) and step (lr sqrt(N) times the gradient bound for sgd).",
+        f"resets seed + epoch + member, the reference's action uniforms; episodes of at most {m.max_steps} steps "
+        "on the reference's policy and actions. Both sides' es_tell get the reference's returns every epoch and "
+        "each continues from its own state, so every epoch is compared however far the sides have parted; each "
+        "comparison is re-synchronised to isolate that epoch's piece: "
+        + ("the port's es_ask noise bit for bit (it claims JAX-compatible draws); "
+           if m.jax_compatible else "the port's es_ask noise by its sigma schedule only (its own generator); ")
+        + "its sigma_e / sigma_0 against its own epoch 0 (exact from repeated draws, else an F test); "
+        + ("its logits on the reference's parameters and noise at every step; " if m.has_forward else
+           "(no `forward`: logits not compared); ")
+        + "shaped fitness of the same returns; the gradient on the reference's noise and shaped fitness; its "
+        f"parameters after es_tell against one {m.optimizer} step (lr_decay {fmt(m.lr_decay)}) from its own "
+        "parameters on its own gradient of its own shaping, and that step's size (lr). Allowed: float32 bounds "
+        "(parity.tolerances, parity.lockstep).",
         "",
-        verdict_line,
+        *verdict_lines,
     ])
 
 
 def run(ctx):
-    missing = [m for m in ("es_init", "forward") if not ctx.port.has(m)]
-    if missing:
-        return summarize(NAME, Recorder(NAME), f"Skipped: the port has no {' / '.join(missing)} (see parity/adapter.py).")
+    if not ctx.port.has("es_init"):
+        return summarize(NAME, Recorder(NAME), "Skipped: the port has no es_init / es_ask / es_tell / es_params "
+                                               "(see parity/adapter.py).")
     m = measure(ctx)
     upstream = {check: ctx.causes_of(check) for checks in UPSTREAM.values() for check in checks}
-    return summarize(NAME, judge(m, upstream, ctx.reference.run.sigma_decay), section(m))
-
-
-def _diagnose(parted, upstream: dict, sigma_decay: float):
-    """The first parting, attributed to an upstream check's causes or diagnosed from what was seen."""
-    epoch, quantity, detail = parted
-    causes = [c for check in UPSTREAM[quantity] for c in diagnose.follows(check, upstream.get(check, ()))]
-    if causes:
-        return causes[0]
-    if quantity == "noise" and detail and detail[0] == "sigma":
-        if epoch > 0:
-            return diagnose.sigma_schedule_cause(epoch, detail[1], sigma_decay)
-        return diagnose.other("noise scale", f"the port's noise at epoch 0 is {fmt(detail[1])}x the reference's")
-    words = {"noise": "the noise es_ask returns", "outputs": "the policy's logits",
-             "fitness": "the shaped fitness", "gradient": "the gradient estimate",
-             "parameters": "the parameters after es_tell (the ES step inside the port's training loop)"}[quantity]
-    return diagnose.other("training trajectory", f"{words} part from the reference's at epoch {epoch} although the "
-                                                 "isolated checks pass")
+    return summarize(NAME, judge(m, upstream), section(m))

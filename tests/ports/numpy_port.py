@@ -333,7 +333,22 @@ VARIANTS: dict[str, tuple[Drift, str | None]] = {
     "numpy_rng_bias_noise_fresh": (Drift(rng="numpy", bias_noise="fresh"), "bias_noise"),
     "numpy_rng_noise_reuse_1": (Drift(rng="numpy", noise_reuse=1), "noise_reuse"),
 }
+# Two drifts at once: the lockstep trajectory goes on after the first parting, so both must be named.
+# name -> (drift, the knobs a correct diagnosis names, those the trajectory check itself must name)
+PAIRS: dict[str, tuple[Drift, set[str], set[str]]] = {
+    "pair_tanh_lr_decay": (Drift(activation="tanh", lr_decay=0.9995), {"activation", "lr_decay"},
+                           {"activation", "lr_decay"}),
+    "pair_bias_noise_off_sigma_decay": (Drift(bias_noise="off", sigma_decay=0.99), {"bias_noise", "sigma_decay"},
+                                        {"bias_noise", "sigma_decay"}),
+    "pair_fitness_rank_sigma_decay": (Drift(fitness="rank", sigma_decay=1.0), {"fitness", "sigma_decay"},
+                                      {"fitness", "sigma_decay"}),
+    # an own generator: its fresh bias noise is judged in distribution by the noise check only
+    "pair_numpy_rng_fresh_bias_adam": (Drift(rng="numpy", bias_noise="fresh", optimizer="adam"),
+                                       {"bias_noise", "optimizer"}, {"optimizer"}),
+}
 for _name, (_drift, _knob) in VARIANTS.items():
+    globals()[_name] = factory(_drift)
+for _name, (_drift, _, _) in PAIRS.items():
     globals()[_name] = factory(_drift)
 
 # Only the required methods: every check that needs an optional one must be reported as skipped.
