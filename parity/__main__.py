@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import shlex
 import sys
+import textwrap
 import time
 import traceback
 from pathlib import Path
@@ -133,7 +134,19 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         log(f"  {r.name:<{width}}  {r.verdict:<5}  {r.observed} (allowed {r.allowed}){cause}")
     summary = next(p for p in written if p.name == "summary.md")
     log(f"\n{verdict.upper()}: report in {summary} ({time.perf_counter() - started:.0f} s)")
+    print_notes(results, sys.stderr, tracebacks=args.quiet)
     return {"pass": EXIT_PASS, "fail": EXIT_MISMATCH}.get(verdict, EXIT_USAGE)
+
+
+def print_notes(results, stream, tracebacks: bool = True) -> None:
+    """After the verdict, on stderr: each warning with its advice (always) and, when the progress lines did not
+    show them (--quiet), each port traceback."""
+    for r in results:
+        for warning in r.warnings:
+            print(f"parity check: {r.name}: {warning}", file=stream)
+        if r.trace and tracebacks:
+            print(f"parity check: {r.name}: the port raised (its own frames):\n{textwrap.indent(r.trace, '    ')}",
+                  file=stream)
 
 
 def suite_sizes(args) -> Sizes:

@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose
-from parity.tolerances import (U32, ForwardBound, bias_grad_bound, check_alpha, chi2_interval, shaping_bound,
-                               ulp_distance, update_bound, weight_grad_bound)
+from parity import diagnose, noiseform
+from parity.tolerances import (U32, ForwardBound, bias_grad_bound, check_alpha, shaping_bound, update_bound,
+                               weight_grad_bound)
 from parity.verdict import Recorder, fmt, summarize
 from rollout import cartpole
 from rollout.episodes import run_episodes, sample_actions
@@ -59,24 +59,18 @@ def _noise_ulps(port: dict, ref: dict) -> tuple[int, set]:
     """Max ULP distance over the leaves both have, and the leaves only one side has."""
     worst = 0
     for name in set(port) & set(ref):
-        parts = zip(port[name], ref[name]) if isinstance(ref[name], tuple) else [(port[name], ref[name])]
-        for a, b in parts:
-            worst = max(worst, int(ulp_distance(a, b).max()))
+        worst = max(worst, noiseform.max_ulps(port, ref, name))     # a dense E: 0 within float32 rounding of A B^T
     return worst, set(port) ^ set(ref)
 
 
 def _same_draws(a: dict, b: dict) -> bool:
     """Whether two noise dicts hold the same draws (B equal), so A's ratio is the ratio of their sigmas."""
-    weights = [k for k, v in a.items() if isinstance(v, tuple)]
-    return all(k in b and np.array_equal(a[k][1], b[k][1]) for k in weights)
+    return noiseform.same_draws(a, b)      # a dense port: E proportional
 
 
 def _sigma_ratio(a: dict, b: dict) -> float:
     """The common factor c with A_a = c * A_b over all weights (same draws assumed): median of the ratios."""
-    num = np.concatenate([a[k][0].ravel() for k, v in a.items() if isinstance(v, tuple)]).astype(np.float64)
-    den = np.concatenate([b[k][0].ravel() for k, v in b.items() if isinstance(v, tuple)]).astype(np.float64)
-    keep = den != 0
-    return float(np.median(num[keep] / den[keep]))
+    return noiseform.scale_ratio(a, b)     # a dense port: of E
 
 
 def _grad_bound(name, noise, shaped, f_err):
@@ -148,17 +142,11 @@ def _noise_obs(ctx, e: int, sides: _Sides, alpha: float) -> tuple[Observation, d
         obs = Observation(e, "noise", "noise: |sigma_e/sigma_0 port / ref - 1|", "both", size, abs(c / ref_ratio - 1),
                           ("bound", 8 * U32), "same draws: float32 rounding of sigma_e and A", ("sigma", c / ref_ratio))
     else:
-        w0 = min((k for k, v in n_own.items() if isinstance(v, tuple)), key=lambda k: n_own[k][0][0].size
-                 * n_own[k][1][0].shape[0])                 # the smallest A B^T identifies mirrors
-        mirror = diagnose.mirror_map((n_own[w0][0].astype(np.float64)
-                                      @ np.swapaxes(n_own[w0][1].astype(np.float64), 1, 2)).reshape(pop, -1))
+        w0 = min(noiseform.weight_names(n_own), key=lambda k: noiseform.entries(n_own, k))   # the smallest A B^T
+        mirror = diagnose.mirror_map(noiseform.perturbation(n_own, w0).reshape(pop, -1))     # identifies mirrors
         reps = np.array([i for i in range(pop) if mirror[i] < 0 or i < mirror[i]])
-        a = np.concatenate([v[0][reps].ravel() for v in n_own.values() if isinstance(v, tuple)])
-        mean = float(np.mean(a.astype(np.float64) ** 2) * r / sigma_e ** 2)
-        lo, hi = chi2_interval(a.size, alpha)
-        obs = Observation(e, "noise", "noise: mean square of A / (sigma_e / sqrt r)", "both", size, mean,
-                          ("stat", lo, hi, alpha), f"chi-square({a.size})/{a.size}, alpha={alpha:.2g}",
-                          ("sigma", float(np.sqrt(mean))))
+        row, value, limit, why, ratio = noiseform.scale_test(n_own, reps, sigma_e, r, alpha)  # chi2 on A; dense: KS
+        obs = Observation(e, "noise", row, "both", size, value, limit, why, ("sigma", ratio))
     return obs, n_ref, n_ref, sides      # own generator: both sides run on the reference's noise from here on
 
 
