@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import shlex
 import sys
+import textwrap
 import time
 import traceback
 from pathlib import Path
@@ -133,6 +134,7 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
     if args.json:
         print(next(p for p in written if p.name == "result.json").read_text(), file=stream, end="")
     print(final if args.quiet else "\n" + final, file=text_out, flush=True)
+    print_notes(results, sys.stderr, tracebacks=args.quiet)
     return code
 
 
@@ -158,6 +160,17 @@ def terminal_lines(results) -> list[str]:
         what = r.observed if r.verdict in ("skip", "error") else f"{r.observed} (allowed {r.allowed})"
         lines.append(f"  {r.name:<{width}}  {r.verdict:<5}  {what}{cause}")
     return lines
+
+
+def print_notes(results, stream, tracebacks: bool = True) -> None:
+    """After the verdict, on stderr: each warning with its advice (always) and, when the progress lines did not
+    show them (--quiet), each port traceback."""
+    for r in results:
+        for warning in r.warnings:
+            print(f"parity check: {r.name}: {warning}", file=stream)
+        if r.trace and tracebacks:
+            print(f"parity check: {r.name}: the port raised (its own frames):\n{textwrap.indent(r.trace, '    ')}",
+                  file=stream)
 
 
 def suite_sizes(args) -> Sizes:

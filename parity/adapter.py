@@ -10,6 +10,29 @@ The noise of a population is a dict:
      bias name:   eps (m, out) already times +-sigma}     # bias names absent when biases are not perturbed
 where row i belongs to member members[i].
 
+Dense noise, for a port that keeps no factors (it materialises W + A_i B_i^T): it sets `dense_noise = True`
+and then every weight's noise is
+    E (m, out, in): member i's whole perturbation A_i B_i^T (float32), in place of the pair (A, B).
+Every method that takes or returns noise uses this form: `noise` and `es_ask` return E; `perturbed_linear`
+is perturbed_linear(W, E, x); `gradient`, `forward`, `optimizer_step` and `es_tell` get dicts whose weights
+are E. Where the suite feeds the reference's noise it hands such a port E = fl32(A B^T) (formed in float64,
+rounded once). It then checks that each member's E has numerical rank <= r (the threshold derived in
+parity.tolerances.rank_threshold), that its entries have variance sigma^2 and that they are distributed as
+EGGROLL's (an entry of A B^T / sigma is sqrt(chi2_r / r) N(0,1): kurtosis 3 + 6/r).
+
+Forward and update noise apart, for a port whose forward does not apply the noise its update uses (e.g. bias
+noise drawn for the update but never added in the forward): `noise` and `es_ask` may return
+    {"forward": noise dict, "update": noise dict}
+The weights must be the same in both; leave out of "forward" what the forward does not apply. The port's
+`forward` is then given the forward part, `gradient`, `optimizer_step` and `es_tell` the update part. Where
+the suite feeds the reference's noise, both parts are that one dict. A port that returns one dict uses it
+for both.
+
+A port that draws its noise inside its own step (no separate ask): replace its noise-drawing method on the
+instance with one that returns the given noise for `es_tell`, and call that method for `noise`/`es_ask`
+with its generator state saved and restored (README "Ports that draw their noise inside step()",
+examples/instep_adapter.py).
+
 Required methods
     noise(shapes, seed, epoch, members, pop, sigma, rank) -> noise dict
         shapes: {name: shape} of every parameter; seed: the run seed (DESIGN.md's key scheme:
@@ -17,14 +40,14 @@ Required methods
         members: int64 array of member indices into a population of size pop. The port's own noise,
         from its own generator, exactly as its training loop would use it at that epoch and sigma.
     perturbed_linear(W (out, in), A (m, out, r), B (m, in, r), x (m, batch, in)) -> (m, batch, out)
-        member i's x @ (W + A_i B_i^T)^T, however the port computes it.
+        member i's x @ (W + A_i B_i^T)^T, however the port computes it (dense_noise: perturbed_linear(W, E, x)).
     shape_fitness(f (N,), group_size=0) -> (N,)
         the port's fitness shaping. Raising for NaN/inf input is advised; a port that accepts it
         behaves like upstream EggRoll and gets a warning with advice, never a drift.
     gradient(noise, shaped (N,), sigma) -> {name: array shaped like the param}
         the ES gradient estimate in the reference's convention: ascent direction, before the
-        sqrt(N) factor (weights: einsum('nir,njr->ij', f*A, B) / N; biases: mean(f * eps)); zeros
-        for leaves without noise. The noise covers members 0..N-1 in order.
+        sqrt(N) factor (weights: einsum('nir,njr->ij', f*A, B) / N, dense: einsum('n,nij->ij', f, E) / N;
+        biases: mean(f * eps)); zeros for leaves without noise. The noise covers members 0..N-1 in order.
 
 Optional methods (a check that needs an absent one is reported as skipped)
     forward(params, noise, x (m, in)) -> logits (m, out)
@@ -49,20 +72,28 @@ Attributes
     name: str                       shown in reports
     jax_compatible_rng: bool        True when the port claims to draw JAX's very numbers (then noise,
                                     init and action uniforms are compared element by element, and any
-                                    difference is a drift); False: compared in distribution only.
+                                    difference is a drift; a dense E must be within float32 rounding of
+                                    the product of JAX's factors); False: compared in distribution only.
+    dense_noise: bool (optional)    True: weight noise is E (m, out, in), see above. Default False.
 
 Loading: `--port package.module:attr`. attr is an adapter object, or a class/factory called with the
 run's `spec.config.Config` (pop, rank, sigma, lr, hidden, layers, group_size) that returns one.
 `CheckedPort` wraps an adapter so that a missing method, a wrong shape or dtype, or an exception
-inside the port becomes a `PortError` naming the method and what was expected.
+inside the port becomes a `PortError` naming the method and what was expected (and, for an exception,
+the port's own frames).
 """
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import traceback
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
+
+from parity.noiseform import SplitNoise, dense_of, forward_of, is_dense, to_dense, update_of
 
 REQUIRED = ("noise", "perturbed_linear", "shape_fitness", "gradient")
 OPTIONAL = ("forward", "init_params", "optimizer_init", "optimizer_step", "es_init", "es_ask", "es_tell",
@@ -70,6 +101,7 @@ OPTIONAL = ("forward", "init_params", "optimizer_init", "optimizer_step", "es_in
 SIGNATURES = {
     "noise": "noise(shapes, seed, epoch, members, pop, sigma, rank) -> {weight: (A (m,out,r), B (m,in,r)), bias: (m,out)}",
     "perturbed_linear": "perturbed_linear(W (out,in), A (m,out,r), B (m,in,r), x (m,batch,in)) -> (m,batch,out)",
+    "perturbed_linear dense": "perturbed_linear(W (out,in), E (m,out,in), x (m,batch,in)) -> (m,batch,out)",
     "shape_fitness": "shape_fitness(f (N,), group_size=0) -> (N,)",
     "gradient": "gradient(noise, shaped (N,), sigma) -> {name: array shaped like the param}",
     "forward": "forward(params, noise or None, x (m,in)) -> logits (m,out)",
@@ -89,7 +121,7 @@ GROUPS = {
     "es": ("es_init", "es_ask", "es_tell", "es_params"),
 }
 
-Noise = dict  # {weight name: (A, B), bias name: eps}
+Noise = dict  # {weight name: (A, B) or E, bias name: eps}; parity.noiseform.SplitNoise when given apart
 Shapes = Mapping[str, tuple]
 
 
@@ -130,7 +162,77 @@ def load_port(spec: str, cfg: Any) -> Any:
     if missing:
         lines = "\n".join(f"  {SIGNATURES[m]}" for m in missing)
         raise UsageError(f"--port {spec}: the adapter lacks required method(s) {', '.join(missing)}; expected:\n{lines}")
+    check_declarations(obj, spec)
     return obj
+
+
+def _positional_arity(fn: Callable) -> int | None:
+    """How many positional arguments a bound method takes, or None when it cannot be told (*args, builtins)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
+
+
+def check_declarations(obj: Any, spec: str) -> None:
+    """The adapter's declared noise form agrees with its perturbed_linear, before any check runs (UsageError)."""
+    dense = getattr(obj, "dense_noise", False)
+    if not isinstance(dense, (bool, np.bool_)):
+        raise UsageError(f"--port {spec}: dense_noise must be True or False, got {dense!r}")
+    arity = _positional_arity(obj.perturbed_linear)
+    if dense and arity == 4:
+        raise UsageError(f"--port {spec}: the adapter declares dense_noise = True, so perturbed_linear takes E instead "
+                         f"of A, B; expected:\n  {SIGNATURES['perturbed_linear dense']}")
+    if not dense and arity == 3:
+        raise UsageError(f"--port {spec}: perturbed_linear takes three arguments, as a dense port's (W, E, x); set "
+                         f"dense_noise = True on the adapter, or take factors:\n  {SIGNATURES['perturbed_linear']}")
+
+
+# ----------------------------------------------------------------------------- where a port failed
+SUITE_DIR = Path(__file__).resolve().parent
+
+
+def _shown(path: str) -> str:
+    """A path relative to the working directory when it lies below it."""
+    try:
+        return os.path.relpath(path) if Path(path).resolve().is_relative_to(Path.cwd()) else path
+    except ValueError:
+        return path
+
+
+def port_frames(err: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of an exception raised inside a port, the suite's own (parity/) left out."""
+    return [f for f in traceback.extract_tb(err.__traceback__)
+            if not Path(f.filename).resolve().is_relative_to(SUITE_DIR)]
+
+
+def defined_at(port: Any, method: str) -> str:
+    """'file:line' of a port method's definition, or '' when it cannot be found (a builtin, a lambda in C)."""
+    fn = getattr(port, method, None)
+    try:
+        fn = inspect.unwrap(getattr(fn, "__func__", fn))
+        return f"{_shown(inspect.getsourcefile(fn))}:{inspect.getsourcelines(fn)[1]}"
+    except (TypeError, OSError):
+        return ""
+
+
+def port_trace(err: "PortError", port: Any) -> tuple[str, str]:
+    """(where, traceback text): the port's innermost frame 'file:line in function' and its own frames formatted
+    like Python's traceback, for an exception inside the port; for a wrong return value, 'file:line' of the
+    method's definition and no traceback."""
+    if err.original is None or err.original.__traceback__ is None:
+        return defined_at(port, err.method), ""
+    frames = port_frames(err.original)
+    if not frames:
+        return "", ""
+    last = frames[-1]
+    text = "".join(traceback.format_list([traceback.FrameSummary(_shown(f.filename), f.lineno, f.name, line=f.line)
+                                          for f in frames]))
+    text += "".join(traceback.format_exception_only(type(err.original), err.original))
+    return f"{_shown(last.filename)}:{last.lineno} in {last.name}", text.rstrip()
 
 
 # ----------------------------------------------------------------------------- validation helpers
@@ -161,10 +263,30 @@ def _params(method: str, value: Any, shapes: Shapes) -> dict[str, np.ndarray]:
     return {k: _array(method, f"'{k}'", value[k], tuple(shapes[k])) for k in shapes}
 
 
-def check_noise(method: str, value: Any, shapes: Shapes, m: int, rank: int) -> Noise:
-    """Validate a noise dict for m members against the parameter shapes."""
+def _weight_noise(method: str, name: str, value: Any, shape: tuple, m: int, rank: int, dense: bool):
+    """One weight's noise: E (m, out, in) for a dense port, else the pair (A (m, out, r), B (m, in, r))."""
+    o, i = shape
+    pair = isinstance(value, (tuple, list))
+    if dense:
+        if pair:
+            raise PortError(method, f"'{name}' is a pair, but the port declares dense_noise = True; expected "
+                                    f"E of shape {(m, o, i)}")
+        return _array(method, f"E of '{name}'", value, (m, o, i))
+    if not pair or len(value) != 2:
+        if np.ndim(value) == 3:
+            raise PortError(method, f"'{name}' must be a pair (A {(m, o, rank)}, B {(m, i, rank)}), got one array of "
+                                    f"shape {np.shape(value)}; a port that keeps no factors sets dense_noise = True "
+                                    f"and returns E {(m, o, i)}")
+        raise PortError(method, f"'{name}' must be a pair (A, B), got {type(value).__name__}")
+    return (_array(method, f"A of '{name}'", value[0], (m, o, rank)),
+            _array(method, f"B of '{name}'", value[1], (m, i, rank)))
+
+
+def _one_noise(method: str, value: Any, shapes: Shapes, m: int, rank: int, dense: bool, part: str = "") -> Noise:
+    where = f"its {part!r} noise" if part else "a"
+    expected = "E" if dense else "(A, B)"
     if not isinstance(value, Mapping):
-        raise PortError(method, f"returned a {type(value).__name__}; expected a dict {{weight name: (A, B), "
+        raise PortError(method, f"returned {where} {type(value).__name__}; expected a dict {{weight name: {expected}, "
                                 f"bias name: eps}}")
     unknown = sorted(set(value) - set(shapes))
     if unknown:
@@ -173,17 +295,23 @@ def check_noise(method: str, value: Any, shapes: Shapes, m: int, rank: int) -> N
     for name, shape in shapes.items():
         if name.endswith(".weight"):
             if name not in value:
-                raise PortError(method, f"returned no factors for weight '{name}'; every weight needs (A, B)")
-            pair = value[name]
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise PortError(method, f"'{name}' must be a pair (A, B), got {type(pair).__name__}")
-            o, i = shape
-            A = _array(method, f"A of '{name}'", pair[0], (m, o, rank))
-            B = _array(method, f"B of '{name}'", pair[1], (m, i, rank))
-            out[name] = (A, B)
+                raise PortError(method, f"returned no noise for weight '{name}'" + (f" in {where}" if part else "")
+                                + f"; every weight needs {expected}")
+            out[name] = _weight_noise(method, name, value[name], tuple(shape), m, rank, dense)
         elif name in value:
             out[name] = _array(method, f"bias noise of '{name}'", value[name], (m,) + tuple(shape))
     return out
+
+
+def check_noise(method: str, value: Any, shapes: Shapes, m: int, rank: int, dense: bool = False) -> Noise:
+    """Validate a noise dict for m members against the parameter shapes; {"forward", "update"} gives a SplitNoise."""
+    if isinstance(value, Mapping) and {"forward", "update"} & set(value):
+        if set(value) != {"forward", "update"}:
+            raise PortError(method, f"returned keys {sorted(value)}; noise given apart is "
+                                    "{\"forward\": noise dict, \"update\": noise dict}")
+        return SplitNoise(_one_noise(method, value["forward"], shapes, m, rank, dense, "forward"),
+                          _one_noise(method, value["update"], shapes, m, rank, dense, "update"))
+    return _one_noise(method, value, shapes, m, rank, dense)
 
 
 class CheckedPort:
@@ -193,6 +321,23 @@ class CheckedPort:
         self.port = port
         self.name = str(getattr(port, "name", type(port).__name__))
         self.jax_compatible_rng = bool(getattr(port, "jax_compatible_rng", False))
+        self.dense = bool(getattr(port, "dense_noise", False))
+        self._converted: list[tuple[dict, dict]] = []     # the last few (given, as the port receives it)
+
+    def received(self, noise: Noise | None, part: str = "update") -> Noise | None:
+        """What the port's method gets for `noise`: its forward or update part, as E for a dense port (the same
+        object for the same noise, so a port may cache on it; a rollout calls forward at every step)."""
+        if noise is None:
+            return None
+        chosen = forward_of(noise) if part == "forward" else update_of(noise)
+        if not self.dense or is_dense(chosen):
+            return chosen
+        for given, converted in self._converted:
+            if given is chosen:
+                return converted
+        converted = to_dense(chosen)
+        self._converted = [(chosen, converted)] + self._converted[:3]
+        return converted
 
     def has(self, method: str) -> bool:
         group = next((g for g in GROUPS.values() if method in g), (method,))
@@ -219,11 +364,13 @@ class CheckedPort:
               rank: int) -> Noise:
         members = np.asarray(members, dtype=np.int64)
         value = self._call("noise", dict(shapes), int(seed), int(epoch), members, int(pop), float(sigma), int(rank))
-        return check_noise("noise", value, shapes, members.size, rank)
+        return check_noise("noise", value, shapes, members.size, rank, self.dense)
 
     def perturbed_linear(self, W, A, B, x) -> np.ndarray:
+        """The port's product on factors A, B (a dense port gets E = fl32(A B^T) in their place)."""
         m, batch = x.shape[0], x.shape[1]
-        value = self._call("perturbed_linear", W, A, B, x)
+        value = (self._call("perturbed_linear", W, dense_of(A, B), x) if self.dense
+                 else self._call("perturbed_linear", W, A, B, x))
         return _array("perturbed_linear", "the result", value, (m, batch, W.shape[0]))
 
     def shape_fitness(self, f: np.ndarray, group_size: int = 0) -> np.ndarray:
@@ -231,12 +378,12 @@ class CheckedPort:
         return _array("shape_fitness", "the shaped fitness", value, f.shape)
 
     def gradient(self, noise: Noise, shaped: np.ndarray, sigma: float, shapes: Shapes) -> dict[str, np.ndarray]:
-        value = self._call("gradient", noise, np.asarray(shaped, dtype=np.float32), float(sigma))
+        value = self._call("gradient", self.received(noise), np.asarray(shaped, dtype=np.float32), float(sigma))
         return _params("gradient", value, shapes)
 
     # ---- optional
     def forward(self, params: dict, noise: Noise | None, x: np.ndarray, n_out: int) -> np.ndarray:
-        value = self._call("forward", params, noise, x)
+        value = self._call("forward", params, self.received(noise, "forward"), x)
         return _array("forward", "the logits", value, (x.shape[0], n_out))
 
     def init_params(self, shapes: Shapes, seed: int) -> dict[str, np.ndarray]:
@@ -246,7 +393,7 @@ class CheckedPort:
         return self._call("optimizer_init", params)
 
     def optimizer_step(self, params, state, noise, shaped, sigma, epoch, shapes: Shapes):
-        value = self._call("optimizer_step", params, state, noise, np.asarray(shaped, dtype=np.float32),
+        value = self._call("optimizer_step", params, state, self.received(noise), np.asarray(shaped, dtype=np.float32),
                            float(sigma), int(epoch))
         if not isinstance(value, (tuple, list)) or len(value) != 2:
             raise PortError("optimizer_step", f"returned a {type(value).__name__}; expected (params, state)")
@@ -256,10 +403,10 @@ class CheckedPort:
         return self._call("es_init", params, int(seed))
 
     def es_ask(self, state, epoch: int, shapes: Shapes, pop: int, rank: int) -> Noise:
-        return check_noise("es_ask", self._call("es_ask", state, int(epoch)), shapes, pop, rank)
+        return check_noise("es_ask", self._call("es_ask", state, int(epoch)), shapes, pop, rank, self.dense)
 
     def es_tell(self, state, noise: Noise, fitness: np.ndarray, epoch: int):
-        return self._call("es_tell", state, noise, np.asarray(fitness, dtype=np.float32), int(epoch))
+        return self._call("es_tell", state, self.received(noise), np.asarray(fitness, dtype=np.float32), int(epoch))
 
     def es_params(self, state, shapes: Shapes) -> dict[str, np.ndarray]:
         return _params("es_params", self._call("es_params", state), shapes)

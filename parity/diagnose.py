@@ -16,6 +16,14 @@ from parity.verdict import Cause, fmt
 from spec.knobs import DESCRIPTIONS
 
 
+UPDATE_ONLY = "bias_noise=update_only"   # how every check names bias noise that enters the update only
+
+
+def names_update_only(causes: Iterable[Cause]) -> bool:
+    """Whether a check's causes say the port's bias noise enters the update only."""
+    return any(c.knob == "bias_noise" and UPDATE_ONLY in c.text for c in causes)
+
+
 def cause(knob: str, detail: str) -> Cause:
     """A cause naming a knob: '<description> differs (knob `k`): <detail>'."""
     return Cause(knob, f"{DESCRIPTIONS[knob]} differs (knob `{knob}`): {detail}")
@@ -110,16 +118,22 @@ def describe_schedule(epochs: Sequence[int], groups: Sequence[int], knob: bool =
     return f"the noise changes at epochs {shown}" + (" (no noise_reuse value gives this pattern)" if knob else "")
 
 
-def schedule_cause(epochs, port_weight, ref_weight, port_bias, ref_bias) -> list[Cause]:
-    """Causes from the partitions of probed epochs by equal weight noise and by equal bias noise."""
+def schedule_cause(epochs, port_weight, ref_weight, port_bias, ref_bias, update_only: bool = False) -> list[Cause]:
+    """Causes from the partitions of probed epochs by equal weight noise and by equal bias noise.
+
+    update_only: the port's forward was seen leaving its bias noise out, so fresh bias noise is named as
+    bias_noise=update_only (as the products check or its forward noise says), not as fresh.
+    """
     found: list[Cause] = []
     if list(port_weight) != list(ref_weight):
         found.append(cause("noise_reuse", f"the port's weight noise: {describe_schedule(epochs, port_weight)}; "
                                           f"the reference's: {describe_schedule(epochs, ref_weight)}"))
     if port_bias is not None and ref_bias is not None and list(port_bias) != list(ref_bias):
+        kind = (f"fresh bias noise that its forward never applies: noise that enters the update only, as "
+                f"{UPDATE_ONLY}" if update_only else "fresh bias noise")
         if list(port_bias) != list(port_weight) and list(port_weight) == list(ref_weight):
             found.append(cause("bias_noise", f"the port's bias noise: {describe_schedule(epochs, port_bias, False)} "
-                                             "(fresh bias noise), while its weight noise and the reference's bias "
+                                             f"({kind}), while its weight noise and the reference's bias "
                                              f"noise follow noise_reuse: {describe_schedule(epochs, ref_bias)}"))
         elif not found:
             found.append(cause("bias_noise", f"the port's bias noise: {describe_schedule(epochs, port_bias, False)}; "
@@ -188,8 +202,15 @@ def activation_cause(port_act: str | None, ref_act: str, worst: str) -> Cause:
 # ----------------------------------------------------------------------------- gradients
 def gradient_cause(leaf: str, norm_ratio: float, cosine: float, ratio_other_sigma: float | None,
                    sigma: float, other_sigma: float | None) -> Cause:
-    """A gradient leaf that differs: a pure scale (which?), a sign flip, or a different direction."""
+    """A gradient leaf that differs: zero (a bias: no bias noise), a pure scale (which?), a sign flip, or a
+    different direction."""
     is_bias = leaf.endswith(".bias")
+    if norm_ratio == 0:
+        if is_bias:
+            return cause("bias_noise", f"'{leaf}' gradient is zero on the reference's noise and fitness: the port's "
+                                       "gradient ignores the bias noise it is given, so it perturbs no bias (as "
+                                       "bias_noise=off); the reference's is mean(f * sigma * eps)")
+        return other("gradient estimate", f"'{leaf}' gradient is zero on the reference's noise and fitness")
     if cosine > 1 - 1e-4 and math.isfinite(norm_ratio):
         scales_with_sigma = (ratio_other_sigma is not None and other_sigma is not None
                              and abs(ratio_other_sigma * other_sigma / (norm_ratio * sigma) - 1) < 1e-3)

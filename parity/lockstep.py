@@ -49,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-from parity import diagnose
+from parity import diagnose, noiseform
 from parity.tolerances import U32, gamma, update_bound
 from parity.verdict import Cause, fmt
 from spec.knobs import CHOICES
@@ -64,22 +64,19 @@ MATCH = 1e-4         # an optimizer candidate reproduces the port's first step w
 
 # ----------------------------------------------------------------------------- sigma
 def weights(noise: dict) -> list[str]:
-    """The weight leaves of a noise dict (those given as (A, B) factors)."""
-    return sorted(k for k, v in noise.items() if isinstance(v, tuple))
+    """The weight leaves of a noise dict (given as (A, B) factors or, for a dense port, as E)."""
+    return noiseform.weight_names(noise)
 
 
 def same_draws(a: dict, b: dict) -> bool:
-    """Whether two noise dicts hold the same weight draws (every B equal), so that A's ratio is their sigmas'."""
-    names = weights(a)
-    return names == weights(b) and all(np.array_equal(a[k][1], b[k][1]) for k in names)
+    """Whether two noise dicts hold the same weight draws (every B equal; dense: E proportional), so that the
+    ratio of A (or E) is the ratio of their sigmas."""
+    return noiseform.same_draws(a, b)
 
 
 def scale_ratio(a: dict, b: dict) -> float:
-    """The common factor c with A_a = c * A_b over all weights (same draws assumed): the median of the ratios."""
-    num = np.concatenate([a[k][0].ravel() for k in weights(a)]).astype(np.float64)
-    den = np.concatenate([b[k][0].ravel() for k in weights(a)]).astype(np.float64)
-    keep = den != 0
-    return float(np.median(num[keep] / den[keep])) if keep.any() else float("nan")
+    """The common factor c with A_a = c * A_b (dense: E_a = c * E_b) over all weights, same draws assumed."""
+    return noiseform.scale_ratio(a, b)
 
 
 def _independent_a(noise: dict, pop: int) -> np.ndarray:
@@ -89,6 +86,16 @@ def _independent_a(noise: dict, pop: int) -> np.ndarray:
     mirror = diagnose.mirror_map((a @ np.swapaxes(b, 1, 2)).reshape(pop, -1))
     reps = np.array([i for i in range(pop) if mirror[i] < 0 or i < mirror[i]])
     return np.concatenate([noise[k][0][reps].ravel() for k in weights(noise)]).astype(np.float64)
+
+
+def _dense_reading(own: dict, sigma_e: float, sigma_0: float, pop: int, rank: int, alpha: float) -> "SigmaReading":
+    """Fresh dense draws: E_e / sigma_e against EGGROLL's entry distribution (exact KS over independent entries of
+    members that are nobody's mirror); the ratio reported is the entries' rms over sigma_e."""
+    w0 = min(weights(own), key=lambda k: noiseform.entries(own, k))
+    mirror = diagnose.mirror_map(noiseform.perturbation(own, w0).reshape(pop, -1))
+    reps = np.array([i for i in range(pop) if mirror[i] < 0 or i < mirror[i]])
+    _, value, limit, why, ratio = noiseform.scale_test(own, reps, sigma_e, rank, alpha)
+    return SigmaReading(value, limit, "fresh dense draws at the reference's sigma_e: " + why, ratio, False)
 
 
 class SigmaReading(NamedTuple):
@@ -102,8 +109,9 @@ class SigmaReading(NamedTuple):
 
 
 def read_sigma(own: dict, own0: dict, ref: dict, ref0: dict, sigma_e: float, sigma_0: float, pop: int,
-               alpha: float) -> SigmaReading:
-    """own/ref: the port's and the reference's es_ask noise at epoch e; own0/ref0: at epoch 0."""
+               alpha: float, rank: int = 1) -> SigmaReading:
+    """own/ref: the port's and the reference's es_ask noise at epoch e; own0/ref0: at epoch 0 (rank: r, used for
+    a dense port's fresh draws)."""
     expected = sigma_e / sigma_0
     if same_draws(own, own0):
         c = scale_ratio(own, own0) / expected
@@ -113,6 +121,8 @@ def read_sigma(own: dict, own0: dict, ref: dict, ref0: dict, sigma_e: float, sig
         c = scale_ratio(own, ref) / scale_ratio(own0, ref0)
         return SigmaReading(abs(c - 1), ("bound", SIGMA_SHARED_DRAWS),
                             "the reference's draws: (A_port / A_ref)_e / (A_port / A_ref)_0, 12u", c, True)
+    if noiseform.is_dense(own):
+        return _dense_reading(own, sigma_e, sigma_0, pop, rank, alpha)
     a_e, a_0 = _independent_a(own, pop), _independent_a(own0, pop)
     f = float(np.mean(a_e ** 2) / sigma_e ** 2 / (np.mean(a_0 ** 2) / sigma_0 ** 2))
     lo, hi = float(stats.f.ppf(alpha / 2, a_e.size, a_0.size)), float(stats.f.isf(alpha / 2, a_e.size, a_0.size))

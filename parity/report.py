@@ -72,6 +72,9 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
     lines = [f"# Parity check: {headline}", "", table, ""]
     if knobs:
         lines += [f"Likely causes (knobs of DESIGN.md's knob table): {', '.join(f'`{k}`' for k in knobs)}.", ""]
+    warnings = [f"- {r.name}: {w}" for r in results for w in r.warnings]
+    if warnings:
+        lines += ["Warnings (not drifts; the exit code does not change):", "", *warnings, ""]
     lines += [
         "## Run",
         "",

@@ -8,14 +8,16 @@ or to what it reads off the port (sigma and lr schedules, optimizer).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from parity.adapter import CheckedPort, PortError
+from parity.adapter import CheckedPort, PortError, port_trace
 from parity.verdict import ERROR, CheckResult, Recorder, summarize, with_status_row
 from spec.config import PRESETS, Config
 from spec.knobs import RunSettings
@@ -95,19 +97,41 @@ class Context:
         return result.causes if result is not None and result.verdict != "pass" else ()
 
 
+def protocol_error(name: str, err: PortError, port) -> CheckResult:
+    """The `error` result of a check whose port broke the protocol: the message, where, and the port's frames."""
+    where, trace = port_trace(err, port)
+    section = f"The port broke the adapter protocol, so this check could not judge it:\n\n    {err}\n\n"
+    if trace:
+        section += ("The port's traceback (its own frames; the suite's are left out):\n\n"
+                    + textwrap.indent(trace, "    ") + "\n\n")
+    elif where:
+        section += f"The port's `{err.method}` is defined at {where}.\n\n"
+    section += "See parity/adapter.py for what each method must return."
+    observed = f"{err}" + ((f" [at {where}]" if trace else f" [{err.method} defined at {where}]") if where else "")
+    result = summarize(name, Recorder(name), section, verdict=ERROR, observed=observed, allowed="the adapter protocol")
+    return dataclasses.replace(result, trace=trace)
+
+
 def run_check(name: str, ctx: Context) -> CheckResult:
-    """Run one check; a PortError becomes an `error` verdict that names the method and what was expected."""
+    """Run one check; a PortError becomes an `error` verdict that names the method, what was expected and where."""
     module = importlib.import_module(f"parity.checks.{name}")
     start = time.perf_counter()
     try:
         result = module.run(ctx)
     except PortError as err:
-        rec = Recorder(name)
-        section = (f"The port broke the adapter protocol, so this check could not judge it:\n\n    {err}\n\n"
-                   "See parity/adapter.py for what each method must return.")
-        result = summarize(name, rec, section, verdict=ERROR, observed=str(err), allowed="the adapter protocol")
-    return with_status_row(CheckResult(result.name, result.verdict, result.observed, result.allowed, result.causes,
-                                       result.rows, result.section, result.alpha, time.perf_counter() - start))
+        result = protocol_error(name, err, ctx.port.port)
+    return with_status_row(dataclasses.replace(result, seconds=time.perf_counter() - start))
+
+
+def log_result(log: Callable[[str], None], result: CheckResult) -> None:
+    """The check's terminal line, then its warnings and the port's traceback, if any."""
+    tail = f": {result.cause_text}" if result.cause_text else ""
+    what = result.observed if result.verdict in ("skip", "error") else f"{result.observed} (allowed {result.allowed})"
+    log(f"[{result.name}] {result.verdict} ({result.seconds:.1f} s) {what}{tail}")
+    for warning in result.warnings:
+        log(f"[{result.name}] {warning}")
+    if result.trace:
+        log(textwrap.indent(result.trace, "    "))
 
 
 def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings | None = None,
@@ -127,6 +151,5 @@ def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings
         result = run_check(name, ctx)
         ctx.results[name] = result
         results.append(result)
-        tail = f": {result.cause_text}" if result.cause_text else ""
-        log(f"[{name}] {result.verdict} ({result.seconds:.1f} s) {result.observed} (allowed {result.allowed}){tail}")
+        log_result(log, result)
     return results

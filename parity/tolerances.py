@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from reporting import ulp_distance  # noqa: F401  (the checks' ULP measure, re-exported)
 
@@ -98,8 +98,8 @@ def _activate64(z: np.ndarray, activation: str) -> np.ndarray:
 class ForwardBound:
     """The MLP in float64 with a first-order bound on one float32 side's error, per logit.
 
-    noise: the protocol's dict (weight name -> (A, B), bias name -> eps) or None; member i sees
-    row i of x. The error is tracked as a 2-norm per member: each layer adds the rounding of the
+    noise: the protocol's dict (weight name -> (A, B) or a dense E, bias name -> eps) or None; member i sees
+    row i of x (a dense E enters as E does in x (W + E)^T, with r = 0 in the rounding count). The error is tracked as a 2-norm per member: each layer adds the rounding of the
     perturbed product (gamma_{in+r+3} on the absolute values: the chain x@B, @A^T and three
     additions) and propagates the incoming error through ||W + A B^T||_2 <= ||W||_2 + ||A||_2 ||B||_2;
     `param_err` (name -> elementwise bound on a parameter difference between the sides) adds
@@ -119,22 +119,27 @@ class ForwardBound:
         for t in range(n_layers):
             W = np.asarray(params[f"{t}.weight"], dtype=np.float64)
             b = np.asarray(params[f"{t}.bias"], dtype=np.float64)
-            A = B = eps = None
+            A = B = E = eps = None
             spec = np.linalg.norm(W, 2)                                                    # scalar or (m,)
-            if noise is not None and f"{t}.weight" in noise:
-                A, B = (np.asarray(v, dtype=np.float64) for v in noise[f"{t}.weight"])   # (m,out,r), (m,in,r)
+            value = None if noise is None else noise.get(f"{t}.weight")
+            if isinstance(value, tuple):
+                A, B = (np.asarray(v, dtype=np.float64) for v in value)                  # (m,out,r), (m,in,r)
                 spec = spec + np.linalg.norm(A, 2, axis=(1, 2)) * np.linalg.norm(B, 2, axis=(1, 2))
+            elif value is not None:                                                       # dense: E (m, out, in)
+                E = np.asarray(value, dtype=np.float64)
+                spec = spec + np.linalg.norm(E, 2, axis=(1, 2))
             if noise is not None and f"{t}.bias" in noise:
                 eps = np.asarray(noise[f"{t}.bias"], dtype=np.float64)                   # (m, out)
             rows = None
-            if t == n_layers - 1:   # per-logit row norms of W + A B^T
+            if t == n_layers - 1:   # per-logit row norms of W + A B^T (or W + E)
                 w_eff = W[None] if A is None else W[None] + A @ np.swapaxes(B, 1, 2)
+                w_eff = w_eff if E is None else W[None] + E
                 rows = np.linalg.norm(w_eff, axis=-1)                                     # (1 or m, out)
             dW = db = None
             if param_err is not None:
                 dW = np.asarray(param_err[f"{t}.weight"], dtype=np.float64)
                 db = np.asarray(param_err[f"{t}.bias"], dtype=np.float64)
-            self.layers.append((W, b, A, B, eps, np.broadcast_to(spec, (1,)) if np.ndim(spec) == 0 else spec,
+            self.layers.append((W, b, A, B, E, eps, np.broadcast_to(spec, (1,)) if np.ndim(spec) == 0 else spec,
                                 rows, dW, db))
 
     def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +147,7 @@ class ForwardBound:
         h = np.asarray(x, dtype=np.float64)[:, None, :]                              # (m, 1, in)
         norm = np.zeros(h.shape[0])                                                   # error 2-norm per member
         last = len(self.layers) - 1
-        for t, (W, b, A, B, eps, spec, rows, dW, db) in enumerate(self.layers):
+        for t, (W, b, A, B, E, eps, spec, rows, dW, db) in enumerate(self.layers):
             ah = np.abs(h)
             z = h @ W.T + b
             mag = ah @ np.abs(W).T + np.abs(b)
@@ -152,6 +157,9 @@ class ForwardBound:
                 z = z + (h @ B) @ At
                 mag = mag + (ah @ np.abs(B)) @ np.abs(At)
                 r = A.shape[-1]
+            if E is not None:      # dense: h (W + E)^T, the same chain without the rank-r inner product
+                z = z + h @ np.swapaxes(E, 1, 2)
+                mag = mag + ah @ np.abs(np.swapaxes(E, 1, 2))
             if eps is not None:
                 z = z + eps[:, None, :]
                 mag = mag + np.abs(eps)[:, None, :]
@@ -286,3 +294,104 @@ def two_sample_interval(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[flo
     se = math.sqrt(va + vb)
     dof = (va + vb) ** 2 / max(va ** 2 / max(a.size - 1, 1) + vb ** 2 / max(b.size - 1, 1), 1e-300)
     return diff, t_threshold(alpha, int(dof)) * se
+
+
+# ----------------------------------------------------------------------------- dense noise (ports with dense_noise)
+# A dense port gets E = fl32(A B^T) where the suite holds factors: the product is formed in float64 (exact for
+# float32 factors up to 2^-53) and rounded once, so |E - A B^T| <= u |A B^T| <= u |A| |B|^T elementwise.
+def dense_linear_exact(W, E, x) -> np.ndarray:
+    """x @ (W + E)^T in float64, per member: (m, batch, out)."""
+    x64, w64, e64 = (np.asarray(t, dtype=np.float64) for t in (x, W, E))
+    return x64 @ w64.T + x64 @ np.swapaxes(e64, -1, -2)
+
+
+def dense_linear_bound(W, E, x) -> np.ndarray:
+    """One dense side's float32 bound for x @ (W + E)^T: gamma_{in+2} |x| (|W| + |E|)^T, per element.
+
+    A length-in dot product (gamma_in, any order), the addition W + E (or of x W^T and x E^T) and one more for a
+    zero bias added after: in + 2 chained roundings on the absolute values.
+    """
+    ax, aw, ae = (np.abs(np.asarray(t, dtype=np.float64)) for t in (x, W, E))
+    return gamma(W.shape[1] + 2) * (ax @ aw.T + ax @ np.swapaxes(ae, -1, -2))
+
+
+def dense_grad_bound(f: np.ndarray, E: np.ndarray, f_err: np.ndarray | None = None) -> np.ndarray:
+    """One dense side's bound for sum_n f_n E_n / N, (out, in): gamma_{N+2} sum |f| |E| / N (a length-N dot
+    product and the division); f_err adds what an error of the shaped fitness propagates."""
+    weight = gamma(np.size(f) + 2) * np.abs(np.asarray(f, dtype=np.float64))
+    if f_err is not None:
+        weight = weight + np.asarray(f_err, dtype=np.float64)
+    return np.tensordot(weight, np.abs(np.asarray(E, dtype=np.float64)), axes=1) / np.size(f)
+
+
+def representation_bound(f: np.ndarray, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """How far sum f E / N moves when E = fl32(A B^T) replaces A B^T: u sum |f| |A| |B|^T / N, (out, in).
+
+    With this term twice the factor bound (gamma_{N r + 3}) still covers a dense side for r >= 2, which is why
+    checks comparing against the reference's factor bound need no change for dense ports.
+    """
+    af = np.abs(np.asarray(f, dtype=np.float64))
+    aa, ab = np.abs(np.asarray(A, dtype=np.float64)), np.abs(np.asarray(B, dtype=np.float64))
+    return U32 * np.tensordot(af[:, None, None] * aa, ab, axes=([0, 2], [0, 2])) / af.size
+
+
+RANK_TAIL = 1e-12   # chi-square tail used to bound ||A||_F and ||B||_F (not part of the false-alarm budget)
+
+
+def rank_threshold(scale: float, n_out: int, n_in: int, r: int) -> float:
+    """The largest singular value beyond the r-th that float32 rounding can give a rank-r product E = A B^T.
+
+    Weyl: sigma_{r+1}(E) <= ||E - A B^T||_2 <= ||E - A B^T||_F <= gamma_{r+3} || |A| |B|^T ||_F
+    <= gamma_{r+3} ||A||_F ||B||_F (a length-r dot product per entry, A's scaling, the cast, one spare). Under
+    EGGROLL A = scale/sqrt(r) * N(0,1) (out x r) and B = N(0,1) (in x r), so ||A||_F^2 r / scale^2 and ||B||_F^2
+    are chi-square with out*r and in*r degrees of freedom; their 1 - 1e-12 quantiles bound them. The float64
+    SVD that measures sigma_{r+1} adds ~1e-16 relative (negligible). A full-rank E's sigma_{r+1} is of the order
+    of its entries' scale, thousands of times this threshold (tests/test_parity_tolerances.py).
+    """
+    q_a = stats.chi2.isf(RANK_TAIL, n_out * r)
+    q_b = stats.chi2.isf(RANK_TAIL, n_in * r)
+    return gamma(r + 3) * scale * math.sqrt(q_a * q_b / r)
+
+
+def entry_moment(k: int, r: int) -> float:
+    """E[x^(2k)] of an entry of EGGROLL's A B^T / sigma: x = sqrt(chi2_r / r) * Z, so (2k-1)!! prod_j (r+2j)/r.
+
+    k = 1: 1 (variance sigma^2); k = 2: 3 + 6/r (the kurtosis).
+    """
+    moment = float(math.prod(range(1, 2 * k, 2)))
+    for j in range(k):
+        moment *= (r + 2 * j) / r
+    return moment
+
+
+def _entry_cdf_at(x: np.ndarray, r: int, h: float) -> np.ndarray:
+    """The trapezoidal rule with step h in u = log G for entry_cdf (x flat, float64)."""
+    k = r / 2
+    u = np.arange(-60 / k - 10, math.log(k + 60 + 10 * math.sqrt(k)) + h, h)     # G = e^u ~ Gamma(k)
+    w = h * np.exp(k * u - np.exp(u) - special.gammaln(k))                          # trapezoid weights in u
+    scale = math.sqrt(r / 2) * np.exp(-u / 2)
+    out = np.empty(x.shape)
+    for start in range(0, x.size, 4096):                                            # bounded memory
+        out[start:start + 4096] = special.ndtr(x[start:start + 4096, None] * scale) @ w
+    return out
+
+
+def entry_cdf(x: np.ndarray, r: int) -> tuple[np.ndarray, float]:
+    """(CDF of an entry of EGGROLL's A B^T / sigma at x, its numerical error bound).
+
+    x = Z sqrt(V / r) with V = 2G, G ~ Gamma(r/2): F(x) = E_G[Phi(x sqrt(r / (2G)))], integrated over u = log G by
+    the trapezoidal rule, which converges exponentially for this smooth, doubly-exponentially decaying integrand;
+    the error is estimated as the change when the step is halved (about 1e-15 at r = 4).
+    """
+    x = np.asarray(x, dtype=np.float64).ravel()
+    h = min(0.25, 0.5 / math.sqrt(r / 2))
+    coarse, fine = _entry_cdf_at(x, r, h), _entry_cdf_at(x, r, h / 2)
+    return fine, float(np.max(np.abs(fine - coarse), initial=0.0)) + 1e-12
+
+
+def entry_ks(x: np.ndarray, r: int) -> tuple[float, float]:
+    """(Kolmogorov-Smirnov distance of the sample x to EGGROLL's entry distribution, the CDF's error bound)."""
+    x = np.sort(np.asarray(x, dtype=np.float64).ravel())
+    cdf, err = entry_cdf(x, r)
+    steps = np.arange(1, x.size + 1) / x.size
+    return float(max(np.max(steps - cdf), np.max(cdf - (steps - 1 / x.size)))), err

@@ -56,6 +56,8 @@ class CheckResult:
     section: str
     alpha: float = 0.0       # false-alarm budget its statistical tests spent (Bonferroni sum)
     seconds: float = 0.0
+    warnings: tuple[str, ...] = ()   # what the port does that is no drift but deserves advice (shown in the terminal)
+    trace: str = ""          # an `error` verdict: the port's own frames of the exception it raised
 
     @property
     def cause_text(self) -> str:
@@ -75,6 +77,7 @@ class Recorder:
     causes: list[Cause] = field(default_factory=list)
     alpha: float = 0.0
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def _add(self, quantity: str, side: str, size: str, value: float, tolerance: str, ok: bool | None,
              margin: float, cause) -> bool:
@@ -148,7 +151,7 @@ def summarize(name: str, rec: Recorder, section: str, seconds: float = 0.0, verd
         observed = observed or f"{head.quantity} [{head.side}, {head.size}] = {fmt(head.value)}"
         allowed = allowed or head.tolerance
     return CheckResult(name, verdict, observed or "", allowed or "", tuple(rec.causes), tuple(rec.rows), section,
-                       rec.alpha, seconds)
+                       rec.alpha, seconds, tuple(rec.warnings))
 
 
 def with_status_row(result: CheckResult) -> CheckResult:

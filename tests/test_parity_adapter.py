@@ -156,3 +156,88 @@ def test_load_port_reports_a_module_that_fails_to_import(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(UsageError, match="raised RuntimeError: needs a licence server"):
         load_port("port_raising_on_import:adapter", CFG)
+
+
+# ----------------------------------------------------------------------------- dense noise and the forward/update split
+class Recording(ReferencePort):
+    """The reference that remembers what its methods were handed (and, dense, takes E)."""
+
+    def __init__(self, cfg, dense=False):
+        super().__init__(cfg)
+        self.dense_noise, self.seen = dense, {}
+
+    def perturbed_linear(self, W, *args):
+        self.seen["perturbed_linear"] = args
+        if self.dense_noise:
+            E, x = args
+            return np.asarray(x @ np.swapaxes(W[None] + E, 1, 2), np.float32)
+        return super().perturbed_linear(W, *args)
+
+    def gradient(self, noise, shaped, sigma):
+        self.seen["gradient"] = noise
+        return {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+
+    def forward(self, params, noise, x):
+        self.seen["forward"] = noise
+        return np.zeros((x.shape[0], 2), np.float32)
+
+
+@pytest.mark.parametrize("m", [2, 5])
+def test_a_dense_port_receives_e_in_place_of_factors(m):
+    """E = fl32(A B^T) for every method that takes noise, the same object for the same noise (ports cache on it)."""
+    from parity.noiseform import dense_of
+
+    rng = np.random.default_rng(m)
+    port = CheckedPort(Recording(CFG, dense=True))
+    noise = ReferencePort(CFG).noise(SHAPES, m, 0, np.arange(m), m, 0.2, 4)
+    port.gradient(noise, rng.standard_normal(m).astype(np.float32), 0.2, SHAPES)
+    given = port.port.seen["gradient"]
+    for name, value in noise.items():
+        expected = dense_of(*value) if name.endswith(".weight") else value
+        assert given[name].dtype == np.float32 and np.array_equal(given[name], expected)
+    assert given["0.weight"].shape == (m, 8, 4)
+    port.forward({k: np.zeros(s, np.float32) for k, s in SHAPES.items()}, noise, np.zeros((m, 4), np.float32), 2)
+    assert port.port.seen["forward"] is given
+    A, B = noise["1.weight"]
+    W, x = rng.standard_normal((8, 8)).astype(np.float32), rng.standard_normal((m, 3, 8)).astype(np.float32)
+    port.perturbed_linear(W, A, B, x)
+    E, _ = port.port.seen["perturbed_linear"]
+    assert np.array_equal(E, dense_of(A, B))
+
+
+def test_forward_and_update_noise_apart_go_to_their_methods():
+    """{"forward": f, "update": u} from noise(): forward() gets f, gradient() gets u; the suite's one dict goes to both."""
+    class Apart(Recording):
+        def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
+            update = super().noise(shapes, seed, epoch, members, pop, sigma, rank)
+            return {"forward": {k: v for k, v in update.items() if k.endswith(".weight")}, "update": update}
+
+    port = CheckedPort(Apart(CFG))
+    noise = port.noise(SHAPES, 0, 0, np.arange(4), 8, 0.2, 4)
+    assert set(noise.forward) == {k for k in SHAPES if k.endswith(".weight")} and set(noise.update) == set(SHAPES)
+    params = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    port.forward(params, noise, np.zeros((4, 4), np.float32), 2)
+    port.gradient(noise, np.zeros(4, np.float32), 0.2, SHAPES)
+    assert port.port.seen["forward"] is noise.forward and port.port.seen["gradient"] is noise.update
+    plain = ReferencePort(CFG).noise(SHAPES, 0, 0, np.arange(4), 8, 0.2, 4)
+    port.forward(params, plain, np.zeros((4, 4), np.float32), 2)
+    port.gradient(plain, np.zeros(4, np.float32), 0.2, SHAPES)
+    assert port.port.seen["forward"] is plain and port.port.seen["gradient"] is plain
+
+
+@pytest.mark.parametrize("value, needle", [
+    (lambda n: {k: (n[k][0] @ np.swapaxes(n[k][1], 1, 2)).astype(np.float32)[:, :, :-1] if k.endswith(".weight")
+                else n[k] for k in n}, r"E of '0.weight' has shape \(4, 8, 3\); expected \(4, 8, 4\)"),
+    (lambda n: n, "'0.weight' is a pair, but the port declares dense_noise = True; expected E of shape"),
+    (lambda n: {"forward": n}, r"returned keys \['forward'\]; noise given apart is"),
+])
+def test_dense_noise_of_the_wrong_form_is_a_protocol_error(value, needle):
+    class Dense(ReferencePort):
+        dense_noise = True
+
+        def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
+            return value(super().noise(shapes, seed, epoch, members, pop, sigma, rank))
+
+    with pytest.raises(PortError, match="port method `noise`") as err:
+        CheckedPort(Dense(CFG)).noise(SHAPES, 0, 0, np.arange(4), 8, 0.2, 4)
+    assert err.match(needle)

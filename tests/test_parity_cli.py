@@ -87,3 +87,14 @@ def test_internal_crash_is_not_read_as_a_mismatch(monkeypatch, tmp_path, capsys)
     assert code == cli.EXIT_INTERNAL == 3
     assert "internal error in the suite" in capsys.readouterr().err
     assert not (tmp_path / "out" / "summary.md").exists()
+
+
+def test_a_port_accepting_nan_passes_with_the_warning_in_the_terminal(tmp_path, capsys):
+    """The reference accepts NaN fitness, as upstream EggRoll: exit 0, and the terminal says so with advice, in the
+    check's progress line and again after the verdict (stderr, shown with --quiet too)."""
+    rc = cli.main(["--port", "parity.reference_port:ReferencePort", "--size", "selftest", "--checks", "fitness",
+                   "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert "[fitness] warning (not a drift): the port accepts NaN, +inf, -inf fitness" in captured.out
+    assert "parity check: fitness: warning (not a drift)" in captured.err and "advice: reject NaN/inf" in captured.err

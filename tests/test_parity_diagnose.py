@@ -108,3 +108,28 @@ def test_follows_keeps_the_knob():
     upstream = (diagnose.cause("activation", "x"),)
     (found,) = diagnose.follows("products", upstream)
     assert found.knob == "activation" and found.text.startswith("follows from the products check")
+
+
+# ----------------------------------------------------------------------------- bias noise in the knob table's words
+def test_a_zero_bias_gradient_is_named_bias_noise_off():
+    found = diagnose.gradient_cause("1.bias", 0.0, 0.0, 0.0, 0.2, 0.1)
+    assert found.knob == "bias_noise" and "bias_noise=off" in found.text and "cosine" not in found.text
+    weight = diagnose.gradient_cause("1.weight", 0.0, 0.0, 0.0, 0.2, 0.1)
+    assert weight.knob is None and "is zero" in weight.text
+
+
+@pytest.mark.parametrize("update_only", [False, True])
+def test_fresh_bias_noise_is_named_update_only_when_the_forward_leaves_it_out(update_only):
+    epochs = [0, 1, 2, 3]
+    found = diagnose.schedule_cause(epochs, [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 2, 3], [0, 0, 0, 0], update_only)
+    assert [c.knob for c in found] == ["bias_noise"]
+    assert (diagnose.UPDATE_ONLY in found[0].text) == update_only and "fresh bias noise" in found[0].text
+    assert diagnose.names_update_only(found) == update_only
+
+
+def test_a_forward_without_bias_noise_is_off_or_update_only_by_the_ports_own_noise():
+    from parity.checks.products import Forward, _forward_causes
+
+    f = Forward("perturbed", 9.0, 9.0, 0.1, True, ("pqn", False), 1.0)
+    assert "bias_noise=off" in _forward_causes(f, "pqn", own_bias_noise=False)[0].text
+    assert diagnose.UPDATE_ONLY in _forward_causes(f, "pqn", own_bias_noise=True)[0].text

@@ -10,6 +10,8 @@ at its `selftest` size (pop 32, MLP 4-8-8-2); JAX compiles once per process, lat
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 import re
 import subprocess
 import sys
@@ -22,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:        # tests.ports and examples import from the repository root
     sys.path.insert(0, str(ROOT))
 
+from examples import instep_adapter  # noqa: E402
 from parity import __main__ as cli  # noqa: E402
-from tests.ports import numpy_port  # noqa: E402
+from tests.ports import broken, numpy_port  # noqa: E402
 
 SIZE = ["--size", "selftest", "--quiet"]
 FAITHFUL = [name for name, (_, knob) in numpy_port.VARIANTS.items() if knob is None]
@@ -45,6 +48,11 @@ def verdict_table(summary: str) -> dict[str, tuple[str, str]]:
         if len(cells) == 5 and cells[0] not in ("check", "---"):
             rows[cells[0]] = (cells[1], cells[4])
     return rows
+
+
+def row(summary: str, check_name: str) -> str:
+    """The verdict table's line for one check."""
+    return next(line for line in summary.splitlines() if line.startswith(f"| {check_name} |"))
 
 
 def named_knobs(summary: str) -> set[str]:
@@ -103,6 +111,79 @@ def test_two_drifts_of_an_outside_port_are_both_named(name, tmp_path):
     assert set(re.findall(r"knob `(\w+)`", table["trajectory"][1])) == in_trajectory, (seed, table["trajectory"])
 
 
+# ----------------------------------------------------------------------------- dense and split noise
+@pytest.mark.parametrize("name", list(numpy_port.NOISE_FORM_DRIFTS))
+def test_dense_noise_unlike_eggrolls_is_named_in_those_words(name, tmp_path):
+    """A dense E that is full rank, scaled wrong or otherwise distributed: exit 1, the noise check says so in those
+    words, and no knob is named (none describes it)."""
+    _, words = numpy_port.NOISE_FORM_DRIFTS[name]
+    code, summary = check(f"tests.ports.numpy_port:{name}", tmp_path)
+    verdict, cause = verdict_table(summary)["noise"]
+    assert code == 1 and verdict == "fail", summary
+    for w in words:
+        assert w in cause, cause
+    assert named_knobs(summary) == set()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_a_faithful_dense_port_is_never_flagged(seed, tmp_path):
+    """The dense statistics (rank, scale, distribution) at other seeds: no false alarm."""
+    code, summary = check("tests.ports.numpy_port:dense_faithful_numpy_rng", tmp_path, "--seed", str(seed),
+                          "--checks", "products,noise,gradients,trajectory")
+    assert code == 0, summary
+
+
+@pytest.mark.parametrize("name, forbidden", [("bias_noise_update_only", "bias_noise=off"),
+                                             ("bias_noise_update_only_split", "bias_noise=off"),
+                                             ("bias_noise_none", "update_only")])
+def test_every_check_names_bias_noise_alike(name, forbidden, tmp_path):
+    """Update-only bias noise (forward leaving it out, or given apart) and no bias noise at all: each check that
+    fails says the same value of bias_noise, and a zero bias gradient is named, not "cosine 0"."""
+    code, summary = check(f"tests.ports.numpy_port:{name}", tmp_path)
+    causes = [cause for verdict, cause in verdict_table(summary).values() if verdict == "fail"]
+    assert code == 1 and causes, summary
+    said = "bias_noise=off" if forbidden == "update_only" else "bias_noise=update_only"
+    for cause in causes:
+        assert "knob `bias_noise`" in cause and said in cause and forbidden not in cause, cause
+    assert "cosine 0" not in summary
+
+
+def test_instep_example_passes_and_its_pattern_is_what_makes_it_checkable(tmp_path, monkeypatch):
+    """examples/instep_adapter.py: a dense port drawing its noise inside step(). It passes; without the replaced
+    noise-drawing method its step runs on its own noise and the trajectory parts at the parameters."""
+    code, summary = check("examples.instep_adapter:adapter", tmp_path)
+    table = verdict_table(summary)
+    assert code == 0, summary
+    assert {c for c, (v, _) in table.items() if v == "skip"} == {"actions", "updates", "init"}
+    assert {v for c, (v, _) in table.items() if c not in ("actions", "updates", "init")} == {"pass"}, table
+    monkeypatch.setattr(instep_adapter, "given_noise", lambda es, noise: contextlib.nullcontext())
+    code, summary = check("examples.instep_adapter:adapter", tmp_path / "unpatched", "--checks", "trajectory")
+    assert code == 1 and "parameters: max |port - ref| / bound" in row(summary, "trajectory").replace("\\|", "|")
+
+
+def test_instep_port_trains():
+    from examples.instep_port import train
+
+    history = train(seed=1, pop=8, hidden=8, epochs=2)
+    assert history == train(seed=1, pop=8, hidden=8, epochs=2) and all(8 <= r <= 500 for r in history)
+
+
+# ----------------------------------------------------------------------------- NaN accepted: a warning
+def test_a_faithful_port_that_accepts_nan_exits_0_with_the_warning_and_advice(tmp_path, capsys):
+    code, summary = check("tests.ports.numpy_port:faithful_accepts_nonfinite", tmp_path)
+    err = capsys.readouterr().err
+    assert code == 0, summary
+    assert "warning (not a drift): the port accepts NaN, +inf, -inf fitness" in err and "advice: reject" in err
+    assert "Warnings (not drifts" in summary.split("## Run")[0]
+
+
+def test_the_nan_row_never_heads_a_formula_drift(tmp_path):
+    code, summary = check("tests.ports.numpy_port:fitness_std_accepts_nonfinite", tmp_path, "--checks", "fitness")
+    line = row(summary, "fitness")
+    assert code == 1 and "| fail | max \\|port - ref\\| / bound" in line and "NaN" not in line, line
+    assert "knob `fitness`" in line
+
+
 # ----------------------------------------------------------------------------- optional methods absent
 @pytest.mark.parametrize("spec", ["tests.ports.numpy_port:required_only", "examples.minimal_adapter:adapter"])
 def test_missing_optional_methods_are_skipped(spec, tmp_path):
@@ -126,6 +207,9 @@ def test_missing_optional_methods_are_skipped(spec, tmp_path):
     ("tests.ports.no_such_module:adapter", ["cannot import module 'tests.ports.no_such_module'"]),
     ("tests.ports.broken:no_such_attr", ["has no attribute 'no_such_attr'"]),
     ("tests.ports.broken", ["expects package.module:attr"]),
+    ("tests.ports.broken:DenseWithFactorLinear", ["declares dense_noise = True",
+                                                   "perturbed_linear(W (out,in), E (m,out,in), x (m,batch,in))"]),
+    ("tests.ports.broken:DenseDeclaredVaguely", ["dense_noise must be True or False, got 'yes'"]),
 ])
 def test_unloadable_port_is_a_usage_error(spec, words, tmp_path, capsys):
     code, summary = check(spec, tmp_path)
@@ -150,6 +234,14 @@ def test_port_flags_do_not_mix_with_torch_knobs(tmp_path, capsys):
      "port method `noise`: B of '0.weight' has dtype int64; expected float32"),
     ("tests.ports.broken:RaisingGradient", "gradients",
      "port method `gradient`: raised ZeroDivisionError: population of zero members"),
+    ("tests.ports.broken:DenseTransposed", "noise",
+     "port method `noise`: E of '0.weight' has shape (8192, 4, 8); expected (8192, 8, 4)"),
+    ("tests.ports.broken:DenseFloat64", "noise", "port method `noise`: E of '0.weight' has dtype float64; expected float32"),
+    ("tests.ports.broken:DenseUndeclared", "noise",
+     "port method `noise`: '0.weight' must be a pair (A (128, 8, 4), B (128, 4, 4)), got one array of shape (128, 8, 4); "
+     "a port that keeps no factors sets dense_noise = True"),
+    ("tests.ports.broken:SplitMisspelt", "noise",
+     "port method `noise`: returned keys ['forward', 'updates']; noise given apart is {\"forward\": noise dict"),
 ])
 def test_protocol_breach_is_an_error_naming_the_method(spec, check_name, message, tmp_path):
     """Wrong shape, float64 or int64 where float32 is expected, an exception inside the port: verdict
@@ -159,6 +251,27 @@ def test_protocol_breach_is_an_error_naming_the_method(spec, check_name, message
     assert code == 2, summary
     assert table[check_name][0] == "error" and message in summary, table
     assert any(v == "pass" for v, _ in table.values())
+
+
+def test_a_port_that_raises_leaves_its_traceback(tmp_path, capsys):
+    """The terminal line and the check's section show where the port raised (its own frames, file:line); exit 2."""
+    line = inspect.getsourcelines(broken.RaisingGradient.gradient)[1] + 1          # the raise
+    code = cli.main(["--port", "tests.ports.broken:RaisingGradient", "--out", str(tmp_path), "--size", "selftest",
+                     "--checks", "fitness,gradients"])
+    out = capsys.readouterr().out
+    summary = (tmp_path / "summary.md").read_text()
+    assert code == 2
+    terminal = next(t for t in out.splitlines() if t.startswith("[gradients] error"))
+    assert f"broken.py:{line} in gradient]" in terminal, terminal
+    section = summary.split("## gradients: error")[1]
+    assert f'broken.py", line {line}, in gradient' in section and "ZeroDivisionError" in section, section
+    assert "parity/adapter.py\", line" not in section         # the suite's own frames are left out
+
+
+def test_a_wrong_return_value_says_where_the_method_is(tmp_path):
+    line = inspect.getsourcelines(broken.TransposedLinear.perturbed_linear)[1]
+    code, summary = check("tests.ports.broken:TransposedLinear", tmp_path, "--checks", "products")
+    assert code == 2 and "`perturbed_linear` is defined at " in summary and f"broken.py:{line}" in summary
 
 
 def test_port_module_that_fails_on_import_is_a_usage_error(tmp_path, monkeypatch, capsys):

@@ -11,6 +11,7 @@ and never a change of the exit code. A port that rejects them is reported the sa
 """
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -113,7 +114,9 @@ def _rejections(ctx) -> tuple[Rejection, ...]:
         f = base.copy()
         f[3] = value
         try:
-            shown, port_msg = np.asarray(ctx.port.unchecked("shape_fitness", f, 0))[:4], None
+            with np.errstate(all="ignore"), warnings.catch_warnings():    # NaN in, on purpose: no noise from numpy
+                warnings.simplefilter("ignore", RuntimeWarning)
+                shown, port_msg = np.asarray(ctx.port.unchecked("shape_fitness", f, 0))[:4], None
         except Exception as err:       # the port's own validation: what we want
             shown, port_msg = None, f"{type(err).__name__}: {err}"
         out.append(Rejection(label, port_msg, shown, ctx.reference.rejects_nonfinite(noise, f, ctx.shapes)))
@@ -147,7 +150,15 @@ def judge(m: Measured) -> Recorder:
         for side, message in (("port", r.port_error), ("reference", r.reference_error)):
             rec.info(f"{r.label} fitness rejected", side, "N=16", float(message is not None),
                      nonfinite_note(side, r.label, message))
+    if accepts_nonfinite(m):
+        rec.warnings.append(nonfinite_warning(m))
     return rec
+
+
+def nonfinite_warning(m: Measured) -> str:
+    """The terminal's warning for a port that accepts non-finite fitness: what it accepts, and the advice."""
+    accepted = ", ".join(r.label for r in m.rejections if r.port_error is None)
+    return f"warning (not a drift): the port accepts {accepted} fitness, like upstream EggRoll; {ADVICE}"
 
 
 def accepts_nonfinite(m: Measured) -> bool:

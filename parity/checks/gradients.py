@@ -17,7 +17,9 @@ from typing import NamedTuple
 import numpy as np
 
 from parity import diagnose
-from parity.tolerances import bias_grad_bound, check_alpha, two_sample_interval, weight_grad_bound
+from parity.noiseform import forward_of, members
+from parity.tolerances import (bias_grad_bound, check_alpha, dense_grad_bound, representation_bound,
+                               two_sample_interval, weight_grad_bound)
 from parity.verdict import Recorder, fmt, summarize
 
 NAME = "gradients"
@@ -33,29 +35,52 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _leaf_bound(name: str, noise: dict, shaped: np.ndarray) -> np.ndarray:
+    """One side's float32 bound of a leaf's estimate on this noise: factors, a dense E, or a bias's eps."""
     if name.endswith(".weight"):
-        return weight_grad_bound(shaped, *noise[name])
+        value = noise[name]
+        return weight_grad_bound(shaped, *value) if isinstance(value, tuple) else dense_grad_bound(shaped, value)
     if name in noise:
         return bias_grad_bound(shaped, noise[name])
     return np.zeros(1)
+
+
+def _allowed(name: str, noise: dict, given: dict, shaped: np.ndarray) -> np.ndarray:
+    """|port - ref| allowed on a leaf: both sides' bounds, plus (a dense port, given E = fl32(A B^T)) how far the
+    rounding of E moves the exact estimate."""
+    allowed = _leaf_bound(name, noise, shaped) + _leaf_bound(name, given, shaped)
+    if given is not noise and name.endswith(".weight"):
+        allowed = allowed + representation_bound(shaped, *noise[name])
+    return allowed
+
+
+def _weight_terms(kind: str, value, t: np.ndarray) -> tuple[np.ndarray, np.ndarray | float]:
+    """(<t, delta_m>, ||delta_m||^2 for the quadratic) of a weight's perturbations, from factors or a dense E."""
+    if not isinstance(value, tuple):
+        E = np.asarray(value, np.float64)                                             # (m, out, in)
+        return (E * t).sum((1, 2)), ((E ** 2).sum((1, 2)) if kind == "quadratic" else 0.0)
+    A, B = (np.asarray(x, np.float64) for x in value)                                 # (m, out, r), (m, in, r)
+    inner = ((t @ B) * A).sum((1, 2))                                                 # <t, A_m B_m^T>
+    square = 0.0
+    if kind == "quadratic":
+        square = ((np.swapaxes(A, 1, 2) @ A) * (np.swapaxes(B, 1, 2) @ B)).sum((1, 2))   # ||A B^T||_F^2
+    return inner, square
 
 
 def _objective_values(kind: str, noise: dict, target: dict, names) -> np.ndarray:
     """Fitness (m,) float32 of each member's perturbation delta_i for a linear or quadratic objective.
 
     linear: <t, delta>; quadratic: -||t + delta||^2 (t = theta - theta*). For a weight delta = A B^T,
-    so <t, A B^T> = sum((t B) * A) and ||A B^T||^2 = sum((A^T A) * (B^T B)): nothing out x in per member.
+    so <t, A B^T> = sum((t B) * A) and ||A B^T||^2 = sum((A^T A) * (B^T B)): nothing out x in per member
+    (a dense port's E is used as given). The perturbation is what the port's forward applies (its forward
+    noise, when it gives forward and update noise apart).
     """
-    m = next(v[0].shape[0] for v in noise.values() if isinstance(v, tuple))
+    noise = forward_of(noise)
+    m = members(noise)
     total = np.zeros(m)
     for name in names:
         t = target[name]
         if name.endswith(".weight"):
-            A, B = (np.asarray(x, np.float64) for x in noise[name])                 # (m, out, r), (m, in, r)
-            inner = ((t @ B) * A).sum((1, 2))                                         # <t, A_m B_m^T>
-            square = 0.0
-            if kind == "quadratic":
-                square = ((np.swapaxes(A, 1, 2) @ A) * (np.swapaxes(B, 1, 2) @ B)).sum((1, 2))   # ||A B^T||_F^2
+            inner, square = _weight_terms(kind, noise[name], t)
         elif name in noise:
             eps = np.asarray(noise[name], np.float64)                                 # (m, out)
             inner, square = eps @ t, (eps ** 2).sum(1)
@@ -104,6 +129,7 @@ def _shared_noise(ctx, n: int, rng) -> list[Leaf]:
     noise = ctx.reference.noise(shapes, ctx.seed, 0, np.arange(n), n, sigma, r)
     shaped = ctx.ref.shape_fitness(rng.standard_normal(n).astype(np.float32), 0)
     g_port, g_ref = ctx.port.gradient(noise, shaped, sigma, shapes), ctx.ref.gradient(noise, shaped, sigma, shapes)
+    given = ctx.port.received(noise)
     # the same at sigma / 2: a leaf whose ratio scales with 1/sigma is divided by sigma once more
     noise2 = ctx.reference.noise(shapes, ctx.seed, 0, np.arange(n), n, sigma / 2, r)
     g2_port, g2_ref = (ctx.port.gradient(noise2, shaped, sigma / 2, shapes),
@@ -111,7 +137,7 @@ def _shared_noise(ctx, n: int, rng) -> list[Leaf]:
     leaves = []
     for name in shapes:
         p, q = np.asarray(g_port[name], np.float64), np.asarray(g_ref[name], np.float64)
-        bound = 2 * _leaf_bound(name, noise, shaped)
+        bound = _allowed(name, noise, given, shaped)
         ratio = float(np.max(np.abs(p - q) / np.maximum(bound, 1e-300))) if np.any(p != q) else 0.0
         half = (float(np.linalg.norm(g2_port[name]) / np.linalg.norm(g2_ref[name]))
                 if np.linalg.norm(g2_ref[name]) > 0 else None)
@@ -187,7 +213,8 @@ def section(m: Measured) -> str:
     return "\n".join([
         "Shared noise and fitness: the reference's noise for each population size and one shaped fitness vector "
         "go to both sides. Allowed per leaf: |port - ref| <= the two sides' float32 bounds of the estimate "
-        "(weights: gamma_(N r + 3) sum_n |f_n| |A_n| |B_n|^T / N; biases: gamma_(N+2) mean |f_n eps_n|); "
+        "(weights: gamma_(N r + 3) sum_n |f_n| |A_n| |B_n|^T / N; biases: gamma_(N+2) mean |f_n eps_n|; a dense port, "
+        "given E = fl32(A B^T): gamma_(N+2) sum_n |f_n| |E_n| / N plus u sum_n |f_n| |A_n| |B_n|^T / N for E's rounding); "
         "deterministic. A leaf that differs is diagnosed by its norm ratio and cosine (re-measured at sigma/2 to "
         "tell a 1/sigma factor from a constant).",
         "",

@@ -15,6 +15,8 @@ import numpy as np
 from scipy import stats
 
 from parity import diagnose
+from parity.checks import dense
+from parity.noiseform import SplitNoise, dense_mismatch, draws, independent_entries, perturbation, update_of
 from parity.tolerances import (ULP_TOLERANCE, check_alpha, chi2_interval, ks_critical, mean_interval,
                                normal_mean_interval, ulp_distance)
 from parity.verdict import Recorder, fmt, summarize
@@ -22,6 +24,7 @@ from rollout.cartpole import MAX_STEPS
 
 NAME = "noise"
 P_MEMBERS = 128   # members whose perturbation A B^T is formed for the independence tests
+GENERATOR_MEMBERS = 256   # members a dense port claiming JAX's draws is compared on (E against A B^T)
 
 
 def _weights(shapes):
@@ -30,11 +33,6 @@ def _weights(shapes):
 
 def _biases(shapes):
     return [n for n in shapes if n.endswith(".bias")]
-
-
-def _perturbation(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """Each member's A_i @ B_i^T in float64: (m, out, in)."""
-    return np.asarray(A, np.float64) @ np.swapaxes(np.asarray(B, np.float64), 1, 2)
 
 
 def _signfree(x: np.ndarray) -> bytes:
@@ -47,7 +45,8 @@ def _signfree(x: np.ndarray) -> bytes:
 # ----------------------------------------------------------------------------- statistics
 class Test(NamedTuple):
     """One statistical test: `kind` chi2 (mean of squares of iid N(0,1) values), mean (their mean), ks
-    (normality of the values) or t (per-member statistics with expected mean `expected`)."""
+    (normality of the values), t (per-member statistics with expected mean `expected`), and for a dense port
+    eggroll (KS of independent entries of E / sigma against EGGROLL's entry distribution; `rank` is r)."""
 
     quantity: str
     size: str
@@ -55,6 +54,7 @@ class Test(NamedTuple):
     values: np.ndarray
     cause: object
     expected: float = 0.0
+    rank: int = 0
 
 
 SHAPE = diagnose.other("noise distribution", "the draws are not normal")
@@ -95,7 +95,7 @@ def _independence_tests(noise: dict, reps: np.ndarray, shapes, sigma: float) -> 
     tests, p_all = [], []
     few = reps[:P_MEMBERS]                     # A B^T is formed (out x in per member): cap the memory
     for w in weights:
-        p = _perturbation(noise[w][0][few], noise[w][1][few]) / sigma               # (n, out, in)
+        p = perturbation(noise, w, few) / sigma                                   # (n, out, in)
         p_all.append(p.reshape(few.size, -1))
         leaf_size = f"{few.size} members, {w} {p.shape[1]}x{p.shape[2]}"
         dep = diagnose.other("noise independence", f"neighbouring entries of {w}'s perturbation are correlated")
@@ -114,10 +114,11 @@ def _independence_tests(noise: dict, reps: np.ndarray, shapes, sigma: float) -> 
     if len(weights) > 1:
         cross = []
         for w1, w2 in zip(weights[:-1], weights[1:]):
-            x1, x2 = noise[w1][1][reps].reshape(reps.size, -1), noise[w2][1][reps].reshape(reps.size, -1)
+            x1, x2 = draws(noise, w1)[reps].reshape(reps.size, -1), draws(noise, w2)[reps].reshape(reps.size, -1)
             k = min(x1.shape[1], x2.shape[1])
             cross.append(x1[:, :k] * x2[:, :k])
-        tests.append(Test("B: mean product across leaves", f"{reps.size} members, all weights", "t",
+        tests.append(Test(f"{'E' if isinstance(noise[w1], np.ndarray) else 'B'}: mean product across leaves",
+                          f"{reps.size} members, all weights", "t",
                           np.concatenate(cross, 1).mean(1),
                           diagnose.cause("rng", "the noise of different parameter leaves is correlated (key scheme)")))
     return tests
@@ -140,37 +141,57 @@ def _bias_tests(noise: dict, reps: np.ndarray, shapes, sigma: float) -> list[Tes
     return tests
 
 
-def _moment_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
+def _dense_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
+    """A dense port's E: per weight and pooled, the exact KS distance of independent entries of E / sigma to
+    EGGROLL's entry distribution (parity.checks.dense); each failure's cause says scale or distribution."""
+    samples = {w: independent_entries(noise, w, reps) / sigma for w in _weights(shapes)}
+    per_leaf, pooled_cause = dense.causes(samples, r)
+    tests = []
+    for w, x in samples.items():
+        o, i = noise[w].shape[1:]
+        tests.append(Test(f"{w} E / sigma: Kolmogorov-Smirnov distance to EGGROLL's entries",
+                          f"{reps.size} members x {min(o, i)} diagonal entries, {w} {o}x{i}", "eggroll", x,
+                          per_leaf[w], rank=r))
+    x = np.concatenate(list(samples.values()))
+    tests.append(Test("E / sigma: Kolmogorov-Smirnov distance to EGGROLL's sqrt(chi2_r / r) N(0,1)",
+                      f"{x.size} independent entries, all weights", "eggroll", x, pooled_cause, rank=r))
+    return tests
+
+
+def _moment_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int, is_dense: bool = False) -> list[Test]:
     """Every distribution and independence test of the port's noise, over independent members `reps`.
 
     Under the reference's behaviour the entries of A / (sigma/sqrt r), of B and of eps / sigma are iid
     standard normal across independent members, so their scale (chi-square), mean (normal) and
-    shape (Kolmogorov-Smirnov) have exact null distributions.
+    shape (Kolmogorov-Smirnov) have exact null distributions. A dense port's E is tested on its independent
+    entries instead (parity.checks.dense).
     """
-    return (_scale_tests(noise, reps, shapes, sigma, r) + _pooled_tests(noise, reps, shapes, sigma, r)
-            + _independence_tests(noise, reps, shapes, sigma) + _bias_tests(noise, reps, shapes, sigma))
+    weights = (_dense_tests(noise, reps, shapes, sigma, r) if is_dense
+               else _scale_tests(noise, reps, shapes, sigma, r) + _pooled_tests(noise, reps, shapes, sigma, r))
+    return weights + _independence_tests(noise, reps, shapes, sigma) + _bias_tests(noise, reps, shapes, sigma)
 
 
 def _judge(rec: Recorder, test: Test, alpha: float) -> None:
-    """Record one statistical test at level alpha (exact for chi2, mean and ks; a t-interval for t)."""
-    n = test.values.size
+    """Record one statistical test at level alpha (exact for chi2, mean, ks and eggroll; a t-interval for t)."""
+    n, cause = test.values.size, test.cause
     if test.kind == "chi2":
         lo, hi = chi2_interval(n, alpha)
-        rec.stat(test.quantity, "port", test.size, float(np.mean(test.values ** 2)), lo, hi, alpha,
-                 f"chi-square({n})/{n}, alpha={alpha:.2g}", cause=test.cause)
-    elif test.kind == "mean":
+        return rec.stat(test.quantity, "port", test.size, float(np.mean(test.values ** 2)), lo, hi, alpha,
+                        f"chi-square({n})/{n}, alpha={alpha:.2g}", cause=cause)
+    if test.kind == "mean":
         lo, hi = normal_mean_interval(n, alpha)
-        rec.stat(test.quantity, "port", test.size, float(np.mean(test.values)), lo, hi, alpha,
-                 f"N(0, 1/{n}), alpha={alpha:.2g}", cause=test.cause)
-    elif test.kind == "ks":
+        return rec.stat(test.quantity, "port", test.size, float(np.mean(test.values)), lo, hi, alpha,
+                        f"N(0, 1/{n}), alpha={alpha:.2g}", cause=cause)
+    if test.kind == "ks":
         rec.alpha += alpha
         d = float(stats.kstest(test.values, "norm").statistic)
-        rec.bound(test.quantity, "port", test.size, d, ks_critical(n, alpha), f"exact KS critical value, alpha={alpha:.2g}",
-                  cause=test.cause)
-    else:
-        mean, lo, hi = mean_interval(test.values, test.expected, alpha)
-        rec.stat(test.quantity, "port", test.size, mean, lo, hi, alpha, f"t-interval, alpha={alpha:.2g}",
-                 cause=test.cause)
+        return rec.bound(test.quantity, "port", test.size, d, ks_critical(n, alpha),
+                         f"exact KS critical value, alpha={alpha:.2g}", cause=cause)
+    if test.kind == "eggroll":
+        return dense.judge_distribution(rec, test.quantity, test.size, test.values, test.rank, alpha, cause)
+    mean, lo, hi = mean_interval(test.values, test.expected, alpha)
+    return rec.stat(test.quantity, "port", test.size, mean, lo, hi, alpha, f"t-interval, alpha={alpha:.2g}",
+                    cause=cause)
 
 
 # ----------------------------------------------------------------------------- structure
@@ -184,9 +205,8 @@ def _mirror_consistency(noise: dict, mirror: np.ndarray, shapes) -> tuple[int, s
             if name not in noise:
                 continue
             if name.endswith(".weight"):
-                pi = _perturbation(noise[name][0][i:i + 1], noise[name][1][i:i + 1])
-                pj = _perturbation(noise[name][0][j:j + 1], noise[name][1][j:j + 1])
-                same = np.array_equal(pi, -pj)
+                same = np.array_equal(perturbation(noise, name, slice(i, i + 1)),
+                                      -perturbation(noise, name, slice(j, j + 1)))
             else:
                 same = np.array_equal(np.asarray(noise[name][i], np.float64), -np.asarray(noise[name][j], np.float64))
             if not same:
@@ -201,10 +221,10 @@ def _duplicates(noise: dict, reps: np.ndarray, shapes) -> tuple[int, str]:
     for w in _weights(shapes):
         seen: dict[bytes, int] = {}
         for i in reps:
-            fp = _signfree(noise[w][1][i])
+            fp = _signfree(draws(noise, w)[i])
             if fp in seen:
                 count += 1
-                first = first or f"members {seen[fp]} and {i} draw the same B for '{w}'"
+                first = first or f"members {seen[fp]} and {i} draw the same noise for '{w}'"
             seen.setdefault(fp, int(i))
     return count, first
 
@@ -212,9 +232,9 @@ def _duplicates(noise: dict, reps: np.ndarray, shapes) -> tuple[int, str]:
 def _shared_prefix(noise: dict, reps: np.ndarray, shapes) -> tuple[int, str]:
     """Members whose draws for two leaves share a prefix: one key used for several leaves draws the same numbers.
 
-    Weights are compared through B (the raw draw), biases through |eps| (same sigma on every bias).
+    Weights are compared through B (the raw draw; a dense port's E), biases through |eps| (same sigma on every bias).
     """
-    groups = [[(w, noise[w][1]) for w in _weights(shapes)],
+    groups = [[(w, draws(noise, w)) for w in _weights(shapes)],
               [(bn, np.abs(noise[bn])) for bn in _biases(shapes) if bn in noise]]
     count, first = 0, ""
     for leaves in groups:
@@ -239,7 +259,7 @@ def _fingerprints(noise: dict, names: list[str]) -> bytes | None:
     return b"".join(diagnose.canonical(np.asarray(p, np.float64)) for p in parts)
 
 
-def _reuse_across_epochs(draws: dict[int, dict], epochs, groups: list[int], names: list[str]) -> tuple[int, str]:
+def _reuse_across_epochs(by_epoch: dict[int, dict], epochs, groups: list[int], names: list[str]) -> tuple[int, str]:
     """Draws of one epoch group found again (any member, up to sign) in another group of `names`' noise."""
     firsts: dict[int, int] = {}
     for e, g in zip(epochs, groups):
@@ -249,8 +269,7 @@ def _reuse_across_epochs(draws: dict[int, dict], epochs, groups: list[int], name
     for name in names:
         seen: dict[bytes, tuple[int, int]] = {}
         for e in chosen:
-            noise = draws[e]
-            values = noise[name][1] if name.endswith(".weight") else noise[name]
+            values = draws(by_epoch[e], name)
             for i in range(values.shape[0]):
                 fp = _signfree(values[i])
                 if fp in seen and seen[fp][0] != e:
@@ -285,10 +304,20 @@ class Schedule(NamedTuple):
     reuse: dict                        # kind -> (draws back in an epoch with other noise, the first seen)
 
 
+class Split(NamedTuple):
+    """How a port that gives forward and update noise apart differs between the two (exact)."""
+
+    weights: tuple[str, ...]           # weights whose forward noise is not their update noise
+    update_only: tuple[str, ...]       # biases with update noise and none in the forward
+    different: tuple[str, ...]         # biases whose forward noise is not their update noise
+    forward_only: tuple[str, ...]      # biases with forward noise and none in the update
+
+
 class Generator(NamedTuple):
     """The generator itself: bit-identity per leaf (a port claiming JAX's draws) or in distribution."""
 
     leaf_ulps: tuple[tuple[str, float, float], ...]   # (leaf, max ULP vs jax.random, identical fraction)
+    dense_ratios: tuple[tuple[str, float], ...]       # a dense port claiming JAX's draws: (weight, max |E - A B^T| / bound)
     action_differ: tuple[tuple[int, int], ...]        # (epoch, action uniforms differing from jax.random)
     b_identical: tuple[str, float] | None             # own generator: (first weight, B bit-identical fraction)
     uniform_ks: float | None                          # own generator: KS distance of its action uniforms
@@ -309,13 +338,33 @@ class Measured(NamedTuple):
     jax_compatible: bool
     uses_uniform_test: bool
     generator: Generator
+    split: Split | None = None                 # a port that gives forward and update noise apart
+    dense: bool = False                        # a port with dense_noise (E in place of A, B)
+    ranks: tuple = ()                          # dense: parity.checks.dense.Rank per weight that can exceed rank r
+
+
+def _split(noise: dict, shapes) -> Split | None:
+    """Which leaves' forward noise differs from their update noise (None: the port gave one dict)."""
+    if not isinstance(noise, SplitNoise):
+        return None
+    fwd, upd = noise.forward, noise.update
+
+    def same(name):
+        a, b = fwd[name], upd[name]
+        return all(np.array_equal(x, y) for x, y in zip(a, b)) if isinstance(a, tuple) else np.array_equal(a, b)
+
+    biases = _biases(shapes)
+    return Split(tuple(w for w in _weights(shapes) if not same(w)),
+                 tuple(b for b in biases if b in upd and b not in fwd),
+                 tuple(b for b in biases if b in upd and b in fwd and not same(b)),
+                 tuple(b for b in biases if b in fwd and b not in upd))
 
 
 def _structure(port: dict, ref: dict, shapes, pop: int) -> Structure:
     ref_biases = tuple(bn for bn in _biases(shapes) if bn in ref)
     w0 = _weights(shapes)[0]
-    port_mirror = diagnose.mirror_map(_perturbation(*port[w0]).reshape(pop, -1))
-    ref_mirror = diagnose.mirror_map(_perturbation(*ref[w0]).reshape(pop, -1))
+    port_mirror = diagnose.mirror_map(perturbation(port, w0).reshape(pop, -1))
+    ref_mirror = diagnose.mirror_map(perturbation(ref, w0).reshape(pop, -1))
     reps = np.array([i for i in range(pop) if port_mirror[i] < 0 or i < port_mirror[i]])
     return Structure(ref_biases, tuple(bn for bn in ref_biases if bn in port), port_mirror, ref_mirror,
                      _mirror_consistency(port, port_mirror, shapes), reps, _duplicates(port, reps, shapes),
@@ -323,11 +372,13 @@ def _structure(port: dict, ref: dict, shapes, pop: int) -> Structure:
 
 
 def _shape_stats(port: dict, reps: np.ndarray, weights, sigma: float, r: int):
-    """Per weight: variance and kurtosis of A B^T / sigma (1 and 3 + 6/r for EGGROLL), std(A) / (sigma/sqrt r)."""
+    """Per weight: variance and kurtosis of A B^T / sigma (1 and 3 + 6/r for EGGROLL), std(A) / (sigma/sqrt r)
+    (None for a dense port, which has no A)."""
     out = []
     for w in weights:
-        p = _perturbation(port[w][0][reps[:P_MEMBERS]], port[w][1][reps[:P_MEMBERS]]) / sigma
-        std_a = float(np.sqrt((port[w][0][reps].astype(np.float64) ** 2).mean()) * np.sqrt(r) / sigma)
+        p = perturbation(port, w, reps[:P_MEMBERS]) / sigma
+        std_a = (float(np.sqrt((port[w][0][reps].astype(np.float64) ** 2).mean()) * np.sqrt(r) / sigma)
+                 if isinstance(port[w], tuple) else None)
         out.append((w, float(np.mean(p ** 2)), float(np.mean(p ** 4) / np.mean(p ** 2) ** 2), std_a))
     return tuple(out)
 
@@ -338,57 +389,75 @@ def _schedule(ctx, port_biases) -> Schedule:
     probes = tuple(ctx.sizes.probe_epochs)
     ctx.log(f"[{NAME}] probing {len(probes)} epochs for the noise_reuse schedule")
     probe = np.arange(ctx.sizes.probe_pop)
-    draws = {side: {e: port.noise(shapes, ctx.seed, e, probe, probe.size, cfg.sigma, cfg.rank) for e in probes}
+    drawn = {side: {e: update_of(port.noise(shapes, ctx.seed, e, probe, probe.size, cfg.sigma, cfg.rank))
+                    for e in probes}
              for side, port in (("port", ctx.port), ("reference", ctx.ref))}
     groups = {}
-    for side in draws:
+    for side in drawn:
         for kind, names in (("weight", _weights(shapes)), ("bias", _biases(shapes))):
-            fps = [_fingerprints(draws[side][e], names) for e in probes]
+            fps = [_fingerprints(drawn[side][e], names) for e in probes]
             groups[side, kind] = None if any(fp is None for fp in fps) else diagnose.partition(fps)
-    reuse = {kind: _reuse_across_epochs(draws["port"], probes, groups["port", kind], list(names))
+    reuse = {kind: _reuse_across_epochs(drawn["port"], probes, groups["port", kind], list(names))
              for kind, names in (("weight", _weights(shapes)), ("bias", port_biases))
              if names and groups["port", kind] is not None}
     return Schedule(probes, probe.size, groups, reuse)
+
+
+def _jax_identity(port: dict, ref: dict, names) -> tuple[tuple, tuple]:
+    """(leaf ULPs, dense ratios): each leaf of a port claiming JAX's draws against the reference's; a dense E
+    against the float32 bound of the product of the reference's factors (its first GENERATOR_MEMBERS members)."""
+    leaf_ulps, ratios = [], []
+    for name in names:
+        if name.endswith(".weight") and not isinstance(port[name], tuple):
+            few = slice(0, GENERATOR_MEMBERS)
+            ratios.append((name, dense_mismatch(port[name][few], ref[name][0][few], ref[name][1][few])))
+            continue
+        parts = port[name] if name.endswith(".weight") else (port[name],)
+        refs = ref[name] if name.endswith(".weight") else (ref[name],)
+        ulps = ulp_distance(np.concatenate([p.ravel() for p in parts]), np.concatenate([q.ravel() for q in refs]))
+        leaf_ulps.append((name, float(ulps.max()), float(np.mean(ulps == 0))))
+    return tuple(leaf_ulps), tuple(ratios)
 
 
 def _generator(ctx, port: dict, ref: dict, names, uniform_test: bool) -> Generator:
     """Bit-identity with jax.random for a port that claims it; else B's identical share and the uniforms' KS."""
     cfg, seed = ctx.cfg, ctx.seed
     if ctx.port.jax_compatible_rng:
-        leaf_ulps = []
-        for name in names:
-            parts = port[name] if name.endswith(".weight") else (port[name],)
-            refs = ref[name] if name.endswith(".weight") else (ref[name],)
-            ulps = ulp_distance(np.concatenate([p.ravel() for p in parts]), np.concatenate([q.ravel() for q in refs]))
-            leaf_ulps.append((name, float(ulps.max()), float(np.mean(ulps == 0))))
+        leaf_ulps, ratios = _jax_identity(port, ref, names)
         differ = []
         if ctx.port.has("action_uniforms"):
             for e in (0, 3):
                 pu = ctx.port.action_uniforms(seed, e, cfg.pop, MAX_STEPS)[:MAX_STEPS]
                 ru = ctx.ref.action_uniforms(seed, e, cfg.pop, MAX_STEPS)[:MAX_STEPS]
                 differ.append((e, int(np.sum(ulp_distance(pu, ru) > 0))))
-        return Generator(tuple(leaf_ulps), tuple(differ), None, None, 0, cfg.pop)
+        return Generator(leaf_ulps, ratios, tuple(differ), None, None, 0, cfg.pop)
     w0 = _weights(ctx.shapes)[0]
     ks, n = None, 0
     if uniform_test:
         u = ctx.port.action_uniforms(seed, 0, cfg.pop, MAX_STEPS)[:MAX_STEPS].ravel().astype(np.float64)
         ks, n = float(stats.kstest(u, "uniform").statistic), u.size
-    return Generator((), (), (w0, float(np.mean(port[w0][1] == ref[w0][1]))), ks, n, cfg.pop)
+    identical = (w0, float(np.mean(port[w0][1] == ref[w0][1]))) if isinstance(port[w0], tuple) else None
+    return Generator((), (), (), identical, ks, n, cfg.pop)
 
 
 def measure(ctx) -> Measured:
     cfg, shapes = ctx.cfg, ctx.shapes
-    sigma, r, pop = cfg.sigma, cfg.rank, ctx.sizes.noise_pop
+    sigma, r = cfg.sigma, cfg.rank
+    pop = dense.population(shapes) if ctx.port.dense else ctx.sizes.noise_pop
     ctx.log(f"[{NAME}] drawing {pop} members on both sides")
-    port = ctx.port.noise(shapes, ctx.seed, 0, np.arange(pop), pop, sigma, r)
+    given = ctx.port.noise(shapes, ctx.seed, 0, np.arange(pop), pop, sigma, r)
+    port = update_of(given)                    # the noise its update uses (the forward's is compared with it)
     ref = ctx.ref.noise(shapes, ctx.seed, 0, np.arange(pop), pop, sigma, r)
     structure = _structure(port, ref, shapes, pop)
     weights = tuple(_weights(shapes))
     uniform_test = ctx.port.has("action_uniforms") and not ctx.port.jax_compatible_rng
-    return Measured(ctx.seed, pop, r, sigma, weights, structure, tuple(_moment_tests(port, structure.reps, shapes, sigma, r)),
+    return Measured(ctx.seed, pop, r, sigma, weights, structure,
+                    tuple(_moment_tests(port, structure.reps, shapes, sigma, r, ctx.port.dense)),
                     _shape_stats(port, structure.reps, weights, sigma, r), _schedule(ctx, structure.port_biases),
                     ctx.port.jax_compatible_rng, uniform_test,
-                    _generator(ctx, port, ref, list(weights) + list(structure.port_biases), uniform_test))
+                    _generator(ctx, port, ref, list(weights) + list(structure.port_biases), uniform_test),
+                    _split(given, shapes), ctx.port.dense,
+                    dense.measure_rank(port, structure.reps, weights, sigma, r) if ctx.port.dense else ())
 
 
 # ----------------------------------------------------------------------------- judge
@@ -410,16 +479,40 @@ def _judge_structure(rec: Recorder, m: Measured, size: str) -> None:
                   cause=diagnose.cause("rng", f"key scheme: {first}"))
 
 
+def _split_bias_cause(sp: Split):
+    """The bias difference between a port's forward and update noise, in the knob table's words."""
+    if sp.update_only or sp.different:
+        what = (f"no bias noise for {', '.join(sp.update_only)}" if sp.update_only
+                else f"other bias noise than its update for {', '.join(sp.different)}")
+        return diagnose.cause("bias_noise", f"the port's forward applies {what} while its update uses bias noise: "
+                                            f"noise that enters the update only (as {diagnose.UPDATE_ONLY})")
+    return diagnose.other("forward and update noise", f"the port's forward applies bias noise to "
+                                                      f"{', '.join(sp.forward_only)} that its update never uses")
+
+
+def _judge_split(rec: Recorder, sp: Split, size: str) -> None:
+    """A port that gives forward and update noise apart: the same weight noise in both; bias noise in both alike."""
+    rec.equal("weights whose forward noise differs from the update noise", "port", size, len(sp.weights), 0,
+              "the same draws in the forward and the update",
+              cause=diagnose.other("forward and update noise", "the weight noise the port's forward applies is not "
+                                                               f"the noise its update uses ({', '.join(sp.weights)})"))
+    differ = len(sp.update_only) + len(sp.different) + len(sp.forward_only)
+    rec.equal("biases whose forward noise differs from the update noise", "port", size, differ, 0,
+              "the reference's forward applies the bias noise its update uses",
+              cause=_split_bias_cause(sp) if differ else None)
+
+
 def _disagreements(a, b) -> int:
     """Pairs of probed epochs that share noise on one side and not on the other."""
     same_a, same_b = np.equal.outer(a, a), np.equal.outer(b, b)
     return int(np.triu(same_a != same_b, 1).sum())
 
 
-def _judge_schedule(rec: Recorder, sch: Schedule) -> None:
+def _judge_schedule(rec: Recorder, sch: Schedule, update_only: bool = False) -> None:
+    """update_only: the port's forward was seen leaving its bias noise out (products check, or its forward noise)."""
     g = sch.groups
     causes = diagnose.schedule_cause(sch.probes, g["port", "weight"], g["reference", "weight"], g["port", "bias"],
-                                     g["reference", "bias"])
+                                     g["reference", "bias"], update_only)
     size = f"{len(sch.probes)} epochs 0..{sch.probes[-1]}, {sch.members} members"
     rec.equal("pairs of probed epochs sharing weight noise differently", "port", size,
               _disagreements(g["port", "weight"], g["reference", "weight"]), 0, "exact",
@@ -449,6 +542,13 @@ def _judge_generator(rec: Recorder, m: Measured, size: str, alpha: float) -> Non
             rec.info(f"{name}: max ULP vs jax.random", "port", size, max_ulp,
                      "not judged: the pairing differs, so members do not line up")
         rec.info(f"{name}: bit-identical fraction", "port", size, identical)
+    for name, ratio in gen.dense_ratios:
+        rec.bound(f"{name}: max |E - A B^T| / float32 bound, A B^T from jax.random", "port",
+                  f"{GENERATOR_MEMBERS} members", ratio, 1.0, "gamma_(r+3) |A||B|^T: E is a float32 product of "
+                                                              "JAX's factors",
+                  cause=diagnose.cause("rng", f"the port claims JAX-compatible draws, but its E of '{name}' is not a "
+                                              "float32 product of jax.random's factors (up to "
+                                              f"{fmt(ratio)}x the rounding bound)") if aligned else None)
     for e, differ in gen.action_differ:
         rec.equal(f"action uniforms differing from jax.random, epoch {e}", "port", f"({MAX_STEPS}, {gen.action_pop})",
                   differ, 0, "bit-identical",
@@ -469,18 +569,32 @@ def _alpha(m: Measured) -> float:
     return check_alpha(NAME) / (len(m.tests) + int(m.uses_uniform_test))
 
 
-def judge(m: Measured) -> Recorder:
-    rec = Recorder(NAME)
-    size = f"pop={m.pop} r={m.rank} sigma={fmt(m.sigma)}"
-    _judge_structure(rec, m, size)
+def _judge_tests(rec: Recorder, m: Measured) -> None:
+    """Every statistical test; a dense port's pooled entries' variance and kurtosis are reported beside them."""
     for test in m.tests:
         _judge(rec, test, _alpha(m))
+    for test in m.tests:
+        if test.kind == "eggroll" and test.quantity.startswith("E / sigma"):
+            dense.info_moments(rec, test.size, test.values, test.rank)
+
+
+def judge(m: Measured, update_only_elsewhere: bool = False) -> Recorder:
+    """update_only_elsewhere: the products check found the port's forward leaving out the bias noise it is given."""
+    rec = Recorder(NAME)
+    size = f"pop={m.pop} r={m.rank} sigma={fmt(m.sigma)}"
+    if m.split is not None:
+        _judge_split(rec, m.split, size)
+    _judge_structure(rec, m, size)
+    dense.judge_rank(rec, m.ranks, m.rank)
+    _judge_tests(rec, m)
     for w, var, kurt, _ in m.shape_stats:
         rec.info(f"{w} A B^T / sigma: variance", "port", size, var, "expected 1")
         rec.info(f"{w} A B^T / sigma: kurtosis", "port", size, kurt, f"expected 3 + 6/r = {fmt(3 + 6 / m.rank)}")
     for w, _, _, std_a in m.shape_stats:
-        rec.info(f"{w}: std(A) / (sigma/sqrt r)", "port", size, std_a)
-    _judge_schedule(rec, m.schedule)
+        if std_a is not None:
+            rec.info(f"{w}: std(A) / (sigma/sqrt r)", "port", size, std_a)
+    split_update_only = m.split is not None and bool(m.split.update_only or m.split.different)
+    _judge_schedule(rec, m.schedule, update_only_elsewhere or split_update_only)
     _judge_generator(rec, m, size, _alpha(m))
     return rec
 
@@ -494,9 +608,14 @@ def _notes(m: Measured) -> list[str]:
              + "; reference weights: " + diagnose.describe_schedule(m.schedule.probes, g["reference", "weight"])
              + (("; port biases: " + diagnose.describe_schedule(m.schedule.probes, g["port", "bias"]))
                 if g["port", "bias"] else "") + "."]
+    if m.split is not None:
+        notes.append("Forward and update noise: the port gives them apart; the statistics are of its update noise, "
+                     "and its forward noise must hold the same weight noise and the same bias noise.")
     if m.jax_compatible:
         notes.append("Generator: the port claims JAX-compatible draws, so its noise is compared with jax.random "
-                     "element by element (after the pairing check; a pairing drift makes members not line up).")
+                     "element by element (after the pairing check; a pairing drift makes members not line up"
+                     + ("; a dense E must be within gamma_(r+3) |A||B|^T of the product of JAX's factors)." if m.dense
+                        else ")."))
     else:
         notes.append("Generator: the port uses its own generator (e.g. rng=torch), which is not a drift: its noise "
                      "is compared in distribution, pairing, key scheme and schedule only, never element by element.")
@@ -523,10 +642,23 @@ def section(m: Measured) -> str:
         "of A B^T, of different pairs and of different leaves must be 0 within a t-interval (symmetric "
         "statistics). The variance (1) and kurtosis (3 + 6/r) of A B^T / sigma are reported.",
         "",
+        *([DENSE_NOTE, ""] if m.dense else []),
         *_notes(m),
     ])
 
 
+DENSE_NOTE = (
+    "Dense noise (the port declares dense_noise and gives E = A B^T per member, no factors; it is drawn for more "
+    "members, as many as 64 MB of E allow, up to 8192): the A and B tests are replaced. Rank (exact): each "
+    "independent member's E may have at most r singular values above parity.tolerances.rank_threshold, the most "
+    "float32 rounding can give a rank-r product (gamma_(r+3) ||A||_F ||B||_F with the norms' 1 - 1e-12 chi-square "
+    "quantiles); a port whose \"low-rank\" noise is not low rank fails here. Scale and distribution, on independent "
+    "entries (the diagonal of each E): per weight and pooled the exact Kolmogorov-Smirnov distance of E / sigma "
+    "(sigma known) to EGGROLL's entry distribution sqrt(chi2_r / r) N(0,1) (variance 1, kurtosis 3 + 6/r); their "
+    "variance and kurtosis are reported and name the cause: a wrong scale when the entries are EGGROLL-shaped at "
+    "another variance, else another distribution. See parity/checks/dense.py.")
+
+
 def run(ctx):
     m = measure(ctx)
-    return summarize(NAME, judge(m), section(m))
+    return summarize(NAME, judge(m, diagnose.names_update_only(ctx.causes_of("products"))), section(m))

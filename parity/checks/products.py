@@ -12,7 +12,9 @@ from typing import NamedTuple
 import numpy as np
 
 from parity import diagnose
-from parity.tolerances import ForwardBound, gamma, linear_bound, linear_bound_tf32, linear_exact
+from parity.noiseform import bias_names, dense_of, update_of
+from parity.tolerances import (ForwardBound, dense_linear_bound, dense_linear_exact, gamma, linear_bound,
+                               linear_bound_tf32, linear_exact, U_TF32)
 from parity.verdict import Recorder, fmt, summarize
 from spec.layout import n_layers_of
 
@@ -60,11 +62,12 @@ class Linear(NamedTuple):
     """perturbed_linear at one shape: each side's and their difference's ratio to the float32 bound."""
 
     size: str
-    both: float          # max |port - ref| / (2 bound)
-    port: float          # max |port - exact| / bound
+    both: float          # max |port - ref| / (both bounds + the gap between their exact values)
+    port: float          # max |port - exact| / bound (a dense port: of x (W + E)^T, E = fl32(A B^T))
     ref: float           # max |ref - exact| / bound
     why: str
-    port_tf32: float = 0.0   # max |port - exact| / (the bound with TF32 operands): <= 1 where TF32 explains it
+    port_why: str
+    port_tf32: float = 0.0   # max |port - its exact| / (the bound with TF32 operands): <= 1 where TF32 explains it
 
 
 class Forward(NamedTuple):
@@ -74,7 +77,7 @@ class Forward(NamedTuple):
     both: float
     port: float
     ref: float
-    exceeds: bool                # |port - ref| > 2 bound somewhere
+    exceeds: bool                # |port - ref| > both bounds (+ the gap of a dense port's exact value) somewhere
     port_match: tuple[str, bool] | None   # when it exceeds: (activation, bias noise applied) of the MLP it equals
     worst: float                 # max |port - ref|
 
@@ -84,6 +87,7 @@ class Measured(NamedTuple):
     forward: tuple[Forward, ...]     # empty when the port has no forward
     activation: str                  # the reference's
     members: int
+    own_bias_noise: bool | None      # when the forward leaves bias noise out: whether the port's own noise has any
 
 
 def _measure_linear(ctx, rng, out_dim: int, in_dim: int) -> Linear:
@@ -94,25 +98,41 @@ def _measure_linear(ctx, rng, out_dim: int, in_dim: int) -> Linear:
     x = rng.standard_normal((m, batch, in_dim)).astype(np.float32)
     port = ctx.port.perturbed_linear(W, A, B, x)
     ref = ctx.ref.perturbed_linear(W, A, B, x)
-    bound = linear_bound(W, A, B, x)
-    exact = linear_exact(W, A, B, x)
-    return Linear(f"out={out_dim} in={in_dim} r={r} m={m} batch={batch}",
-                  float(np.max(np.abs(port - ref) / (2 * bound))), float(np.max(np.abs(port - exact) / bound)),
-                  float(np.max(np.abs(ref - exact) / bound)),
-                  f"gamma_(in+r+1) = {fmt(gamma(in_dim + r + 1))} times |x||W|^T + |x||B||A|^T",
-                  float(np.max(np.abs(port - exact) / linear_bound_tf32(W, A, B, x))))
+    bound, exact = linear_bound(W, A, B, x), linear_exact(W, A, B, x)
+    why = f"gamma_(in+r+1) = {fmt(gamma(in_dim + r + 1))} times |x||W|^T + |x||B||A|^T"
+    port_bound, port_exact, port_why = bound, exact, why
+    tf32_bound = linear_bound_tf32(W, A, B, x)
+    if ctx.port.dense:                        # the port computed x (W + E)^T from the E it was given
+        E = dense_of(A, B)
+        port_bound, port_exact = dense_linear_bound(W, E, x), dense_linear_exact(W, E, x)
+        port_why = f"gamma_(in+2) = {fmt(gamma(in_dim + 2))} times |x|(|W| + |E|)^T, E = fl32(A B^T)"
+        tf32_bound = port_bound * (1 + gamma(3, U_TF32) / gamma(in_dim + 2))
+    allowed = bound + port_bound + np.abs(port_exact - exact)
+    return Linear(f"out={out_dim} in={in_dim} r={r} m={m} batch={batch}", float(np.max(np.abs(port - ref) / allowed)),
+                  float(np.max(np.abs(port - port_exact) / port_bound)), float(np.max(np.abs(ref - exact) / bound)),
+                  why, port_why, float(np.max(np.abs(port - port_exact) / tf32_bound)))
 
 
 def _measure_forward(ctx, label: str, params, noise, x, act: str) -> Forward:
+    """Both forwards on the same noise; a dense port's own exact value and bound are those of the E it was given."""
     n_out = ctx.shapes[f"{n_layers_of(ctx.shapes) - 1}.weight"][0]
     port = ctx.port.forward(params, noise, x, n_out)
     ref = ctx.ref.forward(params, noise, x, n_out)
     exact, bound = ForwardBound(params, noise, act)(x)
-    exceeds = bool(np.any(np.abs(port - ref) > 2 * bound))
-    return Forward(f"{label} m={x.shape[0]} sizes={ctx.cfg.sizes}", float(np.max(np.abs(port - ref) / (2 * bound))),
-                   float(np.max(np.abs(port - exact) / bound)), float(np.max(np.abs(ref - exact) / bound)), exceeds,
-                   _matching_forward(port, params, noise, x, act) if exceeds else None,
+    given = ctx.port.received(noise, "forward")
+    port_exact, port_bound = (exact, bound) if given is noise else ForwardBound(params, given, act)(x)
+    allowed = bound + port_bound + np.abs(port_exact - exact)
+    exceeds = bool(np.any(np.abs(port - ref) > allowed))
+    return Forward(f"{label} m={x.shape[0]} sizes={ctx.cfg.sizes}", float(np.max(np.abs(port - ref) / allowed)),
+                   float(np.max(np.abs(port - port_exact) / port_bound)), float(np.max(np.abs(ref - exact) / bound)),
+                   exceeds, _matching_forward(port, params, given, x, act) if exceeds else None,
                    float(np.max(np.abs(port - ref))))
+
+
+def _own_bias_noise(ctx) -> bool:
+    """Whether the port's own noise (its update part) perturbs any bias: tells bias_noise=off from update_only."""
+    noise = ctx.port.noise(ctx.shapes, ctx.seed, 0, np.arange(2), ctx.cfg.pop, ctx.cfg.sigma, ctx.cfg.rank)
+    return bool(bias_names(update_of(noise)))
 
 
 def measure(ctx) -> Measured:
@@ -124,7 +144,9 @@ def measure(ctx) -> Measured:
         params, noise, x = _forward_inputs(ctx)
         forward = tuple(_measure_forward(ctx, label, params, nz, x, act)
                         for label, nz in (("plain", None), ("perturbed", noise)))
-    return Measured(linear, forward, act, ctx.sizes.product_members)
+    leaves_bias_out = any(f.port_match is not None and not f.port_match[1] for f in forward)
+    return Measured(linear, forward, act, ctx.sizes.product_members,
+                    _own_bias_noise(ctx) if leaves_bias_out else None)
 
 
 def judge(m: Measured) -> Recorder:
@@ -132,7 +154,7 @@ def judge(m: Measured) -> Recorder:
     for c in m.linear:
         product_cause = _product_cause(c)
         rec.bound("max |port - ref| / bound", "both", c.size, c.both, 1.0, c.why + ", both sides", cause=product_cause)
-        rec.bound("max |port - exact| / bound", "port", c.size, c.port, 1.0, c.why, cause=product_cause)
+        rec.bound("max |port - exact| / bound", "port", c.size, c.port, 1.0, c.port_why, cause=product_cause)
         rec.bound("max |ref - exact| / bound", "reference", c.size, c.ref, 1.0, c.why,
                   cause=diagnose.other("reference product", "the reference's do_mm exceeds the float32 bound"))
     tf32 = any(c.port > 1 and c.port_tf32 <= 1 for c in m.linear)
@@ -143,7 +165,7 @@ def judge(m: Measured) -> Recorder:
                                                        f"reference's by up to {fmt(f.worst)}, beyond float32 "
                                                        "rounding, as the TF32 products above")
         elif f.exceeds:                        # each differing forward diagnosed on its own (plain, perturbed)
-            found, *more = _forward_causes(f, m.activation)
+            found, *more = _forward_causes(f, m.activation, m.own_bias_noise)
             rec.causes.extend(more)
         why = "first-order float32 bound of the MLP"
         rec.bound("max |port - ref| / bound", "both", f.size, f.both, 1.0, f"{why} (ForwardBound), both sides",
@@ -165,13 +187,19 @@ def _product_cause(c: Linear):
                                                "float32 rounding of the exact product")
 
 
-def _forward_causes(f: Forward, reference_act: str) -> list:
-    """The causes a differing forward shows: the bias noise left out of it, another activation, or neither known."""
+def _forward_causes(f: Forward, reference_act: str, own_bias_noise: bool | None = True) -> list:
+    """The causes a differing forward shows: the bias noise left out of it (update_only when the port's own noise
+    has bias noise, off when it has none), another activation, or neither known."""
     if f.port_match is None:
         return [diagnose.activation_cause(None, reference_act, fmt(f.worst))]
     act, applied = f.port_match
     causes = []
-    if not applied:
+    if not applied and own_bias_noise is False:
+        causes.append(diagnose.cause("bias_noise", "the port's forward does not add the bias noise it is given and "
+                                                   "its own noise has none: it perturbs no bias (as bias_noise=off); "
+                                                   "its logits equal the reference MLP's without bias noise; "
+                                                   f"worst logit difference {fmt(f.worst)}"))
+    elif not applied:
         causes.append(diagnose.cause("bias_noise", "the port's forward does not add the bias noise it is given: its "
                                                    "logits equal the reference MLP's without bias noise (as "
                                                    "bias_noise=update_only, noise that enters the update only); "
@@ -185,11 +213,15 @@ def section(m: Measured) -> str:
     forward_note = "skipped: the port has no `forward` method"
     if m.forward:
         forward_note = (f"Full MLP forwards on {m.members} members with the reference's {m.activation} activation, "
-                        "plain and with the reference's noise (weights and biases) fed to both sides.")
+                        "plain and with the reference's noise (weights and biases) fed to both sides (a dense port "
+                        "gets E = fl32(A B^T), and its bound is that of x (W + E)^T plus the gap between the two "
+                        "exact values).")
     return "\n".join([
         "perturbed_linear: x @ W^T + (x @ B) @ A^T on the same float32 inputs. Allowed: each side within "
         "gamma_(in+r+1) (|x||W|^T + |x||B||A|^T) of the exact product (Higham's bound for any summation order; "
-        "u = 2^-24), so the sides differ by at most twice that; deterministic.",
+        "u = 2^-24), so the sides differ by at most twice that; deterministic. A dense port (dense_noise) gets "
+        "E = fl32(A B^T) and is held to gamma_(in+2) |x|(|W| + |E|)^T around x (W + E)^T; the sides then differ by "
+        "at most both bounds plus |x (E - A B^T)^T|, computed exactly.",
         "",
         forward_note + " Allowed: the first-order float32 bound of parity.tolerances.ForwardBound (rounding "
         "of each perturbed product, bias additions, the layer norm's mean/variance/sqrt/division, propagated "

@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose, lockstep
-from parity.tolerances import ForwardBound, bias_grad_bound, check_alpha, shaping_bound, ulp_distance, weight_grad_bound
+from parity import diagnose, lockstep, noiseform
+from parity.tolerances import ForwardBound, bias_grad_bound, check_alpha, shaping_bound, weight_grad_bound
 from parity.verdict import Recorder, fmt, summarize
 from rollout import cartpole
 from rollout.episodes import run_episodes, sample_actions
@@ -72,9 +72,7 @@ def _noise_ulps(port: dict, ref: dict) -> tuple[int, set]:
     """Max ULP distance over the leaves both have, and the leaves only one side has."""
     worst = 0
     for name in set(port) & set(ref):
-        parts = zip(port[name], ref[name]) if isinstance(ref[name], tuple) else [(port[name], ref[name])]
-        for a, b in parts:
-            worst = max(worst, int(ulp_distance(a, b).max()))
+        worst = max(worst, noiseform.max_ulps(port, ref, name))     # a dense E: 0 within float32 rounding of A B^T
     return worst, set(port) ^ set(ref)
 
 
@@ -163,7 +161,7 @@ def _noise_obs(ctx, e: int, run: _Run, alpha: float):
     sigma_port = sigma_e
     if e > 0:
         s = lockstep.read_sigma(n_own, run.noise0[0], n_ref, run.noise0[1], sigma_e, reference.sigma_at(0), pop,
-                                alpha)
+                                alpha, r)
         obs.append(Observation(e, "sigma", "sigma: port's sigma_e/sigma_0 over the reference's"
                                + (", |ratio - 1|" if s.exact else ", F"), "both", size, s.value, s.limit, s.why,
                                ("sigma", s.ratio)))

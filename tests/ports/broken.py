@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.ports.numpy_port import NumpyPort
+from tests.ports.numpy_port import Drift, NumpyPort
 
 
 class NoGradient:
@@ -56,3 +56,61 @@ class BrokenConstructor:
 
 
 not_an_adapter = 42   # neither an adapter nor a factory
+
+
+class _Dense(NumpyPort):
+    """The faithful dense numpy port (dense_noise = True, weight noise E)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg, Drift(dense="product"))
+
+
+class DenseTransposed(_Dense):
+    """A dense port whose noise returns E as (m, in, out) instead of (m, out, in)."""
+
+    def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
+        out = super().noise(shapes, seed, epoch, members, pop, sigma, rank)
+        return {k: np.swapaxes(v, 1, 2) if k.endswith(".weight") else v for k, v in out.items()}
+
+
+class DenseFloat64(_Dense):
+    """A dense port whose E comes back in float64."""
+
+    def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
+        out = super().noise(shapes, seed, epoch, members, pop, sigma, rank)
+        return {k: v.astype(np.float64) if k.endswith(".weight") else v for k, v in out.items()}
+
+
+class DenseUndeclared(_Dense):
+    """Returns E without declaring dense_noise."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.dense_noise = False
+
+
+class DenseWithFactorLinear(NumpyPort):
+    """Declares dense_noise but its perturbed_linear still takes (W, A, B, x)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.dense_noise = True
+
+    def perturbed_linear(self, W, A, B, x):
+        return super().perturbed_linear(W, A, B, x)
+
+
+class DenseDeclaredVaguely(NumpyPort):
+    """dense_noise is not a bool."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.dense_noise = "yes"
+
+
+class SplitMisspelt(NumpyPort):
+    """Gives forward and update noise apart under a wrong key."""
+
+    def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
+        out = super().noise(shapes, seed, epoch, members, pop, sigma, rank)
+        return {"forward": out, "updates": out}

@@ -5,6 +5,8 @@ the reference's described behaviour, with one switch per row of DESIGN.md's knob
 way (the field names are the knob table's). `rng="jax"` draws JAX's own numbers through `jax.random`
 (so it may claim `jax_compatible_rng`); `rng="numpy"` draws from numpy generators seeded per
 (seed, purpose, leaf, generation) and, unless told to lie with `claims_jax_rng=True`, says so.
+Three protocol forms beyond the knobs: `dense` materialises each member's perturbation E (dense_noise, as the
+PyPI ports do), `split` gives forward and update noise apart, `rejects_nonfinite=False` accepts NaN fitness.
 Nothing here imports torch_impl, jax_reference or parity: it is an outside port.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from functools import lru_cache
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy.special import ndtr
 
 MAX_STEPS = 500
 LN_EPS = np.float32(1e-5)
@@ -34,6 +37,7 @@ class Drift:
     antithetic: str = "interleaved"     # interleaved | halves | off
     fitness: str = "jax"                # jax | std | std_unbiased | rank
     bias_noise: str = "jax"             # jax | fresh | update_only (fresh, never added in the forward) | off
+                                        # | none (no notion of bias noise: none drawn or applied, zero bias gradients)
     bias_grad: str = "jax"              # jax | over_sigma
     noise_reuse: int = 0
     activation: str = "pqn"             # pqn | tanh | relu
@@ -42,6 +46,11 @@ class Drift:
     lr_decay: float = 1.0
     sigma_decay: float = 0.999
     actions: str = "sample"             # sample (inverse CDF on the uniforms) | greedy (argmax)
+    dense: str = ""                     # "" (factors) | product (E = A B^T: faithful) | gaussian (iid N(0, sigma^2):
+                                        # full rank, kurtosis 3) | wrong_scale (A times sigma, not sigma/sqrt r)
+                                        # | uniform_factors (rank r, unit-variance uniform factors: kurtosis ~3.06)
+    split: bool = False                 # noise() / es_ask() give {"forward": ..., "update": ...}
+    rejects_nonfinite: bool = True      # False: shape_fitness accepts NaN/inf, as upstream EggRoll
 
     def label(self) -> str:
         changed = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
@@ -93,9 +102,9 @@ def centred_ranks(f: np.ndarray) -> np.ndarray:
     return _float32(rank / max(n - 1, 1) - 0.5)
 
 
-def shape_fitness(f: np.ndarray, method: str, group_size: int = 0) -> np.ndarray:
+def shape_fitness(f: np.ndarray, method: str, group_size: int = 0, reject: bool = True) -> np.ndarray:
     f = _float32(f)
-    if f.ndim != 1 or not np.all(np.isfinite(f)):
+    if f.ndim != 1 or (reject and not np.all(np.isfinite(f))):
         raise ValueError(f"fitness must be a finite 1-D vector; got shape {f.shape}, {int(np.sum(~np.isfinite(f)))} non-finite")
     if method == "rank":
         return centred_ranks(f)
@@ -119,6 +128,7 @@ class NumpyPort:
         self.cfg, self.drift = cfg, drift
         self.name = f"tests.ports.numpy_port ({drift.label()})"
         self.jax_compatible_rng = drift.rng == "jax" if drift.claims_jax_rng is None else drift.claims_jax_rng
+        self.dense_noise = bool(drift.dense)
         for method in omit:         # an absent optional method: the attribute is not callable
             if method not in OPTIONAL:
                 raise ValueError(f"only optional methods can be omitted, not {method!r}")
@@ -154,6 +164,18 @@ class NumpyPort:
             (int(draws.max()) + 1, *shape), dtype=np.float32)       # draw p is the p-th block of the stream
         return block[draws]
 
+    def _weight_noise(self, z: np.ndarray, a_scale: np.ndarray, n_in: int, gaussian) -> tuple | np.ndarray:
+        """(A, B) from a (m, in + out, r) draw, or, for a dense port, E = A B^T (or its drifted forms)."""
+        mode = self.drift.dense
+        if mode == "gaussian":
+            return gaussian()
+        if mode == "uniform_factors":                      # N(0,1) -> U(-sqrt 3, sqrt 3): unit variance, not normal
+            z = ((2 * ndtr(z) - 1) * np.sqrt(3)).astype(np.float32)
+        if mode == "wrong_scale":
+            a_scale = a_scale * np.sqrt(np.float32(z.shape[-1]))
+        A, B = z[:, n_in:] * a_scale[:, None, None], np.ascontiguousarray(z[:, :n_in])
+        return A @ np.swapaxes(B, 1, 2) if mode else (A, B)     # float32 matmul, as a torch port's A @ B.T
+
     def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
         d = self.drift
         members = np.asarray(members, dtype=np.int64)
@@ -169,28 +191,39 @@ class NumpyPort:
             if name.endswith(".weight"):
                 n_out, n_in = shape
                 z = self._draws(seed, leaf, name, generation, draws, (n_in + n_out, rank), len(names))
-                out[name] = (z[:, n_in:] * a_scale[:, None, None], np.ascontiguousarray(z[:, :n_in]))
-            elif d.bias_noise != "off":
+                out[name] = self._weight_noise(z, a_scale, n_in, lambda: self._draws(
+                    seed, leaf, name, generation, draws, shape, len(names)) * (sign32 * np.float32(sigma))[:, None, None])
+            elif d.bias_noise not in ("off", "none"):
                 eps = self._draws(seed, leaf, name, bias_generation, draws, shape, len(names))
                 out[name] = eps * (sign32 * np.float32(sigma))[:, None]
+        if d.split:       # the forward applies bias noise only where it also enters the update
+            forward = out if d.bias_noise != "update_only" else {k: v for k, v in out.items() if k.endswith(".weight")}
+            return {"forward": forward, "update": out}
         return out
 
     # ---- math
-    def perturbed_linear(self, W, A, B, x):
+    def perturbed_linear(self, W, *noise_and_x):
+        """(W, A, B, x): x @ W^T + (x @ B) @ A^T; a dense port (W, E, x): x @ (W + E)^T, the weights materialised."""
+        if self.drift.dense:
+            E, x = noise_and_x
+            return x @ np.swapaxes(W[None] + E, 1, 2)                 # (m, batch, out)
+        A, B, x = noise_and_x
         return x @ W.T + (x @ B) @ np.swapaxes(A, 1, 2)              # (m, batch, out)
 
     def shape_fitness(self, f, group_size=0):
-        return shape_fitness(f, self.drift.fitness, group_size)
+        return shape_fitness(f, self.drift.fitness, group_size, self.drift.rejects_nonfinite)
 
     def gradient(self, noise, shaped, sigma):
         shaped = _float32(shaped)
         n = np.float32(shaped.shape[0])
         grads = {}
         for name, value in noise.items():
-            if isinstance(value, tuple):
-                A, B = value
-                grads[name] = np.einsum("nir,njr->ij", shaped[:, None, None] * A, B) / n
-                grads.setdefault(name.replace(".weight", ".bias"), np.zeros(A.shape[1], np.float32))
+            if name.endswith(".weight"):
+                grads[name] = (np.einsum("nir,njr->ij", shaped[:, None, None] * value[0], value[1]) / n
+                               if isinstance(value, tuple) else np.einsum("n,nij->ij", shaped, value) / n)
+                grads.setdefault(name.replace(".weight", ".bias"), np.zeros(grads[name].shape[0], np.float32))
+            elif self.drift.bias_noise == "none":          # no notion of bias noise: the biases never move
+                grads[name] = np.zeros(value.shape[1], np.float32)
             else:
                 g = (shaped[:, None] * value).mean(0)
                 grads[name] = g / np.float32(sigma) if self.drift.bias_grad == "over_sigma" else g
@@ -210,12 +243,20 @@ class NumpyPort:
         for t in range(n_layers):
             z = h @ params[f"{t}.weight"].T + params[f"{t}.bias"]
             if noise is not None and f"{t}.weight" in noise:
-                A, B = noise[f"{t}.weight"]
-                z = z + ((h[:, None, :] @ B) @ np.swapaxes(A, 1, 2))[:, 0]
-            if noise is not None and f"{t}.bias" in noise and self.drift.bias_noise != "update_only":
+                value = noise[f"{t}.weight"]
+                delta = (h[:, None, :] @ (np.swapaxes(value, 1, 2) if not isinstance(value, tuple)
+                                          else value[1] @ np.swapaxes(value[0], 1, 2)))[:, 0]
+                z = z + delta
+            if noise is not None and f"{t}.bias" in noise and self._forward_adds_bias_noise():
                 z = z + noise[f"{t}.bias"]
             h = z if t == n_layers - 1 else self._activate(z)
         return h
+
+    def _forward_adds_bias_noise(self) -> bool:
+        """Whether the forward adds the bias noise it is given: not for update_only (unless the port says so
+        through its forward/update split, then its forward applies what it is given) nor for none."""
+        d = self.drift
+        return d.bias_noise != "none" and (d.bias_noise != "update_only" or d.split)
 
     def init_params(self, shapes, seed):
         params = {}
@@ -332,6 +373,18 @@ VARIANTS: dict[str, tuple[Drift, str | None]] = {
     "numpy_rng_antithetic_halves": (Drift(rng="numpy", antithetic="halves"), "antithetic"),
     "numpy_rng_bias_noise_fresh": (Drift(rng="numpy", bias_noise="fresh"), "bias_noise"),
     "numpy_rng_noise_reuse_1": (Drift(rng="numpy", noise_reuse=1), "noise_reuse"),
+    # the protocol's other forms: dense perturbations (E), forward and update noise apart, NaN accepted
+    "dense_faithful": (Drift(dense="product"), None),
+    "dense_faithful_numpy_rng": (Drift(rng="numpy", dense="product"), None),
+    "split_faithful": (Drift(split=True), None),
+    "faithful_accepts_nonfinite": (Drift(rejects_nonfinite=False), None),
+    "bias_noise_update_only_split": (Drift(bias_noise="update_only", split=True), "bias_noise"),
+    "numpy_rng_bias_noise_update_only_split": (Drift(rng="numpy", bias_noise="update_only", split=True), "bias_noise"),
+    "dense_bias_noise_update_only_split": (Drift(rng="numpy", dense="product", bias_noise="update_only", split=True),
+                                           "bias_noise"),
+    "bias_noise_none": (Drift(bias_noise="none"), "bias_noise"),
+    "dense_numpy_rng_noise_reuse_1": (Drift(rng="numpy", dense="product", noise_reuse=1), "noise_reuse"),
+    "fitness_std_accepts_nonfinite": (Drift(fitness="std", rejects_nonfinite=False), "fitness"),
 }
 # Two drifts at once: the lockstep trajectory goes on after the first parting, so both must be named.
 # name -> (drift, the knobs a correct diagnosis names, those the trajectory check itself must name)
@@ -346,7 +399,14 @@ PAIRS: dict[str, tuple[Drift, set[str], set[str]]] = {
     "pair_numpy_rng_fresh_bias_adam": (Drift(rng="numpy", bias_noise="fresh", optimizer="adam"),
                                        {"bias_noise", "optimizer"}, {"optimizer"}),
 }
-for _name, (_drift, _knob) in VARIANTS.items():
+# Drifts no knob describes (the noise of a dense port): name -> (drift, the words its diagnosis must use).
+NOISE_FORM_DRIFTS: dict[str, tuple[Drift, tuple[str, ...]]] = {
+    "dense_gaussian": (Drift(rng="numpy", dense="gaussian"), ('"low-rank" noise is not low rank',
+                                                               "not distributed as EGGROLL's")),
+    "dense_wrong_scale": (Drift(rng="numpy", dense="wrong_scale"), ("noise scaling differs", "variance")),
+    "dense_uniform_factors": (Drift(rng="numpy", dense="uniform_factors"), ("not distributed as EGGROLL's",)),
+}
+for _name, (_drift, _knob) in {**VARIANTS, **NOISE_FORM_DRIFTS}.items():
     globals()[_name] = factory(_drift)
 for _name, (_drift, _, _) in PAIRS.items():
     globals()[_name] = factory(_drift)
