@@ -9,7 +9,12 @@ STAMP       := $(VENV)/.installed
 RUNS        ?= runs
 ARGS        ?=
 
-.PHONY: help setup test parity gap gap-paper bench clean
+PORTS_STAMP := $(VENV)/.ports-installed
+# eggroll-trainer 0.1.0 declares Requires-Python >= 3.12 while its code needs only torch: below 3.12 it is
+# installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
+PORTS_ALONE := eggroll-trainer==0.1.0
+
+.PHONY: help setup test parity gap gap-paper bench ports clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,6 +42,15 @@ gap-paper: setup  ## the published question at its own preset (resumes from repo
 
 bench: setup  ## throughput and time to solve, torch_impl against JAX -> runs/bench
 	$(PY) -m bench --out $(RUNS)/bench $(ARGS)
+
+ports: $(PORTS_STAMP)  ## the EGGROLL ports on PyPI (pinned extra) through the suite -> runs/ports
+	$(PY) -m ports --out $(RUNS)/ports $(ARGS)
+
+$(PORTS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test,ports]'
+	$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' || \
+		$(PY) -m pip install --quiet --no-deps --ignore-requires-python $(PORTS_ALONE)
+	touch $(PORTS_STAMP)
 
 clean:  ## remove .venv and caches (never runs/ or reports/)
 	rm -rf $(VENV) .pytest_cache

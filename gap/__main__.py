@@ -16,7 +16,7 @@ from gap import executors, report, stats
 from gap.arms import Arm, dedupe, profile_arm
 from gap.attribution import DESIGNS
 from gap.attribution import study as build_study
-from gap.runs import run_all, run_specs, train_spec
+from gap.runs import load_port_arm, run_all, run_specs, train_spec
 from gap.store import RunStore
 from spec.config import PRESETS
 from spec.knobs import PROFILES, KnobError
@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="oop-port", help="the drifted profile to attribute (default oop-port)")
     p.add_argument("--arms", default=None,
                    help="comma-separated subset of the planned arms (see --plan), or jax_reference / torch:<profile>")
+    p.add_argument("--port", action="append", default=[], metavar="MODULE:ATTR",
+                   help="also train this port through its adapter's es_* methods (parity/adapter.py) as a main arm, "
+                        "compared with the reference like the profiles (repeatable)")
     p.add_argument("--no-ladder", action="store_true", help="the same as --design none")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
                    help="where runs execute: local processes, or an existing Ray cluster (--address)")
@@ -169,8 +172,10 @@ def plan_study(args) -> StudyPlan:
     attr_seeds = seeds[:n_attr] if args.seed_list else seed_list(n_attr)
     design = "none" if args.no_ladder else (args.design or d.design)
     st = build_study(args.profile, reference, design, tuple(o for o in d.others if o != args.profile))
+    port_arms = tuple(load_port_arm(source, cfg, reference) for source in args.port)   # bad port: exit 2, now
+    st = st._replace(others=st.others + port_arms)
     main_arms, extra_arms = _select(st, args.arms)
-    return StudyPlan(cfg, seeds, attr_seeds, st, main_arms, extra_arms)
+    return StudyPlan(cfg, seeds, attr_seeds, st, dedupe(main_arms + list(port_arms)), extra_arms)
 
 
 def print_plan(args, p: StudyPlan, n_runs: int) -> None:
@@ -196,6 +201,9 @@ def notes_of(args) -> list[str]:
                      "more seeds: --seeds, --attribution-seeds")
     if args.arms:
         notes.append(f"arms restricted to: {args.arms}")
+    for source in args.port:
+        notes.append(f"port arm from {source}, trained through its adapter's es_* methods (ports/train.py); what "
+                     "the port lacks (init, action uniforms, action choice) is the reference's")
     if args.max_steps is not None:
         notes.append(f"budget set by --max-steps {args.max_steps:,}")
     if args.from_dir:

@@ -5,6 +5,8 @@ rung that equals a single-drift arm) is one arm, run once:
 `jax_reference`, `torch:jax`, `torch:oop-port` (a profile), `torch:jax+activation=tanh`
 (a profile plus a departure), `torch:oop-port-rng-activation` (a profile with those knobs
 switched back to the reference's value). The name is the shortest such description.
+A port trained through the adapter protocol (`--port MODULE:ATTR`) is `port:<the adapter's name>`: the port's
+name, its package version included, is part of every run's identity; `source` says where to import it from.
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from dataclasses import asdict, dataclass
 
 from spec.knobs import KNOB_NAMES, PROFILES, KnobError, Knobs, RunSettings, as_knobs, profile
 
-SIDES = ("jax", "torch")
+SIDES = ("jax", "torch", "port")
 JAX_ARM = "jax_reference"
+PORT_PREFIX = "port:"
 
 
 @dataclass(frozen=True)
@@ -22,13 +25,16 @@ class Arm:
     """One thing the study trains over seeds: a side, its settings, and the Config changes it trains with."""
 
     name: str
-    side: str      # "jax" (jax_reference.train) or "torch" (torch_impl.train)
-    knobs: Knobs | RunSettings   # RunSettings for the jax side (the reference run), Knobs for a torch port
+    side: str      # "jax" (jax_reference.train), "torch" (torch_impl.train) or "port" (ports.train, an adapter)
+    knobs: Knobs | RunSettings   # RunSettings for the jax side and a port (the reference run), Knobs for torch
     config: tuple[tuple[str, object], ...] = ()   # Config fields a profile carries, e.g. (("layers", 2),)
+    source: str = ""   # a port arm's adapter, MODULE:ATTR (imported by name in each worker)
 
     def __post_init__(self) -> None:
         if self.side not in SIDES:
             raise ValueError(f"side must be one of {SIDES}, got {self.side!r}")
+        if (self.side == "port") != bool(self.source):
+            raise ValueError(f"an arm has a source (MODULE:ATTR) exactly when its side is 'port': {self.name!r}")
 
 
 def departures_json(values: dict, defaults: dict) -> str:
@@ -88,6 +94,11 @@ def jax_arm(reference: RunSettings | None = None) -> Arm:
     if run != RunSettings():   # a reference run with other settings than the default ones
         name += "".join("+" + s for s in _describe(Knobs.from_run(run), Knobs(), Knobs())[1])
     return Arm(name, "jax", run)
+
+
+def port_arm(source: str, port_name: str, reference: RunSettings | None = None) -> Arm:
+    """A port trained through its es_* methods under the reference run's settings: `port:<its name>`."""
+    return Arm(PORT_PREFIX + port_name, "port", reference or RunSettings(), source=source)
 
 
 def profile_arm(name: str, reference: RunSettings | None = None) -> Arm:

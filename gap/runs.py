@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NamedTuple
 
-from gap.arms import Arm, knobs_json
+from gap.arms import PORT_PREFIX, Arm, knobs_json, port_arm
 from gap.executors import Local
 from gap.store import RunStore, config_json, run_id
 from reporting import cpu_name, versions
@@ -58,6 +58,8 @@ class Outcome(NamedTuple):
 # ---------------------------------------------------------------- one run
 def train_spec(spec: RunSpec):
     """The real trainers, by side; imported here so the parent and tests never load jax or torch for nothing."""
+    if spec.arm.side == "port":
+        return train_port(spec)
     if spec.arm.side == "jax":
         from jax_reference.train import train
         return train(spec.config, spec.arm.knobs, spec.seed, progress=False)
@@ -65,6 +67,42 @@ def train_spec(spec: RunSpec):
     threads = 1 if os.environ.get("EGGROLL_SINGLE_THREAD") else None   # a worker: one thread (no oversubscription)
     return train(spec.config, spec.arm.knobs, spec.seed, device=spec.device, progress=False,
                  **({"threads": threads} if threads else {}))
+
+
+class ReferencePieces:
+    """What a port arm takes from the reference when the port has none of its own: the initial parameters and
+    the action uniforms of a run seed (DESIGN.md's key scheme), from jax_reference."""
+
+    def __init__(self, cfg: Config, run):
+        self.cfg, self.run = cfg, run
+
+    def init_params(self, shapes: dict, seed: int) -> dict:
+        from jax_reference.population import params_to_flat
+        from jax_reference.train import init_model, run_keys
+        return params_to_flat(init_model(self.cfg, self.run, run_keys(seed).model).params)
+
+    def action_uniforms(self, seed: int, epoch: int, pop: int):
+        from jax_reference.train import action_uniforms, run_keys
+        return action_uniforms(run_keys(seed).action, epoch, pop)
+
+
+def load_port_arm(source: str, cfg: Config, reference=None) -> Arm:
+    """The arm of the adapter at MODULE:ATTR, loaded and checked to be trainable (its name is the arm's)."""
+    from ports.train import load_trainable
+    return port_arm(source, load_trainable(source, cfg).name, reference)
+
+
+def train_port(spec: RunSpec):
+    """A port arm: the adapter re-imported by MODULE:ATTR in this process and trained through its es_* methods
+    (refused when it no longer carries the arm's name, e.g. its package was upgraded since the study began)."""
+    from ports.train import load_trainable, train
+    if os.environ.get("EGGROLL_SINGLE_THREAD"):   # a worker: one torch thread, as for the torch side
+        import torch
+        torch.set_num_threads(1)
+    port = load_trainable(spec.arm.source, spec.config)
+    if PORT_PREFIX + port.name != spec.arm.name:
+        raise ValueError(f"{spec.arm.source} is now {port.name!r}, not the arm {spec.arm.name!r}")
+    return train(port, spec.config, spec.seed, ReferencePieces(spec.config, spec.arm.knobs))
 
 
 def _field(result: Any, name: str) -> Any:

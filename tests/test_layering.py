@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"spec", "reporting", "rollout", "torch_impl", "jax_reference", "parity", "gap", "bench", "examples", "tests"}
+OURS = {"spec", "reporting", "rollout", "torch_impl", "jax_reference", "parity", "gap", "bench", "ports", "examples",
+        "tests"}
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 # package -> (ours it may import, third-party it may import) anywhere in it
@@ -26,13 +27,16 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "gap": ({"gap", "spec", "reporting"}, {"numpy", "scipy", "pandas", "matplotlib", "lifelines", "statsmodels", "pydoe"}),
     "bench": ({"bench", "spec", "reporting", "torch_impl", "jax_reference"},
               {"torch", "numpy", "scipy", "jax", "matplotlib"}),
+    # the PyPI ports' adapters and their survey: the protocol (parity), never the project's own EGGROLLs
+    "ports": ({"ports", "parity", "spec", "rollout", "reporting"},
+              {"numpy", "torch", "torcheggroll", "hyperfunc", "eggroll_trainer", "eggroll"}),
 }
 # The few modules that reach further, each for one stated reason.
 EXCEPTIONS: dict[str, set[str]] = {
     "parity/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
     "parity/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
     "parity/__main__.py": {"jax", "torch"},                        # device line; --device cuda check
-    "gap/runs.py": {"torch_impl", "jax_reference", "torch"},       # the trainers, loaded lazily per run
+    "gap/runs.py": {"torch_impl", "jax_reference", "torch", "ports"},   # the trainers, loaded lazily per run
     "gap/__main__.py": {"torch"},                                  # --device cuda check before any run
     "gap/executors.py": {"ray"},                                   # the optional cluster executor, imported on use
 }
