@@ -106,10 +106,13 @@ def independent_entries(noise: dict, name: str, reps: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- the same draws at two sigmas
 def scale_ratio(a: dict, b: dict) -> float:
-    """The common factor c with a = c * b over all weights (same draws assumed): median of the ratios of A or E."""
+    """The common factor c with a = c * b over all weights (same draws assumed): median of the ratios of A or, when
+    either side is dense, of the perturbations A B^T or E."""
+    dense = is_dense(a) or is_dense(b)
+
     def values(noise):
-        return np.concatenate([(v[0] if isinstance(v, tuple) else v).ravel()
-                               for v in (noise[k] for k in weight_names(noise))]).astype(np.float64)
+        return np.concatenate([(perturbation(noise, k) if dense else np.asarray(noise[k][0], np.float64)).ravel()
+                               for k in weight_names(noise)])
 
     num, den = values(a), values(b)
     keep = den != 0
@@ -117,16 +120,16 @@ def scale_ratio(a: dict, b: dict) -> float:
 
 
 def same_draws(a: dict, b: dict) -> bool:
-    """Whether two noise dicts hold the same draws at possibly different sigmas: B equal (factors), or E
-    proportional within float32 rounding (dense)."""
+    """Whether two noise dicts hold the same draws at possibly different sigmas: B equal (both factors), or the
+    perturbations proportional within float32 rounding (either side dense, e.g. a dense port on shared draws)."""
     names = weight_names(a)
     if not all(k in b for k in names):
         return False
-    if not is_dense(a):
+    if not (is_dense(a) or is_dense(b)):
         return all(np.array_equal(a[k][1], b[k][1]) for k in names)
     c = scale_ratio(a, b)
     for k in names:
-        ea, eb = np.asarray(a[k], np.float64), np.asarray(b[k], np.float64)
+        ea, eb = perturbation(a, k), perturbation(b, k)
         if ea.shape != eb.shape or np.linalg.norm(ea - c * eb) > SAME_DRAWS * np.linalg.norm(ea):
             return False
     return True

@@ -150,7 +150,8 @@ def test_every_check_names_bias_noise_alike(name, forbidden, tmp_path):
 
 def test_instep_example_passes_and_its_pattern_is_what_makes_it_checkable(tmp_path, monkeypatch):
     """examples/instep_adapter.py: a dense port drawing its noise inside step(). It passes; without the replaced
-    noise-drawing method its step runs on its own noise and the trajectory parts at the parameters."""
+    noise-drawing method its step runs on its own noise, and the lockstep trajectory finds its es_tell step unlike
+    the reference's step on the same gradient."""
     code, summary = check("examples.instep_adapter:adapter", tmp_path)
     table = verdict_table(summary)
     assert code == 0, summary
@@ -158,7 +159,7 @@ def test_instep_example_passes_and_its_pattern_is_what_makes_it_checkable(tmp_pa
     assert {v for c, (v, _) in table.items() if c not in ("actions", "updates", "init")} == {"pass"}, table
     monkeypatch.setattr(instep_adapter, "given_noise", lambda es, noise: contextlib.nullcontext())
     code, summary = check("examples.instep_adapter:adapter", tmp_path / "unpatched", "--checks", "trajectory")
-    assert code == 1 and "parameters: max |port - ref| / bound" in row(summary, "trajectory").replace("\\|", "|")
+    assert code == 1 and "step: max |port - expected| / bound" in row(summary, "trajectory").replace("\\|", "|")
 
 
 def test_instep_port_trains():
