@@ -265,6 +265,14 @@ def step_causes(steps, candidates: dict[str, float], ratios: dict[int, float], o
     moved = [s for s in failing if s.moved > 0]
     if not moved or not all(s.cosine > ALIGNED for s in moved):
         return []
+    if all(abs(s.lr_ratio - 1) <= s.lr_allowed for s in moved):
+        worst = max(moved, key=lambda s: s.worst)
+        return [diagnose.other("es_tell step", f"the port's step at epoch {worst.epoch} is {fmt(worst.worst)} bounds "
+                                               f"from one {optimizer} step on its own gradient, though its size "
+                                               f"({worst.lr_ratio:.6f}x) and direction (cosine {worst.cosine:.6f}) "
+                                               "match: not a schedule; rounding in the port's own update beyond one "
+                                               "step's float32 bound, or a step taken on a gradient other than the "
+                                               "one it reports")]
     if steps[0].ok:
         return [diagnose.lr_schedule_cause({s.epoch: s.lr_ratio for s in steps if s.moved > 0}, lr_decay)]
     return [diagnose.other("learning rate", f"the port's es_tell step is {steps[0].lr_ratio:.6f}x the reference "

@@ -220,3 +220,17 @@ def test_step_causes_read_the_lr_schedule_and_the_optimizer():
     assert [c.knob for c in both] == ["optimizer", "lr_decay"] and "0.9 " in both[1].text
     assert lockstep.step_causes(first_off, {"sgd": 0.9, "adam": 0.5, "adamw": 0.5}, {}, "sgd", 1.0) == []
     assert lockstep.step_causes([s._replace(worst=0.5) for s in steps], {}, {}, "sgd", 1.0) == []
+
+
+def test_a_step_off_by_rounding_with_the_right_size_names_no_schedule():
+    """A failing es_tell step whose size matches the expected one within the lr row's allowance is not a schedule
+    (the survey's hyperfunc LoRA path: 2.3 bounds off at epoch 1, size 1.000000x): no lr_decay, no knob at all."""
+    rng = np.random.default_rng()
+    allowed = float(10.0 ** rng.uniform(-7, -5))
+    steps = [lockstep.Step(e, 0.5 if e != 1 else float(rng.uniform(1.5, 5)), 1 + allowed * rng.uniform(-0.9, 0.9),
+                           allowed, 1 - 1e-9, 1.0) for e in range(3)]
+    (cause,) = lockstep.step_causes(steps, {}, {}, "sgd", 1.0)
+    assert cause.knob is None and "es_tell step differs" in cause.text and "not a schedule" in cause.text
+    drifted = [s._replace(lr_ratio=1 + 20 * allowed) if s.epoch == 1 else s for s in steps]
+    (cause,) = lockstep.step_causes(drifted, {}, {}, "sgd", 1.0)
+    assert cause.knob == "lr_decay"
