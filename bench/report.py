@@ -359,7 +359,20 @@ def _goal_section(rows: Sequence[Measurement]) -> list[str]:
         if f:
             lines.append(f"- {label} forward reaches {f.median:.0%} of the machine's floor ({f.p10:.0%}-{f.p90:.0%}); "
                          "the aim is 50% or more.")
-    return lines + [""]
+    return lines + _alone_floor_line(rows, model, pop) + [""]
+
+
+def _alone_floor_line(rows: Sequence[Measurement], model: str, pop: int) -> list[str]:
+    """The same forward's floor fraction in the busy section's fresh process, alone: no JAX thread pool beside it
+    (the main run interleaves torch and JAX calls in one process, and JAX's threads still spin when torch starts)."""
+    floor = lookup(rows, "machine", model, pop, M.FLOOR_MS)
+    alone = next((r for r in rows if r.impl == "torch_impl" and r.measure == M.ALONE_MS
+                  and r.model == model and r.pop == pop), None)
+    if floor is None or alone is None:
+        return []
+    return [f"- the same torch_impl forward timed alone in a fresh process without JAX (the busy section's 'alone' "
+            f"probe): {floor.median / alone.median:.0%} of the floor; in this run's interleaved rounds JAX's "
+            "thread pool runs in the same process between torch's calls."]
 
 
 def _throughput_sections(rows: Sequence[Measurement], ctx) -> list[str]:

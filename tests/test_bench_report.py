@@ -1,6 +1,7 @@
 """The benchmark's bookkeeping: CSV columns, ratio tables, summary page, skipped cases (no timing asserted)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from bench import __main__ as cli
@@ -182,3 +183,15 @@ def test_busy_section_reports_kept_fraction_and_the_jax_ratio():
     assert "torch_impl runs 5.00x JAX's speed (aim: ahead, > 1): met" in text
     assert "keeps 42% of its speed alone (aim: at least 25%" in text and ": met" in text
     assert report._busy_section([]) == []
+
+
+def test_goal_check_adds_the_floor_fraction_of_the_fresh_process_probe():
+    """The busy section's alone probe (no JAX in its process) gets its own floor fraction beside the main run's."""
+    rng = np.random.default_rng()
+    floor, alone = float(rng.uniform(1, 3)), float(rng.uniform(4, 8))
+    rows = [report.Measurement("machine", "cartpole", 2048, M.FLOOR_MS, floor, floor, floor, "ms", "cpu"),
+            report.Measurement("torch_impl", "cartpole", 2048, M.ALONE_MS, alone, alone, alone, "ms", "cpu")]
+    (line,) = report._alone_floor_line(rows, "cartpole", 2048)
+    assert f"without JAX (the busy section's 'alone' probe): {floor / alone:.0%} of the floor" in line
+    assert report._alone_floor_line(rows[:1], "cartpole", 2048) == []
+    assert report._alone_floor_line(rows, "cartpole", 4096) == []
