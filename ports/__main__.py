@@ -17,6 +17,7 @@ from ports import registry
 from ports.report import SurveyInfo, write
 from ports.survey import SUITE_PACKAGES, survey_entry
 from reporting import versions
+from spec.limits import check_out_dir, seed_arg
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/ports", help="output folder (default runs/ports, which git ignores; the "
                                                          "published survey is reports/ports)")
     p.add_argument("--size", choices=sorted(SIZES), default="quick", help="the suite's size (default quick)")
-    p.add_argument("--seed", type=int, default=0, help="run seed of the suite (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="run seed of the suite, in [0, 2^32 - 1] (default 0)")
     p.add_argument("--only", default=None, help="comma-separated port keys (see --list)")
     p.add_argument("--list", action="store_true", help="list the ports and exit")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         entries = chosen(args)
+        check_out_dir(args.out)
     except ValueError as err:
         print(f"python -m ports: {err}", file=sys.stderr)
         return 2

@@ -195,3 +195,17 @@ def test_goal_check_adds_the_floor_fraction_of_the_fresh_process_probe():
     assert f"without JAX (the busy section's 'alone' probe): {floor / alone:.0%} of the floor" in line
     assert report._alone_floor_line(rows[:1], "cartpole", 2048) == []
     assert report._alone_floor_line(rows, "cartpole", 4096) == []
+
+
+def test_the_generators_aims_are_stated_met_or_not_with_the_figure():
+    rng = np.random.default_rng()
+    ref = float(rng.uniform(5e3, 1e4))
+
+    def row(rate):
+        return report.Measurement("x", "cartpole", 2048, M.FORWARD_NOISE, rate, rate, rate, "evals/s", "cpu")
+
+    met = report._rng_aim_lines(row(1.2 * ref * 2), row(2 * ref), row(ref))
+    assert "within 1.5x of rng=torch: 1.20x, met" in met[0] and "2.00x, met" in met[1]
+    missed = report._rng_aim_lines(row(2.4 * ref * 0.9), row(0.9 * ref), row(ref))
+    assert "2.40x, not met (each JAX normal" in missed[0] and "0.90x, not met" in missed[1]
+    assert report._rng_aim_lines(None, row(ref), row(ref)) == []

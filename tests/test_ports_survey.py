@@ -112,6 +112,13 @@ def test_cli_refuses_bad_usage_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
     assert cli.main(["--list"]) == 0
     assert "torcheggroll" in capsys.readouterr().out
+    for seed in ("-1", str(2 ** 32)):
+        assert cli.main(["--seed", seed, "--out", str(tmp_path / "x")]) == 2
+        assert "[0, 4,294,967,295]" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert cli.main(["--out", str(tmp_path / "file" / "survey")]) == 2
+    assert "which is a file" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_registry_pins_what_pyproject_and_the_makefile_install():
