@@ -1,8 +1,0 @@
-"""JAX reference: the EggRoll noiser and MLP with the upstream HyperscaleES interface, plus a CartPole trainer."""
-from jax_reference.models import (ACTIVATIONS, EMB_PARAM, EXCLUDED, MLP, MM, MM_PARAM, PARAM, TMM, CommonInit,
-                                  CommonParams, Embedding, Linear, Model, Parameter, layer_norm, simple_es_tree_key)
-from jax_reference.noiser import EggRoll, Noiser
-
-__all__ = ["ACTIVATIONS", "EMB_PARAM", "EXCLUDED", "MLP", "MM", "MM_PARAM", "PARAM", "TMM", "CommonInit",
-           "CommonParams", "Embedding", "Linear", "Model", "Parameter", "layer_norm", "simple_es_tree_key",
-           "EggRoll", "Noiser"]

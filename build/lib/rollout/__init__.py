@@ -1,1 +1,0 @@
-"""The environment both sides share: CartPole-v1 dynamics and the population episode loop."""
