@@ -63,37 +63,26 @@ MATCH = 1e-4         # an optimizer candidate reproduces the port's first step w
 
 
 # ----------------------------------------------------------------------------- sigma
-def weights(noise: dict) -> list[str]:
-    """The weight leaves of a noise dict (given as (A, B) factors or, for a dense port, as E)."""
-    return noiseform.weight_names(noise)
-
-
-def same_draws(a: dict, b: dict) -> bool:
-    """Whether two noise dicts hold the same weight draws (every B equal; dense: E proportional), so that the
-    ratio of A (or E) is the ratio of their sigmas."""
-    return noiseform.same_draws(a, b)
-
-
-def scale_ratio(a: dict, b: dict) -> float:
-    """The common factor c with A_a = c * A_b (dense: E_a = c * E_b) over all weights, same draws assumed."""
-    return noiseform.scale_ratio(a, b)
+def _unmirrored(perturbations: np.ndarray, pop: int) -> np.ndarray:
+    """Members that are nobody's mirror or the first of their pair (independent draws), from (pop, ...) rows."""
+    mirror = diagnose.mirror_map(perturbations.reshape(pop, -1))
+    return np.array([i for i in range(pop) if mirror[i] < 0 or i < mirror[i]])
 
 
 def _independent_a(noise: dict, pop: int) -> np.ndarray:
     """The A entries of the members that are nobody's mirror or the first of their pair (independent normals)."""
-    w0 = min(weights(noise), key=lambda k: noise[k][0][0].size * noise[k][1][0].shape[0])   # smallest A B^T
+    names = noiseform.weight_names(noise)
+    w0 = min(names, key=lambda k: noise[k][0][0].size * noise[k][1][0].shape[0])   # smallest A B^T
     a, b = (noise[w0][i].astype(np.float64) for i in (0, 1))
-    mirror = diagnose.mirror_map((a @ np.swapaxes(b, 1, 2)).reshape(pop, -1))
-    reps = np.array([i for i in range(pop) if mirror[i] < 0 or i < mirror[i]])
-    return np.concatenate([noise[k][0][reps].ravel() for k in weights(noise)]).astype(np.float64)
+    reps = _unmirrored(a @ np.swapaxes(b, 1, 2), pop)
+    return np.concatenate([noise[k][0][reps].ravel() for k in names]).astype(np.float64)
 
 
 def _dense_reading(own: dict, sigma_e: float, sigma_0: float, pop: int, rank: int, alpha: float) -> "SigmaReading":
     """Fresh dense draws: E_e / sigma_e against EGGROLL's entry distribution (exact KS over independent entries of
     members that are nobody's mirror); the ratio reported is the entries' rms over sigma_e."""
-    w0 = min(weights(own), key=lambda k: noiseform.entries(own, k))
-    mirror = diagnose.mirror_map(noiseform.perturbation(own, w0).reshape(pop, -1))
-    reps = np.array([i for i in range(pop) if mirror[i] < 0 or i < mirror[i]])
+    w0 = min(noiseform.weight_names(own), key=lambda k: noiseform.entries(own, k))
+    reps = _unmirrored(noiseform.perturbation(own, w0), pop)
     _, value, limit, why, ratio = noiseform.scale_test(own, reps, sigma_e, rank, alpha)
     return SigmaReading(value, limit, "fresh dense draws at the reference's sigma_e: " + why, ratio, False)
 
@@ -113,12 +102,12 @@ def read_sigma(own: dict, own0: dict, ref: dict, ref0: dict, sigma_e: float, sig
     """own/ref: the port's and the reference's es_ask noise at epoch e; own0/ref0: at epoch 0 (rank: r, used for
     a dense port's fresh draws)."""
     expected = sigma_e / sigma_0
-    if same_draws(own, own0):
-        c = scale_ratio(own, own0) / expected
+    if noiseform.same_draws(own, own0):
+        c = noiseform.scale_ratio(own, own0) / expected
         return SigmaReading(abs(c - 1), ("bound", SIGMA_OWN_DRAWS), "same draws as its epoch 0: A_e / A_0, 8u",
                             c, True)
-    if same_draws(own, ref) and same_draws(own0, ref0):
-        c = scale_ratio(own, ref) / scale_ratio(own0, ref0)
+    if noiseform.same_draws(own, ref) and noiseform.same_draws(own0, ref0):
+        c = noiseform.scale_ratio(own, ref) / noiseform.scale_ratio(own0, ref0)
         return SigmaReading(abs(c - 1), ("bound", SIGMA_SHARED_DRAWS),
                             "the reference's draws: (A_port / A_ref)_e / (A_port / A_ref)_0, 12u", c, True)
     if noiseform.is_dense(own):

@@ -154,8 +154,8 @@ def _noise_obs(ctx, e: int, run: _Run, alpha: float):
     if ctx.port.jax_compatible_rng:
         ulps, odd = _noise_ulps(n_own, n_ref)
         ulps = max(ulps, 1 << 31) if odd else ulps
-        detail = (("scale", lockstep.scale_ratio(n_own, n_ref))
-                  if ulps and not odd and lockstep.same_draws(n_own, n_ref) else None)
+        detail = (("scale", noiseform.scale_ratio(n_own, n_ref))
+                  if ulps and not odd and noiseform.same_draws(n_own, n_ref) else None)
         obs.append(Observation(e, "noise", "noise: max ULP port vs ref", "both", size, float(ulps), ("bound", 0),
                                "bit-identical (JAX-compatible)", detail))
     sigma_port = sigma_e
