@@ -3,18 +3,21 @@
 Params are named "{layer}.weight" (out, in) and "{layer}.bias" (out,), layers 0..L-1. JAX flattens the
 params pytree {"0": {"bias", "weight"}, ...} with dict keys sorted as strings, so "0.bias" comes before
 "0.weight" and layer "10" before layer "2"; leaf i in that order gets ES base key i. This module is the
-only place that knows the order.
+MLP's view of `spec.tree` (the MLP is `spec.tree.mlp_tree(sizes)`), whose `flatten_order` is the one statement
+of the order.
 """
 from __future__ import annotations
 
 from typing import Iterable, Sequence
+
+from spec.tree import flatten_order
 
 
 def leaf_names(n_layers: int) -> list[str]:
     """Parameter names in JAX's flatten order: layer keys sorted as strings, then "bias" before "weight"."""
     if n_layers < 1:
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
-    return [f"{layer}.{leaf}" for layer in sorted(str(i) for i in range(n_layers)) for leaf in ("bias", "weight")]
+    return flatten_order(f"{layer}.{leaf}" for layer in range(n_layers) for leaf in ("weight", "bias"))
 
 
 def param_shapes(sizes: Sequence[int]) -> dict[str, tuple[int, ...]]:

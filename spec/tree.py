@@ -1,0 +1,186 @@
+"""A parameter tree as both sides see it: each leaf's path, shape, class, scanned axes and place in JAX's order.
+
+Upstream's noiser takes any pytree of parameters with two maps beside it: `es_map` (what the noiser does with
+a leaf) and `scan_map` (which axes of a leaf are a stack of independent slices). This module is the one
+statement of that description for every model the harness knows (the CartPole MLP is one tree among others).
+
+Paths join nested dict keys with "." ("blocks.wz"). JAX flattens a dict pytree with its keys sorted as strings
+at every level, so the flatten order is the order of the paths' key tuples; leaf i in that order gets ES key
+`split(es_key, n_leaves)[i]`, and a leaf scanned along axes (a0, a1, ...) is split further, once per axis in
+that order (`recursive_scan_split`): slice (i0, i1, ...) gets `split(...split(k, shape[a0])[i0]..., shape[a1])[i1]`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+# Leaf classes and upstream's es_map value for each (tmm shares MM_PARAM: the model, not the noiser, knows the
+# stored orientation).
+CLASSES: tuple[str, ...] = ("mm", "tmm", "param", "embedding", "excluded")
+ES_MAP: dict[str, int] = {"param": 0, "mm": 1, "tmm": 1, "embedding": 2, "excluded": 3}
+CLASS_NOTES: dict[str, str] = {
+    "mm": "matrix stored (out, in), used as x @ W.T: low-rank noise",
+    "tmm": "matrix stored (in, out), used as x @ W: low-rank noise on the stored shape",
+    "param": "any other tensor: full-rank noise, frozen when freeze_nonlora",
+    "embedding": "lookup table: no noise, no update",
+    "excluded": "no noise, no update",
+}
+LOWRANK = ("mm", "tmm")
+
+
+class TreeError(ValueError):
+    """A tree description that cannot be right; the message says what would be."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One parameter leaf: its path, full (stacked) shape, class and scanned axes."""
+
+    path: str
+    shape: tuple[int, ...]
+    cls: str
+    scan_axes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.cls not in CLASSES:
+            raise TreeError(f"leaf {self.path!r}: unknown leaf class {self.cls!r}; known: {', '.join(CLASSES)}")
+        if not self.path or any(not part for part in self.path.split(".")):
+            raise TreeError(f"leaf path {self.path!r} must be dict keys joined by '.' with none empty")
+        if any(not isinstance(n, int) or n < 1 for n in self.shape):
+            raise TreeError(f"leaf {self.path!r}: shape {self.shape} must hold positive integers")
+        for axis in self.scan_axes:
+            if not isinstance(axis, int) or not 0 <= axis < len(self.shape):
+                raise TreeError(f"leaf {self.path!r}: scan axis {axis} is out of range for shape {self.shape} "
+                                f"(axes 0..{len(self.shape) - 1})")
+        if len(set(self.scan_axes)) != len(self.scan_axes):
+            raise TreeError(f"leaf {self.path!r}: scan axes {self.scan_axes} repeat an axis")
+        if self.cls in LOWRANK and len(self.slice_shape) != 2:
+            raise TreeError(f"leaf {self.path!r}: a {self.cls} slice must be a matrix, got slice shape "
+                            f"{self.slice_shape} (shape {self.shape}, scan axes {self.scan_axes})")
+
+    @property
+    def slice_shape(self) -> tuple[int, ...]:
+        """The shape of one slice: the shape without its scanned axes."""
+        return tuple(n for axis, n in enumerate(self.shape) if axis not in self.scan_axes)
+
+    @property
+    def stack_shape(self) -> tuple[int, ...]:
+        """The scanned axes' sizes in scan order (() for an unscanned leaf)."""
+        return tuple(self.shape[axis] for axis in self.scan_axes)
+
+    @property
+    def n_slices(self) -> int:
+        return math.prod(self.stack_shape)
+
+    @property
+    def es_class(self) -> int:
+        return ES_MAP[self.cls]
+
+    @property
+    def factor_dims(self) -> tuple[int, int] | None:
+        """(a, b) of a low-rank slice as upstream draws it: the stored slice shape (mm: (out, in), tmm: (in, out))."""
+        return tuple(self.slice_shape) if self.cls in LOWRANK else None
+
+    @property
+    def noised(self) -> bool:
+        """Whether the reference ever perturbs it (param leaves only when freeze_nonlora is off)."""
+        return self.cls in ("mm", "tmm", "param")
+
+
+def key_tuple(path: str) -> tuple[str, ...]:
+    return tuple(path.split("."))
+
+
+def flatten_order(paths: Iterable[str]) -> list[str]:
+    """Paths in JAX's flatten order of the nested dict they name: keys sorted as strings at every level."""
+    return sorted(paths, key=key_tuple)
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Leaves in JAX's flatten order; `declared` keeps the order the model declared them (its registration order)."""
+
+    leaves: tuple[Leaf, ...]
+    declared: tuple[str, ...]
+
+    @property
+    def paths(self) -> list[str]:
+        return [leaf.path for leaf in self.leaves]
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {leaf.path: leaf.shape for leaf in self.leaves}
+
+    def leaf(self, path: str) -> Leaf:
+        for leaf in self.leaves:
+            if leaf.path == path:
+                return leaf
+        raise TreeError(f"no leaf {path!r} in the tree; leaves: {', '.join(self.paths)}")
+
+    def index(self, path: str, order: str = "sorted") -> int:
+        """The leaf's ES key index: its place in JAX's flatten order, or in declaration order (`insertion`)."""
+        names = self.paths if order == "sorted" else list(self.declared)
+        return names.index(path)
+
+    def of_class(self, *classes: str) -> list[Leaf]:
+        return [leaf for leaf in self.leaves if leaf.cls in classes]
+
+
+def make_tree(leaves: Sequence[Leaf]) -> Tree:
+    """A Tree from leaves in declaration order; refuses duplicate paths and a path that is also a prefix."""
+    paths = [leaf.path for leaf in leaves]
+    dupes = sorted({p for p in paths if paths.count(p) > 1})
+    if dupes:
+        raise TreeError(f"duplicate leaf path(s): {', '.join(dupes)}")
+    for p in paths:
+        for q in paths:
+            if q != p and q.startswith(p + "."):
+                raise TreeError(f"leaf {p!r} is also a dict holding {q!r}; a path names a leaf or a dict, not both")
+    by_path = {leaf.path: leaf for leaf in leaves}
+    return Tree(tuple(by_path[p] for p in flatten_order(paths)), tuple(paths))
+
+
+def tree_from_maps(shapes: Mapping[str, Sequence[int]], classes: Mapping[str, str],
+                   scan_axes: Mapping[str, Sequence[int]] | None = None) -> Tree:
+    """A Tree from {path: shape} (e.g. an adapter's init_params) and a class map; every path needs a class."""
+    scan_axes = scan_axes or {}
+    missing = sorted(set(shapes) - set(classes))
+    extra = sorted(set(classes) - set(shapes)) + sorted(set(scan_axes) - set(shapes))
+    if missing:
+        raise TreeError(f"no leaf class for {', '.join(missing)}; give each one of {', '.join(CLASSES)}")
+    if extra:
+        raise TreeError(f"class or scan map names leaves the parameters do not hold: {', '.join(extra)}")
+    return make_tree([Leaf(p, tuple(int(n) for n in shapes[p]), classes[p], tuple(scan_axes.get(p, ())))
+                      for p in shapes])
+
+
+def check_params(tree: Tree, shapes: Mapping[str, Sequence[int]], who: str = "params") -> None:
+    """Raise TreeError unless `shapes` ({path: shape}) holds exactly the tree's leaves at the tree's shapes."""
+    missing = sorted(set(tree.paths) - set(shapes))
+    extra = sorted(set(shapes) - set(tree.paths))
+    wrong = [f"{p} {tuple(shapes[p])} (tree: {tree.leaf(p).shape})" for p in tree.paths
+             if p in shapes and tuple(shapes[p]) != tree.leaf(p).shape]
+    problems = ([f"missing {', '.join(missing)}"] if missing else []) + \
+               ([f"not in the tree {', '.join(extra)}"] if extra else []) + \
+               ([f"shapes differ: {'; '.join(wrong)}"] if wrong else [])
+    if problems:
+        raise TreeError(f"{who} do not match the declared tree: {'; '.join(problems)}")
+
+
+def slice_index(leaf: Leaf) -> list[tuple[int, ...]]:
+    """Every slice's index along the scanned axes, in key order (row-major over the scan axes as listed)."""
+    out: list[tuple[int, ...]] = [()]
+    for n in leaf.stack_shape:
+        out = [idx + (i,) for idx in out for i in range(n)]
+    return out
+
+
+def mlp_tree(sizes: Sequence[int], bias: bool = True) -> Tree:
+    """The CartPole MLP: layer t is "{t}.weight" mm (out, in) and "{t}.bias" param (out,)."""
+    leaves: list[Leaf] = []
+    for t in range(len(sizes) - 1):
+        leaves.append(Leaf(f"{t}.weight", (sizes[t + 1], sizes[t]), "mm"))
+        if bias:
+            leaves.append(Leaf(f"{t}.bias", (sizes[t + 1],), "param"))
+    return make_tree(leaves)
