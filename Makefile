@@ -14,7 +14,7 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup test parity gap gap-paper bench ports clean
+.PHONY: help setup test parity gap gap-paper gap-lm bench ports clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,6 +39,9 @@ gap: setup  ## the CPU-sized gap study (resumes from the committed reports/gap) 
 
 gap-paper: setup  ## the published question at its own preset (resumes from reports/gap-paper) -> runs/gap-paper
 	$(PY) -m gap --study paper --out $(RUNS)/gap-paper --from reports/gap-paper $(ARGS)
+
+gap-lm: setup  ## the byte-level LM study: does the torch port learn as fast? (resumes from reports/gap-lm) -> runs/gap-lm
+	$(PY) -m gap --task lm --out $(RUNS)/gap-lm $(if $(wildcard reports/gap-lm/runs.csv),--from reports/gap-lm) $(ARGS)
 
 bench: setup  ## throughput and time to solve, torch_impl against JAX -> runs/bench
 	$(PY) -m bench --out $(RUNS)/bench $(ARGS)

@@ -211,8 +211,27 @@ def notes_of(args) -> list[str]:
     return notes + list(args.note)
 
 
+def _task_of(argv: list[str]) -> str:
+    """The value of --task (cartpole when absent), read before the study's own parser."""
+    for i, a in enumerate(argv):
+        if a.startswith("--task="):
+            return a.split("=", 1)[1]
+        if a == "--task":
+            return argv[i + 1] if i + 1 < len(argv) else ""
+    return "cartpole"
+
+
 def main(argv: list[str] | None = None, trainer=train_spec) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    task = _task_of(argv)
+    if task == "lm":
+        from gap import lm_cli
+        return lm_cli.main(argv, None if trainer is train_spec else trainer)
+    if task != "cartpole":
+        print(f"gap: unknown --task {task!r}; known tasks: cartpole, lm", file=sys.stderr)
+        return 2
+    argv = [a for i, a in enumerate(argv) if not (a == "--task" or a.startswith("--task=")
+                                                  or (i and argv[i - 1] == "--task"))]
     args = build_parser().parse_args(argv)
     try:
         p = plan_study(args)

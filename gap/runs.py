@@ -230,3 +230,22 @@ def run_specs(arms_seeds: Iterable[tuple[Arm, list[int]]], cfg: Config, device: 
     longest = max((len(s) for _, s in arms_seeds), default=0)
     return [RunSpec(arm, seeds[i], cfg.replace(**dict(arm.config)), device)
             for i in range(longest) for arm, seeds in arms_seeds if i < len(seeds)]
+
+
+def train_lm_spec(spec):
+    """One run of the LM study (`gap.lm_study.LmRunSpec`): (history rows, versions, host), trainers loaded lazily.
+
+    A worker trains with one thread (EGGROLL_SINGLE_THREAD): N runs on N cores, no oversubscription.
+    """
+    if os.environ.get("EGGROLL_SINGLE_THREAD"):
+        import torch
+        torch.set_num_threads(1)
+    if spec.arm.side == "jax":
+        from jax_reference.lm_train import train_lm
+        result = train_lm(spec.config, spec.seed, corpus=spec.corpus, progress=False)
+    else:
+        from torch_impl.lm_train import train_lm
+        result = train_lm(spec.config, spec.arm.knobs, spec.seed, corpus=spec.corpus, progress=False)
+    host, vers = where()
+    history = [{k: _plain(v) for k, v in dict(row).items()} for row in _field(result, "history")]
+    return history, vers, host
