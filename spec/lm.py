@@ -22,9 +22,15 @@ One member's score on a window of T + 1 bytes x_0..x_T (both sides compute exact
     score = mean_t log_softmax(logits_t)[x_{t+1}] / ln 2       log2-likelihood per byte (fitness: higher is better)
 Bits per byte = -score. Validation is scored with noise off.
 
-Data (`rollout.corpus`): the shipped corpus split into train (first 90%) and validation (last 10%); at epoch e
-stream j starts at `default_rng([seed, e]).integers(0, len(train) - T, n_streams)[j]`; member i reads stream
-i // group_size (group_size 0: one stream for the whole population), so a group shares a stream.
+Data (`rollout.corpus`, numpy only): the shipped corpus `rollout/data/corpus.txt` (project-written, CC0) read as
+bytes (uint8) and split at cut = int(0.9 * n) into train = bytes[:cut] and validation = bytes[cut:]. A window is
+T + 1 consecutive bytes (T scored tokens and their targets). At epoch e (the 0-based training epoch, not
+noise_reuse's true epoch) stream j is the train window starting at
+`np.random.default_rng([seed, e]).integers(0, len(train) - T, n_streams)[j]` (so every window lies inside train);
+n_streams = pop // group_size, or 1 when group_size is 0. Member i reads stream i // group_size (group_size 0:
+stream 0 for the whole population), so a group shares a stream. Validation: `val_windows` windows starting at
+`np.linspace(0, len(val) - T - 1, val_windows).astype(int64)`, the same every evaluation, scored with noise off.
+A corpus path that is missing, empty, or too short for one window in both parts is refused (ValueError).
 
 Init (`init_plan`): the model's declaration order (`lm_tree(cfg).declared`) is also its key order, in upstream's
 module style: `split(model_key, 4)` gives embed, blocks, ln_f, head their keys; block l's key is
