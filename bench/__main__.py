@@ -17,6 +17,7 @@ import torch
 from bench import ceilings as ceil
 from bench import names as M
 from bench import busy, report, runners, solve
+from bench import lm as lmbench
 from bench.measure import (Skipped, Timing, quantiles,
                                   time_round_robin)
 from bench.report import BenchInfo, Measurement, RowLog
@@ -54,6 +55,8 @@ class BenchPlan(NamedTuple):
     quick: bool = False                # tiny sizes for tests: not a measurement
     solve_runs: tuple[tuple[str, int], ...] = solve.SOLVE_RUNS   # (preset, seed) timed to solve; () for none
     busy_seconds: float = busy.PROBE_SECONDS   # busy-machine section: seconds timed per probe (0: skip it)
+    lm_pops: tuple[int, ...] = lmbench.LM_POPS    # the byte-level LM's population forward (() skips it)
+    lm_run: bool = True                # time a cpu-preset LM training run per side (one thread, fresh process)
 
 
 FULL = BenchPlan(
@@ -73,7 +76,7 @@ QUICK = BenchPlan(
     warmup=1, repeats=2, min_repeats=2, group_budget_s=0.5, max_call_s=5.0, max_first_call_s=60.0,
     headline=("cartpole", 64), step_pop=64, gen_pairs=32,
     matmul_n=256, copy_mib=8, deadline_s=120.0, headline_repeats=2, headline_budget_s=0.5, quick=True,
-    solve_runs=(("cpu", 0),), busy_seconds=0.5,
+    solve_runs=(("cpu", 0),), busy_seconds=0.5, lm_pops=lmbench.QUICK_POPS,
 )
 
 
@@ -323,6 +326,41 @@ class Bench:
         times = solve.time_to_solve(self.device.type, self.plan.quick, self.log, runs)
         self.rows.extend(solve_rows(times, str(self.device)))
 
+    def lm_group(self, pop: int) -> None:
+        """The LM's population forward: torch_impl alone and with its rng=jax draws, against JAX's jit."""
+        if self.out_of_time(f"LM forward pop {pop}"):
+            return
+        cfg = lmbench.lm_config(pop, self.plan.quick)
+        cases = lmbench.torch_cases(cfg, self.seed, self.device)
+        cases["jax_reference"] = lmbench.jax_case(cfg, self.seed)
+        timings = self.run_group(f"LM forward pop {pop}", cases)
+        model, n_tokens = "lm", pop * cfg.seq_len
+        floor = lmbench.forward_flops(cfg) / self.best_ceilings().peak_flops
+        self.rows.add_value("machine", model, pop, M.LM_FLOOR_MS, 1e3 * floor, "ms", self.device.type)
+        for impl, t in timings.items():
+            d = cases[impl].device
+            self.rows.add_rate(impl, model, pop, M.LM_TOKENS, t, n_tokens, "tokens/s", d)
+            self.rows.add_ms(impl, model, pop, M.LM_MS, t, d)
+            s = quantiles([floor / sec for sec in t.seconds])
+            self.rows.append(Measurement(impl, model, pop, M.LM_FLOOR_FRACTION, s.median, s.p10, s.p90, "fraction", d))
+        jax_t = timings.get("jax_reference")
+        for impl in ("torch_impl", "torch_impl+noise"):
+            if impl in timings and jax_t is not None:
+                self.rows.add_ratio(impl, model, pop, M.LM_RATIO, timings[impl], jax_t, cases[impl].device)
+
+    def lm_run_group(self) -> None:
+        """A cpu-preset LM training run per side, each in a fresh one-thread process (compilation included)."""
+        if not self.plan.lm_run or self.device.type != "cpu":
+            return
+        for impl in ("torch_impl", "jax_reference"):
+            r = lmbench.run_time(impl, self.plan.quick)
+            self.log(f"LM run ({'selftest' if self.plan.quick else lmbench.RUN_PRESET} preset, one thread): {impl} "
+                     f"{r.wall_s:.1f} s, validation {r.val_bpb:.3f} bits/byte" + ("" if r.ok else f" ({r.note})"))
+            if not r.ok:
+                self.notes.append(f"LM run {impl}: {r.note}")
+            self.rows.add_value(impl, "lm:run", 0, M.LM_RUN_S, r.wall_s, "s", "cpu")
+            self.rows.add_value(impl, "lm:run", 0, M.LM_RUN_BPB, r.val_bpb, "bits/byte", "cpu")
+
     def generator_group(self, spec: ModelSpec, pairs: int) -> None:
         """The paper preset's factor draws by torch.randn, torch_impl.random.normal and jax.random.normal."""
         if self.out_of_time("generator comparison"):
@@ -382,6 +420,9 @@ def run(plan: BenchPlan, device: torch.device, seed: int, log: Callable[[str], N
                 bench.forward_noise_group(spec, pop)
         bench.measure_ceilings("end")
         bench.add_floors()
+        for pop in plan.lm_pops:
+            bench.lm_group(pop)
+    bench.lm_run_group()
     bench.busy_group()
     bench.solve_group()
     agreement = runners.agreement_report(1 << 16 if plan.quick else 1 << 20)

@@ -46,3 +46,11 @@ SOLVE_CPU_S = "time_to_solve_cpu_s"
 
 NORMAL_MS = "normal_ms"
 NORMALS = "normals_per_s"
+# the byte-level LM (bench/lm.py)
+LM_TOKENS = "lm_tokens_per_s"                    # population forward: scored tokens per second
+LM_MS = "lm_forward_ms"
+LM_RATIO = "lm_forward_ratio"                    # torch_impl's speed over the row's impl, round by round
+LM_FLOOR_MS = "lm_floor_ms"                      # the forward's matmul FLOPs at the measured peak
+LM_FLOOR_FRACTION = "lm_floor_fraction"
+LM_RUN_S = "lm_run_s"                            # a cpu-preset LM training run, one thread, fresh process
+LM_RUN_BPB = "lm_run_val_bpb"

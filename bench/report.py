@@ -603,11 +603,58 @@ def _solve_section(rows: Sequence[Measurement]) -> list[str]:
                             "torch_impl cpu s", "jax_reference cpu s", "torch_impl speed-up"], table), ""]
 
 
+LM_FORWARD_AIM, LM_RUN_AIM_S = 1.5, 60.0   # issue 20: torch's LM forward >= 1.5x JAX's; a cpu-preset run <= 60 s
+
+
+def _lm_section(rows: Sequence[Measurement]) -> list[str]:
+    """The byte-level LM: tokens/s per implementation and population, the floor fraction, the ratio to JAX's jit,
+    and the cpu-preset training run per side, each against its aim."""
+    pops = sorted({r.pop for r in rows if r.measure == M.LM_TOKENS})
+    runs = {r.impl: r for r in rows if r.measure == M.LM_RUN_S}
+    if not pops and not runs:
+        return []
+    out = ["## The byte-level LM (`--task lm`)", "",
+           "Each call scores every member's T tokens. `torch_impl` is the forward on noise drawn once; "
+           "`torch_impl+noise` also draws the noise (rng=jax: JAX's very numbers); `jax_reference` is the jitted vmap "
+           "of member scores, which draws its noise inside as upstream's noiser does, so `torch_impl+noise` against "
+           "it is the like-for-like ratio. The floor is the forward's matmul FLOPs at the measured matmul peak.", ""]
+    table = []
+    for pop in pops:
+        for impl in ("torch_impl", "torch_impl+noise", "jax_reference"):
+            tok, ms = lookup(rows, impl, "lm", pop, M.LM_TOKENS), lookup(rows, impl, "lm", pop, M.LM_MS)
+            frac = lookup(rows, impl, "lm", pop, M.LM_FLOOR_FRACTION)
+            ratio = lookup(rows, impl, "lm", pop, M.LM_RATIO)
+            lo, hi = (lookup(rows, impl, "lm", pop, M.LM_RATIO + suffix) for suffix in (M.CI_LOW, M.CI_HIGH))
+            if tok is None:
+                continue
+            table.append([pop, impl, f"{tok.median:,.0f}", fmt(ms.median), f"{frac.median:.1%}" if frac else "-",
+                          f"{ratio.median:.2f}x [{lo.median:.2f}, {hi.median:.2f}]" if ratio and lo and hi else "-"])
+    if table:
+        out += [markdown_table(["pop", "impl", "tokens/s", "ms per call", "of the floor",
+                                "speed over jax_reference [95% CI]"], table), ""]
+        for pop in pops:
+            r = lookup(rows, "torch_impl+noise", "lm", pop, M.LM_RATIO)
+            if r is not None:
+                met = "met" if r.median >= LM_FORWARD_AIM else f"missed by {LM_FORWARD_AIM / r.median:.2f}x"
+                out.append(f"- Aim: torch's LM forward (with its noise) at least {LM_FORWARD_AIM}x JAX's at pop {pop}: "
+                           f"{r.median:.2f}x, {met}.")
+    if runs:
+        bpb = {r.impl: r for r in rows if r.measure == M.LM_RUN_BPB}
+        for impl, r in runs.items():
+            v = bpb.get(impl)
+            met = ("met" if r.median <= LM_RUN_AIM_S else f"missed by {r.median - LM_RUN_AIM_S:.1f} s") \
+                if r.median == r.median else "not measured"
+            out.append(f"- Aim: a cpu-preset LM run at most {LM_RUN_AIM_S:.0f} s of one core: {impl} {fmt(r.median)} s "
+                       f"(validation {fmt(v.median) if v else '-'} bits/byte, fresh one-thread process, compilation "
+                       f"included): {met}.")
+    return out + [""]
+
+
 def summary_markdown(rows: Sequence[Measurement], ctx: BenchInfo) -> str:
     """The benchmark's summary page: environment, goal check, ratio tables, floors, step, generators."""
     lines = (_intro(ctx) + _ceilings_section(ctx) + _goal_section(rows) + _throughput_sections(rows, ctx)
              + _floor_sections(rows, ctx) + _step_section(rows) + _generator_section(rows, ctx) + _knob_section(rows)
-             + _busy_section(rows) + _solve_section(rows))
+             + _busy_section(rows) + _solve_section(rows) + _lm_section(rows))
     if ctx.profile:
         lines += ["## Where torch_impl's forward spends its time (torch.profiler, 10 calls at the goal size)", "",
                   "```", *ctx.profile, "```", ""]

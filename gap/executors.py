@@ -11,17 +11,13 @@ import multiprocessing as mp
 import os
 from typing import Callable, Iterator, NamedTuple
 
-XLA_SINGLE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+from spec.threads import SINGLE_THREAD_ENV, XLA_SINGLE_THREAD, single_thread_env  # noqa: F401 - re-exported
 
 
 def single_thread() -> None:
-    """In a worker, before jax or torch start: one thread for XLA, torch and BLAS."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_multi_thread_eigen" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " " + XLA_SINGLE_THREAD).strip()
-    os.environ.update(SINGLE_THREAD_ENV)
-    os.environ["EGGROLL_SINGLE_THREAD"] = "1"      # torch's own pool: set when the trainer imports torch
+    """In a worker, before jax or torch start: one thread for XLA, torch and BLAS (torch's own pool through
+    EGGROLL_SINGLE_THREAD, read when the trainer imports torch)."""
+    os.environ.update(single_thread_env(dict(os.environ)))
 
 
 class Local(NamedTuple):

@@ -25,7 +25,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "jax_reference": ({"jax_reference", "spec", "rollout"}, {"jax", "optax", "numpy"}),
     "parity": ({"parity", "spec", "rollout", "reporting"}, {"numpy", "scipy"}),
     "gap": ({"gap", "spec", "reporting"}, {"numpy", "scipy", "pandas", "matplotlib", "lifelines", "statsmodels", "pydoe"}),
-    "bench": ({"bench", "spec", "reporting", "torch_impl", "jax_reference"},
+    "bench": ({"bench", "spec", "reporting", "rollout", "torch_impl", "jax_reference"},
               {"torch", "numpy", "scipy", "jax", "matplotlib"}),
     # the PyPI ports' adapters and their survey: the protocol (parity), never the project's own EGGROLLs
     "ports": ({"ports", "parity", "spec", "rollout", "reporting"},
