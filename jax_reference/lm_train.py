@@ -67,13 +67,17 @@ def train_lm(cfg: LMConfig, seed: int, corpus=None, progress: bool = True, strea
     for epoch in range(cfg.epochs):
         windows = train_windows(corpus, seed, epoch, cfg.n_streams, cfg.seq_len)       # (n_streams, T + 1)
         tokens = member_tokens(windows, cfg.pop, cfg.group_size)                         # (pop, T + 1)
+        step_start = time.perf_counter()
         scores = population_scores(noiser, frozen_noiser_params, noiser_params, params, es_tree_key, epoch, tokens)
         noiser_params, params = update(noiser_params, params, es_tree_key, scores, jnp.int32(epoch))
+        jax.block_until_ready(params)
+        step_s = time.perf_counter() - step_start
+        train_bpb = -float(np.mean(np.asarray(scores)))
         measured = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
         val_bpb_e = val_bits_per_byte(params, val) if measured else math.nan
         val_bpb = val_bpb_e if measured else val_bpb
-        row = lm_epoch_row(epoch, -float(np.mean(np.asarray(scores))), val_bpb_e,
-                           (epoch + 1) * cfg.pop * cfg.seq_len, time.perf_counter() - start)
+        row = lm_epoch_row(epoch, train_bpb, val_bpb_e, (epoch + 1) * cfg.pop * cfg.seq_len, cfg.pop * cfg.seq_len,
+                           step_s, time.perf_counter() - start)
         history.append(row)
         show.epoch(row)
 

@@ -8,8 +8,10 @@ per epoch:
     train_bpb      -mean(scores) of the population at epoch e (the perturbed members, before the update)
     val_bpb        bits/byte on cfg.val_windows validation windows after the update, noise off; NaN if not measured
     tokens         scored tokens so far: (e + 1) * pop * seq_len
-    tokens_per_s   tokens / wall_s
-    wall_s         seconds since the run started (compilation included)
+    tokens_per_s   pop * seq_len / the seconds epoch e's scoring and update took (validation excluded; epoch 0's
+                   include the compilation)
+    wall_s         seconds since the run started (compilation and validation included)
+The progress line's time left is (epochs - e - 1) times the mean wall time of epochs 1..e (epoch 0 compiles).
 """
 from __future__ import annotations
 
@@ -29,10 +31,11 @@ class LMTrainResult(NamedTuple):
     params: Any             # the final parameters (the side's own pytree / tensors)
 
 
-def lm_epoch_row(epoch: int, train_bpb: float, val_bpb: float, tokens: int, wall_s: float) -> dict:
-    """One entry of LMTrainResult.history."""
+def lm_epoch_row(epoch: int, train_bpb: float, val_bpb: float, tokens: int, epoch_tokens: int, step_s: float,
+                 wall_s: float) -> dict:
+    """One entry of LMTrainResult.history; step_s: the seconds this epoch's scoring and update took."""
     return {"epoch": epoch, "train_bpb": float(train_bpb), "val_bpb": float(val_bpb), "tokens": int(tokens),
-            "tokens_per_s": tokens / max(wall_s, 1e-9), "wall_s": float(wall_s)}
+            "tokens_per_s": epoch_tokens / max(step_s, 1e-9), "wall_s": float(wall_s)}
 
 
 def _clock(seconds: float) -> str:
@@ -40,13 +43,12 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def lm_progress_line(row: dict, epochs: int) -> str:
-    """`epoch    25/300  train 6.812 bpb  val 6.790 bpb     41,230 tok/s  left 1:02` (val `  -  ` when not measured)."""
+def lm_progress_line(row: dict, epochs: int, left_s: float) -> str:
+    """`epoch    49/1000  train 4.842 bpb  val 4.826 bpb     371,230 tok/s  left 0:12` (val `  -  ` if not measured)."""
     val = f"{row['val_bpb']:.3f}" if not math.isnan(row["val_bpb"]) else "  -  "
-    done = row["epoch"] + 1
-    left = row["wall_s"] / done * (epochs - done)
+    left = _clock(left_s) if math.isfinite(left_s) else "?"
     return (f"epoch {row['epoch']:5d}/{epochs}  train {row['train_bpb']:.3f} bpb  val {val} bpb  "
-            f"{row['tokens_per_s']:>10,.0f} tok/s  left {_clock(left)}")
+            f"{row['tokens_per_s']:>10,.0f} tok/s  left {left}")
 
 
 def lm_verdict_line(result: LMTrainResult) -> str:
@@ -64,11 +66,20 @@ class LMProgress:
     def __init__(self, stream: TextIO, epochs: int, enabled: bool = True):
         self.stream, self.epochs, self.enabled = stream, epochs, enabled
         self.live = enabled and stream.isatty()
+        self.first_wall = math.nan     # wall_s at the end of epoch 0 (which holds the compilation)
+
+    def time_left(self, row: dict) -> float:
+        """(epochs - e - 1) * the mean wall time of epochs 1..e (NaN after epoch 0)."""
+        if row["epoch"] == 0:
+            self.first_wall = row["wall_s"]
+            return math.nan
+        return (row["wall_s"] - self.first_wall) / row["epoch"] * (self.epochs - row["epoch"] - 1)
 
     def epoch(self, row: dict) -> None:
+        left = self.time_left(row)
         if not self.enabled:
             return
-        line = lm_progress_line(row, self.epochs)
+        line = lm_progress_line(row, self.epochs, left)
         if self.live:
             end = "\n" if not math.isnan(row["val_bpb"]) else ""
             print("\r" + line, end=end, file=self.stream, flush=True)
