@@ -23,6 +23,11 @@ named after the leaf whose op produced it, so the first entry where two sides pa
     "head"             (T, 256)  logits
     "score"            ()        the member's log2-likelihood per byte
 `intermediate_leaf(name)` maps an entry to (leaf path, block index or None), e.g. "blocks.1.wz" -> ("blocks.wz", 1).
+
+float32: inside a jitted graph (the scan's body, `population_scores`) XLA rewrites rms's `x / sqrt(m)` as
+`x * rsqrt(m)` and fuses products with the sums after them, so compiled and op-by-op runs of the same formula part
+by about an ulp per norm (about a third of the elements); a side that computes the formula as written can match
+this one within a bound, not bit for bit.
 """
 from __future__ import annotations
 
@@ -192,9 +197,10 @@ class ByteLM(Model):
 
 
 def intermediate_leaf(name: str) -> tuple[str, int | None]:
-    """An intermediates entry -> (the leaf path it is named after, block index or None): "blocks.1.wz" -> ("blocks.wz", 1).
+    """An intermediates entry -> (the leaf path it is named after, block index or None).
 
-    "blocks.{l}.out" maps to ("blocks", l) (the block as a whole); "score" to ("score", None).
+    "blocks.1.wz" -> ("blocks.wz", 1); "blocks.{l}.out" -> ("blocks", l) (the block as a whole); "head" -> ("head",
+    None); "score" -> ("score", None).
     """
     parts = name.split(".")
     if parts[0] == "blocks":
@@ -214,8 +220,10 @@ def init_lm(cfg: LMConfig, seed: int, dtype=jnp.float32) -> CommonInit:
 
 
 def es_keys(params, scan_map, seed: int):
-    """simple_es_tree_key(params, split(key(seed), 3)[1], scan_map): leaf i of the flatten order gets split(es_key, n)[i],
-    stacked leaves split again along axis 0 (keys of shape (L,))."""
+    """simple_es_tree_key(params, split(key(seed), 3)[1], scan_map).
+
+    Leaf i of the flatten order gets split(es_key, n_leaves)[i]; stacked leaves split again along axis 0 (keys (L,)).
+    """
     return simple_es_tree_key(params, run_keys(seed)[1], scan_map)
 
 

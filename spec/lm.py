@@ -13,14 +13,20 @@ One member's score on a window of T + 1 bytes x_0..x_T (both sides compute exact
         s_t  = shift[l][0] * u_t + shift[l][1] * u_{t-1}        u_{-1} = 0
         z_t  = sigmoid(mm(wz[l], s_t) + bz[l])                  mm(W, x) = x @ W.T (+ its low-rank noise)
         c_t  = mm(wh[l], s_t)
-        h_t  = h_{t-1} + z_t * (c_t - h_{t-1})                  h_{-1} = h0[l]
+        h_t  = h_{t-1} + z_t * (c_t - h_{t-1})                  h_{-1} = h0[l] (excluded: as stored, never noised)
         e_t  = e_t + h_t
         v_t  = rms(e_t) * ln2[l]
         e_t  = e_t + mm(down[l], relu(tmm(up[l], v_t)))         tmm(W, x) = x @ W (+ its low-rank noise)
     y_t   = rms(e_t) * ln_f
     logits_t = mm(head, y_t)                                   (T, 256)
-    score = mean_t log_softmax(logits_t)[x_{t+1}] / ln 2       log2-likelihood per byte (fitness: higher is better)
-Bits per byte = -score. Validation is scored with noise off.
+    score = mean_t log_softmax(logits_t)[x_{t+1}] / float32(ln 2)   log2-likelihood per byte (fitness: higher is better)
+Bits per byte = -score. Validation is scored with noise off (the mean of -score over the validation windows).
+
+Readings, as upstream's modules do it (jax_reference/lm.py): ln1, ln2, ln_f, shift and bz go through the noiser's
+full-rank rule (`get_noisy_standard`: perturbed only when freeze_nonlora is off); wz, wh, down, head through `do_mm`
+and up through `do_Tmm`; embed through `do_emb` and h0 read directly (upstream reads its excluded leaves as stored),
+so neither is ever perturbed. The recurrence runs sequentially over t, in the formula's order of operations.
+log_softmax(v) = (v - max v) - log(sum(exp(v - max v))) (jax.nn.log_softmax); float32(ln 2) = 0.6931472.
 
 Data (`rollout.corpus`): the shipped corpus split into train (first 90%) and validation (last 10%); at epoch e
 stream j starts at `default_rng([seed, e]).integers(0, len(train) - T, n_streams)[j]`; member i reads stream
