@@ -55,14 +55,10 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         cfg = lm_config(args)
         path = check_corpus_path(args.corpus)
         from rollout.corpus import load_corpus    # numpy only: reading the corpus is part of checking the input
-        corpus = load_corpus(path)
+        corpus = load_corpus(path, cfg.seq_len)   # refuses a corpus too short for windows of seq_len + 1 bytes
     except (OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
-    from jax_reference.lm_train import check_corpus_fits, train_lm   # jax only once the input is known good
-    try:
-        check_corpus_fits(corpus, cfg)
-    except ValueError as err:
-        parser.error(str(err))
+    from jax_reference.lm_train import train_lm   # jax only once the input is known good
     if not args.quiet:
         print(f"JAX reference EggRoll  byte LM  seed {args.seed}  {cfg}  corpus {corpus.path}", flush=True)
     result = train_lm(cfg, args.seed, corpus, progress=not args.quiet)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from functools import lru_cache
 from typing import TextIO
 
 import jax
@@ -39,9 +40,20 @@ def make_update(noiser, frozen_noiser_params, es_map, pop: int):
     return update
 
 
+@lru_cache(maxsize=8)
+def compiled_update(noiser, cfg: LMConfig):
+    """make_update for cfg's model and noiser settings, built once: runs with other seeds (or epochs) reuse the
+    compiled step. Call with cfg.replace(epochs=1, eval_every=1) so that the run length does not split the cache."""
+    template = init_lm(cfg, 0)
+    frozen_noiser_params, _ = noiser.init_noiser(
+        template.params, cfg.sigma, cfg.lr, solver=SOLVERS[cfg.optimizer], group_size=cfg.group_size,
+        freeze_nonlora=cfg.freeze_nonlora, noise_reuse=cfg.noise_reuse, rank=cfg.rank)
+    return make_update(noiser, frozen_noiser_params, template.es_map, cfg.pop)
+
+
 def check_corpus_fits(corpus, cfg: LMConfig) -> None:
-    """ValueError unless both splits hold at least one window of seq_len + 1 bytes (train: more, to draw starts)."""
-    if len(corpus.train) <= cfg.seq_len + 1 or len(corpus.val) < cfg.seq_len + 1:
+    """ValueError unless both splits hold at least one window of seq_len + 1 bytes (a corpus passed in, not loaded)."""
+    if len(corpus.train) < cfg.seq_len + 1 or len(corpus.val) < cfg.seq_len + 1:
         raise ValueError(f"corpus {corpus.path}: train {len(corpus.train)} and validation {len(corpus.val)} bytes are "
                          f"too few for windows of seq_len + 1 = {cfg.seq_len + 1}; give a longer text")
 
@@ -60,7 +72,7 @@ def train_lm(cfg: LMConfig, seed: int, corpus=None, progress: bool = True, strea
     frozen_noiser_params, noiser_params = noiser.init_noiser(
         params, cfg.sigma, cfg.lr, solver=SOLVERS[cfg.optimizer], group_size=cfg.group_size,
         freeze_nonlora=cfg.freeze_nonlora, noise_reuse=cfg.noise_reuse, rank=cfg.rank)
-    update = make_update(noiser, frozen_noiser_params, init.es_map, cfg.pop)
+    update = compiled_update(noiser, cfg.replace(epochs=1, eval_every=1))   # the same step, jitted once per settings
     val = jnp.asarray(val_windows(corpus, cfg.val_windows, cfg.seq_len))
 
     history, val_bpb, start = [], math.nan, time.perf_counter()

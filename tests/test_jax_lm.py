@@ -214,6 +214,7 @@ def code_of(argv) -> int:
     (["--task", "nope"], "invalid choice"),
     (["--task", "lm", "--corpus", "/nonexistent/corpus.txt"], "no such file"),
     (["--task", "lm", "--corpus", "EMPTY"], "is empty"),
+    (["--task", "lm", "--corpus", "SHORT"], "too short"),
     (["--task", "lm", "--group-size", "6"], "does not divide"),
     (["--task", "lm", "--preset", "paper"], "not an LM preset"),
     (["--task", "lm", "--max-steps", "10"], "does not apply"),
@@ -222,9 +223,10 @@ def code_of(argv) -> int:
 def test_the_cli_refuses_bad_input_with_exit_2_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("jax_reference.lm_train.train_lm", lambda *a, **k: pytest.fail("trained on bad input"))
     monkeypatch.setattr("jax_reference.train.train", lambda *a, **k: pytest.fail("trained on bad input"))
-    empty = tmp_path / "empty.txt"
-    empty.write_bytes(b"")
-    argv = [str(empty) if a == "EMPTY" else a for a in argv]
+    files = {"EMPTY": tmp_path / "empty.txt", "SHORT": tmp_path / "short.txt"}
+    files["EMPTY"].write_bytes(b"")
+    files["SHORT"].write_bytes(b"a few bytes")
+    argv = [str(files[a]) if a in files else a for a in argv]
     assert code_of(argv) == 2
     assert message in capsys.readouterr().err
 
