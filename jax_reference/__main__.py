@@ -16,7 +16,8 @@ from spec.config import PRESETS, check_pairing
 from spec.knobs import KnobError
 from spec.limits import check_fits, seed_arg
 from spec.lm import LM_PRESETS
-from spec.lm_run import LM_ONLY, add_lm_arguments, check_corpus_path, check_task_flags, lm_config
+from spec.lm_run import (LM_ONLY, add_lm_arguments, check_corpus_path, check_task_flags, lm_config,
+                         lm_verdict_line)
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_reference", description=__doc__,
@@ -63,7 +64,7 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"JAX reference EggRoll  byte LM  seed {args.seed}  {cfg}  corpus {corpus.path}", flush=True)
     result = train_lm(cfg, args.seed, corpus, progress=not args.quiet)
     if args.quiet:
-        print(f"val_bpb {result.val_bpb:.4f}")
+        print(lm_verdict_line(result))    # `validation 3.800 bits/byte after 1000 epochs (...)`, as without --quiet
     finite = all(np.isfinite([row["train_bpb"] for row in result.history])) and np.isfinite(result.val_bpb)
     return 0 if finite else 1
 

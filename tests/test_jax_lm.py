@@ -235,7 +235,8 @@ def test_the_cli_trains_the_selftest_preset_and_exits_0(capsys):
     pytest.importorskip("rollout.corpus")
     assert code_of(["--task", "lm", "--preset", "selftest", "--epochs", "2", "--quiet"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and out[0].startswith("val_bpb ") and math.isfinite(float(out[0].split()[1])), out
+    assert len(out) == 1 and out[0].startswith("validation ") and " bits/byte after 2 epochs" in out[0], out
+    assert math.isfinite(float(out[0].split()[1]))
 
 
 def test_progress_lines_and_time_left():
