@@ -88,8 +88,8 @@ def train_lm(cfg: LMConfig, seed: int, corpus=None, progress: bool = True, strea
         measured = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
         val_bpb_e = val_bits_per_byte(params, val) if measured else math.nan
         val_bpb = val_bpb_e if measured else val_bpb
-        row = lm_epoch_row(epoch, train_bpb, val_bpb_e, (epoch + 1) * cfg.pop * cfg.seq_len, cfg.pop * cfg.seq_len,
-                           step_s, time.perf_counter() - start)
+        row = lm_epoch_row(epoch, train_bpb, val_bpb_e, (epoch + 1) * cfg.pop * cfg.seq_len,
+                           time.perf_counter() - start, step_tokens=cfg.pop * cfg.seq_len, step_s=step_s)
         history.append(row)
         show.epoch(row)
 

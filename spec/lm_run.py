@@ -9,7 +9,7 @@ per epoch:
     val_bpb        bits/byte on cfg.val_windows validation windows after the update, noise off; NaN if not measured
     tokens         scored tokens so far: (e + 1) * pop * seq_len
     tokens_per_s   pop * seq_len / the seconds epoch e's scoring and update took (validation excluded; epoch 0's
-                   include the compilation)
+                   include any compilation); tokens / wall_s for a trainer that does not time its step
     wall_s         seconds since the run started (compilation and validation included)
 The progress line's time left is (epochs - e - 1) times the mean wall time of epochs 1..e (epoch 0 compiles).
 """
@@ -31,11 +31,13 @@ class LMTrainResult(NamedTuple):
     params: Any             # the final parameters (the side's own pytree / tensors)
 
 
-def lm_epoch_row(epoch: int, train_bpb: float, val_bpb: float, tokens: int, epoch_tokens: int, step_s: float,
-                 wall_s: float) -> dict:
-    """One entry of LMTrainResult.history; step_s: the seconds this epoch's scoring and update took."""
+def lm_epoch_row(epoch: int, train_bpb: float, val_bpb: float, tokens: int, wall_s: float,
+                 step_tokens: int | None = None, step_s: float | None = None) -> dict:
+    """One entry of LMTrainResult.history; step_tokens / step_s: the tokens this epoch scored and the seconds its
+    scoring and update took (without them tokens_per_s is tokens / wall_s)."""
+    rate = step_tokens / max(step_s, 1e-9) if step_s is not None else tokens / max(wall_s, 1e-9)
     return {"epoch": epoch, "train_bpb": float(train_bpb), "val_bpb": float(val_bpb), "tokens": int(tokens),
-            "tokens_per_s": epoch_tokens / max(step_s, 1e-9), "wall_s": float(wall_s)}
+            "tokens_per_s": rate, "wall_s": float(wall_s)}
 
 
 def _clock(seconds: float) -> str:
@@ -43,9 +45,14 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 60}:{seconds % 60:02d}"
 
 
-def lm_progress_line(row: dict, epochs: int, left_s: float) -> str:
-    """`epoch    49/1000  train 4.842 bpb  val 4.826 bpb     371,230 tok/s  left 0:12` (val `  -  ` if not measured)."""
+def lm_progress_line(row: dict, epochs: int, left_s: float | None = None) -> str:
+    """`epoch    49/1000  train 4.842 bpb  val 4.826 bpb     371,230 tok/s  left 0:12` (val `  -  ` if not measured).
+
+    left_s: seconds left (LMProgress.time_left; NaN prints `?`); None: wall_s / (e + 1) per epoch left.
+    """
     val = f"{row['val_bpb']:.3f}" if not math.isnan(row["val_bpb"]) else "  -  "
+    if left_s is None:
+        left_s = row["wall_s"] / (row["epoch"] + 1) * (epochs - row["epoch"] - 1)
     left = _clock(left_s) if math.isfinite(left_s) else "?"
     return (f"epoch {row['epoch']:5d}/{epochs}  train {row['train_bpb']:.3f} bpb  val {val} bpb  "
             f"{row['tokens_per_s']:>10,.0f} tok/s  left {left}")

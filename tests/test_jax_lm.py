@@ -243,15 +243,17 @@ def test_progress_lines_and_time_left():
     """spec.lm_run: one line per epoch; time left from the epochs after the compiling epoch 0."""
     import io
 
-    from spec.lm_run import LMProgress, lm_epoch_row
+    from spec.lm_run import LMProgress, lm_epoch_row, lm_progress_line
 
     stream = io.StringIO()
     show = LMProgress(stream, epochs=5)
-    rows = [lm_epoch_row(0, 8.5, math.nan, 100, 100, 2.0, 2.0), lm_epoch_row(1, 8.0, 7.9, 200, 100, 0.5, 2.5),
-            lm_epoch_row(2, 7.5, math.nan, 300, 100, 0.5, 3.0)]
+    rows = [lm_epoch_row(0, 8.5, math.nan, 100, 2.0, 100, 2.0), lm_epoch_row(1, 8.0, 7.9, 200, 2.5, 100, 0.5),
+            lm_epoch_row(2, 7.5, math.nan, 300, 3.0, 100, 0.5)]
     for row in rows:
         show.epoch(row)
     lines = stream.getvalue().splitlines()
     assert lines[0].endswith("left ?") and "val   -   bpb" in lines[0] and "50 tok/s" in lines[0]
     assert "val 7.900 bpb" in lines[1] and "200 tok/s" in lines[1] and lines[1].endswith("left 0:02")   # 0.5 s x 3
     assert lines[2].startswith("epoch     2/5  train 7.500 bpb") and lines[2].endswith("left 0:01")      # 0.5 s x 2
+    assert lm_epoch_row(3, 7.0, 7.0, 400, 4.0)["tokens_per_s"] == 100          # no step timing: tokens / wall_s
+    assert lm_progress_line(lm_epoch_row(3, 7.0, 7.0, 400, 4.0), 5).endswith("left 0:01")   # 4 s / 4 epochs x 1
