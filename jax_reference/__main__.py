@@ -1,26 +1,36 @@
-"""`python -m jax_reference`: train CartPole-v1 with the JAX reference EggRoll and print steps to solve.
+"""`python -m jax_reference`: train CartPole-v1 with the JAX reference EggRoll and print steps to solve, or
+(`--task lm`) train the byte-level LM of spec/lm.py and print its validation bits/byte.
 
-Exit status: 0 solved, 1 not solved within the step budget, 2 bad usage or input.
+Exit status: 0 solved, 1 not solved within the step budget, 2 bad usage or input. With --task lm: 0 the run
+finished with finite bits/byte, 1 they went NaN or inf, 2 bad usage or input.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+import numpy as np
+
 from spec.cli import add_override_arguments, apply_overrides
 from spec.config import PRESETS, check_pairing
 from spec.knobs import KnobError
 from spec.limits import check_fits, seed_arg
+from spec.lm import LM_PRESETS
+from spec.lm_run import (LM_ONLY, add_lm_arguments, check_corpus_path, check_task_flags, lm_config,
+                         lm_verdict_line)
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_reference", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="hyper-parameter preset (default cpu)")
+    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS)),
+                   help=f"hyper-parameter preset (default cpu); cartpole: {', '.join(PRESETS)}; "
+                        f"lm: {', '.join(LM_PRESETS)}")
     p.add_argument("--quiet", action="store_true", help="print only the final line")
     p.add_argument("--exact-graph", action="store_true",
                    help="draw the noise inside every forward call, as upstream's graph does (slower; differs "
                         "from the default only by float32 rounding)")
+    add_lm_arguments(p)
     g = p.add_argument_group("explicit overrides (win over the preset)")
     add_override_arguments(g)
     return p
@@ -28,16 +38,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 def configure(args: argparse.Namespace):
     """(Config, RunSettings) from the preset, then the explicit flags; raises ValueError/KnobError."""
-    cfg, run = PRESETS[args.preset]
+    preset = args.preset or "cpu"
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset} is not a CartPole preset; --task cartpole takes {', '.join(PRESETS)}")
+    check_task_flags(args, LM_ONLY, "cartpole")
+    cfg, run = PRESETS[preset]
     cfg, run = apply_overrides(args, cfg, run)
     check_pairing(cfg.pop, "interleaved")
     check_fits(cfg)
     return cfg, run
 
 
+def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--task lm: check the config and the corpus (exit 2 on either), then train and print the verdict."""
+    try:
+        check_task_flags(args, {"exact_graph": "--exact-graph"}, "lm")
+        cfg = lm_config(args)
+        path = check_corpus_path(args.corpus)
+        from rollout.corpus import load_corpus    # numpy only: reading the corpus is part of checking the input
+        corpus = load_corpus(path, cfg.seq_len)   # refuses a corpus too short for windows of seq_len + 1 bytes
+    except (OSError, ValueError) as err:
+        parser.error(str(err))   # exits 2
+    from jax_reference.lm_train import train_lm   # jax only once the input is known good
+    if not args.quiet:
+        print(f"JAX reference EggRoll  byte LM  seed {args.seed}  {cfg}  corpus {corpus.path}", flush=True)
+    result = train_lm(cfg, args.seed, corpus, progress=not args.quiet)
+    if args.quiet:
+        print(lm_verdict_line(result))    # `validation 3.800 bits/byte after 1000 epochs (...)`, as without --quiet
+    finite = all(np.isfinite([row["train_bpb"] for row in result.history])) and np.isfinite(result.val_bpb)
+    return 0 if finite else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.task == "lm":
+        return main_lm(parser, args)
     try:
         cfg, run = configure(args)
     except (KnobError, ValueError) as err:
