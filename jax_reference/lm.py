@@ -22,7 +22,8 @@ named after the leaf whose op produced it, so the first entry where two sides pa
     "ln_f"             (T, d)    y = rms(e) * ln_f
     "head"             (T, 256)  logits
     "score"            ()        the member's log2-likelihood per byte
-`intermediate_leaf(name)` maps an entry to (leaf path, block index or None), e.g. "blocks.1.wz" -> ("blocks.wz", 1).
+The names are spec.lm.intermediate_names(L); spec.lm.intermediate_leaf(name) maps one to (leaf path, block index or
+None), e.g. "blocks.1.wz" -> ("blocks.wz", 1) (both re-exported here).
 
 float32: inside a jitted graph (the scan's body, `population_scores`) XLA rewrites rms's `x / sqrt(m)` as
 `x * rsqrt(m)` and fuses products with the sums after them, so compiled and op-by-op runs of the same formula part
@@ -32,18 +33,18 @@ this one within a bound, not bit for bit.
 from __future__ import annotations
 
 import math
-from functools import lru_cache, partial
-from typing import Any
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_reference.models import (EXCLUDED, MM, TMM, CommonInit, Embedding, Model, Parameter, call_submodule,
-                                  merge_inits, noiser_args, simple_es_tree_key)
+                                  merge_inits, simple_es_tree_key)
 from jax_reference.noiser import EggRoll
 from jax_reference.population import population_iterinfos
-from spec.lm import BLOCK, H0_SCALE, RMS_EPS, TOP, VOCAB, LMConfig
+from spec.lm import (BLOCK, BLOCK_INTERMEDIATES, H0_SCALE, RMS_EPS, TOP, VOCAB, LMConfig,  # noqa: F401
+                     intermediate_leaf, intermediate_names)   # the last two re-exported for the suite
 
 LN2 = np.float32(math.log(2.0))     # the score is mean log-probability / float32(ln 2): log2-likelihood per byte
 
@@ -140,7 +141,7 @@ class Block(Model):
         return e, inter
 
 
-BLOCK_ENTRIES = ("ln1", "shift", "wz", "bz", "wh", "h0", "ln2", "up", "down", "out")   # forward order
+BLOCK_ENTRIES = BLOCK_INTERMEDIATES   # forward order (spec.lm)
 
 
 def scan_blocks(common_params, e, collect=False):
@@ -194,18 +195,6 @@ class ByteLM(Model):
             inter.update({f"blocks.{l}.{name}": blocks[name][l] for name in BLOCK_ENTRIES})
         inter.update(ln_f=y, head=logits)
         return logits, inter
-
-
-def intermediate_leaf(name: str) -> tuple[str, int | None]:
-    """An intermediates entry -> (the leaf path it is named after, block index or None).
-
-    "blocks.1.wz" -> ("blocks.wz", 1); "blocks.{l}.out" -> ("blocks", l) (the block as a whole); "head" -> ("head",
-    None); "score" -> ("score", None).
-    """
-    parts = name.split(".")
-    if parts[0] == "blocks":
-        return ("blocks" if parts[2] == "out" else f"blocks.{parts[2]}"), int(parts[1])
-    return name, None
 
 
 # ----------------------------------------------------------------------------- plain functions

@@ -158,3 +158,29 @@ def init_plan(cfg: LMConfig) -> dict[str, InitRule]:
     for j, name in enumerate(BLOCK):
         plan[f"blocks.{name}"] = InitRule(1, j, *block[name])
     return plan
+
+
+# Intermediates of one member's forward, in forward order, each named after the leaf whose op produced it, so the
+# first entry where two sides part names the block and leaf (jax_reference.lm documents each entry's formula):
+# embed (T, d); per block l: ln1 u, shift s, wz mm(wz, s) before bz, bz z, wh c, h0 the states h, ln2 v, up tmm(up, v)
+# before the relu, down its mm, out e after the block; ln_f y; head logits (T, 256); score ().
+BLOCK_INTERMEDIATES = ("ln1", "shift", "wz", "bz", "wh", "h0", "ln2", "up", "down", "out")
+
+
+def intermediate_names(layers: int) -> list[str]:
+    """["embed", "blocks.0.ln1", ..., "blocks.{L-1}.out", "ln_f", "head", "score"]: the forward's order."""
+    return (["embed"] + [f"blocks.{l}.{name}" for l in range(layers) for name in BLOCK_INTERMEDIATES]
+            + ["ln_f", "head", "score"])
+
+
+def intermediate_leaf(name: str) -> tuple[str, int | None]:
+    """An intermediate's (leaf path, block index or None): "blocks.1.wz" -> ("blocks.wz", 1); "blocks.1.out" ->
+    ("blocks", 1) (the block as a whole); "head" -> ("head", None); "score" -> ("score", None)."""
+    parts = name.split(".")
+    if parts[0] == "blocks":
+        if len(parts) != 3 or parts[2] not in BLOCK_INTERMEDIATES or not parts[1].isdigit():
+            raise ValueError(f"intermediate {name!r} is not blocks.<l>.<one of {', '.join(BLOCK_INTERMEDIATES)}>")
+        return ("blocks" if parts[2] == "out" else f"blocks.{parts[2]}"), int(parts[1])
+    if name not in ("embed", "ln_f", "head", "score"):
+        raise ValueError(f"unknown intermediate {name!r}; known: embed, blocks.<l>.<entry>, ln_f, head, score")
+    return name, None

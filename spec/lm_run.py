@@ -102,10 +102,10 @@ class LMProgress:
 TASKS = ("cartpole", "lm")
 # flag dest -> LMConfig field: the shared override flags (spec.cli) that mean something for the LM.
 LM_FLAGS = {"pop": "pop", "hidden": "d_hidden", "layers": "layers", "rank": "rank", "sigma": "sigma", "lr": "lr",
-            "group_size": "group_size", "noise_reuse": "noise_reuse", "epochs": "epochs"}
+            "group_size": "group_size", "noise_reuse": "noise_reuse", "optimizer": "optimizer", "epochs": "epochs"}
 # flag dest -> its spelling, for the flags one task has and the other does not.
 CARTPOLE_ONLY = {"max_steps": "--max-steps", "sigma_decay": "--sigma-decay", "lr_decay": "--lr-decay",
-                 "activation": "--activation", "optimizer": "--optimizer"}
+                 "activation": "--activation"}
 LM_ONLY = {"epochs": "--epochs", "corpus": "--corpus"}
 
 

@@ -15,7 +15,7 @@ from jax_reference import lm
 from jax_reference.lm_train import make_update
 from jax_reference.noiser import EggRoll
 from jax_reference.population import leaf_names, params_to_flat
-from spec.lm import LM_PRESETS, init_plan, lm_tree
+from spec.lm import LM_PRESETS, init_plan, intermediate_names, lm_tree
 
 SIZES = ["selftest", "quick"]
 
@@ -104,8 +104,7 @@ def test_scanned_blocks_equal_an_unrolled_loop(size):
     _, scanned = lm.member_score(EggRoll, fnp, npar, init.params, keys, (2, 5), tokens, intermediates=True)
     _, unrolled = lm.member_score(EggRoll, fnp, npar, init.params, keys, (2, 5), tokens, intermediates=True,
                                   unroll=True)
-    assert list(scanned) == list(unrolled)
-    assert len(scanned) == 1 + 10 * cfg.layers + 3
+    assert list(scanned) == list(unrolled) == intermediate_names(cfg.layers)
     for name in scanned:
         got, want = np.asarray(scanned[name]), np.asarray(unrolled[name])
         assert np.max(np.abs(got - want)) <= 2.0 ** -19 * np.max(np.abs(want)), name
@@ -257,3 +256,36 @@ def test_progress_lines_and_time_left():
     assert lines[2].startswith("epoch     2/5  train 7.500 bpb") and lines[2].endswith("left 0:01")      # 0.5 s x 2
     assert lm_epoch_row(3, 7.0, 7.0, 400, 4.0)["tokens_per_s"] == 100          # no step timing: tokens / wall_s
     assert lm_progress_line(lm_epoch_row(3, 7.0, 7.0, 400, 4.0), 5).endswith("left 0:01")   # 4 s / 4 epochs x 1
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_each_slice_is_noised_and_updated_with_its_own_key(size):
+    """Slice l of a stacked leaf: the forward's low-rank noise is lowrank_factors with key slice l (the noise the
+    update credits), and the stacked gradient's slice l is leaf_grad of that slice alone with that key."""
+    from jax_reference.models import MM_PARAM, PARAM
+    from jax_reference.noiser import es_grads, leaf_grad, lowrank_factors, lowrank_sigma
+    from jax_reference.population import population_iterinfos
+
+    cfg, init, keys, fnp, npar = setup(size, freeze_nonlora=False)
+    params, member = init.params, (jnp.int32(3), jnp.int32(5))
+    tokens = random_tokens(cfg, 1, seed=4)[0]
+    _, inter = lm.member_score(EggRoll, fnp, npar, params, keys, member, tokens, intermediates=True)
+    for l in range(cfg.layers):
+        s, W = inter[f"blocks.{l}.shift"], params["blocks"]["wz"][l]
+        A, B = lowrank_factors(fnp, lowrank_sigma(npar, fnp), member, W, keys["blocks"]["wz"][l])
+        want = np.asarray(s @ W.T + s @ B @ A.T)
+        # the forward's product ran compiled inside the scan: 16 ulps of the entry's scale, as for scan vs loop
+        assert np.max(np.abs(np.asarray(inter[f"blocks.{l}.wz"]) - want)) <= 2.0 ** -19 * np.max(np.abs(want))
+        other = lowrank_factors(fnp, lowrank_sigma(npar, fnp), member, W, keys["blocks"]["wz"][(l + 1) % cfg.layers])
+        assert not np.allclose(np.asarray(s @ B @ A.T), np.asarray(s @ other[1] @ other[0].T))
+
+    fitnesses = jnp.asarray(np.random.default_rng(6).standard_normal(cfg.pop).astype(np.float32))
+    iterinfos = population_iterinfos(3, cfg.pop)
+    grads = jax.jit(lambda p, k: es_grads(fnp, npar, p, k, fitnesses, iterinfos, init.es_map))(params, keys)
+    for name, es_class in (("up", MM_PARAM), ("shift", PARAM)):
+        one_slice = jax.jit(lambda p, k: leaf_grad(fnp, npar["sigma"], p, k, fitnesses, iterinfos, es_class))
+        for l in range(cfg.layers):
+            alone = one_slice(params["blocks"][name][l], keys["blocks"][name][l])
+            # the same ops on the same slice, once inside lax.scan and once alone: 1e-6 relative of the slice's scale
+            got = np.asarray(grads["blocks"][name][l])
+            assert np.max(np.abs(got - np.asarray(alone))) <= 1e-6 * np.max(np.abs(np.asarray(alone))), (name, l)
