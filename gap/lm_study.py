@@ -40,8 +40,9 @@ LEARNING_KNOBS: dict[str, str] = {
 }
 NOT_LEARNING = {"tmm_layout": "transposed", "leaf_order": "insertion"}
 # The validation bits/byte a run must reach for the second outcome (computed from epochs.csv at report time,
-# so it can be restated without retraining); chosen from the faithful arms' curves at the cpu preset.
-TARGET_BPB = 4.5
+# so it can be restated without retraining). At the cpu preset a faithful JAX run reaches 4.0 around epoch
+# 500-650 (and ends near 3.8 at 1000), so 4.0 separates arms where the curve still falls.
+TARGET_BPB = 4.0
 RUN_COLUMNS = ("run_id", "arm", "side", "seed", "final_val_bpb", "epochs", "wall_s", "cpu_s", "config", "knobs", "host", "versions")
 EPOCH_COLUMNS = ("run_id", "arm", "seed", "epoch", "train_bpb", "val_bpb", "wall_s")
 
