@@ -77,10 +77,10 @@ class Member:
             eps = (eps.unsqueeze(1) * s).flatten(0, 1)
         return (value + eps).unsqueeze(1)
 
-    def embed(self, table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def embed(self, path: str, table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """table[x] (+ A[x] @ B.T per member when the embedding is perturbed); x (m, T) long -> (m, T, d)."""
         e = table[x]
-        f = self.factors("embed", None)
+        f = self.factors(path, None)
         if f is None:
             return e
         A, B = f                                                                     # (rows, V, r), (rows, d, r)
@@ -139,7 +139,7 @@ def logits_of(params: Params, x: torch.Tensor, noise: TreeNoise | None = None,
               inter: dict | None = None) -> torch.Tensor:
     """logits (m, T, 256) of bytes x (m, T) long for each member (noise None: the unperturbed model)."""
     member = Member(noise, x.shape[0], x.device)
-    e = member.embed(params["embed"], x)
+    e = member.embed("embed", params["embed"], x)
     if inter is not None:
         inter["embed"] = e
     for l in range(params["blocks.wz"].shape[0]):
