@@ -1,38 +1,53 @@
-"""`python -m torch_impl`: train CartPole-v1 with the functional torch EGGROLL and print steps to solve.
+"""`python -m torch_impl`: train CartPole-v1 with the functional torch EGGROLL and print steps to solve, or
+(`--task lm`) train the byte-level LM of spec/lm.py and print its validation bits/byte.
 
-Exit status: 0 solved, 1 not solved within the step budget, 2 bad usage or input.
+Exit status: 0 solved (lm: the run finished with finite bits/byte), 1 not solved within the step budget (lm: the
+bits/byte went NaN or inf), 2 bad usage or input (checked before any work).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from spec.cli import add_override_arguments, apply_overrides
 from spec.config import PRESETS, check_pairing, for_profile
 from spec.knobs import PROFILES, KnobError, resolve
 from spec.limits import check_fits, device_arg, seed_arg
+from spec.lm import LM_PRESETS
+from spec.lm_run import LM_ONLY, add_lm_arguments, check_corpus_path, check_task_flags, lm_config
+from spec.tree_knobs import TREE_PROFILES, resolve_tree
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_impl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="hyper-parameter preset (default cpu)")
-    p.add_argument("--profile", choices=list(PROFILES), default="jax", help="knob profile (default jax)")
+    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS)),
+                   help=f"hyper-parameter preset (default cpu); cartpole: {', '.join(PRESETS)}; "
+                        f"lm: {', '.join(LM_PRESETS)}")
+    p.add_argument("--profile", choices=list(dict.fromkeys([*PROFILES, *TREE_PROFILES])), default="jax",
+                   help=f"knob profile (default jax); lm: {', '.join(TREE_PROFILES)}")
     p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
-                   help="set one drift knob (repeatable; applied after the profile)")
+                   help="set one drift knob (repeatable; applied after the profile); --task lm takes the tree "
+                        "knobs of spec/tree_knobs.py")
     p.add_argument("--device", type=device_arg, default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads while training (default 1: faster for this small policy)")
     p.add_argument("--quiet", action="store_true", help="print only the final line (steps to solve, or not solved)")
     g = p.add_argument_group("explicit overrides (win over preset, profile and --torch)")
     add_override_arguments(g)
+    add_lm_arguments(p)
     return p
 
 
 def configure(args: argparse.Namespace):
     """(Config, Knobs) from preset, then profile, then --torch, then explicit flags; raises ValueError/KnobError."""
-    cfg, run = PRESETS[args.preset]
+    preset = args.preset or "cpu"
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset} is not a CartPole preset; --task cartpole takes {', '.join(PRESETS)}")
+    check_task_flags(args, LM_ONLY, "cartpole")
+    cfg, run = PRESETS[preset]
     cfg, knobs = apply_overrides(args, for_profile(cfg, args.profile), resolve(args.profile, args.torch, reference=run))
     check_pairing(cfg.pop, knobs.antithetic)
     if args.threads < 1:
@@ -42,9 +57,50 @@ def configure(args: argparse.Namespace):
     return cfg, knobs
 
 
+def configure_lm(args: argparse.Namespace):
+    """(LMConfig, TreeKnobs, corpus) for --task lm; raises ValueError/KnobError (also for a bad corpus)."""
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    cfg = lm_config(args)
+    knobs = resolve_tree(args.profile, args.torch)
+    path = check_corpus_path(args.corpus)
+    from rollout.corpus import load_corpus    # numpy only: reading the corpus is part of checking the input
+
+    corpus = load_corpus(path, cfg.seq_len)
+    if len(corpus.train) <= cfg.seq_len + 1 or len(corpus.val) < cfg.seq_len + 1:
+        raise ValueError(f"corpus {corpus.path}: train {len(corpus.train)} and validation {len(corpus.val)} bytes "
+                         f"are too few for windows of seq_len + 1 = {cfg.seq_len + 1}; give a longer text")
+    return cfg, knobs, corpus
+
+
+def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--task lm: check the config, knobs and corpus (exit 2 on any), then train and print the verdict."""
+    try:
+        cfg, knobs, corpus = configure_lm(args)
+    except (KnobError, OSError, ValueError) as err:
+        parser.error(str(err))   # exits 2
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device {args.device} asked for, but torch sees no CUDA device; use --device cpu")
+    from torch_impl.lm_train import train_lm   # torch import only once the arguments are known good
+
+    if not args.quiet:
+        print(f"torch EGGROLL  byte LM  seed {args.seed}  {cfg}  {knobs}  corpus {corpus.path}", flush=True)
+    result = train_lm(cfg, args.seed, knobs, corpus, progress=not args.quiet, device=args.device,
+                      threads=args.threads)
+    if args.quiet:
+        print(f"val_bpb {result.val_bpb:.4f}")
+    finite = all(math.isfinite(row["train_bpb"]) for row in result.history) and math.isfinite(result.val_bpb)
+    return 0 if finite else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.task == "lm":
+        return main_lm(parser, args)
     try:
         cfg, knobs = configure(args)
     except (KnobError, ValueError) as err:
