@@ -163,5 +163,7 @@ def write(folder: str, header: dict, order: list[str], n_resamples: int, target:
 
 
 def versions_of(folder: str) -> str:
-    seen = {r["versions"] for r in read_runs(folder)}
-    return "; ".join(", ".join(f"{k} {v}" for k, v in json.loads(s).items()) for s in sorted(seen))
+    """The versions the runs recorded (a study may mix machines), each once."""
+    seen = {json.loads(r["versions"]) for r in read_runs(folder)}
+    return "; ".join(str(v) if not isinstance(v, dict) else ", ".join(f"{k} {x}" for k, x in v.items())
+                     for v in sorted(seen, key=str))

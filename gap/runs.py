@@ -240,12 +240,14 @@ def train_lm_spec(spec):
     if os.environ.get("EGGROLL_SINGLE_THREAD"):
         import torch
         torch.set_num_threads(1)
+    from rollout.corpus import load_corpus
+    corpus = load_corpus(spec.corpus, seq_len=spec.config.seq_len)
     if spec.arm.side == "jax":
         from jax_reference.lm_train import train_lm
-        result = train_lm(spec.config, spec.seed, corpus=spec.corpus, progress=False)
+        result = train_lm(spec.config, spec.seed, corpus=corpus, progress=False)
     else:
         from torch_impl.lm_train import train_lm
-        result = train_lm(spec.config, spec.arm.knobs, spec.seed, corpus=spec.corpus, progress=False)
+        result = train_lm(spec.config, spec.seed, knobs=spec.arm.knobs, corpus=corpus, progress=False, threads=1)
     host, vers = where()
     history = [{k: _plain(v) for k, v in dict(row).items()} for row in _field(result, "history")]
     return history, vers, host

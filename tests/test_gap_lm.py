@@ -17,7 +17,7 @@ def fake_trainer(spec):
     rate = 0.02 / slow * (1 + 0.05 * rng.standard_normal())
     history = [{"epoch": e, "train_bpb": 8.0, "val_bpb": 3.0 + 5.0 * math.exp(-rate * (e + 1)), "wall_s": 0.0}
                for e in range(spec.config.epochs)]
-    return history, {"torch": "x", "jax": "y"}, "test-host"
+    return history, "torch x, jax y", "test-host"
 
 
 def run(tmp_path, *extra):

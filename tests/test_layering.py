@@ -36,7 +36,7 @@ EXCEPTIONS: dict[str, set[str]] = {
     "parity/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
     "parity/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
     "parity/__main__.py": {"jax", "torch"},                        # device line; --device cuda check
-    "gap/runs.py": {"torch_impl", "jax_reference", "torch", "ports"},   # the trainers, loaded lazily per run
+    "gap/runs.py": {"torch_impl", "jax_reference", "torch", "ports", "rollout"},   # the trainers, loaded lazily per run
     "gap/__main__.py": {"torch"},                                  # --device cuda check before any run
     "gap/executors.py": {"ray"},                                   # the optional cluster executor, imported on use
 }

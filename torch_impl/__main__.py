@@ -15,7 +15,7 @@ from spec.config import PRESETS, check_pairing, for_profile
 from spec.knobs import PROFILES, KnobError, resolve
 from spec.limits import check_fits, device_arg, seed_arg
 from spec.lm import LM_PRESETS
-from spec.lm_run import LM_ONLY, add_lm_arguments, check_corpus_path, check_task_flags, lm_config
+from spec.lm_run import LM_ONLY, add_lm_arguments, check_corpus_path, check_task_flags, lm_config, lm_verdict_line
 from spec.tree_knobs import TREE_PROFILES, resolve_tree
 
 
@@ -91,7 +91,7 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     result = train_lm(cfg, args.seed, knobs, corpus, progress=not args.quiet, device=args.device,
                       threads=args.threads)
     if args.quiet:
-        print(f"val_bpb {result.val_bpb:.4f}")
+        print(lm_verdict_line(result))    # the same verdict line as without --quiet and as the JAX side
     finite = all(math.isfinite(row["train_bpb"]) for row in result.history) and math.isfinite(result.val_bpb)
     return 0 if finite else 1
 
