@@ -31,8 +31,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 test: setup  ## the pytest suite (unit tests, the suite's self-tests, the Ray executor test)
 	$(PY) -m pytest -q $(ARGS)
 
-parity: setup  ## the parity suite, torch_impl against the JAX reference, on the CPU -> runs/parity
+parity: setup  ## the parity suite on both tasks (CartPole MLP, byte-level LM), on the CPU -> runs/parity, runs/parity-lm
 	$(PY) -m parity check --out $(RUNS)/parity $(ARGS)
+	$(PY) -m parity check --task lm --out $(RUNS)/parity-lm
 
 gap: setup  ## the CPU-sized gap study (resumes from the committed reports/gap) -> runs/gap
 	$(PY) -m gap --out $(RUNS)/gap --from reports/gap $(ARGS)

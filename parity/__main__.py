@@ -84,6 +84,16 @@ def device_description(device: str) -> str:
     return f"torch side on {torch_dev}; JAX reference on {jax.default_backend()}; host CPU {cpu_name()}"
 
 
+def split_task(argv: list[str]) -> tuple[str, list[str]]:
+    """(--task's value, default cartpole; argv without it for cartpole, whole for lm's own parser)."""
+    task = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--task"),
+                next((a.split("=", 1)[1] for a in argv if a.startswith("--task=")), "cartpole"))
+    if task == "lm":
+        return task, argv
+    return task, [a for i, a in enumerate(argv) if not (a == "--task" or a.startswith("--task=")
+                                                         or (i and argv[i - 1] == "--task"))]
+
+
 def main(argv: Sequence[str] | None = None, stream=None) -> int:
     """Run `check` with argv (without the subcommand); returns the exit code."""
     stream = stream or sys.stdout
@@ -92,6 +102,13 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         argv = argv[1:]
     elif argv and argv[0] in MOVED:
         print(f"python -m parity {argv[0]}: moved; run `{MOVED[argv[0]]}` (same options)", file=sys.stderr)
+        return EXIT_USAGE
+    task, argv = split_task(argv)
+    if task == "lm":
+        from parity import tree_cli
+        return tree_cli.main(argv)
+    if task != "cartpole":
+        print(f"parity check: unknown --task {task!r}; known tasks: cartpole, lm", file=sys.stderr)
         return EXIT_USAGE
     started = time.perf_counter()
     try:

@@ -35,6 +35,8 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
 EXCEPTIONS: dict[str, set[str]] = {
     "parity/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
     "parity/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
+    "parity/tree_reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
+    "parity/tree_torch.py": {"torch_impl", "torch"},               # the torch side of the LM suite
     "parity/__main__.py": {"jax", "torch"},                        # device line; --device cuda check
     "gap/runs.py": {"torch_impl", "jax_reference", "torch", "ports", "rollout"},   # the trainers, loaded lazily per run
     "gap/__main__.py": {"torch"},                                  # --device cuda check before any run

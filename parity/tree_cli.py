@@ -1,0 +1,59 @@
+"""`python -m parity check --task lm`: argument parsing, input checks (exit 2 before any work), the run, the report."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+
+from spec.knobs import KnobError
+from spec.limits import check_out_dir, seed_arg
+from spec.tree_knobs import TREE_CHOICES, TREE_PROFILES, resolve_tree, tree_drifts
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m parity check --task lm",
+                                description="the torch tree ES against the JAX reference on the byte-level LM")
+    p.add_argument("--task", choices=("lm",), default="lm")
+    p.add_argument("--profile", default="jax", help=f"tree profile: {', '.join(TREE_PROFILES)} (default jax)")
+    p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
+                   help="; ".join(f"{k}: {'|'.join(v)}" for k, v in TREE_CHOICES.items()))
+    p.add_argument("--size", choices=("quick", "selftest"), default="quick", help="LM preset (default quick)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
+    p.add_argument("--out", default="runs/parity-lm", help="report folder (default runs/parity-lm)")
+    p.add_argument("--quiet", action="store_true", help="only the verdict line")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        knobs = resolve_tree(args.profile, args.torch)
+        check_out_dir(args.out)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    except (KnobError, ValueError) as err:
+        print(f"parity check: {err}", file=sys.stderr)
+        return 2
+    from parity import tree_check
+    from reporting import versions
+    cfg = tree_check.sizes()[args.size]
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    started = time.perf_counter()
+    log(f"parity check --task lm: torch_impl {dict((k, v[1]) for k, v in tree_drifts(knobs).items()) or '(faithful)'}"
+        f" vs jax_reference, size {args.size}, seed {args.seed}")
+    rows = tree_check.run(cfg, knobs, args.seed, log)
+    failed = [r for r in rows if r.verdict == "fail"]
+    verdict = "FAIL" if failed else "PASS"
+    header = [f"# Parity check, byte-level LM: {verdict}", "",
+              f"- command: `python -m parity check {shlex.join(argv)}`",
+              f"- torch side: torch_impl, knobs {knobs}",
+              f"- size: {args.size}: {cfg}", f"- seed: {args.seed}",
+              f"- versions: {', '.join(f'{k} {v}' for k, v in versions(('torch', 'jax', 'numpy')).items())}",
+              f"- took {time.perf_counter() - started:.1f} s on the CPU",
+              "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
+              f"{tree_check.FORWARD_ULPS} ulps of scale for the forward)"]
+    tree_check.write(args.out, rows, header)
+    causes = list(dict.fromkeys(r.cause for r in failed if r.cause))
+    print(f"{verdict}: report in {args.out}/summary.md" + (f"\n  " + "\n  ".join(causes) if causes else ""))
+    return 1 if failed else 0

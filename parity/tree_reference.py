@@ -1,0 +1,130 @@
+"""The JAX reference on a parameter tree (the byte-level LM), as numpy: init, each leaf's noise, shaping, scores,
+gradients; and the signatures of the tree drifts, drawn from JAX's own keys, so a check can name the one a side has.
+
+Only this module of the LM suite imports jax_reference (like parity/reference_port.py for the MLP).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_reference import lm as jlm
+from jax_reference.noiser import EggRoll, es_grads, true_epoch
+from jax_reference.population import population_iterinfos
+from spec.lm import LMConfig, lm_tree
+from spec.tree import Leaf
+
+NAME = "jax_reference"
+
+
+def _flat(tree_dict, prefix="") -> dict:
+    out = {}
+    for k, v in tree_dict.items():
+        path = f"{prefix}{k}"
+        out.update(_flat(v, path + ".") if isinstance(v, dict) else {path: v})
+    return out
+
+
+def _nest(flat: dict) -> dict:
+    out: dict = {}
+    for path, v in flat.items():
+        node = out
+        *head, last = path.split(".")
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = v
+    return out
+
+
+def init(cfg: LMConfig, seed: int) -> dict[str, np.ndarray]:
+    return {p: np.asarray(v) for p, v in _flat(jlm.init_lm(cfg, seed).params).items()}
+
+
+def noiser(cfg: LMConfig):
+    return EggRoll.init_noiser(_nest({p: jnp.zeros(s) for p, s in lm_tree(cfg).shapes.items()}), cfg.sigma, cfg.lr,
+                               group_size=cfg.group_size, freeze_nonlora=cfg.freeze_nonlora,
+                               noise_reuse=cfg.noise_reuse, rank=cfg.rank)
+
+
+def slice_keys(cfg: LMConfig, seed: int, leaf: Leaf, variant: str = "faithful"):
+    """(L,) typed keys of a stacked leaf (or a scalar key): faithful (split per slice, flatten-order index),
+    `shared` (the leaf's key for every slice), `insertion` (the index in declaration order)."""
+    tree = lm_tree(cfg)
+    index = tree.index(leaf.path, "insertion" if variant == "insertion" else "sorted")
+    base = jax.random.split(jlm.run_keys(seed)[1], len(tree.leaves))[index]
+    if not leaf.scan_axes:
+        return base
+    if variant == "shared":
+        return jnp.stack([base] * leaf.shape[0])
+    return jax.random.split(base, leaf.shape[0])
+
+
+def dense_noise(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
+    """Every member's perturbation of one leaf at its stored shape (pop, *shape), float32, as upstream draws it
+    (variant `tmm_transposed`: an (in, out) weight's draw split as a transposed mm: B = Z[:in])."""
+    keys = slice_keys(cfg, seed, leaf, variant)
+    g = true_epoch(epoch, cfg.noise_reuse)
+    members = jnp.arange(cfg.pop)
+    sign = jnp.where(members % 2 == 0, 1.0, -1.0).astype(jnp.float32)
+    s_low = jnp.float32(cfg.sigma) / jnp.sqrt(cfg.rank)
+
+    def one(key, m, sg):
+        k = jax.random.fold_in(jax.random.fold_in(key, g), m // 2)
+        if leaf.cls == "param":
+            return jax.random.normal(k, leaf.slice_shape) * (sg * jnp.float32(cfg.sigma))
+        a, b = leaf.slice_shape
+        z = jax.random.normal(k, (a + b, cfg.rank))
+        if variant == "tmm_transposed":
+            return z[:a] @ (z[a:] * (sg * s_low)).T
+        return (z[b:] * (sg * s_low)) @ z[:b].T
+
+    per_slice = jax.vmap(one, in_axes=(None, 0, 0))
+    if leaf.scan_axes:
+        return np.asarray(jax.vmap(per_slice, in_axes=(0, None, None), out_axes=1)(keys, members, sign))
+    return np.asarray(per_slice(keys, members, sign))
+
+
+def factors_abs_product(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf) -> np.ndarray:
+    """|A| |B|^T per member at the stored shape (pop, *shape), float64: the scale of a low-rank product's rounding."""
+    keys = slice_keys(cfg, seed, leaf)
+    g = true_epoch(epoch, cfg.noise_reuse)
+    s_low = float(jnp.float32(cfg.sigma) / jnp.sqrt(cfg.rank))
+    a, b = leaf.slice_shape
+
+    def one(key, m):
+        z = jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), m // 2), (a + b, cfg.rank))
+        return z
+    zs = jax.vmap(one, in_axes=(None, 0))
+    z = np.asarray(jax.vmap(zs, in_axes=(0, None), out_axes=1)(keys, jnp.arange(cfg.pop)) if leaf.scan_axes
+                   else zs(keys, jnp.arange(cfg.pop))).astype(np.float64)
+    return np.abs(z[..., b:, :] * s_low) @ np.abs(np.swapaxes(z[..., :b, :], -1, -2))
+
+
+def shape(cfg: LMConfig, f: np.ndarray) -> np.ndarray:
+    frozen, params = noiser(cfg)
+    return np.asarray(EggRoll.convert_fitnesses(frozen, params, jnp.asarray(f, jnp.float32)))
+
+
+def scores(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarray, noise: bool):
+    """(scores (m,), intermediates {name: (m, ...)}) of every member on tokens (m, T + 1)."""
+    frozen, nparams = noiser(cfg)
+    p = _nest({k: jnp.asarray(v) for k, v in params.items()})
+    init = jlm.init_lm(cfg, seed)
+    keys = jlm.es_keys(p, init.scan_map, seed) if noise else jlm.no_keys(p)
+    epochs, tids = population_iterinfos(epoch, tokens.shape[0])
+
+    def one(e, t, toks):
+        return jlm.member_score(EggRoll, frozen, nparams, p, keys, (e, t) if noise else None, toks, intermediates=True)
+    s, inter = jax.jit(jax.vmap(one))(epochs, tids, jnp.asarray(tokens))
+    return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
+
+
+def grads(cfg: LMConfig, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarray]:
+    """The noiser's g per leaf for shaped fitness (pop,), drawn with the reference's own keys."""
+    frozen, nparams = noiser(cfg)
+    init = jlm.init_lm(cfg, seed)
+    keys = jlm.es_keys(init.params, init.scan_map, seed)
+    its = population_iterinfos(epoch, cfg.pop)
+    g = es_grads(frozen, nparams, init.params, keys, jnp.asarray(shaped, jnp.float32), its, init.es_map)
+    return {p: np.asarray(v) for p, v in _flat(g).items()}
