@@ -1,8 +1,8 @@
 """`python -m torch_impl`: train CartPole-v1 with the functional torch EGGROLL and print steps to solve, or
 (`--task lm`) train the byte-level LM of spec/lm.py and print its validation bits/byte.
 
-Exit status: 0 solved (lm: the run finished with finite bits/byte), 1 not solved within the step budget (lm: the
-bits/byte went NaN or inf), 2 bad usage or input (checked before any work).
+Exit status: 0 solved, 1 not solved within the step budget, 2 bad usage or input (checked before any work). With
+--task lm: 0 the run finished with finite bits/byte, 1 they went NaN or inf.
 """
 from __future__ import annotations
 
