@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_reference import lm as jlm
-from jax_reference.noiser import EggRoll, es_grads, true_epoch
+from jax_reference.noiser import EggRoll, apply_grads, es_grads, true_epoch
 from jax_reference.population import population_iterinfos
 from spec.lm import LMConfig, lm_tree
 from spec.tree import Leaf
@@ -128,3 +128,37 @@ def grads(cfg: LMConfig, seed: int, epoch: int, shaped: np.ndarray) -> dict[str,
     its = population_iterinfos(epoch, cfg.pop)
     g = es_grads(frozen, nparams, init.params, keys, jnp.asarray(shaped, jnp.float32), its, init.es_map)
     return {p: np.asarray(v) for p, v in _flat(g).items()}
+
+
+def update(cfg: LMConfig, params: dict, grads: dict) -> dict[str, np.ndarray]:
+    """One optax-sgd step of the noiser on given per-leaf gradients (apply_grads: -(g sqrt(N)) to the solver)."""
+    frozen, nparams = noiser(cfg)
+    p = _nest({k: jnp.asarray(v) for k, v in params.items()})
+    g = _nest({k: jnp.asarray(v) for k, v in grads.items()})
+    _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
+    return {k: np.asarray(v) for k, v in _flat(new).items()}
+
+
+def product(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray, form: str) -> np.ndarray:
+    """EggRoll.do_mm / do_Tmm's expression on given factors, float32 under jit: mm x @ W.T + (x @ B) @ A.T (x (m,
+    batch, b)), tmm x @ W + (x @ A) @ B.T (x (m, batch, a)), vmapped over the members."""
+    if form == "mm":
+        fn = lambda a, b, xi: xi @ W.T + (xi @ b) @ a.T           # noqa: E731
+    else:
+        fn = lambda a, b, xi: xi @ W + (xi @ a) @ b.T             # noqa: E731
+    return np.asarray(jax.jit(jax.vmap(fn))(jnp.asarray(A), jnp.asarray(B), jnp.asarray(x)))
+
+
+def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarray) -> dict:
+    """One reference training epoch from params: the members' scores on tokens (pop, T + 1), shaped fitness, the
+    per-leaf gradient and the new params (what lm_train's step does, in its parts)."""
+    frozen, nparams = noiser(cfg)
+    p = _nest({k: jnp.asarray(v) for k, v in params.items()})
+    init = jlm.init_lm(cfg, seed)
+    keys = jlm.es_keys(p, init.scan_map, seed)
+    s = jlm.population_scores(EggRoll, frozen, nparams, p, keys, epoch, tokens)
+    shaped = EggRoll.convert_fitnesses(frozen, nparams, s)
+    g = es_grads(frozen, nparams, p, keys, shaped, population_iterinfos(epoch, cfg.pop), init.es_map)
+    _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
+    return {"scores": np.asarray(s), "shaped": np.asarray(shaped), "grads": {k: np.asarray(v) for k, v in _flat(g).items()},
+            "params": {k: np.asarray(v) for k, v in _flat(new).items()}}

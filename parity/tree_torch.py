@@ -8,7 +8,7 @@ from spec.lm import LMConfig
 from spec.tree import Leaf
 from spec.tree_knobs import TreeKnobs
 from torch_impl import lm, lm_es
-from torch_impl.tree_noise import dense, sample
+from torch_impl.tree_noise import LeafRole, TreeNoise, dense, sample
 
 
 class TorchTree:
@@ -19,6 +19,9 @@ class TorchTree:
         self.es = lm_es.make(cfg, knobs)
         self.name = "torch_impl" + ("" if knobs == TreeKnobs() else " (" + ", ".join(
             f"{k}={getattr(knobs, k)}" for k in vars(knobs) if getattr(knobs, k) != getattr(TreeKnobs(), k)) + ")")
+
+    def has(self, method: str) -> bool:
+        return True
 
     def _state(self, seed: int, params: dict | None = None):
         tparams = None if params is None else {k: torch.from_numpy(np.array(v)) for k, v in params.items()}
@@ -54,3 +57,32 @@ class TorchTree:
         with torch.inference_mode():
             g = lm_es.leaf_gradients(self.es.tree, noise, torch.from_numpy(np.array(shaped, np.float32)))
         return {k: v.numpy() for k, v in g.items()}
+
+    def products(self, W, A, B, x, form: str) -> np.ndarray:
+        """torch_impl.lm's perturbed mm / tmm (`_linear`) on given per-member factors of one slice."""
+        a, b = W.shape
+        noise = TreeNoise({"w": torch.from_numpy(A)}, {"w": torch.from_numpy(B)}, {},
+                          {"w": LeafRole("lowrank", form, (a, b))}, None)
+        with torch.inference_mode():
+            member = lm.Member(noise, x.shape[0], "cpu")
+            return lm._linear(member, "w", torch.from_numpy(W), torch.from_numpy(x), None, form).numpy()
+
+    def update(self, seed: int, epoch: int, params: dict, shaped: np.ndarray) -> tuple[dict, dict]:
+        """(new params, the gradient the step used): lm_es.apply on its own gradient at epoch from params."""
+        state = self._state(seed, params)._replace(epoch=epoch)
+        noise = sample(self.es.plan, state.sources, epoch, self.cfg.sigma)
+        with torch.inference_mode():
+            g = lm_es.leaf_gradients(self.es.tree, noise, torch.from_numpy(np.array(shaped, np.float32)))
+            new, _ = lm_es.apply(self.es, state, g)
+        return {k: v.numpy() for k, v in new.params.items()}, {k: v.numpy() for k, v in g.items()}
+
+    def epoch_step(self, seed: int, params: dict, epoch: int, tokens: np.ndarray) -> dict:
+        """One training epoch from params, as torch_impl's trainer runs it: ask, score, tell."""
+        state = self._state(seed, params)._replace(epoch=epoch)
+        with torch.inference_mode():
+            noise, state = lm_es.ask(self.es, state)
+            scores = lm.forward(state.params, torch.from_numpy(tokens.astype(np.int64)), noise)
+            new, info = lm_es.tell(self.es, state, noise, scores)
+        return {"scores": scores.numpy(), "shaped": info["shaped"].numpy(),
+                "grads": {k: v.numpy() for k, v in info["grads"].items()},
+                "params": {k: v.numpy() for k, v in new.params.items()}}

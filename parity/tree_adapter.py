@@ -1,0 +1,347 @@
+"""The tree adapter protocol: how the LM suite (`python -m parity check --task lm --port module:attr`) talks to ANY
+port of EGGROLL on a parameter tree (the byte-level LM of spec/lm.py).
+
+Like parity/adapter.py's MLP protocol, every array crosses the boundary as numpy float32 (tokens and member
+indices: int64). Parameters are a flat dict {path: array} with the paths and shapes of spec.lm.lm_tree(cfg) (nested
+dict keys joined by "."; the blocks stacked on axis 0: "blocks.wz" (L, d, d)).
+
+The tree. An adapter says which class each leaf has (spec.tree.CLASSES: mm, tmm, param, embedding, excluded) in
+one of two ways:
+    tree: spec.tree.Tree                       the whole declaration (spec.lm.lm_tree(cfg) for a faithful LM port)
+    leaf_classes: {path: class}                read with init_params(0)'s shapes through spec.tree.tree_from_maps,
+    scan_axes: {path: (axis, ...)} (optional)  with the stacked leaves' scanned axes
+A tree that does not match init_params, an unknown class or a scan axis out of range is refused (exit 2) before
+any check runs; so is a tree whose paths or shapes are not the LM's. A leaf declared with another class than the
+LM's is noted in the report: the checks judge behaviour against the reference's classes.
+
+The noise of members `members` (int64, into a population of pop) is a dict, absent path = no noise:
+    mm / tmm leaf (and an embedding a port perturbs):
+        (A (m, *stack, a, r) already times +-sigma/sqrt(r), B (m, *stack, b, r))
+        a, b = the stored slice shape as upstream draws it (mm (out, in); tmm stored (in, out): a = in, b = out),
+        so member i's perturbation of the slice is A_i B_i^T at the stored slice shape
+    param leaf: eps (m, *shape) already times +-sigma, at the leaf's stored shape
+Stack axes (*stack) are the leaf's scanned axes' sizes, first after the member axis.
+
+Required methods
+    noise(seed, epoch, members, pop, sigma, rank) -> noise dict
+        the port's own noise at that epoch (spec.tree's key scheme when jax_compatible_rng).
+    perturbed_mm(W (a, b), A (m, a, r), B (m, b, r), x (m, batch, b)) -> (m, batch, a)
+        member i's x @ (W + A_i B_i^T)^T, as the port computes an mm slice.
+    perturbed_tmm(W (a, b) stored (in, out), A (m, a, r), B (m, b, r), x (m, batch, a)) -> (m, batch, b)
+        member i's x @ (W + A_i B_i^T), as the port computes a tmm slice.
+    shape_fitness(f (N,), group_size) -> (N,)      the port's fitness shaping with groups of group_size
+    gradient(noise, shaped (N,), sigma) -> {path: array at the leaf's shape}
+        the ES gradient in the reference's convention (ascent, before sqrt(N)): mm/tmm einsum of f*A and B / N at
+        the stored shape, param mean(f * eps); zeros where the port gives no update. Members 0..N-1 in order.
+
+Optional methods (a check that needs an absent one is reported as skipped)
+    init_params(seed) -> params                    the port's initial parameters for a run seed
+    forward(params, noise, tokens (m, T + 1), intermediates=False) -> scores (m,)
+        each member's log2-likelihood per byte (noise None: unperturbed); intermediates=True returns
+        (scores, {name: array}) keyed as spec.lm.intermediate_names (member axis first), so the suite can name
+        the first block and leaf where the forward departs. Names the port does not produce are skipped.
+    update(params, noise, shaped (N,), sigma, lr) -> params
+        one ES step: gradient(noise, shaped, sigma), -(g sqrt(N)) to optax.sgd(lr), applied.
+    es_init(params, seed) -> state; es_ask(state, epoch) -> noise dict (all pop members);
+    es_tell(state, noise, scores (pop,), epoch) -> state; es_params(state) -> params
+        a training run, driven in lockstep by the trajectory check.
+
+Attributes
+    name: str                  shown in reports
+    jax_compatible_rng: bool   True: the port draws JAX's numbers, so init and noise are compared element by element
+
+Loading: `--port package.module:attr`; attr is an adapter object, or a class/factory called with the run's
+spec.lm.LMConfig that returns one. examples/lm_adapter.py is the worked example.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from parity.adapter import PortError, UsageError, _array
+from spec.lm import LMConfig, lm_tree
+from spec.tree import CLASSES, Leaf, Tree, TreeError, check_params, tree_from_maps
+
+REQUIRED = ("noise", "perturbed_mm", "perturbed_tmm", "shape_fitness", "gradient")
+SIGNATURES = {
+    "noise": "noise(seed, epoch, members, pop, sigma, rank) -> {path: (A, B) or eps}",
+    "perturbed_mm": "perturbed_mm(W (a, b), A (m, a, r), B (m, b, r), x (m, batch, b)) -> (m, batch, a)",
+    "perturbed_tmm": "perturbed_tmm(W (a, b), A (m, a, r), B (m, b, r), x (m, batch, a)) -> (m, batch, b)",
+    "shape_fitness": "shape_fitness(f (N,), group_size) -> (N,)",
+    "gradient": "gradient(noise, shaped (N,), sigma) -> {path: array}",
+    "init_params": "init_params(seed) -> {path: array}",
+    "forward": "forward(params, noise, tokens (m, T + 1), intermediates=False) -> scores (m,) or (scores, dict)",
+    "update": "update(params, noise, shaped (N,), sigma, lr) -> params",
+    "es_init": "es_init(params, seed) -> state",
+    "es_ask": "es_ask(state, epoch) -> noise dict",
+    "es_tell": "es_tell(state, noise, scores (pop,), epoch) -> state",
+    "es_params": "es_params(state) -> params",
+}
+GROUPS = {"es": ("es_init", "es_ask", "es_tell", "es_params")}
+
+
+# ----------------------------------------------------------------------------- loading and the tree
+def load_tree_port(spec: str, cfg: LMConfig) -> Any:
+    """The adapter named by `package.module:attr` (called with cfg when a class or factory), or UsageError."""
+    if ":" not in spec:
+        raise UsageError(f"--port expects package.module:attr (e.g. examples.lm_adapter:LMAdapter), got {spec!r}")
+    module_name, attr = spec.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise UsageError(f"--port {spec}: cannot import module {module_name!r} ({err}); is it on PYTHONPATH?") from err
+    except Exception as err:
+        raise UsageError(f"--port {spec}: importing module {module_name!r} raised {type(err).__name__}: {err}") from err
+    if not hasattr(module, attr):
+        raise UsageError(f"--port {spec}: module {module_name!r} has no attribute {attr!r}")
+    obj = getattr(module, attr)
+    if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "noise")):
+        try:
+            obj = obj(cfg)
+        except Exception as err:
+            raise UsageError(f"--port {spec}: calling {attr}(cfg) to build the adapter raised "
+                             f"{type(err).__name__}: {err}") from err
+    missing = [m for m in REQUIRED if not callable(getattr(obj, m, None))]
+    if missing:
+        lines = "\n".join(f"  {SIGNATURES[m]}" for m in missing)
+        raise UsageError(f"--port {spec}: the tree adapter lacks required method(s) {', '.join(missing)}; "
+                         f"expected:\n{lines}")
+    return obj
+
+
+def port_tree(port: Any, cfg: LMConfig) -> tuple[Tree, list[str]]:
+    """(the port's declared tree, notes on leaves it classes differently from the LM), or UsageError.
+
+    The declaration must match init_params (when the port has it) and the LM's paths and shapes."""
+    declared, classes = getattr(port, "tree", None), getattr(port, "leaf_classes", None)
+    has_init = callable(getattr(port, "init_params", None))
+    shapes = None
+    if has_init:
+        try:
+            value = port.init_params(0)
+        except Exception as err:
+            raise UsageError(f"init_params(0) raised {type(err).__name__}: {err}") from err
+        if not isinstance(value, Mapping):
+            raise UsageError(f"init_params(0) returned a {type(value).__name__}; expected a dict {{path: array}}")
+        shapes = {k: tuple(np.shape(v)) for k, v in value.items()}
+    try:
+        if declared is not None:
+            if not isinstance(declared, Tree):
+                raise UsageError(f"the adapter's `tree` is a {type(declared).__name__}; expected a spec.tree.Tree "
+                                 f"(e.g. spec.lm.lm_tree(cfg)) or give `leaf_classes` instead")
+            tree = declared
+            if shapes is not None:
+                check_params(tree, shapes, "init_params(0)'s parameters")
+        elif classes is not None:
+            if shapes is None:
+                raise UsageError("the adapter gives `leaf_classes` but no init_params to read the shapes from; "
+                                 "add init_params(seed) or declare `tree` (spec.tree.Tree)")
+            unknown = sorted(f"{p}: {c!r}" for p, c in dict(classes).items() if c not in CLASSES)
+            if unknown:
+                raise UsageError(f"unknown leaf class(es) {', '.join(unknown)}; known: {', '.join(CLASSES)}")
+            tree = tree_from_maps(shapes, classes, getattr(port, "scan_axes", None))
+        else:
+            raise UsageError("the adapter declares no tree: give `tree` (spec.tree.Tree, e.g. spec.lm.lm_tree(cfg)) "
+                             "or `leaf_classes` ({path: class}, read with init_params' shapes)")
+    except TreeError as err:
+        raise UsageError(f"the adapter's tree: {err}") from err
+    lm = lm_tree(cfg)
+    try:
+        check_params(lm, tree.shapes, "the adapter's tree leaves")
+    except TreeError as err:
+        raise UsageError(f"{err} (the LM at this size: {lm.shapes})") from err
+    notes = [f"{leaf.path}: declared {leaf.cls} (scan axes {leaf.scan_axes}); the LM's is {ref.cls} "
+             f"(scan axes {ref.scan_axes})" for leaf in tree.leaves for ref in [lm.leaf(leaf.path)]
+             if (leaf.cls, leaf.scan_axes) != (ref.cls, ref.scan_axes)]
+    return tree, notes
+
+
+# ----------------------------------------------------------------------------- the checked wrapper
+def _leaf_noise(method: str, leaf: Leaf, value: Any, m: int, rank: int):
+    """One leaf's noise: (A, B) at the stored slice shape for a matrix slice, or eps at the leaf's shape."""
+    stack = leaf.stack_shape
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2 or len(leaf.slice_shape) != 2:
+            raise PortError(method, f"'{leaf.path}' ({leaf.cls}, slice {leaf.slice_shape}): low-rank noise is a pair "
+                                    f"(A (m, *stack, a, r), B (m, *stack, b, r)) of a matrix slice")
+        a, b = leaf.slice_shape
+        return (_array(method, f"A of '{leaf.path}'", value[0], (m, *stack, a, rank)),
+                _array(method, f"B of '{leaf.path}'", value[1], (m, *stack, b, rank)))
+    if leaf.cls in ("mm", "tmm"):
+        raise PortError(method, f"'{leaf.path}' is {leaf.cls}: its noise is a pair (A {(m, *stack, *leaf.slice_shape[:1], rank)}, "
+                                f"B {(m, *stack, *leaf.slice_shape[1:], rank)}), got one array of shape {np.shape(value)}")
+    return _array(method, f"eps of '{leaf.path}'", value, (m, *leaf.shape))
+
+
+class CheckedTreePort:
+    """A tree adapter wrapped so that every call is validated against the LM's tree (PortError when broken)."""
+
+    def __init__(self, port: Any, cfg: LMConfig):
+        self.port, self.cfg, self.tree = port, cfg, lm_tree(cfg)
+        self.name = str(getattr(port, "name", type(port).__name__))
+        self.jax_compatible_rng = bool(getattr(port, "jax_compatible_rng", False))
+
+    def has(self, method: str) -> bool:
+        group = next((g for g in GROUPS.values() if method in g), (method,))
+        return all(callable(getattr(self.port, m, None)) for m in group)
+
+    def _call(self, method: str, *args, **kwargs):
+        fn: Callable | None = getattr(self.port, method, None)
+        if not callable(fn):
+            raise PortError(method, f"is not implemented; expected {SIGNATURES[method]}")
+        try:
+            return fn(*args, **kwargs)
+        except PortError:
+            raise
+        except Exception as err:
+            raise PortError(method, f"raised {type(err).__name__}: {err}", err) from err
+
+    def _params(self, method: str, value: Any) -> dict[str, np.ndarray]:
+        if not isinstance(value, Mapping):
+            raise PortError(method, f"returned a {type(value).__name__}; expected a dict {{path: array}}")
+        if set(value) != set(self.tree.paths):
+            raise PortError(method, f"returned paths {sorted(value)}; expected {self.tree.paths}")
+        return {p: _array(method, f"'{p}'", value[p], self.tree.leaf(p).shape) for p in self.tree.paths}
+
+    def _noise(self, method: str, value: Any, m: int) -> dict:
+        if not isinstance(value, Mapping):
+            raise PortError(method, f"returned a {type(value).__name__}; expected a dict {{path: (A, B) or eps}}")
+        unknown = sorted(set(value) - set(self.tree.paths))
+        if unknown:
+            raise PortError(method, f"returned unknown paths {unknown}; the tree's are {self.tree.paths}")
+        return {p: _leaf_noise(method, self.tree.leaf(p), v, m, self.cfg.rank) for p, v in value.items()}
+
+    # ---- required
+    def noise(self, seed: int, epoch: int, members: np.ndarray, pop: int, sigma: float, rank: int) -> dict:
+        members = np.asarray(members, dtype=np.int64)
+        value = self._call("noise", int(seed), int(epoch), members, int(pop), float(sigma), int(rank))
+        return self._noise("noise", value, members.size)
+
+    def perturbed_mm(self, W, A, B, x) -> np.ndarray:
+        return _array("perturbed_mm", "the product", self._call("perturbed_mm", W, A, B, x),
+                      (x.shape[0], x.shape[1], W.shape[0]))
+
+    def perturbed_tmm(self, W, A, B, x) -> np.ndarray:
+        return _array("perturbed_tmm", "the product", self._call("perturbed_tmm", W, A, B, x),
+                      (x.shape[0], x.shape[1], W.shape[1]))
+
+    def shape_fitness(self, f: np.ndarray, group_size: int) -> np.ndarray:
+        f = np.asarray(f, np.float32)
+        return _array("shape_fitness", "the shaped fitness", self._call("shape_fitness", f, int(group_size)), f.shape)
+
+    def gradient(self, noise: dict, shaped: np.ndarray, sigma: float) -> dict[str, np.ndarray]:
+        return self._params("gradient", self._call("gradient", noise, np.asarray(shaped, np.float32), float(sigma)))
+
+    # ---- optional
+    def init_params(self, seed: int) -> dict[str, np.ndarray]:
+        return self._params("init_params", self._call("init_params", int(seed)))
+
+    def forward(self, params: dict, noise: dict | None, tokens: np.ndarray, intermediates: bool = False):
+        tokens = np.asarray(tokens, np.int64)
+        m = tokens.shape[0]
+        value = self._call("forward", params, noise, tokens, intermediates=intermediates)
+        if not intermediates:
+            return _array("forward", "the scores", value, (m,))
+        if not isinstance(value, tuple) or len(value) != 2 or not isinstance(value[1], Mapping):
+            raise PortError("forward", "with intermediates=True it must return (scores (m,), {name: array})")
+        inter = {str(k): _array("forward", f"intermediate '{k}'", v, None) for k, v in value[1].items()}
+        bad = [k for k, v in inter.items() if v.ndim == 0 or v.shape[0] != m]
+        if bad:
+            raise PortError("forward", f"intermediates {bad} do not have the member axis ({m}) first")
+        return _array("forward", "the scores", value[0], (m,)), inter
+
+    def update(self, params: dict, noise: dict, shaped: np.ndarray, sigma: float, lr: float) -> dict:
+        return self._params("update", self._call("update", params, noise, np.asarray(shaped, np.float32),
+                                                 float(sigma), float(lr)))
+
+    def es_init(self, params: dict, seed: int):
+        return self._call("es_init", params, int(seed))
+
+    def es_ask(self, state, epoch: int) -> dict:
+        return self._noise("es_ask", self._call("es_ask", state, int(epoch)), self.cfg.pop)
+
+    def es_tell(self, state, noise: dict, scores: np.ndarray, epoch: int):
+        return self._call("es_tell", state, noise, np.asarray(scores, np.float32), int(epoch))
+
+    def es_params(self, state) -> dict[str, np.ndarray]:
+        return self._params("es_params", self._call("es_params", state))
+
+
+# ----------------------------------------------------------------------------- the suite's view of a port
+def dense_of(leaf: Leaf, value) -> np.ndarray:
+    """(m, *leaf.shape) perturbation from one leaf's protocol noise (A B^T per slice, stack axes put back)."""
+    if not isinstance(value, tuple):
+        return value
+    A, B = value
+    d = A @ np.swapaxes(B, -1, -2)                                       # (m, *stack, a, b)
+    rest = [ax for ax in range(len(leaf.shape)) if ax not in leaf.scan_axes]
+    order = list(leaf.scan_axes) + rest                                  # stack-first position -> stored axis
+    return np.moveaxis(d, list(range(1, d.ndim)), [1 + ax for ax in order])
+
+
+class PortSide:
+    """A checked tree port seen as the suite's side (parity.tree_check): init, dense noise per leaf, shaping,
+    scores, gradients, products, updates; the port's noise drawn once per (seed, epoch)."""
+
+    def __init__(self, port: CheckedTreePort, cfg: LMConfig):
+        self.port, self.cfg = port, cfg
+        self.name = port.name
+        self._noise: dict = {}
+
+    def has(self, method: str) -> bool:
+        """Whether the port has what the suite's `method` needs (the required methods always)."""
+        if method == "epoch_step":
+            return self.port.has("forward") and (self.port.has("es_init") or self.port.has("update"))
+        return self.port.has({"init": "init_params", "scores": "forward"}.get(method, method)) \
+            if method in ("init", "scores", "update") else True
+
+    def noise(self, seed: int, epoch: int) -> dict:
+        if (seed, epoch) not in self._noise:
+            self._noise[(seed, epoch)] = self.port.noise(seed, epoch, np.arange(self.cfg.pop), self.cfg.pop,
+                                                         self.cfg.sigma, self.cfg.rank)
+        return self._noise[(seed, epoch)]
+
+    def init(self, seed: int) -> dict[str, np.ndarray]:
+        return self.port.init_params(seed)
+
+    def dense_noise(self, seed: int, epoch: int, leaf: Leaf) -> np.ndarray | None:
+        value = self.noise(seed, epoch).get(leaf.path)
+        return None if value is None else dense_of(leaf, value)
+
+    def shape(self, f: np.ndarray) -> np.ndarray:
+        return self.port.shape_fitness(f, self.cfg.group_size)
+
+    def scores(self, seed: int, params: dict, epoch: int, tokens: np.ndarray, noise: bool):
+        return self.port.forward(params, self.noise(seed, epoch) if noise else None, tokens, intermediates=True)
+
+    def grads(self, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarray]:
+        return self.port.gradient(self.noise(seed, epoch), shaped, self.cfg.sigma)
+
+    def products(self, W, A, B, x, form: str) -> np.ndarray:
+        return (self.port.perturbed_mm if form == "mm" else self.port.perturbed_tmm)(W, A, B, x)
+
+    def update(self, seed: int, epoch: int, params: dict, shaped: np.ndarray) -> tuple[dict, dict]:
+        """(new params, the gradient the step used) from params, the port's noise at epoch and shaped fitness."""
+        noise = self.noise(seed, epoch)
+        return (self.port.update(params, noise, shaped, self.cfg.sigma, self.cfg.lr),
+                self.port.gradient(noise, shaped, self.cfg.sigma))
+
+    def epoch_step(self, seed: int, params: dict, epoch: int, tokens: np.ndarray) -> dict:
+        """One training epoch from params: the port's own run (es_init/es_ask/es_tell/es_params) when it has one,
+        else noise, forward, shape_fitness, gradient and update; its scores, shaped fitness, gradient and params."""
+        if self.port.has("es_init"):
+            state = self.port.es_init(params, seed)
+            noise = self.port.es_ask(state, epoch)
+            scores = self.port.forward(params, noise, tokens)
+            new = self.port.es_params(self.port.es_tell(state, noise, scores, epoch))
+        else:
+            noise = self.noise(seed, epoch)
+            scores = self.port.forward(params, noise, tokens)
+            new = self.port.update(params, noise, self.port.shape_fitness(scores, self.cfg.group_size),
+                                   self.cfg.sigma, self.cfg.lr)
+        shaped = self.port.shape_fitness(scores, self.cfg.group_size)
+        return {"scores": scores, "shaped": shaped, "grads": self.port.gradient(noise, shaped, self.cfg.sigma),
+                "params": new}
