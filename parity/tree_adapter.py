@@ -150,9 +150,12 @@ def port_tree(port: Any, cfg: LMConfig) -> tuple[Tree, list[str]]:
         raise UsageError(f"the adapter's tree: {err}") from err
     lm = lm_tree(cfg)
     try:
-        check_params(lm, tree.shapes, "the adapter's tree leaves")
+        check_params(lm, tree.shapes, "@")
     except TreeError as err:
-        raise UsageError(f"{err} (the LM at this size: {lm.shapes})") from err
+        detail = str(err).split("declared tree: ", 1)[-1]
+        raise UsageError(f"the adapter's tree is not the byte-level LM's at this size (spec.lm.lm_tree(cfg), cfg "
+                         f"d_model {cfg.d_model}, layers {cfg.layers}, d_hidden {cfg.d_hidden}): {detail}; the LM's "
+                         f"leaves: {lm.shapes}") from err
     notes = [f"{leaf.path}: declared {leaf.cls} (scan axes {leaf.scan_axes}); the LM's is {ref.cls} "
              f"(scan axes {ref.scan_axes})" for leaf in tree.leaves for ref in [lm.leaf(leaf.path)]
              if (leaf.cls, leaf.scan_axes) != (ref.cls, ref.scan_axes)]

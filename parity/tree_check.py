@@ -305,77 +305,80 @@ def check_updates(R, side, cfg, seed, rng) -> list[Row]:
     return rows
 
 
+def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str) -> tuple[list[Row], np.ndarray | None]:
+    """Rows for the scores and the shaped fitness of one epoch, and the shaped fitness' bound (None: a stage failed)."""
+    s_ref = ref["scores"].astype(np.float64)
+    s_bound = FORWARD_ULPS * 2 * U32 * np.maximum(np.abs(s_ref), 1e-30)
+    ratio = float(np.max(np.abs(port["scores"] - s_ref) / s_bound))
+    rows = [Row("trajectory", f"{at}: scores, max |port - ref| / bound", ratio, f"<= 1 ({FORWARD_ULPS} ulps of |score|)",
+                "pass" if ratio <= 1 else "fail",
+                "" if ratio <= 1 else "the members' scores differ (see the forward check)")]
+    if ratio > 1:
+        return rows, None
+    D, std = float(np.max(s_bound)), math.sqrt(s_ref.var() + 1e-5)
+    f_err = shaping_pair_bound(ref["scores"], cfg.group_size) + \
+        ((2 * D + np.abs(ref["shaped"].astype(np.float64)) * D) / (std - D) if std > D else np.inf)
+    ratio = float(np.max(np.abs(port["shaped"] - ref["shaped"].astype(np.float64)) / f_err))
+    why = ""
+    if ratio > 1:
+        why = (cause("group_fitness", "each group is divided by its own spread, not by the global variance")
+               if np.allclose(port["shaped"], _group_var(port["scores"], cfg.group_size), rtol=1e-4, atol=1e-5)
+               else "fitness shaping differs")
+    rows.append(Row("trajectory", f"{at}: shaped fitness, max |port - ref| / bound", ratio,
+                    "<= 1 (shaping bounds + the scores' bound propagated)", "pass" if ratio <= 1 else "fail", why))
+    return rows, (f_err if ratio <= 1 else None)
+
+
+def _trajectory_leaf(R, cfg, seed, epoch, leaf, params, ref, port, f_err, at) -> list[Row]:
+    """Rows for one leaf's gradient and new params after a lockstep epoch (unchanged where the reference never
+    updates it)."""
+    p = leaf.path
+    if not _ref_perturbs(cfg, leaf):
+        moved = float(np.max(np.abs(port["params"][p].astype(np.float64) - params[p])))
+        ok = moved == 0 and not np.any(port["grads"][p])
+        return [Row("trajectory", f"{at}: {p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
+                    "pass" if ok else "fail", "" if ok else _unchanged_cause(cfg, leaf, "updated"))]
+    if leaf.cls == "param":
+        mag, n_round = np.abs(R.dense_noise(cfg, seed, epoch, leaf)), cfg.pop + 2
+    else:
+        mag, n_round = R.factors_abs_product(cfg, seed, epoch, leaf), cfg.pop * cfg.rank + 3
+    f_abs = np.abs(ref["shaped"]).astype(np.float64)
+    step = math.sqrt(cfg.pop) * cfg.lr
+    g_bound = np.mean((2 * gamma(n_round) * f_abs + f_err).reshape((-1,) + (1,) * len(leaf.shape)) * mag, 0)
+    g_ratio = float(np.max(np.abs(port["grads"][p] - ref["grads"][p].astype(np.float64)) / np.maximum(g_bound, 1e-30)))
+    p_bound = step * g_bound + 2 * update_bound(ref["params"][p], step * ref["grads"][p].astype(np.float64))
+    p_ratio = float(np.max(np.abs(port["params"][p] - ref["params"][p].astype(np.float64)) /
+                           np.maximum(p_bound, 1e-30)))
+    return [Row("trajectory", f"{at}: {p} ({leaf.cls}) {what}, max |port - ref| / bound", r, f"<= 1 ({allowed})",
+                "pass" if r <= 1 else "fail", "" if r <= 1 else f"{p}: the {what} after a training epoch differs")
+            for what, r, allowed in (("gradient", g_ratio, "both sides' einsum bounds + shaped error x |noise|"),
+                                     ("params", p_ratio, "lr sqrt(N) x the gradient's bound + update_bound"))]
+
+
 def check_trajectory(R, side, cfg, seed, parted: set[str]) -> list[Row]:
-    """TRAJECTORY_EPOCHS training epochs in lockstep on the corpus: each epoch both sides start from the reference's
-    params, score their members, shape, estimate and step. Bounds, derived stage by stage: scores FORWARD_ULPS ulps
-    of |score| (the forward check's); shaped the float32 shaping bound plus what a score error D propagates,
-    (2 D + |shaped| D) / (std - D) (the centred value moves by <= 2 D, the std by <= D); gradients both sides' einsum
-    bounds plus mean(|shaped error| |A||B|^T); params lr sqrt(N) times the gradient's bound plus both sides'
-    update_bound. A stage beyond its bound stops the epoch (what follows it is skipped)."""
+    """TRAJECTORY_EPOCHS training epochs on the corpus in lockstep (each from the reference's params): scores,
+    shaped fitness, per-leaf gradients and new params. Bounds, derived stage by stage: scores FORWARD_ULPS ulps of
+    |score| (the forward check's); shaped the float32 shaping bound plus what a score error D propagates,
+    (2 D + |shaped| D) / (std - D) (the centred value moves by <= 2 D, the std by <= D); gradients both sides'
+    einsum bounds plus mean(|shaped error| |A||B|^T); params lr sqrt(N) times the gradient's bound plus both sides'
+    update_bound. A stage beyond its bound ends the check (what follows from it is not judged)."""
     from rollout.corpus import load_corpus, member_tokens, train_windows
     corpus = load_corpus(seq_len=cfg.seq_len)
     params = R.init(cfg, seed)
-    tree = lm_tree(cfg)
-    step = math.sqrt(cfg.pop) * cfg.lr
     rows = []
     for epoch in range(TRAJECTORY_EPOCHS):
         tokens = member_tokens(train_windows(corpus, seed, epoch, cfg.n_streams, cfg.seq_len), cfg.pop, cfg.group_size)
         ref, port = R.epoch_step(cfg, seed, params, epoch, tokens), side.epoch_step(seed, params, epoch, tokens)
         at = f"epoch {epoch}"
-        s_ref = ref["scores"].astype(np.float64)
-        s_bound = FORWARD_ULPS * 2 * U32 * np.maximum(np.abs(s_ref), 1e-30)
-        ratio = float(np.max(np.abs(port["scores"] - s_ref) / s_bound))
-        rows.append(Row("trajectory", f"{at}: scores, max |port - ref| / bound", ratio,
-                        f"<= 1 ({FORWARD_ULPS} ulps of |score|)", "pass" if ratio <= 1 else "fail",
-                        "" if ratio <= 1 else "the members' scores differ (see the forward check)"))
-        if ratio > 1:
+        got, f_err = _trajectory_fitness(cfg, ref, port, at)
+        rows += got
+        if f_err is None:
             break
-        D = float(np.max(s_bound))
-        std = math.sqrt(s_ref.var() + 1e-5)
-        f_err = shaping_pair_bound(ref["scores"], cfg.group_size) + \
-            ((2 * D + np.abs(ref["shaped"].astype(np.float64)) * D) / (std - D) if std > D else np.inf)
-        ratio = float(np.max(np.abs(port["shaped"] - ref["shaped"].astype(np.float64)) / f_err))
-        why = ""
-        if ratio > 1:
-            why = (cause("group_fitness", "each group is divided by its own spread, not by the global variance")
-                   if np.allclose(port["shaped"], _group_var(port["scores"], cfg.group_size), rtol=1e-4, atol=1e-5)
-                   else "fitness shaping differs")
-        rows.append(Row("trajectory", f"{at}: shaped fitness, max |port - ref| / bound", ratio,
-                        "<= 1 (shaping bounds + the scores' bound propagated)", "pass" if ratio <= 1 else "fail", why))
-        if ratio > 1:
-            break
-        f_abs = np.abs(ref["shaped"]).astype(np.float64)
-        parted_now = False
-        for leaf in tree.leaves:
-            p = leaf.path
-            if p in parted:
-                rows.append(Row("trajectory", f"{at}: {p}", float("nan"), "-", "skip", f"{p}'s noise already differs"))
-                continue
-            if not _ref_perturbs(cfg, leaf):
-                moved = float(np.max(np.abs(port["params"][p].astype(np.float64) - params[p])))
-                ok = moved == 0 and not np.any(port["grads"][p])
-                rows.append(Row("trajectory", f"{at}: {p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
-                                "pass" if ok else "fail", "" if ok else _unchanged_cause(cfg, leaf, "updated")))
-                parted_now |= not ok
-                continue
-            shape = (-1,) + (1,) * len(leaf.shape)
-            if leaf.cls == "param":
-                mag, n_round = np.abs(R.dense_noise(cfg, seed, epoch, leaf)), cfg.pop + 2
-            else:
-                mag, n_round = R.factors_abs_product(cfg, seed, epoch, leaf), cfg.pop * cfg.rank + 3
-            g_bound = np.mean((2 * gamma(n_round) * f_abs + f_err).reshape(shape) * mag, 0)
-            g_ratio = float(np.max(np.abs(port["grads"][p] - ref["grads"][p].astype(np.float64)) /
-                                   np.maximum(g_bound, 1e-30)))
-            p_bound = step * g_bound + 2 * update_bound(ref["params"][p], step * ref["grads"][p].astype(np.float64))
-            p_ratio = float(np.max(np.abs(port["params"][p] - ref["params"][p].astype(np.float64)) /
-                                   np.maximum(p_bound, 1e-30)))
-            for what, r, allowed in (("gradient", g_ratio, "both sides' einsum bounds + shaped error x |noise|"),
-                                     ("params", p_ratio, "lr sqrt(N) x the gradient's bound + update_bound")):
-                rows.append(Row("trajectory", f"{at}: {p} ({leaf.cls}) {what}, max |port - ref| / bound", r,
-                                f"<= 1 ({allowed})", "pass" if r <= 1 else "fail",
-                                "" if r <= 1 else f"{p}: the {what} after a training epoch differs"))
-            parted_now |= g_ratio > 1 or p_ratio > 1
-        if parted_now:
+        for leaf in lm_tree(cfg).leaves:
+            rows += ([Row("trajectory", f"{at}: {leaf.path}", float("nan"), "-", "skip",
+                          f"{leaf.path}'s noise already differs")] if leaf.path in parted else
+                     _trajectory_leaf(R, cfg, seed, epoch, leaf, params, ref, port, f_err, at))
+        if any(r.verdict == "fail" for r in rows):
             break
         params = ref["params"]
     return rows

@@ -18,6 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="jax", help=f"tree profile: {', '.join(TREE_PROFILES)} (default jax)")
     p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
                    help="; ".join(f"{k}: {'|'.join(v)}" for k, v in TREE_CHOICES.items()))
+    p.add_argument("--port", metavar="MODULE:ATTR",
+                   help="check a foreign tree port through the tree protocol (parity/tree_adapter.py; worked example "
+                        "examples.lm_adapter:LMAdapter) instead of torch_impl")
     p.add_argument("--size", choices=("quick", "selftest"), default="quick", help="LM preset (default quick)")
     p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
     p.add_argument("--out", default="runs/parity-lm", help="report folder (default runs/parity-lm)")
@@ -32,22 +35,43 @@ def main(argv: list[str]) -> int:
         check_out_dir(args.out)
     except SystemExit as exit_:
         return int(exit_.code or 0)
+        if args.port and (args.torch or args.profile != "jax"):
+            raise ValueError("--torch and --profile configure torch_impl; with --port the port is checked as it is "
+                             "(drop them, or drop --port)")
     except (KnobError, ValueError) as err:
         print(f"parity check: {err}", file=sys.stderr)
         return 2
     from parity import tree_check
+    from parity.adapter import PortError
     from reporting import versions
     cfg = tree_check.sizes()[args.size]
+    side, notes, who = None, [], "torch_impl"
+    if args.port:
+        from parity.tree_adapter import CheckedTreePort, PortSide, load_tree_port, port_tree
+        try:
+            port = load_tree_port(args.port, cfg)
+            _, notes = port_tree(port, cfg)
+        except ValueError as err:                      # UsageError: the port cannot be checked as declared
+            print(f"parity check: {err}", file=sys.stderr)
+            return 2
+        side = PortSide(CheckedTreePort(port, cfg), cfg)
+        who = f"port {side.name} ({args.port})"
     log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     started = time.perf_counter()
-    log(f"parity check --task lm: torch_impl {dict((k, v[1]) for k, v in tree_drifts(knobs).items()) or '(faithful)'}"
-        f" vs jax_reference, size {args.size}, seed {args.seed}")
-    rows = tree_check.run(cfg, knobs, args.seed, log)
+    drifts = dict((k, v[1]) for k, v in tree_drifts(knobs).items()) or "(faithful)"
+    log(f"parity check --task lm: {who if args.port else f'torch_impl {drifts}'} vs jax_reference, "
+        f"size {args.size}, seed {args.seed}")
+    try:
+        rows = tree_check.run(cfg, knobs, args.seed, log, side=side)
+    except PortError as err:
+        print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree_adapter.py)", file=sys.stderr)
+        return 2
     failed = [r for r in rows if r.verdict == "fail"]
     verdict = "FAIL" if failed else "PASS"
     header = [f"# Parity check, byte-level LM: {verdict}", "",
               f"- command: `python -m parity check {shlex.join(argv)}`",
-              f"- torch side: torch_impl, knobs {knobs}",
+              (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"),
+              *(f"- declared differently from the LM's tree: {n}" for n in notes),
               f"- size: {args.size}: {cfg}", f"- seed: {args.seed}",
               f"- versions: {', '.join(f'{k} {v}' for k, v in versions(('torch', 'jax', 'numpy')).items())}",
               f"- took {time.perf_counter() - started:.1f} s on the CPU",

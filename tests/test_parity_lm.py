@@ -50,3 +50,77 @@ def test_bad_input_exits_2_before_any_work(tmp_path, capsys, argv, says):
     assert main(["check", *argv, "--out", str(out)]) == 2
     assert says in capsys.readouterr().err
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- ports through the tree protocol
+from examples.lm_adapter import LMAdapter                      # noqa: E402
+from parity.tree_adapter import CheckedTreePort, PortSide      # noqa: E402
+
+
+def port_causes(knobs: TreeKnobs, size: str, seed: int) -> list[str]:
+    cfg = tree_check.sizes()[size]
+    side = PortSide(CheckedTreePort(LMAdapter(cfg, knobs), cfg), cfg)
+    rows = tree_check.run(cfg, knobs, seed, log=lambda line: None, side=side)
+    assert {r.check for r in rows} >= {"init", "noise", "products", "fitness", "gradients", "updates", "forward",
+                                       "trajectory"}
+    return [r.cause for r in rows if r.verdict == "fail"]
+
+
+def test_the_worked_example_port_passes_every_check():
+    assert port_causes(TreeKnobs(), "selftest", 4) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("knob, value", DRIFTS)
+def test_each_tree_drift_is_named_through_the_protocol(knob, value):
+    causes = port_causes(TreeKnobs().replace(**{knob: value}), "selftest", 9)
+    assert causes and f"(knob `{knob}`)" in causes[0], causes
+    assert not [k for k, _ in DRIFTS if k != knob and f"(knob `{k}`)" in " ".join(causes)], causes
+
+
+def test_a_drifted_port_exits_1_and_names_the_knob(tmp_path, capsys):
+    assert main(["check", "--task", "lm", "--size", "selftest", "--port", "tests.ports.lm_ports:SharedStackKeys",
+                 "--out", str(tmp_path), "--quiet"]) == 1
+    assert "knob `stack_keys`" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("attr, says", [
+    ("TreeNotParams", "do not match the declared tree: shapes differ: head"),
+    ("UnknownClass", "unknown leaf class(es) blocks.up: 'lora'"),
+    ("ScanAxisOutOfRange", "scan axis 3 is out of range for shape"),
+    ("NoTree", "declares no tree: give `tree`"),
+    ("OtherModel", "is not the byte-level LM's at this size (spec.lm.lm_tree(cfg), cfg d_model 8, layers 2, "
+                   "d_hidden 16): shapes differ: blocks.bz (3, 8) (tree: (2, 8))"),
+])
+def test_a_tree_that_cannot_be_right_exits_2_before_any_work(tmp_path, capsys, attr, says):
+    out = tmp_path / "out"
+    assert main(["check", "--task", "lm", "--size", "selftest", "--port", f"tests.ports.lm_ports:{attr}",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert not out.exists()
+
+
+def test_a_port_that_breaks_the_protocol_exits_2_naming_the_method(tmp_path, capsys):
+    assert main(["check", "--task", "lm", "--size", "selftest", "--port", "tests.ports.lm_ports:ScoresPerToken",
+                 "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert "port method `forward`" in capsys.readouterr().err
+
+
+def test_a_tree_given_as_classes_is_read_with_init_params():
+    from spec.lm import LM_PRESETS, lm_tree
+    from parity.tree_adapter import port_tree
+    from tests.ports.lm_ports import ByClasses
+    cfg = LM_PRESETS["selftest"]
+    tree, notes = port_tree(ByClasses(cfg), cfg)
+    assert (tree.leaves, notes) == (lm_tree(cfg).leaves, [])
+
+
+def test_the_lockstep_trajectory_sees_a_training_loop_that_steps_otherwise():
+    from tests.ports.lm_ports import TrainsAtTwiceTheRate
+    cfg = tree_check.sizes()["selftest"]
+    side = PortSide(CheckedTreePort(TrainsAtTwiceTheRate(cfg), cfg), cfg)
+    rows = tree_check.run(cfg, TreeKnobs(), 2, log=lambda line: None, side=side)
+    failed = {r.check for r in rows if r.verdict == "fail"}
+    assert failed == {"trajectory"}, failed
+    assert any("params after a training epoch differs" in r.cause for r in rows)
