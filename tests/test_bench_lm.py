@@ -40,3 +40,7 @@ def test_the_section_states_both_aims():
     text = "\n".join(_lm_section(rows))
     assert "0.50x, missed by 3.00x" in text
     assert "torch_impl 30 s" in text and ": met." in text
+    assert "a cpu-preset LM run at most" in text
+    quick = "\n".join(_lm_section(rows, quick=True))
+    assert "a selftest-preset LM run (--quick; the aim is for the cpu preset)" in quick
+    assert "a cpu-preset LM run at most" not in quick
