@@ -296,6 +296,15 @@ def test_normal_both_paths_match_jax_for_small_shapes(use_table):
         assert same_bits(ours.numpy(), ref), (shape, agreement(ours, ref))
 
 
+@pytest.mark.parametrize("table", [False, True, None])
+def test_normal_table_argument_chooses_a_path_with_the_same_bits(table):
+    rng = np.random.default_rng(13)
+    words = random_words(rng, 3)
+    for shape in [(5,), (11, 4)]:
+        ours = R.normal(R.as_key(words), shape, table=table)
+        assert same_bits(ours.numpy(), jax_ref("normal", words, shape)), (table, shape)
+
+
 def test_normal_population_batch_equals_one_key_at_a_time():
     base = R.split(R.key(2024), 3)[1]
     keys = R.fold_in(R.fold_in(base, 0), torch.arange(6))                     # (6, 2), the noise key scheme

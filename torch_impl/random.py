@@ -410,20 +410,22 @@ def normal_table(device: str | torch.device = "cpu") -> torch.Tensor:
     return _cpu_table() if device.type == "cpu" else _device_table(str(device))
 
 
-def normal(keys: torch.Tensor, shape=()) -> torch.Tensor:
+def normal(keys: torch.Tensor, shape=(), table: bool | None = None) -> torch.Tensor:
     """Standard normals (*batch, *shape) float32, equal to jax.random.normal(key, shape) on JAX's CPU backend.
 
     Requests of random_compiled.MIN_DRAWS values or more run compiled (threefry, then this formula, as two
     torch.compile'd kernels); otherwise large requests (or any, once the table exists) read the table of all
     2^23 values (built once, 32 MB per device) and small ones evaluate the formula directly. All paths give
-    identical bits.
+    identical bits. table=True reads the table whatever the request's size (a caller that draws every epoch, such
+    as the tree ES, pays its one-off build once and saves the formula's cost on every later call); None decides
+    by size as above.
     """
     compiled = _compiled_draw("normal", keys, shape)
     if compiled is not None:
         return compiled
     k0, _ = _key_words(keys)
     draws = k0.numel() * math.prod(_shape_tuple(shape))
-    use_table = draws >= _TABLE_MIN_DRAWS or _cpu_table.cache_info().currsize > 0
+    use_table = table if table is not None else (draws >= _TABLE_MIN_DRAWS or _cpu_table.cache_info().currsize > 0)
     return _normal(keys, shape, use_table)
 
 

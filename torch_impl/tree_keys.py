@@ -86,7 +86,7 @@ def jax_member_normals(slice_keys: torch.Tensor, generation: int, n_draws: int, 
     stack = tuple(slice_keys.shape[:-1])
     flat = rnd.fold_in(slice_keys.reshape(-1, 2), generation)                              # (S, 2)
     keys = rnd.fold_in(flat.unsqueeze(0), torch.arange(n_draws).unsqueeze(1))              # (P, S, 2)
-    z = rnd.normal(keys.to(device), tuple(shape))                                          # (P, S, *shape)
+    z = rnd.normal(keys.to(device), tuple(shape), table=True)     # (P, S, *shape); read every epoch: the table pays
     return z.reshape(n_draws, *stack, *shape)
 
 
