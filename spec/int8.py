@@ -257,11 +257,11 @@ def window_start(key_word0: int, pair: int) -> int:
     return (key_word0 ^ (h(pair) & 0xFFFFFFFF)) & TABLE_MASK
 
 
-def clamp_start(start: int, n: int) -> int:
-    """dynamic_slice's clamp: the window of n entries starts at min(start, 2^30 - n) (it never wraps)."""
-    if not 1 <= n <= TABLE_SIZE:
-        raise ValueError(f"a window holds 1..2^30 entries, got {n}")
-    return min(max(start, 0), TABLE_SIZE - n)
+def clamp_start(start: int, n: int, size: int = TABLE_SIZE) -> int:
+    """dynamic_slice's clamp: a window of n entries of a table of `size` starts at min(max(start, 0), size - n)."""
+    if not 1 <= n <= size:
+        raise ValueError(f"a window holds 1..{size} entries, got {n}")
+    return min(max(start, 0), size - n)
 
 
 def true_epoch(epoch: int, noise_reuse: int) -> int:
