@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -41,9 +41,11 @@ def changed_fractions(old, new, es_map) -> dict:
     return {"changed": moved / total, "changed_lowrank": mean(MM_PARAM), "changed_fullrank": mean(PARAM)}
 
 
-def train_int8(cfg: Int8Config, seed: int, corpus=None, progress: bool = True,
-               stream: TextIO | None = None) -> LMTrainResult:
-    """Train cfg.epochs epochs from seed on the corpus (default: the shipped one); LMTrainResult with int8 params."""
+def train_int8(cfg: Int8Config, seed: int, corpus=None, progress: bool = True, stream: TextIO | None = None,
+               observe: Callable | None = None) -> LMTrainResult:
+    """Train cfg.epochs epochs from seed on the corpus (default: the shipped one); LMTrainResult with int8 params.
+
+    observe(epoch, scores (pop,) int32, params after the update), if given, sees every epoch (lockstep checks)."""
     corpus = load_corpus() if corpus is None else corpus
     train_stream, val_stream = int8_streams(corpus)
     layout = stream_layout(len(train_stream), cfg)             # ValueError: the corpus is too short
@@ -75,6 +77,8 @@ def train_int8(cfg: Int8Config, seed: int, corpus=None, progress: bool = True,
         scores = np.asarray(scores)
         moved = changed_fractions(params, new_params, es_map)
         params = new_params
+        if observe is not None:
+            observe(epoch, scores, params)
         measured = (epoch + 1) % cfg.validate_every == 0 or epoch == cfg.epochs - 1
         val_e = bits_per_byte(int(validation_scores(params, val).astype(np.int64).sum()), val_tokens) \
             if measured else math.nan
