@@ -356,8 +356,11 @@ class QMLP(Model):
         return merge_inits(**{"0": QLinear.rand_init(k[0], d, 4 * d), "1": QLinear.rand_init(k[1], 4 * d, d)})
 
     @classmethod
-    def _forward(cls, common_params, x, *args, **kwargs):
-        return call_submodule(QLinear, "1", common_params, call_submodule(QLinear, "0", common_params, x))
+    def _forward(cls, common_params, x, inter=None, *args, **kwargs):
+        hidden = call_submodule(QLinear, "0", common_params, x)
+        if inter is not None:
+            inter["mlp.0"] = hidden
+        return call_submodule(QLinear, "1", common_params, hidden)
 
 
 class EggLN(Model):
@@ -386,7 +389,7 @@ class EggGRU(Model):
                            Uh=QMM.rand_init(k[3], d, d), bh=QParameter.rand_init(None, zeros))
 
     @classmethod
-    def _forward(cls, common_params, x, state, *args, **kwargs):
+    def _forward(cls, common_params, x, state, inter=None, *args, **kwargs):
         c = common_params
         f = clipped_add(call_submodule(QMM, "Wf", c, x), call_submodule(QMM, "Uf", c, state),
                         call_submodule(QParameter, "bf", c))
@@ -396,6 +399,8 @@ class EggGRU(Model):
                            call_submodule(QParameter, "bh", c))
         step = ((gate * (cand.astype(I32) - state.astype(I32))) >> (LOGMAX + 1)).astype(I8)
         new = state + step                                                      # int8, wrapping (never shows)
+        if inter is not None:
+            inter.update(f=f, gated=gated, cand=cand, state=new)
         return new, new
 
 
@@ -409,11 +414,16 @@ class EggLayer(Model):
                            ln2=EggLN.rand_init(None, d), mlp=QMLP.rand_init(mlp_key, d))
 
     @classmethod
-    def _forward(cls, common_params, x, state, *args, **kwargs):
+    def _forward(cls, common_params, x, state, inter=None, *args, **kwargs):
         c = common_params
-        y, state = call_submodule(EggGRU, "att", c, call_submodule(EggLN, "ln1", c, x), state)
+        u = call_submodule(EggLN, "ln1", c, x)
+        y, state = call_submodule(EggGRU, "att", c, u, state, inter)
         y = clipped_add(y, x)
-        out = clipped_add(call_submodule(QMLP, "mlp", c, call_submodule(EggLN, "ln2", c, y)), y)
+        v = call_submodule(EggLN, "ln2", c, y)
+        m = call_submodule(QMLP, "mlp", c, v, inter)
+        out = clipped_add(m, y)
+        if inter is not None:
+            inter.update(ln1=u, att=y, ln2=v, mlp=m, out=out)
         return out, state
 
 
@@ -436,15 +446,23 @@ class EGG(Model):
         return jnp.zeros_like(params["blocks"]["att"]["bh"])
 
     @classmethod
-    def _forward(cls, common_params, x, state, *args, **kwargs):
+    def _forward(cls, common_params, x, state, collect=False, *args, **kwargs):
+        """(logits (256,), new state (n_layer, d)) for input byte x; collect=True adds a third value, the
+        intermediates {"emb", "blocks": {name: (n_layer, ...)}, "ln_out"} (TRACE_NAMES)."""
         c = common_params
-        h = call_submodule(QEmbedding, "emb", c, x)
+        e = call_submodule(QEmbedding, "emb", c, x)
 
         def body(h, inputs):
             params_l, keys_l, state_l = inputs
-            return EggLayer._forward(c._replace(params=params_l, es_tree_key=keys_l), h, state_l)
-        h, state = lax.scan(body, h, (c.params["blocks"], c.es_tree_key["blocks"], state))
-        return call_submodule(QMM, "head", c, call_submodule(EggLN, "ln_out", c, h)), state
+            inter = {} if collect else None
+            h, state_l = EggLayer._forward(c._replace(params=params_l, es_tree_key=keys_l), h, state_l, inter)
+            return h, (state_l, inter)
+        h, (state, blocks) = lax.scan(body, e, (c.params["blocks"], c.es_tree_key["blocks"], state))
+        y = call_submodule(EggLN, "ln_out", c, h)
+        logits = call_submodule(QMM, "head", c, y)
+        if not collect:
+            return logits, state
+        return logits, state, {"emb": e, "blocks": blocks, "ln_out": y}
 
 
 # ----------------------------------------------------------------------------- keys, init, scoring
@@ -483,6 +501,49 @@ def member_scores(noiser, frozen_noiser_params, noiser_params, params, keys, ite
         return state, int_log_likelihood(logits, tgt)
     state, lls = lax.scan(step, state, (inputs, targets))
     return jnp.sum(lls), state
+
+
+# One member's intermediates per token, in forward order (what a parity check names when two sides part):
+# per block l, "blocks.{l}.{name}" for name in BLOCK_TRACE; (T, d) each, "mlp.0" (T, 4d).
+BLOCK_TRACE = ("ln1", "f", "gated", "cand", "state", "att", "ln2", "mlp.0", "mlp", "out")
+
+
+def trace_names(n_layer: int) -> list[str]:
+    """["emb", "blocks.0.ln1", ..., "blocks.{L-1}.out", "ln_out", "logits", "ll"]: the forward's order."""
+    return ["emb"] + [f"blocks.{l}.{name}" for l in range(n_layer) for name in BLOCK_TRACE] + ["ln_out", "logits", "ll"]
+
+
+def member_trace(noiser, frozen_noiser_params, noiser_params, params, keys, iterinfo, inputs, targets, state):
+    """member_scores's run with every intermediate kept: {trace_names(L)[i]: (T, ...)} and the final state."""
+    def step(state, tok):
+        inp, tgt = tok
+        state = lax.select(inp == 0, jnp.zeros_like(state), state)
+        logits, state, inter = EGG.forward(noiser, frozen_noiser_params, noiser_params, None, params, keys, iterinfo,
+                                           inp, state, collect=True)
+        return state, (inter, logits, int_log_likelihood(logits, tgt))
+    state, (inter, logits, lls) = lax.scan(step, state, (inputs, targets))
+    n_layer = inter["blocks"]["out"].shape[1]
+    trace = {"emb": inter["emb"]}
+    for l in range(n_layer):
+        trace.update({f"blocks.{l}.{name}": inter["blocks"][name][:, l] for name in BLOCK_TRACE})
+    trace.update(ln_out=inter["ln_out"], logits=logits, ll=lls)
+    return trace, state
+
+
+def window_starts(frozen_noiser_params, params, es_tree_key, epoch, thread_ids, es_map):
+    """Every member's clamped window start per leaf (slices stacked like the leaf): {leaf: (m, *stack) uint32}."""
+    rank = frozen_noiser_params.get("rank", 1)
+
+    def leaf(param, key, es_class):
+        def one(p, k, thread_id):
+            n = 2 * p.size if es_class == PARAM else (p.shape[0] + p.shape[1]) * rank
+            start = window_start(k, true_epoch(jnp.asarray(epoch, I32), frozen_noiser_params["noise_reuse"]),
+                                 thread_id >> 1)
+            return jnp.minimum(start, U32(TABLE_SIZE - n))
+        per_member = (lambda tid: one(param, key, tid)) if key.shape == () else \
+            (lambda tid: jax.vmap(lambda p, k: one(p, k, tid))(param, key))
+        return jax.vmap(per_member)(jnp.asarray(thread_ids, I32))
+    return jax.tree.map(leaf, params, es_tree_key, es_map)
 
 
 @partial(jax.jit, static_argnums=(0, 4))

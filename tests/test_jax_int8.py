@@ -423,3 +423,37 @@ def test_tiny_training_is_deterministic_and_learns():
     assert first.history[0]["changed"] == 1.0            # epoch 0: threshold 0, every entry moves
     other = train_int8(TINY.replace(epochs=2), 4, progress=False)
     assert other.history[0]["score_sum"] != first.history[0]["score_sum"]
+
+
+def test_trace_names_every_intermediate_and_agrees_with_the_scores():
+    cfg = s.INT8_PRESETS["selftest"].replace(n_layer=2)
+    init = q.init_int8(cfg, 2)
+    frozen, nparams = q.QEggRoll.init_noiser(init.params, 4, 0, noise_seed=2)
+    toks = jnp.asarray(_rng("trace").integers(1, 256, 9), jnp.int32)
+    zero = q.EGG.default_state(init.params)
+    it = (jnp.int32(1), jnp.int32(5))
+    trace, st = q.member_trace(q.QEggRoll, frozen, nparams, init.params, init.es_tree_key, it, toks[:-1], toks[1:],
+                               zero)
+    score, st2 = q.member_scores(q.QEggRoll, frozen, nparams, init.params, init.es_tree_key, it, toks[:-1], toks[1:],
+                                 zero)
+    assert list(trace) == q.trace_names(2)
+    assert int(jnp.sum(trace["ll"])) == int(score) and np.array_equal(np.asarray(st), np.asarray(st2))
+    assert trace["logits"].shape == (8, 256) and trace["blocks.1.mlp.0"].shape == (8, 4 * cfg.n_embd)
+    assert np.array_equal(np.asarray(trace["blocks.1.state"][-1]), np.asarray(st[1]))
+    # block 0's GRU output is its new state, added to its input (the embedding) with saturation
+    assert np.array_equal(np.asarray(trace["blocks.0.att"]),
+                          np.clip(np.asarray(trace["blocks.0.state"], np.int32) + np.asarray(trace["emb"]), -127, 127))
+
+
+def test_window_starts_are_the_specs():
+    cfg = s.INT8_PRESETS["selftest"].replace(n_layer=2)
+    init = q.init_int8(cfg, 0)
+    frozen = {"noise_reuse": 3, "rank": 1}
+    starts = q.window_starts(frozen, init.params, init.es_tree_key, 7, np.arange(6), init.es_map)
+    key = init.es_tree_key["blocks"]["att"]["Wf"][1]                     # slice 1 of a stacked mm leaf
+    word0 = int(jax.random.key_data(jax.random.fold_in(key, 7 // 3))[0])
+    assert int(starts["blocks"]["att"]["Wf"][5, 1]) == s.clamp_start(s.window_start(word0, 2), 2 * cfg.n_embd)
+    key = init.es_tree_key["ln_out"]["weight"]
+    word0 = int(jax.random.key_data(jax.random.fold_in(key, 2))[0])
+    assert int(starts["ln_out"]["weight"][0]) == s.clamp_start(s.window_start(word0, 0), 2 * cfg.n_embd)
+    assert starts["emb"].shape == (6,) and starts["blocks"]["ln1"]["weight"].shape == (6, 2)
