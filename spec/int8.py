@@ -213,7 +213,8 @@ INT8_PRESETS: dict[str, Int8Config] = {
     "quick": Int8Config(n_embd=16, n_layer=2, pop=32, tokens_per_update=16, epochs=20, validate_every=10,
                         val_rows=8),
     # about a minute of one core in JAX: seed 0 trains from 8.46 bits/byte (epoch 0) to validation 4.58 after
-    # 800 epochs (thr 0 -> 42; about 1% of the entries move per epoch at the end). alpha_decay_timestep 100: nano-egg's 1000 is sized for 1000+ epochs.
+    # 800 epochs (thr 0 -> 42; about 1% of the entries move per epoch at the end). alpha_decay_timestep 100:
+    # nano-egg's 1000 is sized for runs of 1000 epochs and more.
     "cpu": Int8Config(n_embd=64, n_layer=2, pop=256, tokens_per_update=32, epochs=800, validate_every=50,
                       alpha_decay_timestep=100, val_rows=16),
     # nano-egg's own defaults on one device (1024 generations, 6 x 256, T 100): documentation, not a CPU run
