@@ -83,7 +83,8 @@ Data (the project's corpus in place of minipile; numpy helpers in rollout/int8_d
     passes the states back in), starting at zero.
     Validation (noise off): the validation stream cut into val_rows rows of L = len // val_rows bytes (the tail
     dropped), each scored from a zero state; val bits/byte = -sum(scores) / (16 val_rows (L - 1)), measured
-    after the update of every epoch e with (e + 1) % validate_every == 0 (nano-egg: e % 10 == 9) and after the last.
+    after the update of every epoch e with (e + 1) % validate_every == 0 (nano-egg: e % 10 == 9), and (the project's
+    addition, as the float LM does) after the last epoch.
 
 Init (model_key): split(model_key, 3) -> emb, blocks, head keys; layer l's key split(blocks key, n_layer)[l] ->
 split(., 2) -> att, mlp keys; att: split(att key, 4) -> Wf, Uf, Wh, Uh; mlp: split(mlp key, 2) -> W0, W1.
