@@ -13,8 +13,8 @@ Two departures in how, none in what:
   PRNG implementation (`jax.extend.random.define_prng_impl`) whose random bits are `iota << 9`; so it is exact on
   the backend that builds it. Tests compare windows with `jax.random.normal(key(seed), (n,))` directly.
 - LOG2TABLE (2^28 entries) is never built: `log2_entries` computes the entries a loss needs with integer
-  thresholds (spec.int8.log2_entry), equal to nano-egg's float64 formula. DIVISION is computed, not looked up
-  (`ln_divide`, tested against nano-egg's table built with jnp).
+  thresholds (spec.int8.log2_entry), equal to nano-egg's float64 formula (tested at all 2^28 indices). DIVISION
+  is computed, not looked up (`ln_divide`, tested against nano-egg's table built with jnp, entry by entry).
 The forward (`CachedQEggRoll`) takes each member's noise drawn once per epoch rather than per token as nano-egg's
 graph does (`QEggRoll`, drawing inside every op, is kept and tested to give the same numbers).
 """
