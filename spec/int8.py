@@ -131,7 +131,8 @@ class Int8Config:
     """Hyper-parameters of one integer EGGROLL run, nano-egg's `Args` by their meaning (single device).
 
     pop is nano-egg's total_parallel_generations; validate_every and val_rows are its validate_every and
-    validation_batch_size; tokens_per_update is T. noise_reuse 0 keeps epoch 0's noise for ever.
+    validation_batch_size; tokens_per_update is T. noise_reuse 0 keeps epoch 0's noise for ever. Not modelled:
+    nano-egg's dtype other than int8 and num_perturbations != 0 (thread ids taken modulo it).
     """
 
     n_embd: int = 16
