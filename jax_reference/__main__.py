@@ -1,8 +1,10 @@
 """`python -m jax_reference`: train CartPole-v1 with the JAX reference EggRoll and print steps to solve, or
-(`--task lm`) train the byte-level LM of spec/lm.py and print its validation bits/byte.
+(`--task lm`) train the byte-level LM of spec/lm.py and print its validation bits/byte, or (`--task int8`) train
+nano-egg's integer LM of spec/int8.py (QEggRoll) and print its validation bits/byte.
 
 Exit status: 0 solved, 1 not solved within the step budget, 2 bad usage or input. With --task lm: 0 the run
-finished with finite bits/byte, 1 they went NaN or inf, 2 bad usage or input.
+finished with finite bits/byte, 1 they went NaN or inf, 2 bad usage or input. With --task int8: 0 the run
+finished (integer bits/byte are always finite), 2 bad usage or input.
 """
 from __future__ import annotations
 
@@ -13,24 +15,26 @@ import numpy as np
 
 from spec.cli import add_override_arguments, apply_overrides
 from spec.config import PRESETS, check_pairing
+from spec.int8 import INT8_ONLY, INT8_PRESETS, add_int8_arguments, int8_config
 from spec.knobs import KnobError
 from spec.limits import check_fits, seed_arg
 from spec.lm import LM_PRESETS
-from spec.lm_run import (LM_ONLY, add_lm_arguments, check_corpus_path, check_task_flags, lm_config,
+from spec.lm_run import (LM_ONLY, TASKS, add_lm_arguments, check_corpus_path, check_task_flags, lm_config,
                          lm_verdict_line)
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jax_reference", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
-    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS)),
+    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS) | set(INT8_PRESETS)),
                    help=f"hyper-parameter preset (default cpu); cartpole: {', '.join(PRESETS)}; "
-                        f"lm: {', '.join(LM_PRESETS)}")
+                        f"lm: {', '.join(LM_PRESETS)}; int8: {', '.join(INT8_PRESETS)}")
     p.add_argument("--quiet", action="store_true", help="print only the final line")
     p.add_argument("--exact-graph", action="store_true",
                    help="draw the noise inside every forward call, as upstream's graph does (slower; differs "
                         "from the default only by float32 rounding)")
-    add_lm_arguments(p)
+    add_lm_arguments(p, TASKS + ("int8",))
+    add_int8_arguments(p)
     g = p.add_argument_group("explicit overrides (win over the preset)")
     add_override_arguments(g)
     return p
@@ -41,7 +45,7 @@ def configure(args: argparse.Namespace):
     preset = args.preset or "cpu"
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset} is not a CartPole preset; --task cartpole takes {', '.join(PRESETS)}")
-    check_task_flags(args, LM_ONLY, "cartpole")
+    check_task_flags(args, LM_ONLY | INT8_ONLY, "cartpole")
     cfg, run = PRESETS[preset]
     cfg, run = apply_overrides(args, cfg, run)
     check_pairing(cfg.pop, "interleaved")
@@ -52,7 +56,7 @@ def configure(args: argparse.Namespace):
 def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """--task lm: check the config and the corpus (exit 2 on either), then train and print the verdict."""
     try:
-        check_task_flags(args, {"exact_graph": "--exact-graph"}, "lm")
+        check_task_flags(args, {"exact_graph": "--exact-graph"} | INT8_ONLY, "lm")
         cfg = lm_config(args)
         path = check_corpus_path(args.corpus)
         from rollout.corpus import load_corpus    # numpy only: reading the corpus is part of checking the input
@@ -69,11 +73,36 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0 if finite else 1
 
 
+def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--task int8: check the config and the corpus against nano-egg's layout (exit 2 on either), then train."""
+    try:
+        cfg = int8_config(args)
+        path = check_corpus_path(args.corpus)
+        from rollout.corpus import load_corpus          # numpy only: the corpus is part of the input
+        from rollout.int8_data import int8_streams, validation_rows
+        from spec.int8 import stream_layout
+        corpus = load_corpus(path, cfg.tokens_per_update)
+        train_stream, val_stream = int8_streams(corpus)
+        stream_layout(len(train_stream), cfg)            # refuses a train part too short for the sequences
+        validation_rows(val_stream, cfg.val_rows)        # and a validation part too short for the rows
+    except (OSError, ValueError) as err:
+        parser.error(str(err))   # exits 2
+    from jax_reference.int8_train import train_int8     # jax only once the input is known good
+    if not args.quiet:
+        print(f"JAX reference QEggRoll  int8 LM  seed {args.seed}  {cfg}  corpus {corpus.path}", flush=True)
+    result = train_int8(cfg, args.seed, corpus, progress=not args.quiet)
+    if args.quiet:
+        print(lm_verdict_line(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.task == "lm":
         return main_lm(parser, args)
+    if args.task == "int8":
+        return main_int8(parser, args)
     try:
         cfg, run = configure(args)
     except (KnobError, ValueError) as err:

@@ -109,9 +109,9 @@ CARTPOLE_ONLY = {"max_steps": "--max-steps", "sigma_decay": "--sigma-decay", "lr
 LM_ONLY = {"epochs": "--epochs", "corpus": "--corpus"}
 
 
-def add_lm_arguments(parser) -> None:
-    """--task, --epochs, --corpus (the LM's own flags; the shared overrides come from spec.cli)."""
-    parser.add_argument("--task", choices=TASKS, default="cartpole", help="what to train (default cartpole)")
+def add_lm_arguments(parser, tasks: tuple[str, ...] = TASKS) -> None:
+    """--task (one of `tasks`), --epochs, --corpus (the LM's own flags; the shared overrides come from spec.cli)."""
+    parser.add_argument("--task", choices=tasks, default="cartpole", help="what to train (default cartpole)")
     parser.add_argument("--epochs", type=int, help="--task lm: number of epochs (default: the preset's)")
     parser.add_argument("--corpus", help="--task lm: a text file to train on (default: the shipped corpus)")
 
