@@ -48,7 +48,9 @@ Optional methods (a check that needs an absent one is reported as skipped)
 
 Attributes
     name: str                  shown in reports
-    jax_compatible_rng: bool   True: the port draws JAX's numbers, so init and noise are compared element by element
+    jax_compatible_rng: bool   True: the port draws JAX's numbers, so init and noise are compared element by element;
+                               False (its own generator): checked in distribution (parity/tree_dist.py), the
+                               reference's gradient, forward and step run on the noise the port hands out
 
 Loading: `--port package.module:attr`; attr is an adapter object, or a class/factory called with the run's
 spec.lm.LMConfig that returns one. examples/lm_adapter.py is the worked example.

@@ -1,6 +1,16 @@
 """`python -m parity check --task lm`: the torch tree ES against the JAX reference on the byte-level LM, leaf by
 leaf and class by class, with each tree drift named in the knob table's words (spec.tree_knobs).
 
+Two modes. A side that draws JAX's numbers (rng=jax, or a port with jax_compatible_rng True) is checked draw by draw
+(below). A side on its own generator (`--torch rng=torch`, or jax_compatible_rng False: most real torch ports) is
+checked in distribution (parity/tree_dist.py, whose docstring states each test, bound and alpha): init and noise
+against their laws (exact KS and chi-square at init's and noise's shares of the false-alarm budget, 5.5e-4 per run in
+all) and exact structure (antithetic pairs, one key per stacked slice, fresh noise per epoch, leaves the reference
+never perturbs unperturbed); gradients, forward and the lockstep trajectory with the reference run on the side's own
+noise, within this module's bounds. products, fitness and updates are draw-free and the same in both modes.
+`stack_keys`, `frozen_leaves`, `embedding` and `group_fitness` are named in both; `tmm_layout` and `leaf_order` only
+relabel i.i.d. draws, so in distribution the report says they cannot be seen (a skipped row each).
+
 Checks (rng=jax: the sides share keys, so draws are compared element by element):
 - init: every leaf equal (exact; both draw JAX's normals and scale in float32 alike).
 - noise: every leaf and stacked slice, at two epochs (noise_reuse 1: a fresh generation each). Low-rank leaves are

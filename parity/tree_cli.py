@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     except (KnobError, ValueError) as err:
         print(f"parity check: {err}", file=sys.stderr)
         return 2
-    from parity import tree_check
+    from parity import tree_check, tree_dist
     from parity.adapter import PortError
     from reporting import versions
     cfg = tree_check.sizes()[args.size]
@@ -76,7 +76,9 @@ def main(argv: list[str]) -> int:
               f"- versions: {', '.join(f'{k} {v}' for k, v in versions(('torch', 'jax', 'numpy')).items())}",
               f"- took {time.perf_counter() - started:.1f} s on the CPU",
               "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
-              f"{tree_check.FORWARD_ULPS} ulps of scale for the forward)"]
+              f"{tree_check.FORWARD_ULPS} ulps of scale for the forward); a side without JAX's draws is checked in "
+              f"distribution: parity/tree_dist.py's docstring (each test's alpha, {tree_dist.FALSE_ALARM:.2g} per run "
+              "in all)"]
     tree_check.write(args.out, rows, header)
     causes = list(dict.fromkeys(r.cause for r in failed if r.cause))
     print(f"{verdict}: report in {args.out}/summary.md" + (f"\n  " + "\n  ".join(causes) if causes else ""))

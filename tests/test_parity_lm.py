@@ -222,3 +222,19 @@ def test_each_in_distribution_test_can_fail(attr, check, says, size):
     side = PortSide(CheckedTreePort(getattr(ports, attr)(cfg), cfg), cfg)
     fails = [r for r in tree_check.run(cfg, TreeKnobs(), 13, log=lambda line: None, side=side) if r.verdict == "fail"]
     assert fails and fails[0].check == check and says in fails[0].cause, [(r.check, r.cause) for r in fails]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_statistical_rows_spend_exactly_the_stated_budget(size):
+    """Init's and noise's statistical rows split check_alpha("init") and check_alpha("noise") evenly: as many rows
+    as the split assumes, so a faithful run fails by chance at most FALSE_ALARM (<= the suite's FAMILY_ALPHA)."""
+    from parity.tolerances import FAMILY_ALPHA
+    from parity.tree_dist import FALSE_ALARM, noise_tests
+    from spec.lm import init_plan
+    cfg = tree_check.sizes()[size]
+    rows = torch_rng_rows(TreeKnobs(), size, 0)
+    drawn = sum(rule.kind in ("normal", "h0") for rule in init_plan(cfg).values())
+    assert sum("alpha=" in r.allowed for r in rows if r.check == "init") == 2 * drawn
+    assert sum("alpha=" in r.allowed for r in rows if r.check == "noise") == noise_tests(cfg)
+    assert sum("alpha=" in r.allowed for r in rows) == 2 * drawn + noise_tests(cfg)
+    assert FALSE_ALARM <= FAMILY_ALPHA
