@@ -35,17 +35,20 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
   (selftest and quick, seeds 0-3); the faithful rng=torch side against the dense path at most 8.1 ulps (seeds 0-5). Leaves only the
   side perturbs get no noise on the reference's side, so such a drift shows as the forward's first departure.
 - trajectory: lockstep as in the exact mode, the reference's step (forward, shaping, float64 estimate, optax sgd)
-  taken on the side's own es_ask noise (PortSide.epoch_step hands it back), with the exact mode's stage bounds.
+  taken on the side's own es_ask noise (PortSide.epoch_step hands it back), with the exact mode's stage bounds; and
+  that noise itself: antithetic pairs per leaf and epoch (exact) and one KS of every low-rank leaf's entries, the
+  epochs pooled (a training loop drawing otherwise than the port's noise() would pass the lockstep, computed on its own draws).
 
 The knobs `tmm_layout` and `leaf_order` only relabel i.i.d. draws (which normals fill which factor, which key index a
 leaf gets), so no law of the draws changes: they cannot be seen in distribution, and the noise check says so in a
 skipped row for each rather than pretend. `stack_keys`, `frozen_leaves`, `embedding` (exact rows above) and
 `group_fitness` (the draw-free fitness check) are caught and named.
 
-False alarms: only init's and noise's statistical tests can fail a faithful side by chance. Init spends
-check_alpha("init") = 1e-4 split evenly over its tests, noise check_alpha("noise") = 4.5e-4 split evenly over its
-tests (Bonferroni), so a faithful side fails a run with probability at most 5.5e-4 (< FAMILY_ALPHA = 1e-3); every
-other row is a deterministic float32 bound or an exact comparison, which a faithful side never exceeds.
+False alarms: only the statistical tests of init, noise and the trajectory's es_ask noise can fail a faithful side by
+chance. Init spends check_alpha("init") = 1e-4 split evenly over its tests, noise check_alpha("noise") = 4.5e-4 and
+the trajectory check_alpha("trajectory") = 1e-4 likewise (Bonferroni; each row states its alpha), so a faithful side
+fails a run with probability at most FALSE_ALARM = 6.5e-4 (< the suite's FAMILY_ALPHA = 1e-3); every other row is a
+deterministic float32 bound or an exact comparison, which a faithful side never exceeds.
 """
 from __future__ import annotations
 
@@ -61,8 +64,9 @@ from parity.tree_check import EPOCHS, Row, cause, ref_perturbs
 from spec.lm import H0_SCALE, LMConfig, init_plan, lm_tree
 from spec.tree import Leaf
 
-# The chance that a faithful side fails a run: only init's and noise's statistical tests can, each within its share.
-FALSE_ALARM = check_alpha("init") + check_alpha("noise")
+# The chance that a faithful side fails a run: only init's, noise's and the trajectory's statistical tests can, each
+# check within its share.
+FALSE_ALARM = check_alpha("init") + check_alpha("noise") + check_alpha("trajectory")
 
 # Knobs that only relabel i.i.d. draws: no test in distribution can see them (why, in the report's words).
 INVISIBLE = {
@@ -344,14 +348,44 @@ def reference_step(R, cfg: LMConfig, params: dict, noise: dict, tokens: np.ndarr
     return {"scores": scores, "shaped": shaped, "grads": grads, "params": new}
 
 
-def trajectory_step(R, side, cfg: LMConfig, seed: int) -> Callable:
+def trajectory_step(R, side, cfg: LMConfig, seed: int, asked: list | None = None) -> Callable:
     """(params, epoch, tokens) -> (reference, port, {path: (|noise|, roundings)}): the side's epoch, then the
-    reference's step on the noise its es_ask drew, for check_trajectory's lockstep."""
+    reference's step on the noise its es_ask drew, for check_trajectory's lockstep (each epoch's noise appended to
+    `asked` when given)."""
     def step(params, epoch, tokens):
         port = side.epoch_step(seed, params, epoch, tokens)
         noise = port["noise"]
+        if asked is not None:
+            asked.append(noise)
         mags = {leaf.path: (magnitude(leaf, noise[leaf.path]),
                             cfg.pop * cfg.rank + 3 if leaf.cls in ("mm", "tmm") else cfg.pop + 2)
                 for leaf in lm_tree(cfg).leaves if ref_perturbs(cfg, leaf) and noise.get(leaf.path) is not None}
         return reference_step(R, cfg, params, noise, tokens), port, mags
     return step
+
+
+def _asked_rows(cfg: LMConfig, asked: list) -> list[Row]:
+    """The training loop's own noise (es_ask): antithetic pairs per perturbed leaf and epoch (exact), and one KS of
+    every low-rank leaf's independent entries over sigma, the epochs pooled (576 entries at the selftest size: power
+    against a loop at twice the scale), at check_alpha("trajectory")."""
+    rows, x = [], []
+    for epoch, noise in enumerate(asked):
+        leaves = [leaf for leaf in lm_tree(cfg).leaves if noise.get(leaf.path) is not None]
+        rows += [_antithetic_row(leaf, noise[leaf.path], f"epoch {epoch}: es_ask noise, {leaf.path}")._replace(
+            check="trajectory") for leaf in leaves]
+        x += [independent_entries(noise[leaf.path], cfg.sigma) for leaf in leaves if leaf.cls in ("mm", "tmm")]
+    if x:
+        rows.append(ks_row("trajectory", f"es_ask noise, epochs 0-{len(asked) - 1}, every low-rank leaf: diagonal "
+                                         f"entries of E / sigma", np.concatenate(x), check_alpha("trajectory"),
+                           "the training loop's (es_ask) low-rank noise over sigma", cfg.rank))
+    return rows
+
+
+def check_trajectory(R, side, cfg: LMConfig, seed: int, parted: set[str]) -> list[Row]:
+    """tree_check.check_trajectory with the reference's step on the side's es_ask noise, then that noise's own rows
+    (its pairs and law: the lockstep alone computes everything on it, so a loop drawing at another scale than the
+    port's noise() would otherwise pass)."""
+    from parity.tree_check import check_trajectory as lockstep
+    asked: list = []
+    rows = lockstep(R, side, cfg, seed, parted, step=trajectory_step(R, side, cfg, seed, asked))
+    return rows + _asked_rows(cfg, asked)

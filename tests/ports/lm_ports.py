@@ -107,6 +107,13 @@ class NoiseAtTwiceSigma(TorchRng):
         return {p: _scaled(v, SCALE) for p, v in super().es_ask(state, epoch).items()}
 
 
+class AskAtTwiceSigma(TorchRng):
+    """Its training loop (es_ask) draws at twice the scale of its noise(): only the trajectory's es_ask rows see it."""
+
+    def es_ask(self, state, epoch):
+        return {p: _scaled(v, SCALE) for p, v in super().es_ask(state, epoch).items()}
+
+
 class NoPairs(TorchRng):
     """Member 2k+1 gets member 2k-1's noise, the negation of pair k-1's draw: pairs broken, every draw still +-."""
 
