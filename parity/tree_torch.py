@@ -108,6 +108,7 @@ class TorchTree:
             noise, state = lm_es.ask(self.es, state)
             scores = lm.forward(state.params, torch.from_numpy(tokens.astype(np.int64)), noise)
             new, info = lm_es.tell(self.es, state, noise, scores)
-        return {"scores": scores.numpy(), "shaped": info["shaped"].numpy(), "noise": protocol_noise(noise, self.es.tree),
+        return {"scores": scores.numpy(), "shaped": info["shaped"].numpy(),
+                "noise": protocol_noise(noise, self.es.tree),
                 "grads": {k: v.numpy() for k, v in info["grads"].items()},
                 "params": {k: v.numpy() for k, v in new.params.items()}}
