@@ -7,9 +7,9 @@ checked in distribution (parity/tree_dist.py, whose docstring states each test, 
 against their laws (exact KS and chi-square at init's, noise's and trajectory's shares of the false-alarm budget,
 6.5e-4 per run in all) and exact structure (antithetic pairs, one key per stacked slice, fresh noise per epoch,
 leaves the reference never perturbs unperturbed); gradients, forward and the lockstep trajectory with the reference
-run on the side's own noise, within this module's bounds. products, fitness and updates are draw-free and the same in both modes.
-`stack_keys`, `frozen_leaves`, `embedding` and `group_fitness` are named in both; `tmm_layout` and `leaf_order` only
-relabel i.i.d. draws, so in distribution the report says they cannot be seen (a skipped row each).
+run on the side's own noise, within this module's bounds. products, fitness and updates are draw-free and the same
+in both modes. `stack_keys`, `frozen_leaves`, `embedding` and `group_fitness` are named in both; `tmm_layout` and
+`leaf_order` only relabel i.i.d. draws, so in distribution the report says they cannot be seen (a skipped row each).
 
 Checks (rng=jax: the sides share keys, so draws are compared element by element):
 - init: every leaf equal (exact; both draw JAX's normals and scale in float32 alike).
