@@ -183,7 +183,10 @@ def test_the_exact_mode_keeps_comparing_draws_element_by_element():
 def test_the_worked_example_on_torchs_generator_passes_through_the_cli(tmp_path, capsys):
     assert main(["check", "--task", "lm", "--size", "selftest", "--seed", "3", "--port",
                  "examples.lm_adapter:TorchRngLMAdapter", "--out", str(tmp_path), "--quiet"]) == 0
-    assert "PASS" in (tmp_path / "summary.md").read_text()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "PASS" in summary
+    for knob in INVISIBLE:                              # what this mode cannot see, said in the report's header
+        assert f"in distribution (the side does not draw JAX's numbers), knob `{knob}`: not observable" in summary
 
 
 @pytest.mark.parametrize("size, seed", [("selftest", 7), ("quick", 2)])
