@@ -11,6 +11,11 @@ noise, products, shaping, gradient, forward and step. What a port keeps differen
   - its full-rank noise is stack-first: put back at the leaf's stored shape.
 `LMAdapter(cfg, knobs)` takes spec.tree_knobs.TreeKnobs, so the LM suite's self-tests check that a drifted port is
 caught through the protocol too (tests/test_parity_lm.py).
+
+A port on torch's own generator (most real ports) sets `jax_compatible_rng = False` and is checked in distribution
+(parity/tree_dist.py): `TorchRngLMAdapter` is this port with knob rng=torch,
+
+    python -m parity check --task lm --port examples.lm_adapter:TorchRngLMAdapter
 """
 from __future__ import annotations
 
@@ -134,3 +139,9 @@ class LMAdapter:
 
     def es_params(self, state):
         return {k: _np(v) for k, v in state.params.items()}
+
+
+def TorchRngLMAdapter(cfg: LMConfig) -> LMAdapter:
+    """The same port drawing from torch's own generator (knob rng=torch): jax_compatible_rng False, so the LM suite
+    checks its draws in distribution and runs the reference on them."""
+    return LMAdapter(cfg, TreeKnobs(rng="torch"))

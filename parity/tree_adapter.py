@@ -48,7 +48,9 @@ Optional methods (a check that needs an absent one is reported as skipped)
 
 Attributes
     name: str                  shown in reports
-    jax_compatible_rng: bool   True: the port draws JAX's numbers, so init and noise are compared element by element
+    jax_compatible_rng: bool   True: the port draws JAX's numbers, so init and noise are compared element by element;
+                               False (its own generator): checked in distribution (parity/tree_dist.py), the
+                               reference's gradient, forward and step run on the noise the port hands out
 
 Loading: `--port package.module:attr`; attr is an adapter object, or a class/factory called with the run's
 spec.lm.LMConfig that returns one. examples/lm_adapter.py is the worked example.
@@ -310,6 +312,14 @@ class PortSide:
     def init(self, seed: int) -> dict[str, np.ndarray]:
         return self.port.init_params(seed)
 
+    def protocol(self, seed: int, epoch: int) -> dict:
+        """The port's noise dict at epoch (all members), as it handed it out."""
+        return self.noise(seed, epoch)
+
+    def leaf_noise(self, seed: int, epoch: int, leaf: Leaf):
+        """One leaf's noise as the port gave it ((A, B) or eps), or None when the port does not perturb it."""
+        return self.noise(seed, epoch).get(leaf.path)
+
     def dense_noise(self, seed: int, epoch: int, leaf: Leaf) -> np.ndarray | None:
         value = self.noise(seed, epoch).get(leaf.path)
         return None if value is None else dense_of(leaf, value)
@@ -334,7 +344,8 @@ class PortSide:
 
     def epoch_step(self, seed: int, params: dict, epoch: int, tokens: np.ndarray) -> dict:
         """One training epoch from params: the port's own run (es_init/es_ask/es_tell/es_params) when it has one,
-        else noise, forward, shape_fitness, gradient and update; its scores, shaped fitness, gradient and params."""
+        else noise, forward, shape_fitness, gradient and update; its scores, shaped fitness, gradient, params and the
+        noise it drew (the in-distribution mode runs the reference's step on it)."""
         if self.port.has("es_init"):
             state = self.port.es_init(params, seed)
             noise = self.port.es_ask(state, epoch)
@@ -347,4 +358,4 @@ class PortSide:
                                    self.cfg.sigma, self.cfg.lr)
         shaped = self.port.shape_fitness(scores, self.cfg.group_size)
         return {"scores": scores, "shaped": shaped, "grads": self.port.gradient(noise, shaped, self.cfg.sigma),
-                "params": new}
+                "params": new, "noise": noise}

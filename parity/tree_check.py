@@ -1,6 +1,16 @@
 """`python -m parity check --task lm`: the torch tree ES against the JAX reference on the byte-level LM, leaf by
 leaf and class by class, with each tree drift named in the knob table's words (spec.tree_knobs).
 
+Two modes. A side that draws JAX's numbers (rng=jax, or a port with jax_compatible_rng True) is checked draw by draw
+(below). A side on its own generator (`--torch rng=torch`, or jax_compatible_rng False: most real torch ports) is
+checked in distribution (parity/tree_dist.py, whose docstring states each test, bound and alpha): init and noise
+against their laws (exact KS and chi-square at init's, noise's and trajectory's shares of the false-alarm budget,
+6.5e-4 per run in all) and exact structure (antithetic pairs, one key per stacked slice, fresh noise per epoch,
+leaves the reference never perturbs unperturbed); gradients, forward and the lockstep trajectory with the reference
+run on the side's own noise, within this module's bounds. products, fitness and updates are draw-free and the same
+in both modes. `stack_keys`, `frozen_leaves`, `embedding` and `group_fitness` are named in both; `tmm_layout` and
+`leaf_order` only relabel i.i.d. draws, so in distribution the report says they cannot be seen (a skipped row each).
+
 Checks (rng=jax: the sides share keys, so draws are compared element by element):
 - init: every leaf equal (exact; both draw JAX's normals and scale in float32 alike).
 - noise: every leaf and stacked slice, at two epochs (noise_reuse 1: a fresh generation each). Low-rank leaves are
@@ -65,7 +75,7 @@ def cause(knob: str, detail: str) -> str:
     return f"{TREE_DESCRIPTIONS[knob]} differs (knob `{knob}`): {detail}"
 
 
-def _ref_perturbs(cfg: LMConfig, leaf) -> bool:
+def ref_perturbs(cfg: LMConfig, leaf) -> bool:
     return leaf.cls in ("mm", "tmm") or (leaf.cls == "param" and not cfg.freeze_nonlora)
 
 
@@ -100,7 +110,7 @@ def check_noise(R, side, cfg, seed) -> tuple[list[Row], set[str]]:
         for leaf in lm_tree(cfg).leaves:
             port = side.dense_noise(seed, epoch, leaf)
             q = f"{leaf.path} ({leaf.cls}) epoch {epoch}"
-            if not _ref_perturbs(cfg, leaf):
+            if not ref_perturbs(cfg, leaf):
                 ok = port is None or not np.any(port)
                 why = ""
                 if not ok:
@@ -172,7 +182,7 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str]) -> list[Row]:
             rows.append(Row("gradients", q, float("nan"), "-", "skip", f"{leaf.path}'s noise already differs"))
             continue
         diff = np.abs(port[leaf.path].astype(np.float64) - ref[leaf.path])
-        if not _ref_perturbs(cfg, leaf):
+        if not ref_perturbs(cfg, leaf):
             ok = not np.any(port[leaf.path])
             rows.append(Row("gradients", q, float(diff.max()), "== 0 (no update)", "pass" if ok else "fail",
                             "" if ok else f"{leaf.path} gets an update the reference never gives it"))
@@ -190,33 +200,46 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str]) -> list[Row]:
     return rows
 
 
-def check_forward(R, side, cfg, seed, rng, with_noise: bool = True) -> list[Row]:
+def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str) -> Row:
+    """One forward comparison: every intermediate within FORWARD_ULPS ulps of its per-member scale; the first beyond
+    it, in the forward's order, names the block and leaf where the sides part."""
+    first = None
+    for name in intermediate_names(cfg.layers):     # the forward's order (jit hands the dict back sorted)
+        if name not in ri or name not in pi:
+            continue
+        r, p = ri[name].astype(np.float64), pi[name].astype(np.float64)
+        scale = np.max(np.abs(r).reshape(r.shape[0], -1), axis=1).reshape((-1,) + (1,) * (r.ndim - 1))
+        ulps = float(np.max(np.abs(p - r) / (np.maximum(scale, 1e-30) * 2 * U32)))
+        if ulps > FORWARD_ULPS and first is None:
+            first = (name, ulps)
+    worst = max(float(np.max(np.abs(pi[n].astype(np.float64) - ri[n]) /
+                             (np.maximum(np.max(np.abs(ri[n])), 1e-30) * 2 * U32))) for n in ri if n in pi)
+    why = ""
+    if first is not None:
+        leaf, block = intermediate_leaf(first[0])
+        where = f"block {block}, leaf {leaf}" if block is not None else f"leaf {leaf}"
+        why = f"the forward first departs at {first[0]} ({where}): {first[1]:.3g} ulps of its scale"
+    return Row("forward", f"{label}: max ulps of an intermediate's scale", worst, f"<= {FORWARD_ULPS}",
+               "pass" if first is None else "fail", why)
+
+
+def check_forward(R, side, cfg, seed, rng, with_noise: bool = True, noisy_reference=None) -> list[Row]:
+    """The members' scores and intermediates on fresh params, noise off and (with_noise) on: each side its own
+    noise (rng=jax: the same draws), or, given noisy_reference(params, tokens), the reference on the side's noise."""
     from rollout.corpus import load_corpus, member_tokens, train_windows
     corpus = load_corpus(seq_len=cfg.seq_len)
     tokens = member_tokens(train_windows(corpus, seed, 0, cfg.n_streams, cfg.seq_len), cfg.pop, cfg.group_size)
     params = fresh_params(R, cfg, seed, rng)                           # fresh values, not the init's constants
     rows = []
     for noise in (False, True) if with_noise else (False,):
-        (rs, ri), (ps, pi) = R.scores(cfg, seed, params, 0, tokens, noise), side.scores(seed, params, 0, tokens, noise)
-        first = None
-        for name in intermediate_names(cfg.layers):     # the forward's order (jit hands the dict back sorted)
-            if name not in ri or name not in pi:
-                continue
-            r, p = ri[name].astype(np.float64), pi[name].astype(np.float64)
-            scale = np.max(np.abs(r).reshape(r.shape[0], -1), axis=1).reshape((-1,) + (1,) * (r.ndim - 1))
-            ulps = float(np.max(np.abs(p - r) / (np.maximum(scale, 1e-30) * 2 * U32)))
-            if ulps > FORWARD_ULPS and first is None:
-                first = (name, ulps)
-        worst = max(float(np.max(np.abs(pi[n].astype(np.float64) - ri[n]) /
-                                 (np.maximum(np.max(np.abs(ri[n])), 1e-30) * 2 * U32))) for n in ri if n in pi)
-        ok = first is None
-        why = ""
-        if not ok:
-            leaf, block = intermediate_leaf(first[0])
-            where = f"block {block}, leaf {leaf}" if block is not None else f"leaf {leaf}"
-            why = f"the forward first departs at {first[0]} ({where}): {first[1]:.3g} ulps of its scale"
-        rows.append(Row("forward", f"noise {'on (each side its own)' if noise else 'off'}: max ulps of an "
-                                   f"intermediate's scale", worst, f"<= {FORWARD_ULPS}", "pass" if ok else "fail", why))
+        _, pi = side.scores(seed, params, 0, tokens, noise)
+        if noise and noisy_reference is not None:
+            _, ri = noisy_reference(params, tokens)
+            label = "noise on (the port's own; the reference's forward on it)"
+        else:
+            _, ri = R.scores(cfg, seed, params, 0, tokens, noise)
+            label = f"noise {'on (each side its own)' if noise else 'off'}"
+        rows.append(forward_row(cfg, ri, pi, label))
     return rows
 
 
@@ -290,7 +313,7 @@ def check_updates(R, side, cfg, seed, rng) -> list[Row]:
     for leaf in lm_tree(cfg).leaves:
         p = leaf.path
         moved = np.abs(new[p].astype(np.float64) - params[p])
-        if not _ref_perturbs(cfg, leaf):
+        if not ref_perturbs(cfg, leaf):
             ok = not np.any(moved)
             rows.append(Row("updates", f"{p} ({leaf.cls}): max |new - old|", float(moved.max()), "== 0 (not updated)",
                             "pass" if ok else "fail", "" if ok else _unchanged_cause(cfg, leaf, "updated")))
@@ -329,19 +352,26 @@ def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str) -> tuple[
     return rows, (f_err if ratio <= 1 else None)
 
 
-def _trajectory_leaf(R, cfg, seed, epoch, leaf, params, ref, port, f_err, at) -> list[Row]:
+def _reference_magnitudes(R, cfg, seed, epoch) -> dict:
+    """{path: (|noise| per member at the leaf's shape, float32 roundings of its gradient)} of the reference's draws."""
+    return {leaf.path: ((np.abs(R.dense_noise(cfg, seed, epoch, leaf)), cfg.pop + 2) if leaf.cls == "param" else
+                        (R.factors_abs_product(cfg, seed, epoch, leaf), cfg.pop * cfg.rank + 3))
+            for leaf in lm_tree(cfg).leaves if ref_perturbs(cfg, leaf)}
+
+
+def _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, mag, n_round) -> list[Row]:
     """Rows for one leaf's gradient and new params after a lockstep epoch (unchanged where the reference never
-    updates it)."""
+    updates it); mag is |noise| per member (|A||B|^T or |eps|) and n_round its gradient's float32 roundings."""
     p = leaf.path
-    if not _ref_perturbs(cfg, leaf):
+    if not ref_perturbs(cfg, leaf):
         moved = float(np.max(np.abs(port["params"][p].astype(np.float64) - params[p])))
         ok = moved == 0 and not np.any(port["grads"][p])
         return [Row("trajectory", f"{at}: {p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
                     "pass" if ok else "fail", "" if ok else _unchanged_cause(cfg, leaf, "updated"))]
-    if leaf.cls == "param":
-        mag, n_round = np.abs(R.dense_noise(cfg, seed, epoch, leaf)), cfg.pop + 2
-    else:
-        mag, n_round = R.factors_abs_product(cfg, seed, epoch, leaf), cfg.pop * cfg.rank + 3
+    if mag is None:
+        return [Row("trajectory", f"{at}: {p} ({leaf.cls})", float("nan"), "perturbed as the reference", "fail",
+                    f"{p}: the port's training loop (es_ask) does not perturb it; the reference perturbs {leaf.cls} "
+                    f"leaves")]
     f_abs = np.abs(ref["shaped"]).astype(np.float64)
     step = math.sqrt(cfg.pop) * cfg.lr
     g_bound = np.mean((2 * gamma(n_round) * f_abs + f_err).reshape((-1,) + (1,) * len(leaf.shape)) * mag, 0)
@@ -355,20 +385,28 @@ def _trajectory_leaf(R, cfg, seed, epoch, leaf, params, ref, port, f_err, at) ->
                                      ("params", p_ratio, "lr sqrt(N) x the gradient's bound + update_bound"))]
 
 
-def check_trajectory(R, side, cfg, seed, parted: set[str]) -> list[Row]:
+def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Row]:
     """TRAJECTORY_EPOCHS training epochs on the corpus in lockstep (each from the reference's params): scores,
     shaped fitness, per-leaf gradients and new params. Bounds, derived stage by stage: scores FORWARD_ULPS ulps of
     |score| (the forward check's); shaped the float32 shaping bound plus what a score error D propagates,
     (2 D + |shaped| D) / (std - D) (the centred value moves by <= 2 D, the std by <= D); gradients both sides'
     einsum bounds plus mean(|shaped error| |A||B|^T); params lr sqrt(N) times the gradient's bound plus both sides'
-    update_bound. A stage beyond its bound ends the check (what follows from it is not judged)."""
+    update_bound. A stage beyond its bound ends the check (what follows from it is not judged).
+
+    step(params, epoch, tokens) -> (reference, port, magnitudes) replaces the default (both sides on their own
+    draws, rng=jax) for the in-distribution mode (parity.tree_dist.trajectory_step: the reference on the side's
+    es_ask noise)."""
     from rollout.corpus import load_corpus, member_tokens, train_windows
     corpus = load_corpus(seq_len=cfg.seq_len)
     params = R.init(cfg, seed)
     rows = []
     for epoch in range(TRAJECTORY_EPOCHS):
         tokens = member_tokens(train_windows(corpus, seed, epoch, cfg.n_streams, cfg.seq_len), cfg.pop, cfg.group_size)
-        ref, port = R.epoch_step(cfg, seed, params, epoch, tokens), side.epoch_step(seed, params, epoch, tokens)
+        if step is None:
+            ref, port = R.epoch_step(cfg, seed, params, epoch, tokens), side.epoch_step(seed, params, epoch, tokens)
+            mags = _reference_magnitudes(R, cfg, seed, epoch)
+        else:
+            ref, port, mags = step(params, epoch, tokens)
         at = f"epoch {epoch}"
         got, f_err = _trajectory_fitness(cfg, ref, port, at)
         rows += got
@@ -377,7 +415,7 @@ def check_trajectory(R, side, cfg, seed, parted: set[str]) -> list[Row]:
         for leaf in lm_tree(cfg).leaves:
             rows += ([Row("trajectory", f"{at}: {leaf.path}", float("nan"), "-", "skip",
                           f"{leaf.path}'s noise already differs")] if leaf.path in parted else
-                     _trajectory_leaf(R, cfg, seed, epoch, leaf, params, ref, port, f_err, at))
+                     _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, *mags.get(leaf.path, (None, 0))))
         if any(r.verdict == "fail" for r in rows):
             break
         params = ref["params"]
@@ -385,10 +423,49 @@ def check_trajectory(R, side, cfg, seed, parted: set[str]) -> list[Row]:
 
 
 # ----------------------------------------------------------------------------- the run
+def _plan(R, side, cfg, seed, rng, exact: bool, state: dict) -> list[tuple]:
+    """(check, the side's method it needs or None, the function) in order: draws compared element by element
+    (exact) or in distribution (parity.tree_dist); products, fitness and updates are draw-free in both modes."""
+    from parity import tree_dist as D
+
+    def noise():
+        rows, state["parted"] = (check_noise if exact else D.check_noise)(R, side, cfg, seed)
+        return rows
+
+    def forward():
+        rows = check_forward(R, side, cfg, seed, rng, noisy_reference=None if exact else
+                             D.forward_reference(R, side, cfg, seed))
+        state["forward_failed"] = any(r.verdict == "fail" for r in rows)
+        return rows
+
+    return [("init", "init", lambda: (check_init if exact else D.check_init)(R, side, cfg, seed)),
+            ("noise", None, noise),
+            ("products", None, lambda: check_products(R, side, cfg, rng)),
+            ("fitness", None, lambda: check_fitness(R, side, cfg, rng)),
+            ("gradients", None, lambda: (check_gradients if exact else D.check_gradients)(R, side, cfg, seed, rng,
+                                                                                          state["parted"])),
+            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
+            ("forward", "scores", forward),
+            ("trajectory", "epoch_step", lambda: (check_trajectory if exact else D.check_trajectory)(
+                R, side, cfg, seed, state["parted"]))]
+
+
+def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
+    """Why a check cannot run (a method the side lacks, or lockstep after the noise or forward parted), or ''."""
+    if needs and not side.has(needs):
+        return (f"the port has no {needs.replace('scores', 'forward')}"
+                f"{'' if needs != 'epoch_step' else ' (forward and es_* or update)'}")
+    if name == "trajectory" and (state["parted"] or state["forward_failed"]):
+        return "lockstep needs the same noise and forward: " + (
+            "the noise of " + ", ".join(sorted(state["parted"])) + " already differs" if state["parted"]
+            else "the forward already departs")
+    return ""
+
+
 def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None) -> list[Row]:
     """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree_adapter.PortSide).
-    Draws are compared element by element only when the side draws JAX's numbers (rng=jax / jax_compatible_rng);
-    a check needing a method the side lacks is skipped with the reason."""
+    Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
+    distribution (parity.tree_dist); a check needing a method the side lacks is skipped with the reason."""
     from parity import tree_reference as R
     if side is None:
         from parity.tree_torch import TorchTree
@@ -398,41 +475,11 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None) -> lis
         exact = side.port.jax_compatible_rng
     rng = np.random.default_rng([seed, 20])
     state = {"parted": set(), "forward_failed": False}
-
-    def noise():
-        rows, state["parted"] = check_noise(R, side, cfg, seed)
-        return rows
-
-    def forward():
-        rows = check_forward(R, side, cfg, seed, rng, with_noise=exact)
-        state["forward_failed"] = any(r.verdict == "fail" for r in rows)
-        return rows
-
-    inexact = ("the side does not draw JAX's numbers (rng=torch, or jax_compatible_rng False): the LM suite "
-               "compares draws element by element and has no in-distribution mode yet")
-    plan = (("init", "init", exact, lambda: check_init(R, side, cfg, seed)),
-            ("noise", None, exact, noise),
-            ("products", None, True, lambda: check_products(R, side, cfg, rng)),
-            ("fitness", None, True, lambda: check_fitness(R, side, cfg, rng)),
-            ("gradients", None, exact, lambda: check_gradients(R, side, cfg, seed, rng, state["parted"])),
-            ("updates", "update", True, lambda: check_updates(R, side, cfg, seed, rng)),
-            ("forward", "scores", True, forward),
-            ("trajectory", "epoch_step", exact, lambda: check_trajectory(R, side, cfg, seed, state["parted"])))
     rows = []
-    for name, needs, runnable, fn in plan:
+    for name, needs, fn in _plan(R, side, cfg, seed, rng, exact, state):
         t0 = time.perf_counter()
-        if not runnable:
-            got = [Row(name, "-", float("nan"), "-", "skip", inexact)]
-        elif needs and not side.has(needs):
-            got = [Row(name, "-", float("nan"), "-", "skip", f"the port has no {needs.replace('scores', 'forward')}"
-                                                             f"{'' if needs != 'epoch_step' else ' (forward and es_* or update)'}")]
-        elif name == "trajectory" and (state["parted"] or state["forward_failed"]):
-            got = [Row(name, "-", float("nan"), "-", "skip", "lockstep needs the same noise and forward: "
-                                                             + ("the noise of " + ", ".join(sorted(state["parted"]))
-                                                                + " already differs" if state["parted"]
-                                                                else "the forward already departs"))]
-        else:
-            got = fn()
+        why = _skip_reason(name, needs, side, state)
+        got = [Row(name, "-", float("nan"), "-", "skip", why)] if why else fn()
         rows += got
         fails = [r for r in got if r.verdict == "fail"]
         log(f"{name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "

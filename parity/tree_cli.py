@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     except (KnobError, ValueError) as err:
         print(f"parity check: {err}", file=sys.stderr)
         return 2
-    from parity import tree_check
+    from parity import tree_check, tree_dist
     from parity.adapter import PortError
     from reporting import versions
     cfg = tree_check.sizes()[args.size]
@@ -76,8 +76,14 @@ def main(argv: list[str]) -> int:
               f"- versions: {', '.join(f'{k} {v}' for k, v in versions(('torch', 'jax', 'numpy')).items())}",
               f"- took {time.perf_counter() - started:.1f} s on the CPU",
               "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
-              f"{tree_check.FORWARD_ULPS} ulps of scale for the forward)"]
+              f"{tree_check.FORWARD_ULPS} ulps of scale for the forward); a side without JAX's draws is checked in "
+              f"distribution: parity/tree_dist.py's docstring (each test's alpha, {tree_dist.FALSE_ALARM:.2g} per run "
+              "in all)"]
+    unseen = [f"{r.quantity}: {r.cause}" for r in rows if r.verdict == "skip" and r.quantity.startswith("knob `")]
+    header += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
     tree_check.write(args.out, rows, header)
+    for u in unseen:
+        log(f"note: {u}")
     causes = list(dict.fromkeys(r.cause for r in failed if r.cause))
     print(f"{verdict}: report in {args.out}/summary.md" + (f"\n  " + "\n  ".join(causes) if causes else ""))
     return 1 if failed else 0

@@ -120,6 +120,22 @@ def scores(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarra
     return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
 
 
+def scores_dense(cfg: LMConfig, params: dict, dense: dict, tokens: np.ndarray):
+    """(scores (m,), intermediates) of the reference's forward with noise off on member i's params + dense[path][i]
+    (E (m, *shape) float32 for the leaves given; W + E rounded once in float32): the reference on a port's own
+    draws, for the in-distribution mode (parity.tree_dist)."""
+    frozen, nparams = noiser(cfg)
+    m = tokens.shape[0]
+    batched = {k: jnp.asarray(v)[None] + jnp.asarray(dense[k]) if k in dense else
+               jnp.broadcast_to(jnp.asarray(v), (m,) + np.shape(v)) for k, v in params.items()}
+    keys = jlm.no_keys(_nest(params))
+
+    def one(p, toks):
+        return jlm.member_score(EggRoll, frozen, nparams, _nest(p), keys, None, toks, intermediates=True)
+    s, inter = jax.jit(jax.vmap(one))(batched, jnp.asarray(tokens))
+    return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
+
+
 def grads(cfg: LMConfig, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarray]:
     """The noiser's g per leaf for shaped fitness (pop,), drawn with the reference's own keys."""
     frozen, nparams = noiser(cfg)

@@ -8,7 +8,20 @@ from spec.lm import LMConfig
 from spec.tree import Leaf
 from spec.tree_knobs import TreeKnobs
 from torch_impl import lm, lm_es
-from torch_impl.tree_noise import LeafRole, TreeNoise, dense, sample
+from torch_impl.tree_noise import LeafRole, TreeNoise, dense, from_stack_first, per_member, sample
+
+
+def protocol_noise(noise: TreeNoise, tree) -> dict:
+    """The tree protocol's noise dict (parity/tree_adapter.py) of every member: low-rank leaves as (A, B) on the
+    stored slice (a leaf factored transposed gives (B, A)), stack axes first; param leaves eps at the stored shape."""
+    noise, out = per_member(noise), {}
+    for path, role in noise.roles.items():
+        if role.kind == "lowrank":
+            A, B = noise.A[path].numpy(), noise.B[path].numpy()
+            out[path] = (B, A) if role.transposed else (A, B)
+        elif role.kind == "param":
+            out[path] = from_stack_first(noise.eps[path], tree.leaf(path), lead=1).numpy()
+    return out
 
 
 class TorchTree:
@@ -17,6 +30,7 @@ class TorchTree:
     def __init__(self, cfg: LMConfig, knobs: TreeKnobs):
         self.cfg, self.knobs = cfg, knobs
         self.es = lm_es.make(cfg, knobs)
+        self._protocol: dict = {}
         self.name = "torch_impl" + ("" if knobs == TreeKnobs() else " (" + ", ".join(
             f"{k}={getattr(knobs, k)}" for k in vars(knobs) if getattr(knobs, k) != getattr(TreeKnobs(), k)) + ")")
 
@@ -33,6 +47,17 @@ class TorchTree:
     def noise(self, seed: int, epoch: int):
         state = self._state(seed)
         return sample(self.es.plan, state.sources, epoch, self.cfg.sigma)
+
+    def protocol(self, seed: int, epoch: int) -> dict:
+        """Every member's noise at epoch in the tree protocol's form (drawn once per (seed, epoch))."""
+        if (seed, epoch) not in self._protocol:
+            with torch.inference_mode():
+                self._protocol[(seed, epoch)] = protocol_noise(self.noise(seed, epoch), self.es.tree)
+        return self._protocol[(seed, epoch)]
+
+    def leaf_noise(self, seed: int, epoch: int, leaf: Leaf):
+        """One leaf's noise in the protocol's form ((A, B) or eps), or None when this side does not perturb it."""
+        return self.protocol(seed, epoch).get(leaf.path)
 
     def dense_noise(self, seed: int, epoch: int, leaf: Leaf) -> np.ndarray | None:
         """(pop, *shape) perturbation of one leaf, or None when this side does not perturb it."""
@@ -84,5 +109,6 @@ class TorchTree:
             scores = lm.forward(state.params, torch.from_numpy(tokens.astype(np.int64)), noise)
             new, info = lm_es.tell(self.es, state, noise, scores)
         return {"scores": scores.numpy(), "shaped": info["shaped"].numpy(),
+                "noise": protocol_noise(noise, self.es.tree),
                 "grads": {k: v.numpy() for k, v in info["grads"].items()},
                 "params": {k: v.numpy() for k, v in new.params.items()}}

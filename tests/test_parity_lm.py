@@ -1,5 +1,6 @@
 """The LM suite's self-tests: each tree knob is caught and named at two sizes, the faithful side never flagged,
-bad input exits 2 before any work."""
+bad input exits 2 before any work; in distribution (rng=torch, parity/tree_dist.py) the same for every knob it can
+see, the two it cannot (tmm_layout, leaf_order) reported as unobservable, and each of its tests shown able to fail."""
 from __future__ import annotations
 
 import pytest
@@ -124,3 +125,122 @@ def test_the_lockstep_trajectory_sees_a_training_loop_that_steps_otherwise():
     failed = {r.check for r in rows if r.verdict == "fail"}
     assert failed == {"trajectory"}, failed
     assert any("params after a training epoch differs" in r.cause for r in rows)
+
+
+# ----------------------------------------------------------------------------- in distribution (rng=torch)
+from parity.tree_dist import INVISIBLE            # noqa: E402
+
+TORCH_RNG = TreeKnobs(rng="torch")
+VISIBLE = [(k, v) for k, v in DRIFTS if k not in INVISIBLE]
+ALL_CHECKS = {"init", "noise", "products", "fitness", "gradients", "updates", "forward", "trajectory"}
+
+
+def torch_rng_rows(knobs: TreeKnobs, size: str, seed: int):
+    return tree_check.run(tree_check.sizes()[size], knobs.replace(rng="torch"), seed, log=lambda line: None)
+
+
+def ran(rows) -> set[str]:
+    """The checks that judged something (not skipped whole)."""
+    return {r.check for r in rows if r.verdict != "skip"}
+
+
+@pytest.mark.parametrize("size, seed", [("selftest", 0), ("selftest", 5), ("quick", 1), ("quick", 11)])
+def test_the_faithful_torch_rng_side_is_never_flagged_and_every_check_runs(size, seed):
+    """The statistical rows' false-alarm budget is 6.5e-4 per run (parity/tree_dist.py); these seeds pass."""
+    rows = torch_rng_rows(TreeKnobs(), size, seed)
+    assert [r.cause for r in rows if r.verdict == "fail"] == []
+    assert ran(rows) == ALL_CHECKS
+    assert not any("no in-distribution mode" in r.cause for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("knob, value", VISIBLE)
+def test_each_visible_tree_drift_is_caught_and_named_in_distribution(knob, value, size):
+    rows = torch_rng_rows(TreeKnobs().replace(**{knob: value}), size, seed=2 if size == "selftest" else 8)
+    causes = [r.cause for r in rows if r.verdict == "fail"]
+    assert causes, f"{knob}={value} not caught at {size} with rng=torch"
+    assert f"(knob `{knob}`)" in causes[0], causes
+    others = [k for k, _ in DRIFTS if k != knob and f"(knob `{k}`)" in " ".join(causes)]
+    assert not others, f"{knob}={value} also named {others}"
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("knob, value", [(k, v) for k, v in DRIFTS if k in INVISIBLE])
+def test_knobs_that_only_relabel_draws_are_reported_unobservable_not_detected(knob, value, size):
+    rows = torch_rng_rows(TreeKnobs().replace(**{knob: value}), size, seed=6)
+    assert [r.cause for r in rows if r.verdict == "fail"] == []
+    said = [r for r in rows if r.quantity == f"knob `{knob}`"]
+    assert len(said) == 1 and said[0].verdict == "skip" and "not observable in distribution" in said[0].cause
+
+
+def test_the_exact_mode_keeps_comparing_draws_element_by_element():
+    rows = tree_check.run(tree_check.sizes()["selftest"], TreeKnobs(), 1, log=lambda line: None)
+    assert not any("not observable in distribution" in r.cause for r in rows)
+    assert any(r.check == "noise" and "max (|port - ref| - bound)" in r.quantity for r in rows)
+
+
+def test_the_worked_example_on_torchs_generator_passes_through_the_cli(tmp_path, capsys):
+    assert main(["check", "--task", "lm", "--size", "selftest", "--seed", "3", "--port",
+                 "examples.lm_adapter:TorchRngLMAdapter", "--out", str(tmp_path), "--quiet"]) == 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "PASS" in summary
+    for knob in INVISIBLE:                              # what this mode cannot see, said in the report's header
+        assert f"in distribution (the side does not draw JAX's numbers), knob `{knob}`: not observable" in summary
+
+
+@pytest.mark.parametrize("size, seed", [("selftest", 7), ("quick", 2)])
+def test_a_torch_rng_port_passes_every_check_through_the_protocol(size, seed):
+    from tests.ports.lm_ports import TorchRng
+    cfg = tree_check.sizes()[size]
+    rows = tree_check.run(cfg, TreeKnobs(), seed, log=lambda line: None,
+                          side=PortSide(CheckedTreePort(TorchRng(cfg), cfg), cfg))
+    assert [r.cause for r in rows if r.verdict == "fail"] == []
+    assert ran(rows) == ALL_CHECKS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("knob, value", VISIBLE)
+def test_each_visible_tree_drift_is_named_through_the_protocol_in_distribution(knob, value):
+    from tests.ports.lm_ports import TorchRng
+    cfg = tree_check.sizes()["selftest"]
+    side = PortSide(CheckedTreePort(TorchRng(cfg, TreeKnobs().replace(**{knob: value})), cfg), cfg)
+    causes = [r.cause for r in tree_check.run(cfg, TreeKnobs(), 4, log=lambda line: None, side=side)
+              if r.verdict == "fail"]
+    assert causes and f"(knob `{knob}`)" in causes[0], causes
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("attr, check, says", [
+    ("NoiseAtTwiceSigma", "noise", "not distributed as sqrt(chi2_2 / 2) N(0, 1)"),
+    ("NoPairs", "noise", "member 2k+1 is not the negation of member 2k"),
+    ("SameNoiseEveryEpoch", "noise", "the noise at epochs 0 and 1 is the same"),
+    ("InitTooWide", "init", "init differs"),
+    ("ForwardIgnoresHeadNoise", "forward", "the forward first departs at head"),
+    ("AskAtTwiceSigma", "trajectory", "the training loop's (es_ask) low-rank noise over sigma: not distributed"),
+    ("GradientTwiceAsLarge", "gradients", "the gradient differs from einsum(f A, B) / N on the port's own noise"),
+])
+def test_each_in_distribution_test_can_fail(attr, check, says, size):
+    """A port drifting only where one in-distribution test looks is caught by that test (first failing check)."""
+    import tests.ports.lm_ports as ports
+    cfg = tree_check.sizes()[size]
+    side = PortSide(CheckedTreePort(getattr(ports, attr)(cfg), cfg), cfg)
+    fails = [r for r in tree_check.run(cfg, TreeKnobs(), 13, log=lambda line: None, side=side) if r.verdict == "fail"]
+    assert fails and fails[0].check == check and says in fails[0].cause, [(r.check, r.cause) for r in fails]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_statistical_rows_spend_exactly_the_stated_budget(size):
+    """Init's, noise's and the trajectory's statistical rows split their check_alpha evenly: as many rows as the split
+    assumes, so a faithful run fails by chance at most FALSE_ALARM (<= the suite's FAMILY_ALPHA)."""
+    from parity.tolerances import FAMILY_ALPHA
+    from parity.tree_dist import FALSE_ALARM, noise_tests
+    from spec.lm import init_plan
+    cfg = tree_check.sizes()[size]
+    rows = torch_rng_rows(TreeKnobs(), size, 0)
+    drawn = sum(rule.kind in ("normal", "h0") for rule in init_plan(cfg).values())
+    assert sum("alpha=" in r.allowed for r in rows if r.check == "init") == 2 * drawn
+    assert sum("alpha=" in r.allowed for r in rows if r.check == "noise") == noise_tests(cfg)
+    assert sum("alpha=" in r.allowed for r in rows if r.check == "trajectory") == 1
+    assert sum("alpha=" in r.allowed for r in rows) == 2 * drawn + noise_tests(cfg) + 1
+    assert FALSE_ALARM <= FAMILY_ALPHA

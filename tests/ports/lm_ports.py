@@ -79,3 +79,78 @@ class TrainsAtTwiceTheRate(LMAdapter):
     def es_tell(self, state, noise, scores, epoch):
         new = super().es_tell(state, noise, scores, epoch)
         return new._replace(params={k: 2 * new.params[k] - state.params[k] for k in new.params})
+
+
+# ----------------------------------------------------------------------------- in distribution (rng=torch)
+class TorchRng(LMAdapter):
+    """The faithful port on torch's generator (jax_compatible_rng False): the base of the drifts below."""
+
+    def __init__(self, cfg, knobs=TreeKnobs()):
+        super().__init__(cfg, knobs.replace(rng="torch"))
+
+
+def _scaled(value, c):
+    return (value[0] * np.float32(c), value[1]) if isinstance(value, tuple) else value * np.float32(c)
+
+
+SCALE = 2.0
+
+
+class NoiseAtTwiceSigma(TorchRng):
+    """Every perturbation twice as large: only the noise's law shows it (gradients, forward and steps are computed on
+    the port's own noise, so they agree with the reference's on it)."""
+
+    def noise(self, seed, epoch, members, pop, sigma, rank):
+        return {p: _scaled(v, SCALE) for p, v in super().noise(seed, epoch, members, pop, sigma, rank).items()}
+
+    def es_ask(self, state, epoch):
+        return {p: _scaled(v, SCALE) for p, v in super().es_ask(state, epoch).items()}
+
+
+class AskAtTwiceSigma(TorchRng):
+    """Its training loop (es_ask) draws at twice the scale of its noise(): only the trajectory's es_ask rows see it."""
+
+    def es_ask(self, state, epoch):
+        return {p: _scaled(v, SCALE) for p, v in super().es_ask(state, epoch).items()}
+
+
+class NoPairs(TorchRng):
+    """Member 2k+1 gets member 2k-1's noise, the negation of pair k-1's draw: pairs broken, every draw still +-."""
+
+    def noise(self, seed, epoch, members, pop, sigma, rank):
+        def unpair(x):
+            x = np.array(x)
+            x[1::2] = np.roll(x[1::2], 1, axis=0)
+            return x
+        out = super().noise(seed, epoch, members, pop, sigma, rank)
+        return {p: tuple(map(unpair, v)) if isinstance(v, tuple) else unpair(v) for p, v in out.items()}
+
+
+class SameNoiseEveryEpoch(TorchRng):
+    """Draws once and reuses it every epoch (noise_reuse 0 while the run asks for 1)."""
+
+    def noise(self, seed, epoch, members, pop, sigma, rank):
+        return super().noise(seed, 0, members, pop, sigma, rank)
+
+
+class InitTooWide(TorchRng):
+    """Normal leaves drawn at 1.5x their stated scale (deterministic leaves as they should be)."""
+
+    def init_params(self, seed):
+        from spec.lm import init_plan
+        plan = init_plan(self.cfg)
+        return {p: v * np.float32(1.5) if plan[p].kind in ("normal", "h0") else v
+                for p, v in super().init_params(seed).items()}
+
+
+class ForwardIgnoresHeadNoise(TorchRng):
+    """The forward leaves the head's low-rank term out (its noise is drawn and used in the update)."""
+
+    def forward(self, params, noise, tokens, intermediates=False):
+        return super().forward(params, None if noise is None else {p: v for p, v in noise.items() if p != "head"},
+                               tokens, intermediates)
+
+
+class GradientTwiceAsLarge(TorchRng):
+    def gradient(self, noise, shaped, sigma):
+        return {p: v * np.float32(2) for p, v in super().gradient(noise, shaped, sigma).items()}
