@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from parity.adapter import UsageError
-from parity.suite import CHECKS, SIZES, Sizes
+from parity.suite import CHECKS, SIZES, Sizes, at_port_rank
 from reporting import cpu_name, versions
 from spec.config import for_profile
 from spec.knobs import CHOICES, NUMERIC, PROFILES
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
     info = RunInfo(
         command="python -m parity check " + " ".join(shlex.quote(a) for a in argv),
         port=label, configuration=configuration,
-        sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
+        sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}{rank_note(args, sizes)}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
               f"MLP {sizes.cfg.sizes}, noise statistics over {sizes.noise_pop} members, trajectory "
               f"{sizes.traj_epochs} epochs",
         seed=args.seed, versions=versions(SUITE_PACKAGES), device=device_description(args.device),
@@ -161,6 +161,7 @@ def parse(argv: list[str]):
     check_out_dir(args.out)
     sizes = suite_sizes(args)
     made = _make_port(args, sizes)
+    sizes = at_port_rank(sizes, made[0])        # a port of fixed rank (its `rank` attribute) is compared at it
     checks = tuple(c.strip() for c in args.checks.split(",") if c.strip())
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
@@ -188,6 +189,12 @@ def print_notes(results, stream, tracebacks: bool = True) -> None:
         if r.trace and tracebacks:
             print(f"parity check: {r.name}: the port raised (its own frames):\n{textwrap.indent(r.trace, '    ')}",
                   file=stream)
+
+
+def rank_note(args, sizes: Sizes) -> str:
+    """' (the port's declared rank; the run's is r)' when a port's `rank` attribute moved the suite's rank."""
+    run_rank = SIZES[args.size].cfg.rank
+    return "" if sizes.cfg.rank == run_rank else f" (the port's declared rank; the run's is {run_rank})"
 
 
 def suite_sizes(args) -> Sizes:

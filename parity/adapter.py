@@ -75,6 +75,11 @@ Attributes
                                     difference is a drift; a dense E must be within float32 rounding of
                                     the product of JAX's factors); False: compared in distribution only.
     dense_noise: bool (optional)    True: weight noise is E (m, out, in), see above. Default False.
+    rank: int (optional)            the port's own rank, for a port whose rank is fixed (e.g. `rank = 1`). The
+                                    whole suite then runs at that rank, the reference too (noise(..., rank) is
+                                    called with it and factors are (m, out, rank)), instead of misreading
+                                    zero-padded columns as a scaling and distribution drift. Absent: the run's
+                                    rank. Anything but a positive int stops the run before any check (exit 2).
 
 Loading: `--port package.module:attr`. attr is an adapter object, or a class/factory called with the
 run's `spec.config.Config` (pop, rank, sigma, lr, hidden, layers, group_size) that returns one.
@@ -177,8 +182,22 @@ def _positional_arity(fn: Callable) -> int | None:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
 
 
+def declared_rank(obj: Any, spec: str = "the adapter") -> int | None:
+    """The port's own rank (`rank` attribute), None when it declares none; UsageError unless a positive int (a
+    bool is no rank)."""
+    rank = getattr(obj, "rank", None)
+    if rank is None:
+        return None
+    if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)) or rank < 1:
+        raise UsageError(f"--port {spec}: the adapter's rank must be a positive int (the port's own fixed rank, e.g. "
+                         f"rank = 1), got {rank!r}; leave it out to run at the suite's rank")
+    return int(rank)
+
+
 def check_declarations(obj: Any, spec: str) -> None:
-    """The adapter's declared noise form agrees with its perturbed_linear, before any check runs (UsageError)."""
+    """The adapter's declared noise form agrees with its perturbed_linear and its declared rank is a positive int,
+    before any check runs (UsageError)."""
+    declared_rank(obj, spec)
     dense = getattr(obj, "dense_noise", False)
     if not isinstance(dense, (bool, np.bool_)):
         raise UsageError(f"--port {spec}: dense_noise must be True or False, got {dense!r}")
