@@ -293,6 +293,7 @@ class Structure(NamedTuple):
     reps: np.ndarray                   # one member per mirrored pair: the independent members
     duplicates: tuple[int, str]        # (unmirrored members drawing the same B, the first seen)
     shared_prefix: tuple[int, str]     # (members whose leaves share their first draws, the first seen)
+    zero_columns: tuple[tuple[str, int], ...] = ()   # (weight, factor columns zero in every independent member)
 
 
 class Schedule(NamedTuple):
@@ -383,6 +384,20 @@ def _split(noise: dict, shapes) -> Split | None:
                  tuple(b for b in biases if b in fwd and b not in upd))
 
 
+def _zero_columns(noise: dict, reps: np.ndarray, shapes) -> tuple[tuple[str, int], ...]:
+    """Weights whose factors have columns that are zero in A and B for every independent member: noise of a lower
+    rank padded with zero columns (a fixed rank, or one clipped to min(r, out, in)). Exact: a column of normal draws
+    is zero with probability 0. Dense noise has no columns (its rank is checked in parity.checks.dense)."""
+    out = []
+    for w in _weights(shapes):
+        if isinstance(noise[w], tuple):
+            a, b = (np.asarray(f[reps]) for f in noise[w])
+            zero = int(np.sum(np.all(a == 0, axis=(0, 1)) & np.all(b == 0, axis=(0, 1))))
+            if zero:
+                out.append((w, zero))
+    return tuple(out)
+
+
 def _structure(port: dict, ref: dict, shapes, pop: int) -> Structure:
     ref_biases = tuple(bn for bn in _biases(shapes) if bn in ref)
     w0 = _weights(shapes)[0]
@@ -391,7 +406,7 @@ def _structure(port: dict, ref: dict, shapes, pop: int) -> Structure:
     reps = np.array([i for i in range(pop) if port_mirror[i] < 0 or i < port_mirror[i]])
     return Structure(ref_biases, tuple(bn for bn in ref_biases if bn in port), port_mirror, ref_mirror,
                      _mirror_consistency(port, port_mirror, shapes), reps, _duplicates(port, reps, shapes),
-                     _shared_prefix(port, reps, shapes))
+                     _shared_prefix(port, reps, shapes), _zero_columns(port, reps, shapes))
 
 
 def _shape_stats(port: dict, reps: np.ndarray, weights, sigma: float, r: int):
@@ -497,6 +512,9 @@ def _judge_structure(rec: Recorder, m: Measured, size: str) -> None:
     bad, first = st.unnegated
     rec.equal("mirror pairs not negated in every leaf", "port", size, bad, 0, "exact",
               cause=diagnose.cause("antithetic", first or "mirrored members differ"))
+    rec.equal("weights whose factors have zero columns in every member", "port", f"{st.reps.size} members",
+              len(st.zero_columns), 0, "exact: r columns of normal draws",
+              cause=diagnose.zero_columns_cause(st.zero_columns, m.rank) if st.zero_columns else None)
     for quantity, (count, first) in (("unmirrored members with identical draws", st.duplicates),
                                      ("members whose leaves share draws", st.shared_prefix)):
         rec.equal(quantity, "port", f"{st.reps.size} members", count, 0, "exact",
