@@ -47,12 +47,13 @@ def seed_cause(what: str, leaves: Sequence[str], seeds: tuple[int, int]) -> Caus
                        "other numbers (a hard-coded key or generator seed?)")
 
 
-def zero_columns_cause(zero: Sequence[tuple[str, int]], rank: int) -> Cause:
-    """Factors padded with zero columns: noise of a lower rank than r in (weight, zero columns) of each leaf."""
+def zero_columns_cause(zero: Sequence[tuple[str, int]], rank: int, n_weights: int) -> Cause:
+    """Factors padded with zero columns: noise of a lower rank than r in (weight, zero columns) of each leaf; when
+    every weight keeps the same rank k, the advice to declare it (`rank = k`)."""
     shown = ", ".join(f"'{w}' {k}" for w, k in zero[:4]) + (" ..." if len(zero) > 4 else "")
     kept = sorted({rank - z for _, z in zero})
     declare = (f"; a port of fixed rank {kept[0]} declares it (`rank = {kept[0]}` on the adapter) and is compared at "
-               "that rank" if len(kept) == 1 else "")
+               "that rank" if len(kept) == 1 and len(zero) == n_weights else "")
     return Cause(None, f"noise rank differs: the port's factors have columns that are zero in every member ({shown} "
                        f"of r={rank}): noise of a lower rank padded with zero columns (a rank fixed below r, or "
                        f"clipped to min(r, out, in)), which the scale and distribution rows then misread{declare}")

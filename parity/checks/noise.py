@@ -514,7 +514,7 @@ def _judge_structure(rec: Recorder, m: Measured, size: str) -> None:
               cause=diagnose.cause("antithetic", first or "mirrored members differ"))
     rec.equal("weights whose factors have zero columns in every member", "port", f"{st.reps.size} members",
               len(st.zero_columns), 0, "exact: r columns of normal draws",
-              cause=diagnose.zero_columns_cause(st.zero_columns, m.rank) if st.zero_columns else None)
+              cause=diagnose.zero_columns_cause(st.zero_columns, m.rank, len(m.weights)) if st.zero_columns else None)
     for quantity, (count, first) in (("unmirrored members with identical draws", st.duplicates),
                                      ("members whose leaves share draws", st.shared_prefix)):
         rec.equal(quantity, "port", f"{st.reps.size} members", count, 0, "exact",

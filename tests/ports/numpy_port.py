@@ -449,3 +449,17 @@ for _name, _drift in RANK_PORTS.items():
 
 # Only the required methods: every check that needs an optional one must be reported as skipped.
 required_only = factory(omit=OPTIONAL)
+
+
+def declaring_rank(value):
+    """The faithful port whose adapter declares `rank = value` (a bad value must stop the run with exit 2)."""
+    def build(cfg):
+        port = NumpyPort(cfg)
+        port.rank = value
+        return port
+    return build
+
+
+BAD_RANKS = {"rank_zero": 0, "rank_negative": -1, "rank_float": 1.5, "rank_bool": True, "rank_text": "1"}
+for _name, _value in BAD_RANKS.items():
+    globals()[_name] = declaring_rank(_value)
