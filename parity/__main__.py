@@ -134,8 +134,8 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
     info = RunInfo(
         command="python -m parity check " + " ".join(shlex.quote(a) for a in argv),
         port=label, configuration=configuration,
-        sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}{rank_note(args, sizes)}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
-              f"MLP {sizes.cfg.sizes}, noise statistics over {sizes.noise_pop} members, trajectory "
+        sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
+              f"MLP {sizes.cfg.sizes}{declared_note(args, sizes)}, noise statistics over {sizes.noise_pop} members, trajectory "
               f"{sizes.traj_epochs} epochs",
         seed=args.seed, versions=versions(SUITE_PACKAGES), device=device_description(args.device),
         started=datetime.datetime.now().isoformat(timespec="seconds"),
@@ -191,10 +191,17 @@ def print_notes(results, stream, tracebacks: bool = True) -> None:
                   file=stream)
 
 
-def rank_note(args, sizes: Sizes) -> str:
-    """' (the port's declared rank; the run's is r)' when a port's `rank` attribute moved the suite's rank."""
-    run_rank = SIZES[args.size].cfg.rank
-    return "" if sizes.cfg.rank == run_rank else f" (the port's declared rank; the run's is {run_rank})"
+def declared_note(args, sizes: Sizes) -> str:
+    """' (the port declares rank 1, layers 2; the run's: rank 4, layers 3)' when a port's `rank`, `layers` or `hidden`
+    attribute moved the suite's configuration, else ''."""
+    run = SIZES[args.size].cfg
+    if not args.port:               # a --profile's own configuration (functional-port: 2 layers) is no declaration
+        return ""
+    moved = [k for k in ("rank", "layers", "hidden") if getattr(sizes.cfg, k) != getattr(run, k)]
+    if not moved:
+        return ""
+    return (f" (the port declares {', '.join(f'{k} {getattr(sizes.cfg, k)}' for k in moved)}; the run's: "
+            f"{', '.join(f'{k} {getattr(run, k)}' for k in moved)})")
 
 
 def suite_sizes(args) -> Sizes:

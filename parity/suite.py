@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from parity.adapter import CheckedPort, PortError, declared_rank, port_trace
+from parity.adapter import CheckedPort, PortError, declared_config, port_trace
 from parity.verdict import ERROR, CheckResult, Recorder, summarize, with_status_row
 from spec.config import PRESETS, Config
 from spec.knobs import RunSettings
@@ -64,10 +64,11 @@ SIZES = {s.name: s for s in (QUICK, FULL, SELFTEST)}
 
 
 def at_port_rank(sizes: Sizes, port: Any) -> Sizes:
-    """The sizes at the port's declared rank (adapter attribute `rank`), both sides; unchanged when it declares
-    none. A fixed-rank port is then compared as EGGROLL at its rank, not read through zero-padded columns."""
-    rank = declared_rank(port)
-    return sizes if rank is None or rank == sizes.cfg.rank else dataclasses.replace(sizes, cfg=sizes.cfg.replace(rank=rank))
+    """The sizes at what the port declares of its own shape (adapter attributes `rank`, `layers`, `hidden`), both
+    sides; unchanged when it declares none. A fixed-rank port is then compared as EGGROLL at its rank, not read
+    through zero-padded columns, and a port of another depth at its depth."""
+    changes = {k: v for k, v in declared_config(port).items() if getattr(sizes.cfg, k) != v}
+    return dataclasses.replace(sizes, cfg=sizes.cfg.replace(**changes)) if changes else sizes
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:

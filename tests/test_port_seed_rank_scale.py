@@ -73,7 +73,7 @@ def test_a_port_of_declared_rank_1_is_compared_at_rank_1_and_passes(name, tmp_pa
     seed = fresh_seed()
     code, rows, summary = check(name, tmp_path, "selftest", "--seed", str(seed))
     assert code == 0, (seed, rows)
-    assert "rank 1 (the port's declared rank; the run's is 4)" in summary
+    assert "(the port declares rank 1; the run's: rank 4)" in summary
     assert "r=1" in summary and "r=4" not in summary
 
 
@@ -91,12 +91,20 @@ def test_an_undeclared_rank_1_port_is_named_as_zero_padded_with_the_advice(tmp_p
     assert "`rank = 1` on the adapter" in cause
 
 
-@pytest.mark.parametrize("name", sorted(numpy_port.BAD_RANKS))
-def test_a_declared_rank_that_is_not_a_positive_int_exits_2(name, tmp_path, capsys):
+@pytest.mark.parametrize("name", sorted(numpy_port.BAD_DECLARATIONS))
+def test_a_declared_shape_that_is_not_a_positive_int_exits_2(name, tmp_path, capsys):
+    attr, _ = numpy_port.BAD_DECLARATIONS[name]
     code, rows, _ = check(name, tmp_path, "selftest")
     err = capsys.readouterr().err
     assert code == 2 and not rows
-    assert "rank must be a positive int" in err and "leave it out" in err, err
+    assert f"{attr} must be a positive int" in err and "leave it out" in err, err
+
+
+def test_a_port_of_another_depth_declares_it_and_passes(tmp_path):
+    seed = fresh_seed()
+    code, rows, summary = check("declares_layers_2", tmp_path, "selftest", "--seed", str(seed))
+    assert code == 0, (seed, rows)
+    assert "MLP [4, 16, 2] (the port declares layers 2, hidden 16; the run's: layers 3, hidden 8)" in summary
 
 
 # ----------------------------------------------------------------------------- 3. the optimizer up to a scale

@@ -451,15 +451,20 @@ for _name, _drift in RANK_PORTS.items():
 required_only = factory(omit=OPTIONAL)
 
 
-def declaring_rank(value):
-    """The faithful port whose adapter declares `rank = value` (a bad value must stop the run with exit 2)."""
+def declaring(**attrs):
+    """The faithful port whose adapter declares attributes of its shape (`rank`, `layers`, `hidden`): a good value
+    moves the suite's configuration, a bad one must stop the run with exit 2."""
     def build(cfg):
         port = NumpyPort(cfg)
-        port.rank = value
+        for attr, value in attrs.items():
+            setattr(port, attr, value)
         return port
     return build
 
 
-BAD_RANKS = {"rank_zero": 0, "rank_negative": -1, "rank_float": 1.5, "rank_bool": True, "rank_text": "1"}
-for _name, _value in BAD_RANKS.items():
-    globals()[_name] = declaring_rank(_value)
+# name -> (attribute, value) that is not a positive int
+BAD_DECLARATIONS = {"rank_zero": ("rank", 0), "rank_negative": ("rank", -1), "rank_float": ("rank", 1.5),
+                    "rank_bool": ("rank", True), "rank_text": ("rank", "1"), "layers_zero": ("layers", 0)}
+for _name, (_attr, _value) in BAD_DECLARATIONS.items():
+    globals()[_name] = declaring(**{_attr: _value})
+declares_layers_2 = declaring(layers=2, hidden=16)     # a 4-16-2 network, as the functional port's 4-H-2
