@@ -198,3 +198,15 @@ def test_the_rounding_bound_used_by_the_fits_is_the_updates_check_s():
     """The fits weigh entries by parity.tolerances.update_bound, the bound the updates check allows per step."""
     new, step = np.array([1.0, -2.0]), np.array([0.5, 0.25])
     assert np.array_equal(optscale.update_bound(new, step), update_bound(new, step))
+
+
+# ----------------------------------------------------------------------------- 4. the README's facts
+def test_the_readme_answers_the_four_questions_of_adapter_authors():
+    """The delimited subsection (to move to docs/ports.md) states each fact the issue asked for, with an example."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("<!-- BEGIN adapter-author facts", 1)[1].split("<!-- END adapter-author facts", 1)[0]
+    for fact in ("epochs 0 to 1,000,000", "replay the chain", "minus batch", "antithetic=halves",
+                 "`gradient()` must accept noise your port did not draw", "without biases", "layers, hidden = 2, 32",
+                 "rank = 1"):
+        assert fact in section, fact
+    assert section.count("```python") == 3
