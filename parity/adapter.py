@@ -205,11 +205,6 @@ def declared_config(obj: Any, spec: str = "the adapter") -> dict[str, int]:
     return out
 
 
-def declared_rank(obj: Any, spec: str = "the adapter") -> int | None:
-    """The port's own rank (`rank` attribute), None when it declares none."""
-    return declared_config(obj, spec).get("rank")
-
-
 def check_declarations(obj: Any, spec: str) -> None:
     """The adapter's declared noise form agrees with its perturbed_linear and its declared rank is a positive int,
     before any check runs (UsageError)."""
