@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from parity.adapter import UsageError
-from parity.suite import CHECKS, SIZES, Sizes
+from parity.suite import CHECKS, SIZES, Sizes, at_port_rank
 from reporting import cpu_name, versions
 from spec.config import for_profile
 from spec.knobs import CHOICES, NUMERIC, PROFILES
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         command="python -m parity check " + " ".join(shlex.quote(a) for a in argv),
         port=label, configuration=configuration,
         sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
-              f"MLP {sizes.cfg.sizes}, noise statistics over {sizes.noise_pop} members, trajectory "
+              f"MLP {sizes.cfg.sizes}{declared_note(args, sizes)}, noise statistics over {sizes.noise_pop} members, trajectory "
               f"{sizes.traj_epochs} epochs",
         seed=args.seed, versions=versions(SUITE_PACKAGES), device=device_description(args.device),
         started=datetime.datetime.now().isoformat(timespec="seconds"),
@@ -161,6 +161,7 @@ def parse(argv: list[str]):
     check_out_dir(args.out)
     sizes = suite_sizes(args)
     made = _make_port(args, sizes)
+    sizes = at_port_rank(sizes, made[0])        # a port of fixed rank (its `rank` attribute) is compared at it
     checks = tuple(c.strip() for c in args.checks.split(",") if c.strip())
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
@@ -188,6 +189,19 @@ def print_notes(results, stream, tracebacks: bool = True) -> None:
         if r.trace and tracebacks:
             print(f"parity check: {r.name}: the port raised (its own frames):\n{textwrap.indent(r.trace, '    ')}",
                   file=stream)
+
+
+def declared_note(args, sizes: Sizes) -> str:
+    """' (the port declares rank 1, layers 2; the run's: rank 4, layers 3)' when a port's `rank`, `layers` or `hidden`
+    attribute moved the suite's configuration, else ''."""
+    run = SIZES[args.size].cfg
+    if not args.port:               # a --profile's own configuration (functional-port: 2 layers) is no declaration
+        return ""
+    moved = [k for k in ("rank", "layers", "hidden") if getattr(sizes.cfg, k) != getattr(run, k)]
+    if not moved:
+        return ""
+    return (f" (the port declares {', '.join(f'{k} {getattr(sizes.cfg, k)}' for k in moved)}; the run's: "
+            f"{', '.join(f'{k} {getattr(run, k)}' for k in moved)})")
 
 
 def suite_sizes(args) -> Sizes:

@@ -75,6 +75,14 @@ Attributes
                                     difference is a drift; a dense E must be within float32 rounding of
                                     the product of JAX's factors); False: compared in distribution only.
     dense_noise: bool (optional)    True: weight noise is E (m, out, in), see above. Default False.
+    rank: int (optional)            the port's own rank, for a port whose rank is fixed (e.g. `rank = 1`). The
+                                    whole suite then runs at that rank, the reference too (noise(..., rank) is
+                                    called with it and factors are (m, out, rank)), instead of misreading
+                                    zero-padded columns as a scaling and distribution drift. Absent: the run's
+                                    rank. Anything but a positive int stops the run before any check (exit 2).
+    layers, hidden: int (optional)  a network of another depth or width than the suite's size (layers counts
+                                    Linear layers: sizes [4] + [hidden] * (layers - 1) + [2]); both sides then run
+                                    at it, as `rank`. A port without biases needs no attribute: see README.
 
 Loading: `--port package.module:attr`. attr is an adapter object, or a class/factory called with the
 run's `spec.config.Config` (pop, rank, sigma, lr, hidden, layers, group_size) that returns one.
@@ -177,8 +185,30 @@ def _positional_arity(fn: Callable) -> int | None:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
 
 
+DECLARABLE = {"rank": "the port's own fixed rank, e.g. rank = 1",
+              "layers": "its number of Linear layers, e.g. layers = 2 for 4-H-2",
+              "hidden": "its hidden width, e.g. hidden = 32"}
+
+
+def declared_config(obj: Any, spec: str = "the adapter") -> dict[str, int]:
+    """What the port declares of its own shape (attributes `rank`, `layers`, `hidden`, each optional): {attr: value};
+    UsageError unless each present one is a positive int (a bool is none)."""
+    out = {}
+    for attr, example in DECLARABLE.items():
+        value = getattr(obj, attr, None)
+        if value is None:
+            continue
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise UsageError(f"--port {spec}: the adapter's {attr} must be a positive int ({example}), got {value!r}; "
+                             f"leave it out to run at the suite's {attr}")
+        out[attr] = int(value)
+    return out
+
+
 def check_declarations(obj: Any, spec: str) -> None:
-    """The adapter's declared noise form agrees with its perturbed_linear, before any check runs (UsageError)."""
+    """The adapter's declared noise form agrees with its perturbed_linear and its declared rank is a positive int,
+    before any check runs (UsageError)."""
+    declared_config(obj, spec)
     dense = getattr(obj, "dense_noise", False)
     if not isinstance(dense, (bool, np.bool_)):
         raise UsageError(f"--port {spec}: dense_noise must be True or False, got {dense!r}")

@@ -34,6 +34,31 @@ def other(what: str, detail: str) -> Cause:
     return Cause(None, f"{what} differs: {detail}")
 
 
+def other_seed(seed: int) -> int:
+    """A second run seed for the seed checks: seed + 1 (seed - 1 at the top of JAX's uint32 range)."""
+    return seed + 1 if seed < 2 ** 32 - 1 else seed - 1
+
+
+def seed_cause(what: str, leaves: Sequence[str], seeds: tuple[int, int]) -> Cause:
+    """A port whose draws ignore the run seed: its `what` (noise, init) is bit for bit the same at two run seeds."""
+    shown = ", ".join(f"'{n}'" for n in leaves[:4]) + (" ..." if len(leaves) > 4 else "")
+    return Cause(None, f"run seed ignored: the port's {what} is bit for bit the same at run seeds {seeds[0]} and "
+                       f"{seeds[1]} ({shown}); the reference's key chain starts from key(seed), so every run seed draws "
+                       "other numbers (a hard-coded key or generator seed?)")
+
+
+def zero_columns_cause(zero: Sequence[tuple[str, int]], rank: int, n_weights: int) -> Cause:
+    """Factors padded with zero columns: noise of a lower rank than r in (weight, zero columns) of each leaf; when
+    every weight keeps the same rank k, the advice to declare it (`rank = k`)."""
+    shown = ", ".join(f"'{w}' {k}" for w, k in zero[:4]) + (" ..." if len(zero) > 4 else "")
+    kept = sorted({rank - z for _, z in zero})
+    declare = (f"; a port of fixed rank {kept[0]} declares it (`rank = {kept[0]}` on the adapter) and is compared at "
+               "that rank" if len(kept) == 1 and len(zero) == n_weights else "")
+    return Cause(None, f"noise rank differs: the port's factors have columns that are zero in every member ({shown} "
+                       f"of r={rank}): noise of a lower rank padded with zero columns (a rank fixed below r, or "
+                       f"clipped to min(r, out, in)), which the scale and distribution rows then misread{declare}")
+
+
 def follows(check: str, causes: Iterable[Cause]) -> tuple[Cause, ...]:
     """Causes of an upstream check, restated for a downstream one that their difference explains."""
     return tuple(Cause(c.knob, f"follows from the {check} check: {c.text}") for c in causes)
@@ -239,12 +264,25 @@ def decay_estimate(ratios: dict[int, float], ref_decay: float) -> float | None:
     return ref_decay * math.exp(num / den)
 
 
-def optimizer_cause(matched: str | None, ref_opt: str, worst: str) -> Cause:
+def optimizer_cause(matched: str | None, ref_opt: str, worst: str, scale: str = "") -> Cause:
+    """The optimizer the port's updates match (scale: the words of parity.optscale.words when its gradient scale
+    was fitted and is not 1), or none of them."""
     if matched is not None and matched != ref_opt:
-        return cause("optimizer", f"the port's parameter updates match optax {matched} (its defaults), not {ref_opt} "
-                                  f"(worst difference {worst})")
+        on = f" {scale}" if scale else ""
+        return cause("optimizer", f"the port's parameter updates match optax {matched} (its defaults){on}, not "
+                                  f"{ref_opt} (worst difference {worst})")
     return cause("optimizer", f"the port's parameter updates match none of optax sgd, adam, adamw at the "
                               f"reference's learning rate (worst difference {worst})")
+
+
+def scaled_optimizer_cause(fit, ref_opt: str, words: str, worst: str) -> Cause:
+    """A port whose first step is an optax optimizer on its gradient times a fitted scale (parity.optscale): the
+    optimizer knob when it is not the reference's, else the scale alone (for sgd the same as an lr factor)."""
+    if fit.optimizer != ref_opt:
+        return optimizer_cause(fit.optimizer, ref_opt, worst, words)
+    return other("optimizer step", f"the port's parameter updates match optax {fit.optimizer} {words}"
+                 + ("; for sgd a gradient scale and a learning-rate factor are the same" if fit.optimizer == "sgd"
+                    else "") + f" (without the scale: {worst})")
 
 
 def lr_schedule_cause(ratios: dict[int, float], ref_decay: float) -> Cause:

@@ -39,7 +39,9 @@ reference's lr) is applied to the port's first parameters and gradient; one othe
 within MATCH (the updates check's threshold) names `optimizer`, and the port's step sizes along that optimizer's,
 epoch by epoch, name `lr_decay` too when they drift by more than MATCH. When the first step agrees and the later
 ones point the same way as the reference's (cosine above ALIGNED: a rounding-level difference in direction), their
-size ratios per epoch are fitted to lr_decay^e (parity.diagnose.lr_schedule_cause).
+size ratios per epoch are fitted to lr_decay^e (parity.diagnose.lr_schedule_cause). When no optimizer reproduces the
+first step as is, each is tried on the port's gradient times a fitted scale (parity.optscale, its fit and tolerance
+stated there): "adam on a gradient 1/sigma times the reference's", "sgd without the sqrt(N) factor".
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-from parity import diagnose, noiseform
+from parity import diagnose, noiseform, optscale
 from parity.tolerances import U32, gamma, update_bound
 from parity.verdict import Cause, fmt
 from spec.knobs import CHOICES
@@ -234,11 +236,26 @@ def optimizer_candidates(reference, history, pop: int) -> tuple[dict[str, float]
     return errors, (_chain_ratios(reference.with_run_knobs(optimizer=best), history, pop) if matched else {})
 
 
+def scale_fits(reference, history, pop: int, sigma: float) -> tuple:
+    """parity.optscale's fitted and verified gradient scale per optax optimizer, for the port's first es_tell step
+    (the reference's lr at epoch 0, the port's own gradient and parameters)."""
+    old, grad, new = history[0]
+    return optscale.candidates(reference, CHOICES["optimizer"], old, grad, new, pop, reference.lr_at(0), sigma)
+
+
+def _scale_words(fits, name: str, sigma: float, pop: int) -> str:
+    """The matched optimizer's gradient scale in words when its fit pins one other than 1 (else '')."""
+    fit = next((f for f in fits if f.optimizer == name), None)
+    if fit is None or not fit.identified or fit.name == "1" or fit.error >= MATCH:
+        return ""
+    return optscale.words(fit, sigma, pop)
+
+
 def step_causes(steps, candidates: dict[str, float], ratios: dict[int, float], optimizer: str,
-                lr_decay: float) -> list[Cause]:
-    """The knobs a differing es_tell step points at (optimizer, and lr_decay from the step sizes under the matching
-    optimizer), or a learning rate no knob names; [] when the steps alone cannot tell (the caller then asks the
-    updates check, or words it generally)."""
+                lr_decay: float, fits: tuple = (), sigma: float = 0.0, pop: int = 0) -> list[Cause]:
+    """The knobs a differing es_tell step points at (optimizer, possibly on a scaled gradient, and lr_decay from the
+    step sizes under the matching optimizer), or a learning rate no knob names; [] when the steps alone cannot tell
+    (the caller then asks the updates check, or words it generally). fits: parity.optscale fits of the first step."""
     failing = [s for s in steps if not s.ok]
     if not failing:
         return []
@@ -247,10 +264,15 @@ def step_causes(steps, candidates: dict[str, float], ratios: dict[int, float], o
         if candidates[best] < MATCH and best != optimizer:
             found = [diagnose.optimizer_cause(best, optimizer, f"{fmt(candidates[optimizer])} of the largest entry "
                                               f"of the first es_tell step; {best}'s is within "
-                                              f"{fmt(candidates[best])}")]
+                                              f"{fmt(candidates[best])}", _scale_words(fits, best, sigma, pop))]
             if any(abs(r - 1) > MATCH for r in ratios.values()):
                 found.append(diagnose.lr_schedule_cause(ratios, lr_decay))
             return found
+    fit = optscale.best_match(fits, MATCH) if not steps[0].ok else None
+    if fit is not None and not (fit.optimizer == optimizer and fit.name == "1"):
+        worst = (f"{fmt(candidates[optimizer])} of the largest entry of the first es_tell step"
+                 if optimizer in candidates else "")
+        return [diagnose.scaled_optimizer_cause(fit, optimizer, optscale.words(fit, sigma, pop), worst)]
     moved = [s for s in failing if s.moved > 0]
     if not moved or not all(s.cosine > ALIGNED for s in moved):
         return []

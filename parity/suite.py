@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from parity.adapter import CheckedPort, PortError, port_trace
+from parity.adapter import CheckedPort, PortError, declared_config, port_trace
 from parity.verdict import ERROR, CheckResult, Recorder, summarize, with_status_row
 from spec.config import PRESETS, Config
 from spec.knobs import RunSettings
@@ -61,6 +61,14 @@ SELFTEST = Sizes("selftest", Config(pop=32, hidden=8), noise_pop=128, probe_pop=
                  extra_linear=((16, 4),), fitness_sizes=(2, 8, 64), grad_pops=(32,), synthetic_pops=(32,),
                  synthetic_repeats=3, update_epochs=3, init_seeds=2, traj_epochs=2, traj_max_steps=200)
 SIZES = {s.name: s for s in (QUICK, FULL, SELFTEST)}
+
+
+def at_port_rank(sizes: Sizes, port: Any) -> Sizes:
+    """The sizes at what the port declares of its own shape (adapter attributes `rank`, `layers`, `hidden`), both
+    sides; unchanged when it declares none. A fixed-rank port is then compared as EGGROLL at its rank, not read
+    through zero-padded columns, and a port of another depth at its depth."""
+    changes = {k: v for k, v in declared_config(port).items() if getattr(sizes.cfg, k) != v}
+    return dataclasses.replace(sizes, cfg=sizes.cfg.replace(**changes)) if changes else sizes
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -140,6 +148,7 @@ def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings
     from parity.reference_port import ReferencePort, enable_compile_cache
 
     enable_compile_cache()
+    sizes = at_port_rank(sizes, port)
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
         raise ValueError(f"unknown check(s) {unknown}; known: {', '.join(CHECKS)}")

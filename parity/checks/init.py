@@ -30,6 +30,7 @@ class Measured(NamedTuple):
     bias_in_bound: bool              # every bias within +-1/sqrt(in) (torch's uniform default)
     layers: tuple[tuple[int, float, int], ...]   # per weight: (values, raw mean square, fan-in), over seeds
     max_ulps: tuple[int, ...] | None  # per seed, against MLP.rand_init (a port claiming JAX's draws)
+    same_weights: tuple[str, ...] = ()  # weights bit for bit alike at the first two seeds (the seed ignored)
 
     @property
     def var_in(self) -> float:
@@ -62,13 +63,25 @@ def measure(ctx) -> Measured:
                     float(np.mean(np.concatenate([p[w].astype(np.float64).ravel() for p in inits]) ** 2)),
                     int(shapes[w][1])) for w in weights)
     return Measured(seeds, len(weights), len(biases), scaled, bias_values,
-                    bool(np.all(np.abs(bias_values) <= bias_bounds)), layers, ulps)
+                    bool(np.all(np.abs(bias_values) <= bias_bounds)), layers, ulps, same_at_two_seeds(inits, weights))
+
+
+def same_at_two_seeds(inits: list[dict], weights: list[str]) -> tuple[str, ...]:
+    """Weights whose init is bit for bit the same at the first two seeds (reusing the check's draws; biases are
+    zeros by design, so only weights say whether the seed is used). Exact: no false alarm."""
+    if len(inits) < 2:
+        return ()
+    return tuple(w for w in weights if np.array_equal(inits[0][w], inits[1][w]))
 
 
 def judge(m: Measured) -> Recorder:
     rec = Recorder(NAME)
     found = diagnose.init_cause(m.var_in, m.kurtosis, m.bias_zero, m.bias_in_bound, m.layers)
     size = f"{len(m.seeds)} seeds, {m.scaled.size} weights"
+    seed_cause = diagnose.seed_cause("init", m.same_weights, m.seeds[:2]) if m.same_weights else None
+    if len(m.seeds) > 1:
+        rec.equal("weights the same at two run seeds", "port", f"seeds {m.seeds[0]} and {m.seeds[1]}",
+                  len(m.same_weights), 0, "exact: the reference's init starts from key(seed)", cause=seed_cause)
     rec.equal("non-zero bias entries", "port", f"{len(m.seeds)} seeds, {m.bias_values.size} biases",
               int(np.sum(m.bias_values != 0)), 0, "the reference's biases are zeros", cause=found)
     alpha = check_alpha(NAME) / 2
@@ -82,9 +95,9 @@ def judge(m: Measured) -> Recorder:
     rec.info("w * sqrt(in): kurtosis", "port", size, m.kurtosis, "normal 3, uniform 1.8")
     for s, ulps in zip(m.seeds, m.max_ulps or ()):
         rec.equal("max ULP vs MLP.rand_init", "port", f"seed {s}", ulps, 0, "bit for bit (JAX-compatible draws)",
-                  cause=found if (not m.bias_zero or abs(m.var_in - 1) > 0.2) else diagnose.cause(
+                  cause=seed_cause or (found if (not m.bias_zero or abs(m.var_in - 1) > 0.2) else diagnose.cause(
                       "rng", f"the port claims JAX-compatible draws but its init differs from MLP.rand_init "
-                             f"by up to {ulps} ULP at seed {s}"))
+                             f"by up to {ulps} ULP at seed {s}")))
     return rec
 
 
@@ -93,7 +106,8 @@ def section(m: Measured) -> str:
     return "\n".join([
         f"The port's init_params for seeds {list(m.seeds)} ({m.n_weights} weights, {m.n_biases} biases each).",
         "",
-        f"Biases must be exactly zero. Weights scaled by sqrt(in), pooled ({m.scaled.size} values), are iid standard "
+        f"Weights must differ between run seeds {list(m.seeds[:2])} (exact: a port that ignores the seed draws "
+        "them bit for bit alike). Biases must be exactly zero. Weights scaled by sqrt(in), pooled ({m.scaled.size} values), are iid standard "
         f"normal under the reference: their mean square against chi-square(n)/n and their Kolmogorov-Smirnov "
         f"distance to N(0,1) against its exact critical value, at alpha={alpha:.2g} each (the init check's share of "
         "the suite's false-alarm budget); the kurtosis is reported (normal 3, uniform 1.8) to name the init. "

@@ -293,6 +293,7 @@ class Structure(NamedTuple):
     reps: np.ndarray                   # one member per mirrored pair: the independent members
     duplicates: tuple[int, str]        # (unmirrored members drawing the same B, the first seen)
     shared_prefix: tuple[int, str]     # (members whose leaves share their first draws, the first seen)
+    zero_columns: tuple[tuple[str, int], ...] = ()   # (weight, factor columns zero in every independent member)
 
 
 class Schedule(NamedTuple):
@@ -325,6 +326,28 @@ class Generator(NamedTuple):
     action_pop: int                                   # the population the action uniforms are drawn for
 
 
+class SeedDependence(NamedTuple):
+    """The port's noise at two run seeds (epoch 0, the probe members): the leaves drawn bit for bit alike."""
+
+    seeds: tuple[int, int]
+    members: int
+    leaves: int                        # leaves compared (every weight and every bias with noise)
+    same: tuple[str, ...]              # leaves whose noise is identical at both seeds
+
+
+def _seed_dependence(ctx) -> SeedDependence:
+    """Draw the probe members at epoch 0 for the run seed and another one (cheap: probe_pop members) and list the
+    leaves whose noise did not change. Exact: distinct seeds give continuous draws that coincide with probability
+    0, so this row has no false-alarm rate."""
+    shapes, cfg = ctx.shapes, ctx.cfg
+    seeds = (ctx.seed, diagnose.other_seed(ctx.seed))
+    probe = np.arange(ctx.sizes.probe_pop)
+    first, second = (update_of(ctx.port.noise(shapes, s, 0, probe, probe.size, cfg.sigma, cfg.rank)) for s in seeds)
+    names = [n for n in shapes if n in first and n in second]
+    return SeedDependence(seeds, probe.size, len(names),
+                          tuple(n for n in names if _fingerprints(first, [n]) == _fingerprints(second, [n])))
+
+
 class Measured(NamedTuple):
     seed: int
     pop: int
@@ -341,6 +364,7 @@ class Measured(NamedTuple):
     split: Split | None = None                 # a port that gives forward and update noise apart
     dense: bool = False                        # a port with dense_noise (E in place of A, B)
     ranks: tuple = ()                          # dense: parity.checks.dense.Rank per weight that can exceed rank r
+    seed_dependence: SeedDependence | None = None
 
 
 def _split(noise: dict, shapes) -> Split | None:
@@ -360,6 +384,20 @@ def _split(noise: dict, shapes) -> Split | None:
                  tuple(b for b in biases if b in fwd and b not in upd))
 
 
+def _zero_columns(noise: dict, reps: np.ndarray, shapes) -> tuple[tuple[str, int], ...]:
+    """Weights whose factors have columns that are zero in A and B for every independent member: noise of a lower
+    rank padded with zero columns (a fixed rank, or one clipped to min(r, out, in)). Exact: a column of normal draws
+    is zero with probability 0. Dense noise has no columns (its rank is checked in parity.checks.dense)."""
+    out = []
+    for w in _weights(shapes):
+        if isinstance(noise[w], tuple):
+            a, b = (np.asarray(f[reps]) for f in noise[w])
+            zero = int(np.sum(np.all(a == 0, axis=(0, 1)) & np.all(b == 0, axis=(0, 1))))
+            if zero:
+                out.append((w, zero))
+    return tuple(out)
+
+
 def _structure(port: dict, ref: dict, shapes, pop: int) -> Structure:
     ref_biases = tuple(bn for bn in _biases(shapes) if bn in ref)
     w0 = _weights(shapes)[0]
@@ -368,7 +406,7 @@ def _structure(port: dict, ref: dict, shapes, pop: int) -> Structure:
     reps = np.array([i for i in range(pop) if port_mirror[i] < 0 or i < port_mirror[i]])
     return Structure(ref_biases, tuple(bn for bn in ref_biases if bn in port), port_mirror, ref_mirror,
                      _mirror_consistency(port, port_mirror, shapes), reps, _duplicates(port, reps, shapes),
-                     _shared_prefix(port, reps, shapes))
+                     _shared_prefix(port, reps, shapes), _zero_columns(port, reps, shapes))
 
 
 def _shape_stats(port: dict, reps: np.ndarray, weights, sigma: float, r: int):
@@ -457,7 +495,8 @@ def measure(ctx) -> Measured:
                     ctx.port.jax_compatible_rng, uniform_test,
                     _generator(ctx, port, ref, list(weights) + list(structure.port_biases), uniform_test),
                     _split(given, shapes), ctx.port.dense,
-                    dense.measure_rank(port, structure.reps, weights, sigma, r) if ctx.port.dense else ())
+                    dense.measure_rank(port, structure.reps, weights, sigma, r) if ctx.port.dense else (),
+                    _seed_dependence(ctx))
 
 
 # ----------------------------------------------------------------------------- judge
@@ -473,10 +512,23 @@ def _judge_structure(rec: Recorder, m: Measured, size: str) -> None:
     bad, first = st.unnegated
     rec.equal("mirror pairs not negated in every leaf", "port", size, bad, 0, "exact",
               cause=diagnose.cause("antithetic", first or "mirrored members differ"))
+    rec.equal("weights whose factors have zero columns in every member", "port", f"{st.reps.size} members",
+              len(st.zero_columns), 0, "exact: r columns of normal draws",
+              cause=diagnose.zero_columns_cause(st.zero_columns, m.rank, len(m.weights)) if st.zero_columns else None)
     for quantity, (count, first) in (("unmirrored members with identical draws", st.duplicates),
                                      ("members whose leaves share draws", st.shared_prefix)):
         rec.equal(quantity, "port", f"{st.reps.size} members", count, 0, "exact",
                   cause=diagnose.cause("rng", f"key scheme: {first}"))
+
+
+def _judge_seed(rec: Recorder, sd: SeedDependence | None) -> None:
+    """Every leaf's noise must change with the run seed (exact: no false alarm)."""
+    if sd is None:
+        return
+    rec.equal("leaves whose noise is the same at two run seeds", "port",
+              f"seeds {sd.seeds[0]} and {sd.seeds[1]}, epoch 0, {sd.members} members, {sd.leaves} leaves",
+              len(sd.same), 0, "exact: the reference's noise starts from key(seed)",
+              cause=diagnose.seed_cause("noise", sd.same, sd.seeds) if sd.same else None)
 
 
 def _split_bias_cause(sp: Split):
@@ -585,6 +637,7 @@ def judge(m: Measured, update_only_elsewhere: bool = False) -> Recorder:
     if m.split is not None:
         _judge_split(rec, m.split, size)
     _judge_structure(rec, m, size)
+    _judge_seed(rec, m.seed_dependence)
     dense.judge_rank(rec, m.ranks, m.rank)
     _judge_tests(rec, m)
     for w, var, kurt, _ in m.shape_stats:
@@ -631,7 +684,9 @@ def section(m: Measured) -> str:
         "Exact parts (no false alarms): which member is the exact negation of which (A_i B_i^T = -A_j B_j^T, and the "
         "same pairs negated in every leaf and bias); bias noise present; no two unmirrored members and no two leaves "
         "sharing draws; which probed epochs share noise (weights and biases apart), against the reference's schedule "
-        "for its noise_reuse; no draw coming back in an epoch with different noise.",
+        "for its noise_reuse; no draw coming back in an epoch with different noise; every leaf's noise changing with the "
+        "run seed (the probe members at epoch 0 drawn again at a second run seed: a port that ignores the seed "
+        "draws them bit for bit alike).",
         "",
         f"Statistical parts, over {m.structure.reps.size} independent members (one per mirrored pair), "
         f"{len(m.tests)} tests at alpha={_alpha(m):.2g} each (the noise check's share of the suite's false-alarm "

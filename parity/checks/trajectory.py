@@ -120,6 +120,8 @@ class Measured(NamedTuple):
     optimizer: str                         # the reference run's settings the diagnosis compares with
     lr_decay: float
     sigma_decay: float
+    scale_fits: tuple = ()                 # on a first step that differs: parity.optscale.ScaleFit per optimizer
+    sigma: float = 0.0
 
     @property
     def failures(self) -> dict[str, list[int]]:
@@ -263,12 +265,15 @@ def measure(ctx) -> Measured:
         step_obs, step, run = _step_obs(ctx, e, run, n_ref, returns, sigma_port, sp, gp)
         observations += noise_obs + output_obs + math_obs + step_obs
         steps.append(step)
+    first_differs = bool(steps) and not steps[0].ok
     candidates, ratios = (lockstep.optimizer_candidates(ctx.reference, run.history, cfg.pop)
-                          if steps and not steps[0].ok else ({}, {}))
+                          if first_differs else ({}, {}))
+    sigma0 = ctx.reference.sigma_at(0)
+    fits = lockstep.scale_fits(ctx.reference, run.history, cfg.pop, sigma0) if first_differs else ()
     settings = ctx.reference.run
     return Measured(tuple(observations), tuple(steps), candidates, ratios, epochs, cfg.pop, ctx.seed,
                     ctx.sizes.traj_max_steps, ctx.port.jax_compatible_rng, ctx.port.has("forward"),
-                    settings.optimizer, settings.lr_decay, settings.sigma_decay)
+                    settings.optimizer, settings.lr_decay, settings.sigma_decay, fits, sigma0)
 
 
 def _diagnose(o: Observation, m: Measured, upstream: dict) -> list:
@@ -278,7 +283,8 @@ def _diagnose(o: Observation, m: Measured, upstream: dict) -> list:
         last = [s for s in m.observations if s.quantity == "sigma" and not s.ok][-1]
         return [diagnose.sigma_schedule_cause(last.epoch, last.detail[1], m.sigma_decay)]
     if o.quantity in ("step", "lr"):
-        found = lockstep.step_causes(m.steps, m.candidates, m.candidate_ratios, m.optimizer, m.lr_decay)
+        found = lockstep.step_causes(m.steps, m.candidates, m.candidate_ratios, m.optimizer, m.lr_decay,
+                                     m.scale_fits, m.sigma, m.pop)
         if found:
             return found
     causes = [c for check in UPSTREAM[o.quantity] for c in diagnose.follows(check, upstream.get(check, ()))]

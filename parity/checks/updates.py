@@ -5,7 +5,9 @@ fitness vector. The port runs `optimizer_step`; the reference runs its optax sol
 run's optimizer and lr schedule) on the gradient the PORT computes (`gradient()`), so only the
 optimizer and its schedule are compared here (the gradients check covers the estimate). Allowed:
 per step u |p_new| + gamma_24 |update| on each side, accumulated over epochs; deterministic.
-A mismatch is matched against optax sgd, adam and adamw and against a fitted per-epoch lr factor.
+A mismatch is matched against optax sgd, adam and adamw, each also up to a fitted gradient scale (parity.optscale:
+"adam on a gradient 1/sigma times the reference's", "sgd without the sqrt(N) factor"), and against a fitted
+per-epoch lr factor.
 """
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose
+from parity import diagnose, optscale
 from parity.tolerances import update_bound
 from parity.verdict import Recorder, fmt, summarize
 
 NAME = "updates"
+MATCH = 1e-4   # an optimizer candidate reproduces the port's first update within this share of its largest entry
 
 
 def _reference_chain(ctx, params0, grads_per_epoch, sigmas, **run_knobs):
@@ -41,6 +44,8 @@ class Measured(NamedTuple):
     epochs: int
     optimizer: str
     lr_decay: float
+    scale_fits: tuple = ()                # on a mismatch: parity.optscale.ScaleFit per optax optimizer (first update)
+    sigma: float = 0.0
 
 
 def _delta(chain, e: int, start) -> np.ndarray:
@@ -102,21 +107,35 @@ def measure(ctx) -> Measured:
     ratios = _ratios(params0, port_chain, ref_chain)
     norms = [float(np.linalg.norm(_delta(port_chain, e, params0)) / np.linalg.norm(_delta(ref_chain, e, params0)))
              if np.linalg.norm(_delta(ref_chain, e, params0)) > 0 else float("nan") for e in range(len(ratios))]
-    errors, lr_ratios = (_candidates(ctx, params0, port_chain, grads) if any(r > 1 for r in ratios) else ({}, {}))
+    mismatch = any(r > 1 for r in ratios)
+    errors, lr_ratios = _candidates(ctx, params0, port_chain, grads) if mismatch else ({}, {})
+    fits = optscale.candidates(ctx.reference, ("sgd", "adam", "adamw"), params0, grads[0], port_chain[0], ctx.cfg.pop,
+                               ctx.reference.lr_at(0), sigmas[0]) if mismatch else ()
     run = ctx.reference.run
     return Measured(tuple(ratios), tuple(norms), errors, lr_ratios, ctx.cfg.pop, ctx.cfg.lr, len(sigmas),
-                    run.optimizer, run.lr_decay)
+                    run.optimizer, run.lr_decay, fits, sigmas[0])
 
 
 def _cause(m: Measured):
     """Which optimizer reproduces the port's first update, and which lr factor per epoch its later ones."""
     best = min(m.first_errors, key=m.first_errors.get)
     worst = f"first update differs from {m.optimizer}'s by {fmt(m.first_errors[m.optimizer])} of its largest entry"
-    if m.first_errors[best] < 1e-4 and best != m.optimizer:
-        return diagnose.optimizer_cause(best, m.optimizer, worst)
+    if m.first_errors[best] < MATCH and best != m.optimizer:
+        return diagnose.optimizer_cause(best, m.optimizer, worst, scale_words(m, best))
     if m.lr_ratios:     # same optimizer at epoch 0: the schedule is what differs
         return diagnose.lr_schedule_cause(m.lr_ratios, m.lr_decay)
+    fit = optscale.best_match(m.scale_fits, MATCH)
+    if fit is not None:
+        return diagnose.scaled_optimizer_cause(fit, m.optimizer, optscale.words(fit, m.sigma, m.pop), worst)
     return diagnose.optimizer_cause(None, m.optimizer, worst)
+
+
+def scale_words(m: Measured, optimizer: str) -> str:
+    """For an optimizer that matched unscaled: its gradient scale in words when the fit pins one other than 1."""
+    fit = next((f for f in m.scale_fits if f.optimizer == optimizer), None)
+    if fit is None or not fit.identified or fit.name == "1" or fit.error >= MATCH:
+        return ""
+    return optscale.words(fit, m.sigma, m.pop)
 
 
 def judge(m: Measured) -> Recorder:
@@ -139,7 +158,10 @@ def section(m: Measured) -> str:
         "",
         "Allowed: per step and side u |p_new| (the rounding of p + update) + gamma_24 |update| (the optimizer's "
         "elementwise arithmetic), accumulated over epochs; deterministic. On a mismatch the port's first update is "
-        "matched against optax sgd, adam and adamw, and the ratio of update sizes per epoch against lr_decay^e.",
+        "matched against optax sgd, adam and adamw, each also on the port's gradient times a fitted scale "
+        "(parity.optscale: least squares in the step for sgd, in Adam's eps deficit for adam; named 1/sigma, "
+        "1/sqrt(N), ... when inside the fit's worst-case interval, a match only within 1e-4 of the largest entry), "
+        "and the ratio of update sizes per epoch against lr_decay^e.",
     ])
 
 

@@ -24,6 +24,7 @@ from scipy.special import ndtr
 MAX_STEPS = 500
 LN_EPS = np.float32(1e-5)
 PURPOSE_WEIGHT, PURPOSE_BIAS, PURPOSE_INIT, PURPOSE_ACTION = 1, 2, 3, 4
+SEED_IGNORED = 42       # the seed a port with ignores_seed draws from, whatever the run seed
 OPTIONAL = ("forward", "init_params", "optimizer_init", "optimizer_step", "es_init", "es_ask", "es_tell",
             "es_params", "action_uniforms", "actions")
 
@@ -51,6 +52,12 @@ class Drift:
                                         # | uniform_factors (rank r, unit-variance uniform factors: kurtosis ~3.06)
     split: bool = False                 # noise() / es_ask() give {"forward": ..., "update": ...}
     rejects_nonfinite: bool = True      # False: shape_fitness accepts NaN/inf, as upstream EggRoll
+    ignores_seed: bool = False          # True: every draw from a hard-coded seed (SEED_IGNORED), not the run seed
+    fixed_rank: int = 0                 # 0: the rank it is given; k: always rank k (padded with zero columns
+                                        # to the given rank unless the adapter declares `rank = k`)
+    declares_rank: bool = False         # with fixed_rank: the adapter says so (its `rank` attribute)
+    grad_scale: str = ""                # "" | over_sigma (its optimizer steps on gradient / sigma) | no_sqrt_n (without
+                                        # the reference's sqrt(N) factor)
 
     def label(self) -> str:
         changed = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
@@ -129,6 +136,8 @@ class NumpyPort:
         self.name = f"tests.ports.numpy_port ({drift.label()})"
         self.jax_compatible_rng = drift.rng == "jax" if drift.claims_jax_rng is None else drift.claims_jax_rng
         self.dense_noise = bool(drift.dense)
+        if drift.fixed_rank and drift.declares_rank:
+            self.rank = drift.fixed_rank
         for method in omit:         # an absent optional method: the attribute is not callable
             if method not in OPTIONAL:
                 raise ValueError(f"only optional methods can be omitted, not {method!r}")
@@ -176,8 +185,13 @@ class NumpyPort:
         A, B = z[:, n_in:] * a_scale[:, None, None], np.ascontiguousarray(z[:, :n_in])
         return A @ np.swapaxes(B, 1, 2) if mode else (A, B)     # float32 matmul, as a torch port's A @ B.T
 
+    def _seed(self, seed: int) -> int:
+        return SEED_IGNORED if self.drift.ignores_seed else int(seed)
+
     def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
         d = self.drift
+        seed, given_rank = self._seed(seed), rank
+        rank = d.fixed_rank or rank
         members = np.asarray(members, dtype=np.int64)
         draws, sign = self._layout(members, pop)
         generation = 0 if d.noise_reuse == 0 else epoch // d.noise_reuse
@@ -196,6 +210,9 @@ class NumpyPort:
             elif d.bias_noise not in ("off", "none"):
                 eps = self._draws(seed, leaf, name, bias_generation, draws, shape, len(names))
                 out[name] = eps * (sign32 * np.float32(sigma))[:, None]
+        if rank < given_rank and not d.declares_rank:    # a fixed-rank port that does not declare it: zero columns up to the given rank
+            out = {k: tuple(np.concatenate([f, np.zeros((*f.shape[:2], given_rank - rank), np.float32)], 2) for f in v)
+                   if isinstance(v, tuple) else v for k, v in out.items()}
         if d.split:       # the forward applies bias noise only where it also enters the update
             forward = out if d.bias_noise != "update_only" else {k: v for k, v in out.items() if k.endswith(".weight")}
             return {"forward": forward, "update": out}
@@ -259,6 +276,7 @@ class NumpyPort:
         return d.bias_noise != "none" and (d.bias_noise != "update_only" or d.split)
 
     def init_params(self, shapes, seed):
+        seed = self._seed(seed)
         params = {}
         layers = sorted({name.split(".")[0] for name in shapes}, key=int)
         model_keys = jax.random.split(_seed_key(seed, 0), len(layers)) if self.drift.rng == "jax" else None
@@ -288,7 +306,9 @@ class NumpyPort:
 
     def optimizer_step(self, params, state, noise, shaped, sigma, epoch):
         grads = self.gradient(noise, shaped, sigma)
-        root_n = np.sqrt(np.float32(len(shaped)))
+        if self.drift.grad_scale == "over_sigma":     # the step's gradient divided by sigma once more
+            grads = {k: g / np.float32(sigma) for k, g in grads.items()}
+        root_n = np.float32(1) if self.drift.grad_scale == "no_sqrt_n" else np.sqrt(np.float32(len(shaped)))
         lr = np.float32(self.lr_at(epoch))
         if self.drift.optimizer == "sgd":
             return {k: p - lr * -(grads[k] * root_n) for k, p in params.items()}, state
@@ -331,6 +351,7 @@ class NumpyPort:
         return (np.asarray(u) >= 1 / (1 + np.exp(z[:, 1] - z[:, 0]))).astype(np.int64)
 
     def action_uniforms(self, seed, epoch, pop):
+        seed = self._seed(seed)
         if self.drift.rng == "jax":
             key = jax.random.fold_in(_seed_key(seed, 2), int(epoch))
             return np.asarray(jax.random.uniform(key, (MAX_STEPS, int(pop))))
@@ -386,6 +407,19 @@ VARIANTS: dict[str, tuple[Drift, str | None]] = {
     "dense_numpy_rng_noise_reuse_1": (Drift(rng="numpy", dense="product", noise_reuse=1), "noise_reuse"),
     "fitness_std_accepts_nonfinite": (Drift(fitness="std", rejects_nonfinite=False), "fitness"),
 }
+# Issue 25: what no knob (or no exact match) describes, named in the report's words.
+# name -> (drift, the knobs named, words the verdict table must hold)
+WORDED_DRIFTS: dict[str, tuple[Drift, set[str], tuple[str, ...]]] = {
+    "seed_ignored": (Drift(rng="numpy", ignores_seed=True), set(), ("run seed ignored: the port's noise is bit for bit the same", "run seed ignored: the port's init")),
+    "adam_over_sigma": (Drift(optimizer="adam", grad_scale="over_sigma"), {"optimizer"},
+                        ("optax adam (its defaults) on a gradient 1/sigma times the reference's",)),
+    "sgd_no_sqrt_n": (Drift(grad_scale="no_sqrt_n"), set(), ("optax sgd without the sqrt(N) factor",)),
+}
+# A port of fixed rank 1: declared (`rank = 1`) it is compared at rank 1 and passes; undeclared its factors are
+# padded with zero columns to the run's rank (what a port without the attribute must do).
+RANK_PORTS = {"rank_1": Drift(fixed_rank=1, declares_rank=True), "rank_1_undeclared": Drift(fixed_rank=1),
+              "rank_1_numpy_rng": Drift(rng="numpy", fixed_rank=1, declares_rank=True)}
+
 # Two drifts at once: the lockstep trajectory goes on after the first parting, so both must be named.
 # name -> (drift, the knobs a correct diagnosis names, those the trajectory check itself must name)
 PAIRS: dict[str, tuple[Drift, set[str], set[str]]] = {
@@ -408,8 +442,29 @@ NOISE_FORM_DRIFTS: dict[str, tuple[Drift, tuple[str, ...]]] = {
 }
 for _name, (_drift, _knob) in {**VARIANTS, **NOISE_FORM_DRIFTS}.items():
     globals()[_name] = factory(_drift)
-for _name, (_drift, _, _) in PAIRS.items():
+for _name, (_drift, _, _) in {**PAIRS, **WORDED_DRIFTS}.items():
+    globals()[_name] = factory(_drift)
+for _name, _drift in RANK_PORTS.items():
     globals()[_name] = factory(_drift)
 
 # Only the required methods: every check that needs an optional one must be reported as skipped.
 required_only = factory(omit=OPTIONAL)
+
+
+def declaring(**attrs):
+    """The faithful port whose adapter declares attributes of its shape (`rank`, `layers`, `hidden`): a good value
+    moves the suite's configuration, a bad one must stop the run with exit 2."""
+    def build(cfg):
+        port = NumpyPort(cfg)
+        for attr, value in attrs.items():
+            setattr(port, attr, value)
+        return port
+    return build
+
+
+# name -> (attribute, value) that is not a positive int
+BAD_DECLARATIONS = {"rank_zero": ("rank", 0), "rank_negative": ("rank", -1), "rank_float": ("rank", 1.5),
+                    "rank_bool": ("rank", True), "rank_text": ("rank", "1"), "layers_zero": ("layers", 0)}
+for _name, (_attr, _value) in BAD_DECLARATIONS.items():
+    globals()[_name] = declaring(**{_attr: _value})
+declares_layers_2 = declaring(layers=2, hidden=16)     # a 4-16-2 network, as the functional port's 4-H-2
