@@ -25,7 +25,6 @@ from typing import Callable
 
 import numpy as np
 
-from c_int8.build import LIB_DIR, BuildError, NoCompiler, build
 from spec.int8 import LUT_BITS, TABLE_SIZE, VOCAB, Int8Config, int8_tree
 
 N_STACKED = 10                       # the first 10 leaves of the flatten order are the stacked `blocks.*` ones
@@ -84,8 +83,11 @@ _SIGNATURES = {
 }
 
 
-def load(cc: str | None = None, lib_dir: Path = LIB_DIR) -> ctypes.CDLL:
+def load(cc: str | None = None, lib_dir: Path | None = None) -> ctypes.CDLL:
     """The C library (built first if missing or stale); CUnavailable with the reason if it cannot be had."""
+    # imported here so that `python -m c_int8.build` runs a module the package has not imported yet
+    from c_int8.build import LIB_DIR, BuildError, NoCompiler, build
+    lib_dir = LIB_DIR if lib_dir is None else Path(lib_dir)
     key = str(lib_dir)
     if key in _LIB:
         return _LIB[key]
@@ -103,7 +105,7 @@ def load(cc: str | None = None, lib_dir: Path = LIB_DIR) -> ctypes.CDLL:
     return lib
 
 
-def unavailable_reason(cc: str | None = None, lib_dir: Path = LIB_DIR) -> str | None:
+def unavailable_reason(cc: str | None = None, lib_dir: Path | None = None) -> str | None:
     """None when the C side loads, else why not (for a skip message)."""
     try:
         load(cc, lib_dir)

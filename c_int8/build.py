@@ -80,7 +80,7 @@ def build(cc: str | None = None, source: Path = SOURCE, lib_dir: Path = LIB_DIR,
     if done.returncode != 0:
         os.unlink(tmp)
         raise BuildError(f"the C compiler failed (exit {done.returncode}): {' '.join(command)}\n"
-                         f"{(done.stderr or done.stdout).strip()}")
+                         f"{(done.stderr or done.stdout).strip() or '(the compiler printed nothing)'}")
     os.replace(tmp, target)
     for old in lib_dir.glob("libegg_int8-*.so"):
         if old != target:
