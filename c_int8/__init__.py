@@ -14,6 +14,23 @@ The 2^23-entry int8 normal look-up (int8(normal * 16) for every bits >> 9) is pa
 (jax_reference.int8.normal_lut(), or int8 of torch_impl.random.normal_table() * 16): computing JAX's float32 normal
 bit for bit in C would need XLA's erfinv polynomial step by step; a standalone C build would need that port.
 Initial parameters come from the caller too (nano-egg's init is round(normal * 16), the float normal again).
+
+egg.c's departures (ljubomirj/egg.c `full_trained_egg-cpumulti.c`, read for facts) are switches, one per aspect
+(`EGG_C_KNOBS`; `Int8C(..., knobs={...})` or `knobs="egg.c"` for all of them); every other aspect stays nano-egg's:
+    int8_noise=xorshift      a matrix's factors from xorshift32 (x ^= x << 13, x >> 17, x << 5), A first, each value
+                             (+1 if bit 0 else -1) * ((r >> 1) & 31), seeded step_seed + pair + 100 l + k (Wf 1, Uf 2,
+                             Wh 3, Uh 4, mlp.0 5, mlp.1 6; the head step_seed + pair + 999), step_seed = base ^ (epoch *
+                             0x9e3779b9) with base the run's seed (egg.c: time(NULL)); the member's sign on A. Leaves
+                             egg.c never perturbs (embedding, biases, norm weights) keep the table's noise.
+    vote_threshold=fixed160  +1 where Z > 160, -1 where Z < -160, saturating (no schedule; Z = 0 never moves)
+    evolving=matrices        embedding, biases and norm weights: no noise, no update
+    out_shift=fixed          x W^T >> 8 (in = d) or >> 9 (in = 4 d) in place of // (16 isqrt(in))
+    ln_division=trunc        clip((x w) / mean), C's truncating division, mean = max(sum |x|, 1) / d, a zero mean 1
+    log2=mitchell            ll = z[target] - (16 k + f - 64), k the leading bit of sum EXP2[z] and f its next 4 bits
+                             (linear mantissa), of the sum itself (nano-egg: LOG2[sum - 1])
+    state_reset=never        the recurrent state is never zeroed
+Not modelled (egg.c facts outside the switches): its nested gate clips, its forward without the MLP and ln2 while
+still voting on the MLP, its data layout and its xorshift init.
 """
 from __future__ import annotations
 
@@ -30,6 +47,38 @@ from spec.int8 import LUT_BITS, TABLE_SIZE, VOCAB, Int8Config, int8_tree
 N_STACKED = 10                       # the first 10 leaves of the flatten order are the stacked `blocks.*` ones
 BLOCK_TRACE = ("ln1", "f", "gated", "cand", "state", "att", "ln2", "mlp.0", "mlp", "out")
 MAX_D = 256                          # the C forward's fixed buffers: d <= 256, n_layer * d <= 16384
+
+
+# knob -> (nano-egg's value, egg.c's value, the C mode bit)
+EGG_C_KNOBS: dict[str, tuple[str, str, int]] = {
+    "int8_noise": ("table", "xorshift", 1),
+    "vote_threshold": ("ztest", "fixed160", 2),
+    "evolving": ("all", "matrices", 4),
+    "out_shift": ("sqrt", "fixed", 8),
+    "ln_division": ("floor", "trunc", 16),
+    "log2": ("table", "mitchell", 32),
+    "state_reset": ("on_zero", "never", 64),
+}
+EGG_C_PROFILE = {knob: values[1] for knob, values in EGG_C_KNOBS.items()}
+
+
+def egg_mode(knobs: dict | str | None) -> int:
+    """The C mode bits for {knob: value} ("egg.c": every departure; None or {}: nano-egg)."""
+    if knobs is None:
+        return 0
+    if isinstance(knobs, str):
+        if knobs != "egg.c":
+            raise ValueError(f"unknown profile {knobs!r}: the C side knows 'egg.c'")
+        knobs = EGG_C_PROFILE
+    mode = 0
+    for knob, value in knobs.items():
+        if knob not in EGG_C_KNOBS:
+            raise ValueError(f"unknown knob {knob!r}; the C side's knobs: {', '.join(EGG_C_KNOBS)}")
+        nano, egg, bit = EGG_C_KNOBS[knob]
+        if value not in (nano, egg):
+            raise ValueError(f"{knob}={value!r}: use {nano} (nano-egg) or {egg} (egg.c)")
+        mode |= bit if value == egg else 0
+    return mode
 
 
 class CUnavailable(RuntimeError):
@@ -62,6 +111,12 @@ _SIGNATURES = {
     "egg_emb": (None, [_P, ctypes.c_int32, ctypes.c_int32, _P, _P, ctypes.c_int32, _P]),
     "egg_param": (None, [_P, ctypes.c_int32, _P, ctypes.c_int32, _P]),
     "egg_ln": (None, [_P, _P, ctypes.c_int32, _P]),
+    "egg_ln_trunc": (None, [_P, _P, ctypes.c_int32, _P]),
+    "egg_log2_mitchell": (ctypes.c_int32, [ctypes.c_int32]),
+    "egg_log_likelihood_mitchell": (ctypes.c_int32, [_P, ctypes.c_int32]),
+    "egg_xorshift_seed": (ctypes.c_uint32, [ctypes.c_uint32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                            ctypes.c_int32]),
+    "egg_apply_votes_mode": (None, [_P, _P, _P, ctypes.c_int32, ctypes.c_int32, _P]),
     "egg_clipped_add": (None, [_P, _P, _P, ctypes.c_int64, _P]),
     "egg_op_mm": (None, [_P, _P, _P, ctypes.c_int32, ctypes.c_int32, _P, _P]),
     "egg_op_param": (None, [_P, _P, _P, ctypes.c_int32, ctypes.c_int32, _P]),
@@ -232,12 +287,22 @@ def param(P, E=None, sigma_shift: int = 4) -> np.ndarray:
     return out
 
 
-def ln(x, w) -> np.ndarray:
-    """DIV[max(sum |x|, 1) // d][x * w]."""
+def ln(x, w, trunc: bool = False) -> np.ndarray:
+    """DIV[max(sum |x|, 1) // d][x * w] (trunc: egg.c's truncating division, a zero mean taken as 1)."""
     x, w = _arr(x, _I8), _arr(w, _I8)
     out = np.empty_like(x)
-    load().egg_ln(_ptr(x), _ptr(w), x.size, _ptr(out))
+    (load().egg_ln_trunc if trunc else load().egg_ln)(_ptr(x), _ptr(w), x.size, _ptr(out))
     return out
+
+
+def log2_mitchell(x: int) -> int:
+    """egg.c's log2_fixed: 16 k + linear 4-bit mantissa - 64 (0 for x <= 0)."""
+    return int(load().egg_log2_mitchell(int(x)))
+
+
+def xorshift_seed(base: int, epoch: int, pair: int, path: str, layer: int, cfg: Int8Config) -> int:
+    """egg.c's seed of a matrix's noise: (base ^ epoch * 0x9e3779b9) + pair + 100 layer + k (the head: + 999)."""
+    return int(load().egg_xorshift_seed(base & 0xFFFFFFFF, epoch, pair, int8_tree(cfg).paths.index(path), layer))
 
 
 def ln_divide(numerator, m) -> np.ndarray:
@@ -280,9 +345,10 @@ def log2_entries(k) -> np.ndarray:
     return np.array([lib.egg_log2_entry(int(v)) for v in k.ravel()], _I32).reshape(k.shape)
 
 
-def log_likelihood(logits, target: int) -> int:
-    """z[target] - LOG2[sum EXP2[z] - 1], z = logits + 128."""
-    return int(load().egg_log_likelihood(_ptr(_arr(logits, _I8)), int(target)))
+def log_likelihood(logits, target: int, mitchell: bool = False) -> int:
+    """z[target] - LOG2[sum EXP2[z] - 1], z = logits + 128 (mitchell: z[target] - log2_mitchell(sum EXP2[z]))."""
+    fn = load().egg_log_likelihood_mitchell if mitchell else load().egg_log_likelihood
+    return int(fn(_ptr(_arr(logits, _I8)), int(target)))
 
 
 def fitness(scores) -> np.ndarray:
@@ -314,9 +380,10 @@ class EpochResult:
 class Int8C:
     """The C side for one configuration and seed: keys derived here, the normal look-up given (see the module).
 
-    Parameters are {path: int8 array} in spec.int8.int8_tree's paths and shapes (stacked leaves (n_layer, ...))."""
+    Parameters are {path: int8 array} in spec.int8.int8_tree's paths and shapes (stacked leaves (n_layer, ...)).
+    knobs: egg.c's departures to switch on ({knob: value} or "egg.c"; see the module); the seed is xorshift's base."""
 
-    def __init__(self, cfg: Int8Config, seed: int, lut):
+    def __init__(self, cfg: Int8Config, seed: int, lut, knobs: dict | str | None = None):
         if cfg.n_embd > MAX_D or cfg.n_layer * cfg.n_embd > 64 * MAX_D:
             raise ValueError(f"the C side holds d <= {MAX_D} and n_layer * d <= {64 * MAX_D}")
         self.lib = load()
@@ -326,7 +393,10 @@ class Int8C:
         self.paths = list(self.tree.paths)
         self.tkey = table_key(seed)
         self.keys = leaf_keys(cfg, seed)
-        self.cfg = np.array([cfg.n_embd, cfg.n_layer, cfg.sigma_shift, cfg.noise_reuse, int(cfg.use_clt)], _I32)
+        self.mode = egg_mode(knobs)
+        base = int(np.array(seed & 0xFFFFFFFF, np.uint32).view(_I32))
+        self.cfg = np.array([cfg.n_embd, cfg.n_layer, cfg.sigma_shift, cfg.noise_reuse, int(cfg.use_clt), self.mode,
+                             base], _I32)
         self.n_params = int(self.lib.egg_param_count(_ptr(self.cfg)))
         self.n_noise = int(self.lib.egg_noise_count(_ptr(self.cfg)))
         assert int(self.lib.egg_key_count(_ptr(self.cfg))) == len(self.keys)
@@ -488,10 +558,16 @@ class Int8C:
                            _ptr(Z))
         return self.unpack(Z)
 
+    def apply_votes(self, params: dict, votes: dict, threshold: int, pairs: int) -> dict:
+        """The update under this side's knobs (frozen leaves kept; fixed160 or the z-test)."""
+        out = np.empty(self.n_params, _I8)
+        self.lib.egg_apply_votes_mode(_ptr(self.cfg), _ptr(self.pack(params)), _ptr(self.pack_votes(votes)),
+                                      int(threshold), int(pairs), _ptr(out))
+        return self.unpack(out)
+
     def update(self, params: dict, scores, epoch: int, threshold: int) -> dict:
         f = fitness(scores)
-        Z = self.pack_votes(self.votes(f, epoch))
-        return self.unpack(apply_votes(self.pack(params), Z, threshold, f.size, self.config.use_clt))
+        return self.apply_votes(params, self.votes(f, epoch), threshold, f.size)
 
     def pack_votes(self, votes: dict) -> np.ndarray:
         return np.ascontiguousarray(np.concatenate([_arr(votes[p], _I32).ravel() for p in self.paths]))
@@ -510,7 +586,7 @@ class Int8C:
 
 
 def train_epochs(cfg: Int8Config, seed: int, lut, params: dict, epochs: int | None = None, corpus=None,
-                 observe: Callable | None = None) -> dict:
+                 observe: Callable | None = None, knobs: dict | str | None = None) -> dict:
     """cfg.epochs (or `epochs`) ES epochs on the corpus as jax_reference.int8_train lays it out, from params
     (nano-egg's init, given); observe(epoch, EpochResult) sees each. The final params."""
     from rollout.corpus import load_corpus
@@ -521,7 +597,7 @@ def train_epochs(cfg: Int8Config, seed: int, lut, params: dict, epochs: int | No
     train_stream, _ = int8_streams(corpus)
     layout = stream_layout(len(train_stream), cfg)
     rows = train_rows(train_stream, layout.n_sequences, layout.segments, cfg.tokens_per_update)
-    side = Int8C(cfg, seed, lut)
+    side = Int8C(cfg, seed, lut, knobs)
     thr = thresholds(cfg)
     states = np.zeros((cfg.pop, cfg.n_layer, cfg.n_embd), _I8)
     for e in range(cfg.epochs if epochs is None else epochs):

@@ -10,7 +10,8 @@
  *   tkey    (2,) uint32: the table key's words, (0, seed).
  *   keys    (10 L + 3, 2) uint32: the leaves' ES keys in flatten order, a stacked leaf's L slices one after another
  *           (c_int8 derives them with this library's threefry: split(key, n)[i] = fold_in(key, i) = threefry(key; 0, i)).
- *   cfg     int32 [d, L, sigma_shift, noise_reuse, use_clt].
+ *   cfg     int32 [d, L, sigma_shift, noise_reuse, use_clt, mode, seed base]: mode 0 is nano-egg; its bits switch
+ *           on egg.c's departures one aspect at a time (MODE_* below; the seed base feeds the xorshift noise).
  *   params  int8, every leaf in flatten order, each leaf C-contiguous (stacked leaves: (L, ...)).
  * Noise of one member (int32): per leaf and slice, low rank [A (a entries, the member's sign applied), B (b)],
  * full rank E (m entries).
@@ -34,6 +35,17 @@
 #define CLS_EMB 2
 #define LOG2_SIZE (1 << 28)
 #define LOGMAX_PLUS_1 8
+
+/* egg.c's departures (ljubomirj/egg.c full_trained_egg-cpumulti.c, read for facts), one bit per aspect */
+#define MODE_XORSHIFT 1      /* int8_noise=xorshift: a matrix's factors from xorshift32, A first, sign(bit0) U{0..31},
+                                seeded step_seed + pair + 100 l + k (k: Wf 1, Uf 2, Wh 3, Uh 4, mlp.0 5, mlp.1 6;
+                                the head step_seed + pair + 999), step_seed = base ^ (epoch * 0x9e3779b9) */
+#define MODE_FIXED160 2      /* vote_threshold=fixed160: +1 where Z > 160, -1 where Z < -160 (Z = 0 never moves) */
+#define MODE_MATRICES 4      /* evolving=matrices: embedding, biases and norm weights get no noise, no update */
+#define MODE_FIXED_SHIFT 8   /* out_shift=fixed: x W^T >> 8 (in = d) or >> 9 (in = 4 d), not // (16 isqrt(in)) */
+#define MODE_LN_TRUNC 16     /* ln_division=trunc: (x w) / mean truncating, mean = max(sum |x|, 1) / d, 0 -> 1 */
+#define MODE_MITCHELL 32     /* log2=mitchell: ll = z[target] - (16 k + linear 4-bit mantissa - 64) of the sum */
+#define MODE_NO_RESET 64     /* state_reset=never: the recurrent state is never zeroed */
 
 /* T[e][f]: the least n with n^16 >= 2^(16 e + f) (spec.int8.LOG2_THRESHOLDS, checked equal by the tests) */
 static const int32_t LOG2_THR[29][16] = {
@@ -174,18 +186,32 @@ int32_t egg_log2_entry(int32_t k) {
     return (n >= 16 || (n & (n - 1)) == 0) ? m - 64 : m - 63;
 }
 
-/* ll = z[target] - LOG2[sum_v EXP2[z_v] - 1], z = logits + 128 */
-int32_t egg_log_likelihood(const int8_t *logits, int32_t target) {
+/* egg.c's log2: 16 k + the mantissa's top 4 bits below the leading one (linear), - 64; 0 for x <= 0 */
+int32_t egg_log2_mitchell(int32_t x) {
+    int32_t k = 0, frac;
+    if (x <= 0) return 0;
+    while ((x >> (k + 1)) != 0) k++;
+    frac = k >= 4 ? (x - (1 << k)) >> (k - 4) : (x - (1 << k)) << (4 - k);
+    return (k << 4) + frac - 64;
+}
+
+/* ll = z[target] - LOG2[sum_v EXP2[z_v] - 1], z = logits + 128 (mitchell: z[target] - log2_mitchell(sum)) */
+static int32_t ll_mode(const int8_t *logits, int32_t target, int mitchell) {
     int32_t sum = 0;
     int v;
     exp2_init();
     for (v = 0; v < VOCAB; v++) sum += EXP2[logits[v] + 128];
-    return (logits[target] + 128) - egg_log2_entry(sum - 1);
+    return (logits[target] + 128) - (mitchell ? egg_log2_mitchell(sum) : egg_log2_entry(sum - 1));
 }
+
+int32_t egg_log_likelihood(const int8_t *logits, int32_t target) { return ll_mode(logits, target, 0); }
+int32_t egg_log_likelihood_mitchell(const int8_t *logits, int32_t target) { return ll_mode(logits, target, 1); }
 
 /* ------------------------------------------------------------------------------------------- the model's layout */
 typedef struct {
-    int d, L, ss, reuse, clt;
+    int d, L, ss, reuse, clt, mode;
+    uint32_t base;
+    int frozen[NLEAF];
     const int8_t *lut;
     uint32_t tk0, tk1;
     const uint32_t *keys;
@@ -200,6 +226,7 @@ static void model_init(Model *M, const int32_t *cfg, const int8_t *lut, const ui
     int d = cfg[0], i;
     int64_t p = 0, n = 0, k = 0;
     M->d = d; M->L = cfg[1]; M->ss = cfg[2]; M->reuse = cfg[3]; M->clt = cfg[4];
+    M->mode = cfg[5]; M->base = (uint32_t)cfg[6];
     M->lut = lut; M->keys = keys;
     M->tk0 = tkey ? tkey[0] : 0u; M->tk1 = tkey ? tkey[1] : 0u;
     for (i = 0; i < NLEAF; i++) {
@@ -211,6 +238,7 @@ static void model_init(Model *M, const int32_t *cfg, const int8_t *lut, const ui
         else if (i == EMB) { cls = CLS_EMB; a = VOCAB; b = d; }
         else { cls = CLS_MM; a = VOCAB; b = d; }                   /* head (256, d) */
         M->cls[i] = cls; M->a[i] = a; M->b[i] = b;
+        M->frozen[i] = (M->mode & MODE_MATRICES) && cls != CLS_MM;
         M->nsl[i] = i < NSTACKED ? M->L : 1;
         M->psz[i] = (int64_t)a * b;
         M->nsz[i] = cls == CLS_PARAM ? a : a + b;
@@ -247,12 +275,41 @@ void egg_window_starts(const int32_t *cfg, const uint32_t *keys, int32_t epoch, 
         for (l = 0; l < M.nsl[i]; l++) out[M.koff[i] + l] = leaf_start(&M, i, l, epoch, thread);
 }
 
+static uint32_t xorshift32(uint32_t *state) {
+    uint32_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    *state = x;
+    return x;
+}
+
+/* egg.c's noise value: sign from bit 0 (1: +), magnitude bits 1..5 */
+static int32_t xorshift_value(uint32_t *state) {
+    uint32_t r = xorshift32(state);
+    return (r & 1u ? 1 : -1) * (int32_t)((r >> 1) & 31u);
+}
+
+static const int XORSHIFT_K[NLEAF] = {2, 4, 1, 3, 0, 0, 0, 0, 5, 6, 0, 999, 0};   /* Uf, Uh, Wf, Wh, .., mlp, head */
+
+uint32_t egg_xorshift_seed(uint32_t base, int32_t epoch, int32_t pair, int32_t leaf, int32_t l) {
+    uint32_t step_seed = base ^ ((uint32_t)epoch * 0x9e3779b9u);
+    return step_seed + (uint32_t)pair + (leaf == HEAD ? 0u : 100u * (uint32_t)l) + (uint32_t)XORSHIFT_K[leaf];
+}
+
 /* one leaf slice's noise for (epoch, thread) into out (nsz entries) */
 static void leaf_noise(const Model *M, int leaf, int l, int32_t epoch, int32_t thread, int8_t *w, int32_t *out) {
-    uint32_t c = leaf_start(M, leaf, l, epoch, thread);
+    uint32_t c;
     int64_t n = window_len(M, leaf), i;
     int32_t s = (thread % 2 == 0) ? 1 : -1;
     int a = M->a[leaf], b = M->b[leaf];
+    if ((M->mode & MODE_XORSHIFT) && M->cls[leaf] == CLS_MM) {
+        uint32_t rng = egg_xorshift_seed(M->base, epoch, thread >> 1, leaf, l);
+        for (i = 0; i < a; i++) out[i] = s * xorshift_value(&rng);        /* A first */
+        for (i = 0; i < b; i++) out[a + i] = xorshift_value(&rng);
+        return;
+    }
+    c = leaf_start(M, leaf, l, epoch, thread);
     for (i = 0; i < n; i++) w[i] = table_entry(M->lut, M->tk0, M->tk1, c + (uint32_t)i);
     if (M->cls[leaf] == CLS_PARAM) {
         for (i = 0; i < a; i++) out[i] = s * ((int32_t)w[2 * i] * (int32_t)w[2 * i + 1]);
@@ -288,17 +345,22 @@ void egg_member_noise(const int32_t *cfg, const int8_t *lut, const uint32_t *tke
 
 /* ------------------------------------------------------------------------------------------- the ops */
 /* clip((x W^T [+ ((x B) A^T) >> (4 + ss)]) // (16 isqrt(in))): W (out, in) int8; A (out), B (in) int32 or NULL */
-void egg_mm(const int8_t *W, int32_t out, int32_t in, const int8_t *x, const int32_t *A, const int32_t *B,
-            int32_t ss, int8_t *y) {
-    int32_t div = egg_out_divisor(in), xb = 0, o, i;
+static void mm_div(const int8_t *W, int32_t out, int32_t in, const int8_t *x, const int32_t *A, const int32_t *B,
+                   int32_t ss, int32_t div, int8_t *y) {
+    int32_t xb = 0, o, i;
     if (A) for (i = 0; i < in; i++) xb += (int32_t)x[i] * B[i];
     for (o = 0; o < out; o++) {
         const int8_t *row = W + (int64_t)o * in;
         int32_t acc = 0;
         for (i = 0; i < in; i++) acc += (int32_t)x[i] * (int32_t)row[i];
         if (A) acc += (xb * A[o]) >> (FIXED_POINT + ss);
-        y[o] = (int8_t)clip(floordiv(acc, div));
+        y[o] = (int8_t)clip(floordiv(acc, div));        /* div a power of 2: the same as acc >> log2(div) */
     }
+}
+
+void egg_mm(const int8_t *W, int32_t out, int32_t in, const int8_t *x, const int32_t *A, const int32_t *B,
+            int32_t ss, int8_t *y) {
+    mm_div(W, out, in, x, A, B, ss, egg_out_divisor(in), y);
 }
 
 /* E[tok] [then clip(E[tok] + ((A[tok] B^T) >> (4 + ss)))]: E (vocab, d) */
@@ -316,13 +378,18 @@ void egg_param(const int8_t *P, int32_t m, const int32_t *E, int32_t ss, int8_t 
     for (i = 0; i < m; i++) y[i] = (int8_t)(E ? clip(P[i] + (E[i] >> (FIXED_POINT + ss))) : P[i]);
 }
 
-/* DIV[max(sum |x|, 1) // d][x * w] */
-void egg_ln(const int8_t *x, const int8_t *w, int32_t d, int8_t *y) {
+/* DIV[max(sum |x|, 1) // d][x * w]; trunc (egg.c): clip((x w) / mean) truncating, a zero mean taken as 1 */
+static void ln_mode(const int8_t *x, const int8_t *w, int32_t d, int trunc, int8_t *y) {
     int32_t sum = 0, m, j;
     for (j = 0; j < d; j++) sum += x[j] < 0 ? -(int32_t)x[j] : x[j];
     m = (sum > 1 ? sum : 1) / d;
-    for (j = 0; j < d; j++) y[j] = (int8_t)egg_ln_divide((int32_t)x[j] * w[j], m);
+    if (trunc && m == 0) m = 1;
+    for (j = 0; j < d; j++)
+        y[j] = (int8_t)(trunc ? clip(((int32_t)x[j] * w[j]) / m) : egg_ln_divide((int32_t)x[j] * w[j], m));
 }
+
+void egg_ln(const int8_t *x, const int8_t *w, int32_t d, int8_t *y) { ln_mode(x, w, d, 0, y); }
+void egg_ln_trunc(const int8_t *x, const int8_t *w, int32_t d, int8_t *y) { ln_mode(x, w, d, 1, y); }
 
 /* clip(a + b [+ c]) in int32; c may be NULL */
 void egg_clipped_add(const int8_t *a, const int8_t *b, const int8_t *c, int64_t n, int8_t *y) {
@@ -333,11 +400,14 @@ void egg_clipped_add(const int8_t *a, const int8_t *b, const int8_t *c, int64_t 
 /* ------------------------------------------------------------------------------------------- the model's ops */
 /* the leaf's params / noise of slice l (noise NULL: noise off) */
 #define PSLICE(M, P, leaf, l) ((P) + (M)->poff[leaf] + (int64_t)(l) * (M)->psz[leaf])
-#define NSLICE(M, N, leaf, l) ((N) ? (N) + (M)->noff[leaf] + (int64_t)(l) * (M)->nsz[leaf] : (const int32_t *)0)
+#define NSLICE(M, N, leaf, l) \
+    ((N) && !(M)->frozen[leaf] ? (N) + (M)->noff[leaf] + (int64_t)(l) * (M)->nsz[leaf] : (const int32_t *)0)
 
 static void op_mm(const Model *M, const int8_t *P, const int32_t *N, int leaf, int l, const int8_t *x, int8_t *y) {
     const int32_t *A = NSLICE(M, N, leaf, l);
-    egg_mm(PSLICE(M, P, leaf, l), M->a[leaf], M->b[leaf], x, A, A ? A + M->a[leaf] : 0, M->ss, y);
+    int32_t in = M->b[leaf];
+    int32_t div = (M->mode & MODE_FIXED_SHIFT) ? (in == 4 * M->d ? 1 << 9 : 1 << 8) : egg_out_divisor(in);
+    mm_div(PSLICE(M, P, leaf, l), M->a[leaf], in, x, A, A ? A + M->a[leaf] : 0, M->ss, div, y);
 }
 
 static void op_param(const Model *M, const int8_t *P, const int32_t *N, int leaf, int l, int8_t *y) {
@@ -347,7 +417,7 @@ static void op_param(const Model *M, const int8_t *P, const int32_t *N, int leaf
 static void op_ln(const Model *M, const int8_t *P, const int32_t *N, int leaf, int l, const int8_t *x, int8_t *y) {
     int8_t w[1024];
     op_param(M, P, N, leaf, l, w);
-    egg_ln(x, w, M->d, y);
+    ln_mode(x, w, M->d, (M->mode & MODE_LN_TRUNC) != 0, y);
 }
 
 static void op_emb(const Model *M, const int8_t *P, const int32_t *N, int32_t tok, int8_t *y) {
@@ -447,9 +517,9 @@ static int32_t member(const Model *M, const int8_t *P, const int32_t *N, const i
     int8_t logits[VOCAB];
     for (t = 0; t < T; t++) {
         int32_t *tr = trace ? trace + t * width : 0;
-        if (tokens[t] == 0) memset(S, 0, (size_t)M->L * M->d);
+        if (tokens[t] == 0 && !(M->mode & MODE_NO_RESET)) memset(S, 0, (size_t)M->L * M->d);
         forward(M, P, N, tokens[t], S, logits, tr);
-        ll = egg_log_likelihood(logits, tokens[t + 1]);
+        ll = ll_mode(logits, tokens[t + 1], (M->mode & MODE_MITCHELL) != 0);
         if (tr) tr[width - 1] = ll;
         score += ll;
     }
@@ -529,7 +599,7 @@ void egg_votes(const int32_t *cfg, const int8_t *lut, const uint32_t *tkey, cons
     memset(Z, 0, (size_t)M.ptotal * sizeof(int32_t));
     for (leaf = 0; leaf < NLEAF; leaf++) {
         int a = M.a[leaf], b = M.b[leaf];
-        for (l = 0; l < M.nsl[leaf]; l++) {
+        for (l = 0; l < M.nsl[leaf] && !M.frozen[leaf]; l++) {
             int32_t *z = Z + M.poff[leaf] + (int64_t)l * M.psz[leaf];
             for (k = 0; k < pairs; k++) {
                 int32_t fk = f[k];
@@ -563,6 +633,23 @@ void egg_apply_votes(const int8_t *P, const int32_t *Z, int64_t n, int32_t thr, 
     }
 }
 
+/* the update under cfg's mode: frozen leaves kept; fixed160: +-1 where |Z| > 160 (saturating), else the z-test */
+void egg_apply_votes_mode(const int32_t *cfg, const int8_t *P, const int32_t *Z, int32_t thr, int32_t pairs,
+                          int8_t *out) {
+    Model M;
+    int leaf;
+    int64_t i;
+    model_init(&M, cfg, 0, 0, 0);
+    for (leaf = 0; leaf < NLEAF; leaf++) {
+        int64_t off = M.poff[leaf], n = M.psz[leaf] * M.nsl[leaf];
+        if (M.frozen[leaf]) memcpy(out + off, P + off, (size_t)n);
+        else if (M.mode & MODE_FIXED160)
+            for (i = off; i < off + n; i++)
+                out[i] = (int8_t)clip(Z[i] > 160 ? P[i] + 1 : (Z[i] < -160 ? P[i] - 1 : P[i]));
+        else egg_apply_votes(P + off, Z + off, n, thr, pairs, M.clt, out + off);
+    }
+}
+
 /* one ES epoch: scores (pop,), states in place, fitness (pop/2,), Z (param count), P_new (param count) */
 void egg_epoch(const int32_t *cfg, const int8_t *lut, const uint32_t *tkey, const uint32_t *keys, const int8_t *P,
                int32_t epoch, int32_t thr, int32_t pop, const int32_t *tokens, int32_t T, int8_t *states,
@@ -572,5 +659,5 @@ void egg_epoch(const int32_t *cfg, const int8_t *lut, const uint32_t *tkey, cons
     egg_population_scores(cfg, lut, tkey, keys, P, epoch, pop, tokens, T, states, scores);
     egg_fitness(scores, pop, f);
     egg_votes(cfg, lut, tkey, keys, epoch, f, pop / 2, Z);
-    egg_apply_votes(P, Z, M.ptotal, thr, pop / 2, M.clt, P_new);
+    egg_apply_votes_mode(cfg, P, Z, thr, pop / 2, P_new);
 }
