@@ -481,3 +481,242 @@ def test_k_epoch_trajectory_at_the_selftest_preset_equals_jaxs(lut):
         assert e == ce and np.array_equal(cs, js), e
         assert all(np.array_equal(cp[p], jp[p]) for p in jp), e
     assert all(np.array_equal(final[p], jax_rows[-1][2][p]) for p in final)
+
+
+# ----------------------------------------------------------------------------- egg.c's departures, one switch each
+# Each switch is checked against a plain statement of egg.c's formula (ljubomirj/egg.c full_trained_egg-cpumulti.c,
+# read for facts) and, where the forward is concerned, against the JAX reference fed the same noise.
+MATRICES = ("blocks.att.Uf", "blocks.att.Uh", "blocks.att.Wf", "blocks.att.Wh", "blocks.mlp.0.weight",
+            "blocks.mlp.1.weight", "head")
+EGG_K = {"blocks.att.Wf": 1, "blocks.att.Uf": 2, "blocks.att.Wh": 3, "blocks.att.Uh": 4, "blocks.mlp.0.weight": 5,
+         "blocks.mlp.1.weight": 6}
+
+
+def _xorshift_values(seed: int, n: int) -> list[int]:
+    x, out = seed & 0xFFFFFFFF, []
+    for _ in range(n):
+        x ^= (x << 13) & 0xFFFFFFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFFFFFF
+        out.append((1 if x & 1 else -1) * ((x >> 1) & 31))
+    return out
+
+
+def _egg_seed(base: int, epoch: int, pair: int, path: str, layer: int) -> int:
+    step = (base ^ ((epoch * 0x9E3779B9) & 0xFFFFFFFF)) & 0xFFFFFFFF
+    return (step + pair + (999 if path == "head" else 100 * layer + EGG_K[path])) & 0xFFFFFFFF
+
+
+def _mitchell(x: int) -> int:
+    if x <= 0:
+        return 0
+    k = x.bit_length() - 1
+    frac = (x - (1 << k)) >> (k - 4) if k >= 4 else (x - (1 << k)) << (4 - k)
+    return 16 * k + frac - 64
+
+
+@needs_c
+def test_knobs_and_the_egg_c_profile_map_to_mode_bits():
+    assert c_int8.egg_mode(None) == c_int8.egg_mode({}) == 0
+    assert c_int8.egg_mode("egg.c") == 127
+    assert c_int8.egg_mode({k: v[0] for k, v in c_int8.EGG_C_KNOBS.items()}) == 0
+    assert sorted(c_int8.EGG_C_KNOBS) == sorted(["int8_noise", "vote_threshold", "evolving", "out_shift",
+                                                 "ln_division", "log2", "state_reset"])
+    with pytest.raises(ValueError, match="unknown knob"):
+        c_int8.egg_mode({"noise": "xorshift"})
+    with pytest.raises(ValueError, match="use table"):
+        c_int8.egg_mode({"int8_noise": "gaussian"})
+
+
+@needs_c
+def test_xorshift_noise_is_egg_cs_and_the_forward_reads_it_as_jax_would(side, lut):
+    import jax.numpy as jnp
+    q, cfg = side.q, side.cfg
+    c = c_int8.Int8C(cfg, side.seed, lut, {"int8_noise": "xorshift"})
+    base = side.seed & 0xFFFFFFFF
+    for epoch, thread in [(0, 0), (3, 5), (77, 2 * cfg.pairs - 1)]:
+        noise = c.member_noise(epoch, thread)
+        nano = side.c.member_noise(epoch, thread)
+        sign = 1 if thread % 2 == 0 else -1
+        for path in c.paths:
+            if path not in MATRICES:                          # egg.c perturbs no other leaf: the table's noise
+                pair = isinstance(noise[path], tuple)
+                assert all(np.array_equal(a, b) for a, b in zip(*(((n[path],) if not pair else n[path])
+                                                                  for n in (noise, nano)))), path
+                continue
+            layers = range(cfg.n_layer) if path.startswith("blocks.") else [None]
+            for layer in layers:
+                A, B = noise[path] if layer is None else (noise[path][0][layer], noise[path][1][layer])
+                vals = _xorshift_values(_egg_seed(base, epoch, thread >> 1, path, layer or 0), A.shape[0] + B.shape[0])
+                assert A[:, 0].tolist() == [sign * v for v in vals[:A.shape[0]]], (path, layer)
+                assert B[:, 0].tolist() == vals[A.shape[0]:], (path, layer)
+                assert c_int8.xorshift_seed(base, epoch, thread >> 1, path, layer or 0, cfg) == _egg_seed(
+                    base, epoch, thread >> 1, path, layer or 0)
+    # egg.c's seeds collide across matrices: Wf of pair p + 1 is Uf of pair p
+    assert np.array_equal(c.member_noise(4, 2 * 1)["blocks.att.Wf"][1][0],
+                          c.member_noise(4, 2 * 0)["blocks.att.Uf"][1][0])
+    # the forward with this noise equals JAX's forward fed the same noise (CachedQEggRoll)
+    tokens = _rng("xs").integers(1, 256, 9).astype(np.int32)
+    state = np.zeros((cfg.n_layer, cfg.n_embd), np.int8)
+    trace, st = q.member_trace(q.CachedQEggRoll, side.frozen, side.nparams, side.init.params,
+                               _nest_noise(c.member_noise(2, 3)), (jnp.int32(2), jnp.int32(3)),
+                               jnp.asarray(tokens[:-1]), jnp.asarray(tokens[1:]), jnp.asarray(state))
+    got, cst, _ = c.member_trace(_flat(side.init.params), 2, 3, tokens, state)
+    assert all(np.array_equal(got[name], np.asarray(trace[name])) for name in trace)
+    assert np.array_equal(cst, np.asarray(st))
+
+
+def _nest_noise(flat: dict, zero=()):
+    """{path: noise} as the nested tree CachedQEggRoll reads; paths in `zero` get zero noise (no perturbation)."""
+    import jax.numpy as jnp
+    out: dict = {}
+    for path, value in flat.items():
+        node = out
+        *head, last = path.split(".")
+        for part in head:
+            node = node.setdefault(part, {})
+        if isinstance(value, tuple):
+            node[last] = tuple(jnp.asarray(v * (0 if path in zero else 1)) for v in value)
+        else:
+            node[last] = jnp.asarray(value * (0 if path in zero else 1))
+    return out
+
+
+@needs_c
+def test_evolving_matrices_freezes_the_other_leaves(side, lut):
+    import jax.numpy as jnp
+    q, cfg = side.q, side.cfg
+    c = c_int8.Int8C(cfg, side.seed, lut, {"evolving": "matrices"})
+    frozen_paths = [p for p in c.paths if p not in MATRICES]
+    tokens = _rng("frz").integers(1, 256, 9).astype(np.int32)
+    state = np.zeros((cfg.n_layer, cfg.n_embd), np.int8)
+    trace, _ = q.member_trace(q.CachedQEggRoll, side.frozen, side.nparams, side.init.params,
+                              _nest_noise(side.c.member_noise(1, 6), zero=frozen_paths),
+                              (jnp.int32(1), jnp.int32(6)), jnp.asarray(tokens[:-1]), jnp.asarray(tokens[1:]),
+                              jnp.asarray(state))
+    got, _, _ = c.member_trace(_flat(side.init.params), 1, 6, tokens, state)
+    assert all(np.array_equal(got[name], np.asarray(trace[name])) for name in trace)
+    params = _random_params(cfg, "frz")
+    rng = _rng("frz-ep")
+    tokens = rng.integers(0, 256, (cfg.pop, cfg.tokens_per_update + 1)).astype(np.uint8)
+    result = c.epoch(params, 0, 0, tokens, np.zeros((cfg.pop, cfg.n_layer, cfg.n_embd), np.int8))
+    nano_votes = side.c.votes(result.fitness, 0)
+    for path in c.paths:
+        if path in MATRICES:
+            assert np.array_equal(result.votes[path], nano_votes[path])
+            assert np.array_equal(result.params[path], c_int8.apply_votes(params[path], nano_votes[path], 0,
+                                                                          cfg.pairs))
+        else:
+            assert not result.votes[path].any() and np.array_equal(result.params[path], params[path])
+
+
+@needs_c
+def test_fixed160_votes_move_beyond_160_either_way_and_never_at_0(side, lut):
+    cfg = side.cfg
+    c = c_int8.Int8C(cfg, side.seed, lut, {"vote_threshold": "fixed160"})
+    rng = _rng("v160")
+    params = _random_params(cfg, "v160")
+    params["head"].reshape(-1)[:4] = [127, -127, 127, -127]
+    votes = {p: rng.integers(-400, 401, v.shape).astype(np.int32) for p, v in params.items()}
+    votes["head"].reshape(-1)[:6] = [161, -161, 160, -160, 0, 0]
+    for thr in (0, 50):                                     # the schedule's threshold plays no part
+        got = c.apply_votes(params, votes, thr, cfg.pairs)
+        for path in c.paths:
+            p, z = params[path].astype(int), votes[path]
+            want = np.clip(np.where(z > 160, p + 1, np.where(z < -160, p - 1, p)), -127, 127)
+            assert np.array_equal(got[path], want), path
+        head = params["head"].reshape(-1)
+        assert got["head"].reshape(-1)[:6].tolist() == [127, -127, head[2], head[3], head[4], head[5]]
+
+
+@needs_c
+def test_fixed_out_shift_is_8_or_9_and_agrees_with_sqrt_at_width_256(lut):
+    rng = _rng("shift")
+    for d in (16, 256):
+        cfg = s.INT8_PRESETS["selftest"].replace(n_embd=d)
+        fixed = c_int8.Int8C(cfg, 1, lut, {"out_shift": "fixed"})
+        nano = c_int8.Int8C(cfg, 1, lut)
+        params = _random_params(cfg, f"shift{d}")
+        flat = fixed.pack(params)
+        noise = fixed.noise_buffer(0, 1)
+        for path, in_dim in [("head", d), ("blocks.mlp.0.weight", d), ("blocks.mlp.1.weight", 4 * d)]:
+            x = rng.integers(-127, 128, in_dim).astype(np.int8)
+            W = params[path][0] if path.startswith("blocks.") else params[path]
+            A, B = nano.member_noise(0, 1)[path] if path == "head" else (
+                nano.member_noise(0, 1)[path][0][0], nano.member_noise(0, 1)[path][1][0])
+            xl, Al, Bl = x.astype(np.int64), A[:, 0].astype(np.int64), B[:, 0].astype(np.int64)
+            acc = xl @ W.T.astype(np.int64) + (((xl @ Bl) * Al) >> 8)
+            want = np.clip(acc >> (9 if in_dim == 4 * d else 8), -127, 127)
+            got = fixed.op_mm(flat, path, 0, x, noise)
+            assert np.array_equal(got, want), (d, path)
+            same = np.array_equal(got, nano.op_mm(flat, path, 0, x, noise))
+            assert same == (d == 256), (d, path)              # 16 * isqrt(in) is 2^8 / 2^9 only at width 256
+
+
+@needs_c
+def test_trunc_layer_norm_is_egg_cs():
+    rng = _rng("lntrunc")
+    for d in (4, 16, 64):
+        for scale in (127, 3, 1, 0):
+            x = rng.integers(-scale, scale + 1, d).astype(np.int8)
+            w = rng.integers(-127, 128, d).astype(np.int8)
+            mean = max(int(np.abs(x.astype(int)).sum()), 1) // d or 1
+            want = [max(-127, min(127, int(np.trunc(int(a) * int(b) / mean)))) for a, b in zip(x, w)]
+            assert c_int8.ln(x, w, trunc=True).tolist() == want, (d, scale)
+    x, w = np.array([-1, 0, 0, 0], np.int8), np.array([16, 16, 16, 16], np.int8)     # mean 0: egg.c takes 1
+    assert c_int8.ln(x, w, trunc=True).tolist() == [-16, 0, 0, 0]
+    assert c_int8.ln(x, w).tolist() == [-2, -1, -1, -1]                                # nano-egg's row 0
+    x = np.array([-37, 20, 20, 20], np.int8)                                          # mean 24: floor vs trunc
+    assert c_int8.ln(x, w, trunc=True)[0] == -24 and c_int8.ln(x, w)[0] == -25
+
+
+@needs_c
+def test_mitchell_log2_and_loss_are_egg_cs():
+    rng = _rng("mitchell")
+    xs = np.concatenate([np.arange(-3, 600), rng.integers(1, 2 ** 28, 2000), [2 ** k for k in range(29)]])
+    assert [c_int8.log2_mitchell(int(x)) for x in xs] == [_mitchell(int(x)) for x in xs]
+    table = (np.exp2(np.arange(256) / 16) * 16).astype(np.int64)
+    differs = 0
+    for scale in (127, 5):
+        for _ in range(20):
+            logits = rng.integers(-scale, scale + 1, 256).astype(np.int8)
+            target = int(rng.integers(256))
+            z = logits.astype(np.int64) + 128
+            want = int(z[target]) - _mitchell(int(table[z].sum()))
+            assert c_int8.log_likelihood(logits, target, mitchell=True) == want
+            differs += want != c_int8.log_likelihood(logits, target)
+    assert differs > 0
+
+
+@needs_c
+def test_never_resetting_the_state_equals_jaxs_forward_stepped_without_the_reset(side, lut):
+    import jax.numpy as jnp
+    q, cfg = side.q, side.cfg
+    c = c_int8.Int8C(cfg, side.seed, lut, {"state_reset": "never"})
+    tokens = _rng("noreset").integers(1, 256, 9).astype(np.int32)
+    tokens[3] = tokens[6] = 0
+    state = _rng("noreset-s").integers(-127, 128, (cfg.n_layer, cfg.n_embd)).astype(np.int8)
+    it = (jnp.int32(2), jnp.int32(1))
+    st, logits = jnp.asarray(state), []
+    for inp in tokens[:-1]:
+        lg, st = q.EGG.forward(q.QEggRoll, side.frozen, side.nparams, None, side.init.params, side.init.es_tree_key,
+                               it, jnp.int32(inp), st)
+        logits.append(np.asarray(lg))
+    got, cst, _ = c.member_trace(_flat(side.init.params), 2, 1, tokens, state)
+    assert np.array_equal(got["logits"], np.stack(logits)) and np.array_equal(cst, np.asarray(st))
+    reset, _, _ = side.c.member_trace(_flat(side.init.params), 2, 1, tokens, state)
+    assert not np.array_equal(reset["logits"][3:], got["logits"][3:])
+
+
+@needs_c
+def test_egg_c_profile_trains_deterministically_and_freezes_what_egg_c_freezes(lut):
+    from jax_reference.int8 import init_int8
+    cfg, seed = s.INT8_PRESETS["selftest"], 3
+    init = _flat(init_int8(cfg, seed).params)
+    runs = [c_int8.train_epochs(cfg, seed, lut, init, knobs="egg.c") for _ in range(2)]
+    nano = c_int8.train_epochs(cfg, seed, lut, init)
+    assert all(np.array_equal(runs[0][p], runs[1][p]) for p in init)
+    for path in init:
+        if path not in MATRICES:
+            assert np.array_equal(runs[0][path], init[path]), path
+    assert any(not np.array_equal(runs[0][p], nano[p]) for p in MATRICES)
