@@ -173,6 +173,14 @@ def _arr(value, dtype) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(value), dtype=dtype)
 
 
+def _tokens(tokens) -> np.ndarray:
+    """Bytes as int32, checked: the C forward indexes the embedding with them."""
+    tokens = _arr(tokens, _I32)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= VOCAB):
+        raise ValueError(f"tokens are bytes in [0, {VOCAB - 1}], got values in [{tokens.min()}, {tokens.max()}]")
+    return tokens
+
+
 def _ptr(array: np.ndarray | None):
     return None if array is None else array.ctypes.data_as(_P)
 
@@ -516,7 +524,7 @@ class Int8C:
 
     def member_trace(self, params: dict, epoch: int, thread: int, tokens, state, noise: bool = True):
         """(trace {name: (T, ...)}, final state (L, d), score): member `thread` over tokens (T + 1,) from state."""
-        tokens = _arr(tokens, _I32)
+        tokens = _tokens(tokens)
         T = tokens.size - 1
         S = _arr(state, _I8).copy()
         trace = np.empty((T, self.width), _I32)
@@ -534,7 +542,7 @@ class Int8C:
 
     def population_scores(self, params: dict, epoch: int, tokens, states) -> tuple[np.ndarray, np.ndarray]:
         """(scores (pop,) int32, states after): member m is thread m on tokens[m] (T + 1,)."""
-        tokens = _arr(tokens, _I32)
+        tokens = _tokens(tokens)
         states = _arr(states, _I8).copy()
         scores = np.empty(tokens.shape[0], _I32)
         self.lib.egg_population_scores(_ptr(self.cfg), _ptr(self.lut), _ptr(self.tkey), _ptr(self.keys),
@@ -543,7 +551,7 @@ class Int8C:
         return scores, states
 
     def validation_scores(self, params: dict, rows) -> np.ndarray:
-        rows = _arr(rows, _I32)
+        rows = _tokens(rows)
         out = np.empty(rows.shape[0], _I32)
         self.lib.egg_validation_scores(_ptr(self.cfg), _ptr(self.pack(params)), rows.shape[0], _ptr(rows),
                                        rows.shape[1], _ptr(out))
@@ -574,7 +582,7 @@ class Int8C:
 
     def epoch(self, params: dict, epoch: int, threshold: int, tokens, states) -> EpochResult:
         """One ES epoch in one C call: scores, fitness, votes and the update over the whole population."""
-        tokens = _arr(tokens, _I32)
+        tokens = _tokens(tokens)
         pop, T = tokens.shape[0], tokens.shape[1] - 1
         states = _arr(states, _I8).copy()
         scores, f = np.empty(pop, _I32), np.empty(pop // 2, _I8)

@@ -720,3 +720,14 @@ def test_egg_c_profile_trains_deterministically_and_freezes_what_egg_c_freezes(l
         if path not in MATRICES:
             assert np.array_equal(runs[0][path], init[path]), path
     assert any(not np.array_equal(runs[0][p], nano[p]) for p in MATRICES)
+
+
+@needs_c
+def test_tokens_outside_a_byte_are_refused_before_the_c_forward(lut):
+    cfg = s.INT8_PRESETS["selftest"]
+    c = c_int8.Int8C(cfg, 0, lut)
+    params = _random_params(cfg, "tok")
+    with pytest.raises(ValueError, match=r"bytes in \[0, 255\]"):
+        c.member_trace(params, 0, 0, [1, 2, 256], np.zeros((1, 4), np.int8))
+    with pytest.raises(ValueError, match=r"bytes in \[0, 255\]"):
+        c.validation_scores(params, [[1, -1, 3]])
