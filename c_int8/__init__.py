@@ -13,7 +13,8 @@ one ES epoch over the whole population (the loop over members runs in C).
 The 2^23-entry int8 normal look-up (int8(normal * 16) for every bits >> 9) is passed in by the caller
 (jax_reference.int8.normal_lut(), or int8 of torch_impl.random.normal_table() * 16): computing JAX's float32 normal
 bit for bit in C would need XLA's erfinv polynomial step by step; a standalone C build would need that port.
-Initial parameters come from the caller too (nano-egg's init is round(normal * 16), the float normal again).
+nano-egg's init, round(normal * 16), reads a second 2^23 look-up the same way (`init_params`; the caller passes the
+rounded values, e.g. np.round(torch_impl.random.normal_table() * 16)).
 
 egg.c's departures (ljubomirj/egg.c `full_trained_egg-cpumulti.c`, read for facts) are switches, one per aspect
 (`EGG_C_KNOBS`; `Int8C(..., knobs={...})` or `knobs="egg.c"` for all of them); every other aspect stays nano-egg's:
@@ -591,6 +592,38 @@ class Int8C:
                            epoch, int(threshold), pop, _ptr(tokens), T, _ptr(states), _ptr(scores), _ptr(f), _ptr(Z),
                            _ptr(new))
         return EpochResult(scores, states, f, self.unpack(Z), self.unpack(new))
+
+
+def init_params(cfg: Int8Config, seed: int, init_lut) -> dict:
+    """nano-egg's init from the seed, {path: int8}: a matrix is round(normal(key, shape) * 16), read as
+    init_lut[bits(j) >> 9] with bits(j) = y0 ^ y1 of threefry(key; 0, j) (init_lut: the 2^23 values of
+    round(normal * 16), half to even, passed in like the noise look-up); biases 0, norm weights 16.
+    Keys: model_key = fold_in(key(seed), 0); split(model_key, 3) -> emb, blocks, head; layer l: split(blocks, L)[l]
+    -> split(., 2) -> att, mlp; att: split(., 4) -> Wf, Uf, Wh, Uh; mlp: split(., 2) -> mlp.0, mlp.1."""
+    init_lut = _check_lut(init_lut)
+    d, L = cfg.n_embd, cfg.n_layer
+
+    def draw(key, shape):
+        n = math.prod(shape)
+        y0, y1 = threefry2x32(key[0], key[1], np.zeros(n, _U32), np.arange(n, dtype=_U32))
+        return init_lut[(y0 ^ y1) >> np.uint32(32 - LUT_BITS)].reshape(shape)
+
+    k_emb, k_blocks, k_head = split(fold_in(table_key(seed), 0), 3)
+    mats: dict[str, list] = {name: [] for name in ("Wf", "Uf", "Wh", "Uh", "mlp.0", "mlp.1")}
+    for layer_key in split(k_blocks, L):
+        att, mlp = split(layer_key, 2)
+        for name, key in zip(("Wf", "Uf", "Wh", "Uh"), split(att, 4)):
+            mats[name].append(draw(key, (d, d)))
+        k0, k1 = split(mlp, 2)
+        mats["mlp.0"].append(draw(k0, (4 * d, d)))
+        mats["mlp.1"].append(draw(k1, (d, 4 * d)))
+    params = {f"blocks.att.{n}": np.stack(mats[n]) for n in ("Uf", "Uh", "Wf", "Wh")}
+    params.update({"blocks.att.bf": np.zeros((L, d), _I8), "blocks.att.bh": np.zeros((L, d), _I8),
+                   "blocks.ln1.weight": np.full((L, d), 16, _I8), "blocks.ln2.weight": np.full((L, d), 16, _I8),
+                   "blocks.mlp.0.weight": np.stack(mats["mlp.0"]), "blocks.mlp.1.weight": np.stack(mats["mlp.1"]),
+                   "emb": draw(k_emb, (VOCAB, d)), "head": draw(k_head, (VOCAB, d)),
+                   "ln_out.weight": np.full(d, 16, _I8)})
+    return {path: params[path] for path in int8_tree(cfg).paths}
 
 
 def train_epochs(cfg: Int8Config, seed: int, lut, params: dict, epochs: int | None = None, corpus=None,

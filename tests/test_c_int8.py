@@ -731,3 +731,16 @@ def test_tokens_outside_a_byte_are_refused_before_the_c_forward(lut):
         c.member_trace(params, 0, 0, [1, 2, 256], np.zeros((1, 4), np.int8))
     with pytest.raises(ValueError, match=r"bytes in \[0, 255\]"):
         c.validation_scores(params, [[1, -1, 3]])
+
+
+@needs_c
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_init_from_the_seed_equals_jaxs(jq, cfg):
+    import jax
+    patterns = jax.random.normal(jax.random.key(0, impl=jq._PATTERNS), (2 ** 23,))
+    init_lut = np.round(np.asarray(patterns) * np.float32(16)).astype(np.int8)     # round half to even
+    for seed in (0, 2 ** 32 - 1):
+        got = c_int8.init_params(cfg, seed, init_lut)
+        want = _flat(jq.init_int8(cfg, seed).params)
+        assert list(got) == list(want)
+        assert all(np.array_equal(got[p], want[p]) and got[p].dtype == np.int8 for p in want)
