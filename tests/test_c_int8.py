@@ -690,6 +690,7 @@ def test_mitchell_log2_and_loss_are_egg_cs():
 
 @needs_c
 def test_never_resetting_the_state_equals_jaxs_forward_stepped_without_the_reset(side, lut):
+    import jax
     import jax.numpy as jnp
     q, cfg = side.q, side.cfg
     c = c_int8.Int8C(cfg, side.seed, lut, {"state_reset": "never"})
@@ -697,10 +698,11 @@ def test_never_resetting_the_state_equals_jaxs_forward_stepped_without_the_reset
     tokens[3] = tokens[6] = 0
     state = _rng("noreset-s").integers(-127, 128, (cfg.n_layer, cfg.n_embd)).astype(np.int8)
     it = (jnp.int32(2), jnp.int32(1))
+    step = jax.jit(lambda inp, st: q.EGG.forward(q.QEggRoll, side.frozen, side.nparams, None, side.init.params,
+                                                  side.init.es_tree_key, it, inp, st))
     st, logits = jnp.asarray(state), []
     for inp in tokens[:-1]:
-        lg, st = q.EGG.forward(q.QEggRoll, side.frozen, side.nparams, None, side.init.params, side.init.es_tree_key,
-                               it, jnp.int32(inp), st)
+        lg, st = step(jnp.int32(inp), st)
         logits.append(np.asarray(lg))
     got, cst, _ = c.member_trace(_flat(side.init.params), 2, 1, tokens, state)
     assert np.array_equal(got["logits"], np.stack(logits)) and np.array_equal(cst, np.asarray(st))
@@ -744,3 +746,13 @@ def test_init_from_the_seed_equals_jaxs(jq, cfg):
         want = _flat(jq.init_int8(cfg, seed).params)
         assert list(got) == list(want)
         assert all(np.array_equal(got[p], want[p]) and got[p].dtype == np.int8 for p in want)
+
+
+@needs_c
+def test_validation_scores_equal_jaxs(side):
+    rng = _rng(f"val{side.cfg.n_embd}")
+    rows = rng.integers(0, 256, (5, 12)).astype(np.uint8)
+    rows[1, 4] = 0
+    for params in (_flat(side.init.params), _random_params(side.cfg, "val")):
+        want = side.q.validation_scores(_nest(params), rows)
+        assert np.array_equal(side.c.validation_scores(params, rows), np.asarray(want))
