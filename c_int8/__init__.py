@@ -30,8 +30,10 @@ egg.c's departures (ljubomirj/egg.c `full_trained_egg-cpumulti.c`, read for fact
     log2=mitchell            ll = z[target] - (16 k + f - 64), k the leading bit of sum EXP2[z] and f its next 4 bits
                              (linear mantissa), of the sum itself (nano-egg: LOG2[sum - 1])
     state_reset=never        the recurrent state is never zeroed
-Not modelled (egg.c facts outside the switches): its nested gate clips, its forward without the MLP and ln2 while
-still voting on the MLP, its data layout and its xorshift init.
+Two more switches (EGG_C_STRUCTURE, profile "egg.c-cpumulti" with the seven) follow the portable cpumulti file:
+    gate_clip=nested         a gate is clip(clip(W x + U s) + bias)
+    mlp=off                  no ln2 and no MLP in the forward (traced as zeros); the MLP matrices are still voted on
+Not modelled: egg.c's data layout (pair p reads its own stream offset) and its xorshift init (pass params in).
 """
 from __future__ import annotations
 
@@ -61,21 +63,29 @@ EGG_C_KNOBS: dict[str, tuple[str, str, int]] = {
     "state_reset": ("on_zero", "never", 64),
 }
 EGG_C_PROFILE = {knob: values[1] for knob, values in EGG_C_KNOBS.items()}
+# egg.c's structure beyond the issue's seven aspects (its portable full_trained_egg-cpumulti.c), for conformance runs
+EGG_C_STRUCTURE: dict[str, tuple[str, str, int]] = {
+    "gate_clip": ("once", "nested", 128),       # clip(clip(W x + U s) + bias)
+    "mlp": ("on", "off", 256),                  # no ln2 and no MLP in the forward (the MLP still noised and voted)
+}
+PROFILES = {"egg.c": EGG_C_PROFILE,
+            "egg.c-cpumulti": {**EGG_C_PROFILE, **{k: v[1] for k, v in EGG_C_STRUCTURE.items()}}}
 
 
 def egg_mode(knobs: dict | str | None) -> int:
-    """The C mode bits for {knob: value} ("egg.c": every departure; None or {}: nano-egg)."""
+    """The C mode bits for {knob: value} or a profile name ("egg.c": the seven departures; "egg.c-cpumulti": those
+    and EGG_C_STRUCTURE's); None or {}: nano-egg."""
     if knobs is None:
         return 0
     if isinstance(knobs, str):
-        if knobs != "egg.c":
-            raise ValueError(f"unknown profile {knobs!r}: the C side knows 'egg.c'")
-        knobs = EGG_C_PROFILE
-    mode = 0
+        if knobs not in PROFILES:
+            raise ValueError(f"unknown profile {knobs!r}: the C side knows {', '.join(PROFILES)}")
+        knobs = PROFILES[knobs]
+    mode, table = 0, {**EGG_C_KNOBS, **EGG_C_STRUCTURE}
     for knob, value in knobs.items():
-        if knob not in EGG_C_KNOBS:
-            raise ValueError(f"unknown knob {knob!r}; the C side's knobs: {', '.join(EGG_C_KNOBS)}")
-        nano, egg, bit = EGG_C_KNOBS[knob]
+        if knob not in table:
+            raise ValueError(f"unknown knob {knob!r}; the C side's knobs: {', '.join(table)}")
+        nano, egg, bit = table[knob]
         if value not in (nano, egg):
             raise ValueError(f"{knob}={value!r}: use {nano} (nano-egg) or {egg} (egg.c)")
         mode |= bit if value == egg else 0

@@ -46,6 +46,10 @@
 #define MODE_LN_TRUNC 16     /* ln_division=trunc: (x w) / mean truncating, mean = max(sum |x|, 1) / d, 0 -> 1 */
 #define MODE_MITCHELL 32     /* log2=mitchell: ll = z[target] - (16 k + linear 4-bit mantissa - 64) of the sum */
 #define MODE_NO_RESET 64     /* state_reset=never: the recurrent state is never zeroed */
+/* egg.c's structure where the portable full_trained_egg-cpumulti.c departs beyond the seven aspects */
+#define MODE_NESTED_CLIP 128 /* gate_clip=nested: a gate is clip(clip(W x + U s) + bias), not one clip of the sum */
+#define MODE_NO_MLP 256      /* mlp=off: the forward runs no ln2 and no MLP (a block's output is the GRU's residual
+                                sum; the MLP matrices still take their noise and votes) */
 
 /* T[e][f]: the least n with n^16 >= 2^(16 e + f) (spec.int8.LOG2_THRESHOLDS, checked equal by the tests) */
 static const int32_t LOG2_THR[29][16] = {
@@ -425,6 +429,16 @@ static void op_emb(const Model *M, const int8_t *P, const int32_t *N, int32_t to
     egg_emb(PSLICE(M, P, EMB, 0), M->d, tok, A, A ? A + VOCAB : 0, M->ss, y);
 }
 
+/* a GRU gate's sum: clip(a + b + bias) (nano-egg) or clip(clip(a + b) + bias) (gate_clip=nested) */
+static void gate_add(const Model *M, const int8_t *a, const int8_t *b, const int8_t *bias, int d, int8_t *y) {
+    if (M->mode & MODE_NESTED_CLIP) {
+        egg_clipped_add(a, b, 0, d, y);
+        egg_clipped_add(y, bias, 0, d, y);
+    } else {
+        egg_clipped_add(a, b, bias, d, y);
+    }
+}
+
 /* nano-egg's GRU on layer l: f, gated, cand and the new state (returned as s_new) */
 static void op_gru(const Model *M, const int8_t *P, const int32_t *N, int l, const int8_t *x, const int8_t *s,
                    int8_t *f, int8_t *gated, int8_t *cand, int8_t *s_new) {
@@ -433,12 +447,12 @@ static void op_gru(const Model *M, const int8_t *P, const int32_t *N, int l, con
     op_mm(M, P, N, WF, l, x, t1);
     op_mm(M, P, N, UF, l, s, t2);
     op_param(M, P, N, BF, l, t3);
-    egg_clipped_add(t1, t2, t3, d, f);
+    gate_add(M, t1, t2, t3, d, f);
     for (j = 0; j < d; j++) gated[j] = (int8_t)((((int32_t)f[j] + MAXV) * s[j]) >> LOGMAX_PLUS_1);
     op_mm(M, P, N, WH, l, x, t1);
     op_mm(M, P, N, UH, l, gated, t2);
     op_param(M, P, N, BH, l, t3);
-    egg_clipped_add(t1, t2, t3, d, cand);
+    gate_add(M, t1, t2, t3, d, cand);
     for (j = 0; j < d; j++) {
         int8_t step = (int8_t)((((int32_t)f[j] + MAXV) * ((int32_t)cand[j] - s[j])) >> LOGMAX_PLUS_1);
         s_new[j] = (int8_t)(s[j] + step);             /* int8 + int8, as int8: the exact sum is in [-127, 127] */
@@ -496,9 +510,14 @@ static void forward(const Model *M, const int8_t *P, const int32_t *N, int32_t t
         op_gru(M, P, N, l, u, s, f, g, c, sn);
         memcpy(s, sn, (size_t)d);
         egg_clipped_add(sn, x, 0, d, y);
-        op_ln(M, P, N, LN2, l, y, v);
-        op_mlp(M, P, N, l, v, h, mo);
-        egg_clipped_add(mo, y, 0, d, out);
+        if (M->mode & MODE_NO_MLP) {              /* egg.c cpumulti: no ln2, no MLP (traced as zeros) */
+            memset(v, 0, (size_t)d); memset(h, 0, (size_t)(4 * d)); memset(mo, 0, (size_t)d);
+            memcpy(out, y, (size_t)d);
+        } else {
+            op_ln(M, P, N, LN2, l, y, v);
+            op_mlp(M, P, N, l, v, h, mo);
+            egg_clipped_add(mo, y, 0, d, out);
+        }
         TRACE(u, d); TRACE(f, d); TRACE(g, d); TRACE(c, d); TRACE(sn, d); TRACE(y, d); TRACE(v, d);
         TRACE(h, 4 * d); TRACE(mo, d); TRACE(out, d);
         memcpy(x, out, (size_t)d);

@@ -756,3 +756,41 @@ def test_validation_scores_equal_jaxs(side):
     for params in (_flat(side.init.params), _random_params(side.cfg, "val")):
         want = side.q.validation_scores(_nest(params), rows)
         assert np.array_equal(side.c.validation_scores(params, rows), np.asarray(want))
+
+
+@needs_c
+def test_cpumulti_structure_switches_nested_gate_clips_and_no_mlp(side, lut):
+    cfg, d = side.cfg, side.cfg.n_embd
+    assert c_int8.egg_mode("egg.c-cpumulti") == 127 | 128 | 256
+    rng = _rng(f"cpumulti{d}")
+    params = _random_params(cfg, "cpumulti")
+    nested = c_int8.Int8C(cfg, side.seed, lut, {"gate_clip": "nested"})
+    flat, noise = nested.pack(params), nested.noise_buffer(1, 2)
+    x, st = (rng.integers(-127, 128, d).astype(np.int8) for _ in range(2))
+    got = nested.op_gru(flat, 0, x, st, noise)
+    mm = lambda path, v: side.c.op_mm(flat, path, 0, v, noise).astype(int)
+    par = lambda path: side.c.op_param(flat, path, 0, noise).astype(int)
+    clip = lambda v: np.clip(v, -127, 127)
+    f = clip(clip(mm("blocks.att.Wf", x) + mm("blocks.att.Uf", st)) + par("blocks.att.bf"))
+    gated = ((f + 127) * st) >> 8
+    cand = clip(clip(mm("blocks.att.Wh", x) + mm("blocks.att.Uh", gated.astype(np.int8))) + par("blocks.att.bh"))
+    assert np.array_equal(got["f"], f) and np.array_equal(got["gated"], gated) and np.array_equal(got["cand"], cand)
+    assert np.array_equal(got["state"], st + (((f + 127) * (cand - st)) >> 8))
+    parted = 0                                    # the two clips part where W x + U s saturates and the bias pulls back
+    for _ in range(20):
+        x, st = (rng.integers(-127, 128, d).astype(np.int8) for _ in range(2))
+        once, twice = side.c.op_gru(flat, 0, x, st, noise), nested.op_gru(flat, 0, x, st, noise)
+        parted += not np.array_equal(once["f"], twice["f"])
+    assert parted > 0
+    no_mlp = c_int8.Int8C(cfg, side.seed, lut, {"mlp": "off"})
+    tokens = rng.integers(1, 256, 9).astype(np.int32)
+    trace, _, _ = no_mlp.member_trace(params, 1, 2, tokens, np.zeros((cfg.n_layer, d), np.int8))
+    for l in range(cfg.n_layer):
+        assert np.array_equal(trace[f"blocks.{l}.out"], trace[f"blocks.{l}.att"])
+        assert not trace[f"blocks.{l}.mlp"].any() and not trace[f"blocks.{l}.mlp.0"].any()
+    full, _, _ = side.c.member_trace(params, 1, 2, tokens, np.zeros((cfg.n_layer, d), np.int8))
+    assert np.array_equal(full["blocks.0.att"], trace["blocks.0.att"])        # the GRU half is unchanged
+    assert not np.array_equal(full["logits"], trace["logits"])
+    # the MLP matrices are still voted on with the MLP off
+    f = _rng("cpumulti-f").integers(-1, 2, cfg.pairs).astype(np.int8)
+    assert np.array_equal(no_mlp.votes(f, 3)["blocks.mlp.0.weight"], side.c.votes(f, 3)["blocks.mlp.0.weight"])
