@@ -14,13 +14,19 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup test parity gap gap-paper gap-lm bench ports clean
+.PHONY: help setup c-side test parity gap gap-paper gap-lm bench ports clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  options: ARGS=\"...\" (passed to the command), RUNS=dir (output root, default runs), CONSTRAINTS=file"
 
-setup: $(STAMP)  ## create .venv and install the project (pins from constraints.txt)
+setup: $(STAMP) c-side  ## create .venv, install the project (pins from constraints.txt), build the C side
+
+# The integer EGGROLL's C side (c_int8/egg_int8.c -> build/c_int8/) with the system C compiler (cc, C99, -O2
+# -fwrapv). Optional: with no compiler it says so and the tests that need it skip; a compiler error is printed
+# (exit 2, ignored here), so neither ever fails setup or `make test`.
+c-side: $(STAMP)  ## build the int8 C side (c_int8) with the system C compiler, or say why not
+	-@$(PY) -m c_int8.build
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
@@ -56,5 +62,5 @@ $(PORTS_STAMP): $(STAMP)
 		$(PY) -m pip install --quiet --no-deps --ignore-requires-python $(PORTS_ALONE)
 	touch $(PORTS_STAMP)
 
-clean:  ## remove .venv and caches (never runs/ or reports/)
-	rm -rf $(VENV) .pytest_cache
+clean:  ## remove .venv, caches and the C build (never runs/ or reports/)
+	rm -rf $(VENV) .pytest_cache build/c_int8

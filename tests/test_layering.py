@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"spec", "reporting", "rollout", "torch_impl", "jax_reference", "parity", "gap", "bench", "ports", "examples",
+OURS = {"spec", "reporting", "rollout", "torch_impl", "jax_reference", "c_int8", "parity", "gap", "bench", "ports",
+        "examples",
         "tests"}
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
@@ -23,6 +24,8 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "rollout": ({"rollout"}, {"numpy", "gymnasium"}),
     "torch_impl": ({"torch_impl", "spec", "rollout"}, {"torch", "numpy"}),
     "jax_reference": ({"jax_reference", "spec", "rollout"}, {"jax", "optax", "numpy"}),
+    # the C side: ctypes (stdlib) and numpy; its normal look-up is passed in, so neither jax nor torch
+    "c_int8": ({"c_int8", "spec", "rollout"}, {"numpy"}),
     "parity": ({"parity", "spec", "rollout", "reporting"}, {"numpy", "scipy"}),
     "gap": ({"gap", "spec", "reporting"}, {"numpy", "scipy", "pandas", "matplotlib", "lifelines", "statsmodels", "pydoe"}),
     "bench": ({"bench", "spec", "reporting", "rollout", "torch_impl", "jax_reference"},
