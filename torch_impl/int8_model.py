@@ -1,0 +1,266 @@
+"""nano-egg's EGG model in torch (spec/int8.py, "Ops"), the whole population at once, bit for bit.
+
+Storage is int8, arithmetic int32, as spec.int8 states. How each rule is kept in torch:
+- Matrix products: torch's int8 @ int8 would wrap in int8, so operands are cast first, to int64, and the int64
+  product is reduced to int32. That is exact: every term is an integer of magnitude <= 127 * 127 (or 127 * 86 * 86
+  for the noise term), so an int64 sum of fewer than 2^40 of them never overflows, and reducing the exact sum mod
+  2^32 (int64 -> int32 conversion keeps the low 32 bits) gives what XLA's wrapping int32 accumulation gives,
+  whatever the order of summation (integer sums are associative). No float is involved at any point (a float32
+  product would round above 2^24). torch's integer matmul runs on the CPU; CUDA has no integer GEMM, so on CUDA the
+  products run as float64 GEMMs: exact too, since every partial sum is an integer below 127^2 * in < 2^53
+  (asserted by `_check_exact_f64`).
+- `>>` on signed int32 tensors is an arithmetic shift (floor), `torch.div(.., rounding_mode="floor")` a floor
+  division (both checked on negatives in tests/test_torch_int8.py); clips are explicit clamps to [-127, 127].
+- Layer norm row 0 is built by hand: DIV[0][0] = -1, DIV[0][v != 0] = -2 (XLA's division by zero).
+Population batching: x is (P, ...) with one row per member; the shared weight W multiplies all rows in one GEMM;
+the member's low-rank noise (rank 1) adds ((x . B_m) A_m) >> (4 + ss) row by row as a broadcast product.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from spec.int8 import (FIXED_POINT, LOG2_THRESHOLDS, LOGMAX, MAX, Int8Config, exp2_table, noise_shift,
+                       out_divisor)
+from torch_impl import random as rnd
+from torch_impl.int8_noise import PairNoise, run_keys
+
+I8, I16, I32, I64 = torch.int8, torch.int16, torch.int32, torch.int64
+_F64_EXACT = 2 ** 53
+
+
+# ----------------------------------------------------------------------------- integer helpers
+def clip8(v: torch.Tensor) -> torch.Tensor:
+    """clip(v, -127, 127) as int8."""
+    return torch.clamp(v, -MAX, MAX).to(I8)
+
+
+def clipped_add(*values: torch.Tensor) -> torch.Tensor:
+    """clip(sum in int32) as int8."""
+    total = values[0].to(I32)
+    for v in values[1:]:
+        total = total + v.to(I32)
+    return clip8(total)
+
+
+def floor_div(v: torch.Tensor, d) -> torch.Tensor:
+    return torch.div(v, d, rounding_mode="floor")
+
+
+def _check_exact_f64(a: torch.Tensor, b: torch.Tensor) -> None:
+    bound = int(a.abs().max()) * int(b.abs().max()) * a.shape[-1] if a.numel() and b.numel() else 0
+    if bound >= _F64_EXACT:
+        raise ValueError(f"a float64 product of these integers could round (bound {bound} >= 2^53)")
+
+
+def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for integer tensors, exact, wrapped to int32 as XLA's int32 dot (see the module docstring)."""
+    if a.device.type == "cpu":
+        return torch.matmul(a.to(I64), b.to(I64)).to(I32)
+    _check_exact_f64(a, b)
+    return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(I64).to(I32)
+
+
+def ln_divide(numerator: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """DIV[m][v]: clip(int16(v) // m) for m >= 1; row 0 -1 for v = 0, else -2 (m broadcast against v)."""
+    v = numerator.to(I16).to(I32)                  # the table is indexed by the numerator's int16 bits
+    m = m.to(I32)
+    q = floor_div(v, torch.clamp_min(m, 1))
+    row0 = torch.where(v == 0, torch.full_like(v, -1), torch.full_like(v, -2))
+    return clip8(torch.where(m == 0, row0, q))
+
+
+EXP2 = torch.tensor(exp2_table(), dtype=I64)
+_LOG2_T = torch.tensor(LOG2_THRESHOLDS, dtype=I64)                  # (29, 16)
+
+
+def log2_entries(k: torch.Tensor) -> torch.Tensor:
+    """LOG2[k] = int32(log2((k + 1) / 16) * 16) for k in [0, 2^28), exactly (integer thresholds; spec.log2_entry)."""
+    n = k.to(I64) + 1
+    e = torch.frexp(n.to(torch.float64))[1].to(I64) - 1         # floor(log2 n), exact for n < 2^53
+    thr = _LOG2_T.to(n.device)[e]                               # (..., 16)
+    m = 16 * e + (n.unsqueeze(-1) >= thr[..., 1:]).sum(-1)
+    exact = (n & (n - 1)) == 0
+    return torch.where((n >= 16) | exact, m - 64, m - 63).to(I32)
+
+
+def log_likelihood(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """ll = z[target] - LOG2[sum_v EXP2[z_v] - 1], z = logits + 128 (1/16 bit), rows of logits (..., 256): int32."""
+    z = logits.to(I64) + 128
+    total = EXP2.to(z.device)[z].sum(-1)
+    picked = torch.gather(z, -1, targets.to(I64).unsqueeze(-1)).squeeze(-1)
+    return (picked - log2_entries(total - 1).to(I64)).to(I32)
+
+
+# ----------------------------------------------------------------------------- the ops, population batched
+class LowRank(NamedTuple):
+    A: torch.Tensor          # (P, a) int8 with the member's sign
+    B: torch.Tensor          # (P, b) int8
+
+
+def mm(W: torch.Tensor, x: torch.Tensor, noise: LowRank | None, sigma_shift: int) -> torch.Tensor:
+    """clip((x W^T [+ ((x B) A^T) >> (4 + ss)]) // (16 isqrt(in))): x (P, in) int8, W (out, in) -> (P, out) int8."""
+    acc = int_matmul(x, W.T)
+    if noise is not None:
+        xb = (x.to(I64) * noise.B.to(I64)).sum(-1).to(I32)                      # (P,) int32 (x B), wrapped
+        pert = (xb.to(I64).unsqueeze(-1) * noise.A.to(I64)).to(I32)            # ((x B) A^T), wrapped
+        acc = acc + (pert >> noise_shift(sigma_shift))
+    return clip8(floor_div(acc, out_divisor(W.shape[-1])))
+
+
+def emb(E: torch.Tensor, tok: torch.Tensor, noise: LowRank | None, sigma_shift: int) -> torch.Tensor:
+    """E[tok] [then clip(E[tok] + ((A[tok] B^T) >> (4 + ss)))]: tok (P,) -> (P, d) int8."""
+    row = E[tok.to(I64)]
+    if noise is None:
+        return row
+    a_tok = torch.gather(noise.A, 1, tok.to(I64).unsqueeze(-1)).to(I32)       # (P, 1)
+    pert = a_tok * noise.B.to(I32)                                              # |.| <= 86^2: no wrap
+    return clip8(row.to(I32) + (pert >> noise_shift(sigma_shift)))
+
+
+def param(P: torch.Tensor, E: torch.Tensor | None, sigma_shift: int) -> torch.Tensor:
+    """P [then clip(P + (E >> (4 + ss)))] ((P,) + shape when noised, else the shared P)."""
+    if E is None:
+        return P
+    return clip8(P.to(I32) + (E >> noise_shift(sigma_shift)))
+
+
+def ln(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """DIV[max(sum |x|, 1) // d][x * w] over the last axis: x (P, d) int8, w (P, d) or (d,) int8."""
+    d = x.shape[-1]
+    m = floor_div(torch.clamp_min(x.to(I32).abs().sum(-1, dtype=I32), 1), d).unsqueeze(-1)
+    return ln_divide(x.to(I32) * w.to(I32), m)
+
+
+# ----------------------------------------------------------------------------- the model
+class Layer(NamedTuple):
+    """One block's params (slice l of the stacked leaves) and noise (members first), None where noise is off."""
+
+    p: dict
+    lowrank: dict
+    full: dict
+
+
+def _lr(noise: PairNoise | None, path: str, l: int | None) -> LowRank | None:
+    if noise is None:
+        return None
+    A, B = noise.A[path], noise.B[path]
+    return LowRank(A, B) if l is None else LowRank(A[:, l], B[:, l])
+
+
+def _full(noise: PairNoise | None, path: str, l: int | None):
+    if noise is None:
+        return None
+    return noise.E[path] if l is None else noise.E[path][:, l]
+
+
+def gru(params: dict, noise, l: int, x: torch.Tensor, state: torch.Tensor, ss: int, inter: dict | None):
+    """nano-egg's integer GRU (sigmoid and tanh the identity); returns the new state (P, d) int8."""
+    g = lambda name: params[f"blocks.att.{name}"][l]
+    mmn = lambda name, v: mm(g(name), v, _lr(noise, f"blocks.att.{name}", l), ss)
+    par = lambda name: param(g(name), _full(noise, f"blocks.att.{name}", l), ss)
+    f = clipped_add(mmn("Wf", x), mmn("Uf", state), par("bf"))
+    gate = f.to(I32) + MAX                                                       # [0, 254]
+    gated = ((gate * state.to(I32)) >> (LOGMAX + 1)).to(I8)
+    cand = clipped_add(mmn("Wh", x), mmn("Uh", gated), par("bh"))
+    step = ((gate * (cand.to(I32) - state.to(I32))) >> (LOGMAX + 1)).to(I8)
+    new = state + step                                                           # int8 add, wrapping (never shows)
+    if inter is not None:
+        inter.update(f=f, gated=gated, cand=cand, state=new)
+    return new
+
+
+def layer(params: dict, noise, l: int, x: torch.Tensor, state: torch.Tensor, ss: int, inter: dict | None):
+    """ln1 -> gru (+ residual) -> ln2 -> mlp (+ residual): (out, new state)."""
+    lnw = lambda name: param(params[f"blocks.{name}.weight"][l], _full(noise, f"blocks.{name}.weight", l), ss)
+    u = ln(x, lnw("ln1"))
+    new_state = gru(params, noise, l, u, state, ss, inter)
+    y = clipped_add(new_state, x)
+    v = ln(y, lnw("ln2"))
+    hidden = mm(params["blocks.mlp.0.weight"][l], v, _lr(noise, "blocks.mlp.0.weight", l), ss)
+    m = mm(params["blocks.mlp.1.weight"][l], hidden, _lr(noise, "blocks.mlp.1.weight", l), ss)
+    out = clipped_add(m, y)
+    if inter is not None:
+        inter.update({"ln1": u, "att": y, "ln2": v, "mlp.0": hidden, "mlp": m, "out": out})
+    return out, new_state
+
+
+def forward(params: dict, noise: PairNoise | None, tok: torch.Tensor, state: torch.Tensor, ss: int,
+            trace: dict | None = None):
+    """(logits (P, 256) int8, new state (P, L, d)) for one input byte per member; noise per member or None.
+
+    trace, if given, receives this token's intermediates under spec names (emb, blocks.{l}.{name}, ln_out)."""
+    x = emb(params["emb"], tok, _lr(noise, "emb", None), ss)
+    if trace is not None:
+        trace["emb"] = x
+    states = []
+    for l in range(params["blocks.att.bf"].shape[0]):
+        inter = {} if trace is not None else None
+        x, s = layer(params, noise, l, x, state[:, l], ss, inter)
+        states.append(s)
+        if trace is not None:
+            trace.update({f"blocks.{l}.{k}": v for k, v in inter.items()})
+    y = ln(x, param(params["ln_out.weight"], _full(noise, "ln_out.weight", None), ss))
+    logits = mm(params["head"], y, _lr(noise, "head", None), ss)
+    if trace is not None:
+        trace["ln_out"] = y
+    return logits, torch.stack(states, dim=1)
+
+
+def scores(params: dict, noise: PairNoise | None, tokens: torch.Tensor, state: torch.Tensor, ss: int,
+           trace: bool = False):
+    """(scores (P,) int32, final state (P, L, d) int8[, trace {name: (P, T, ...)}]) over tokens (P, T + 1).
+
+    Each member's state is zeroed before an input byte 0; scores sum ll over the T tokens in int32."""
+    tokens = tokens.to(I64)
+    total = torch.zeros(tokens.shape[0], dtype=I32, device=tokens.device)
+    steps = []
+    for t in range(tokens.shape[1] - 1):
+        inp = tokens[:, t]
+        state = torch.where((inp == 0).view(-1, 1, 1), torch.zeros_like(state), state)
+        inter = {} if trace else None
+        logits, state = forward(params, noise, inp, state, ss, inter)
+        ll = log_likelihood(logits, tokens[:, t + 1])
+        total = total + ll
+        if trace:
+            inter.update(logits=logits, ll=ll)
+            steps.append(inter)
+    if not trace:
+        return total, state
+    return total, state, {k: torch.stack([s[k] for s in steps], dim=1) for k in steps[0]}
+
+
+# ----------------------------------------------------------------------------- init
+def _int8_normal(key: torch.Tensor, shape) -> torch.Tensor:
+    """round(normal(key, shape) * 16) as int8 (torch.round: half to even, as jnp.round)."""
+    return torch.round(rnd.normal(key, shape) * (2 ** FIXED_POINT)).to(I8)
+
+
+def init_params(cfg: Int8Config, seed: int, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """nano-egg's init from model_key = fold_in(key(seed), 0): {path: int8 tensor at the tree's stacked shape}."""
+    d, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab
+    k_emb, k_blocks, k_head = rnd.split(run_keys(seed).model, 3)
+    layer_keys = rnd.split(k_blocks, L)                                   # (L, 2)
+    att_mlp = rnd.split(layer_keys, 2)                                    # (L, 2, 2)
+    att = rnd.split(att_mlp[:, 0], 4)                                     # (L, 4, 2): Wf, Uf, Wh, Uh
+    mlp = rnd.split(att_mlp[:, 1], 2)                                     # (L, 2, 2): 0, 1
+    p = {f"blocks.att.{name}": _int8_normal(att[:, i], (d, d)) for i, name in enumerate(("Wf", "Uf", "Wh", "Uh"))}
+    p["blocks.mlp.0.weight"] = _int8_normal(mlp[:, 0], (4 * d, d))
+    p["blocks.mlp.1.weight"] = _int8_normal(mlp[:, 1], (d, 4 * d))
+    for name in ("bf", "bh"):
+        p[f"blocks.att.{name}"] = torch.zeros((L, d), dtype=I8)
+    for name in ("ln1", "ln2"):
+        p[f"blocks.{name}.weight"] = torch.full((L, d), 2 ** FIXED_POINT, dtype=I8)
+    p["emb"] = _int8_normal(k_emb, (V, d))
+    p["head"] = _int8_normal(k_head, (V, d))
+    p["ln_out.weight"] = torch.full((d,), 2 ** FIXED_POINT, dtype=I8)
+    return {k: v.contiguous().to(device) for k, v in sorted(p.items())}
+
+
+def default_state(cfg: Int8Config, rows: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    return torch.zeros((rows, cfg.n_layer, cfg.n_embd), dtype=I8, device=device)
+
+
+__all__ = ["clip8", "clipped_add", "floor_div", "int_matmul", "ln_divide", "log2_entries", "log_likelihood", "mm",
+           "emb", "param", "ln", "gru", "layer", "forward", "scores", "init_params", "default_state", "LowRank"]
