@@ -134,12 +134,14 @@ def ln(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- the model
-class Layer(NamedTuple):
-    """One block's params (slice l of the stacked leaves) and noise (members first), None where noise is off."""
+# One member's intermediates per token, in forward order (jax_reference.int8's names): per block l,
+# "blocks.{l}.{name}" for name in BLOCK_TRACE.
+BLOCK_TRACE = ("ln1", "f", "gated", "cand", "state", "att", "ln2", "mlp.0", "mlp", "out")
 
-    p: dict
-    lowrank: dict
-    full: dict
+
+def trace_names(n_layer: int) -> list[str]:
+    """["emb", "blocks.0.ln1", ..., "blocks.{L-1}.out", "ln_out", "logits", "ll"]: the forward's order."""
+    return ["emb"] + [f"blocks.{l}.{name}" for l in range(n_layer) for name in BLOCK_TRACE] + ["ln_out", "logits", "ll"]
 
 
 def _lr(noise: PairNoise | None, path: str, l: int | None) -> LowRank | None:
@@ -228,7 +230,8 @@ def scores(params: dict, noise: PairNoise | None, tokens: torch.Tensor, state: t
             steps.append(inter)
     if not trace:
         return total, state
-    return total, state, {k: torch.stack([s[k] for s in steps], dim=1) for k in steps[0]}
+    names = trace_names(state.shape[1])
+    return total, state, {k: torch.stack([s[k] for s in steps], dim=1) for k in names}
 
 
 # ----------------------------------------------------------------------------- init
