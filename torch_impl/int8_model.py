@@ -1,14 +1,18 @@
 """nano-egg's EGG model in torch (spec/int8.py, "Ops"), the whole population at once, bit for bit.
 
 Storage is int8, arithmetic int32, as spec.int8 states. How each rule is kept in torch:
-- Matrix products: torch's int8 @ int8 would wrap in int8, so operands are cast first, to int64, and the int64
+- Matrix products (x W^T, the votes): torch's int8 @ int8 would wrap in int8, so operands are cast first, to int64, and the int64
   product is reduced to int32. That is exact: every term is an integer of magnitude <= 127 * 127 (or 127 * 86 * 86
   for the noise term), so an int64 sum of fewer than 2^40 of them never overflows, and reducing the exact sum mod
   2^32 (int64 -> int32 conversion keeps the low 32 bits) gives what XLA's wrapping int32 accumulation gives,
   whatever the order of summation (integer sums are associative). No float is involved at any point (a float32
   product would round above 2^24). torch's integer matmul runs on the CPU; CUDA has no integer GEMM, so on CUDA the
   products run as float64 GEMMs: exact too, since every partial sum is an integer below 127^2 * in < 2^53
-  (asserted by `_check_exact_f64`).
+  (asserted by `_check_exact_f64`). mm's divisor 16 isqrt(in) is a power of 2 for in a power of 4 (the config
+  insists), and there floor division is the arithmetic shift by its log2.
+- The rank-1 noise term ((x . B_m) A_m) and every elementwise step run in torch int32, whose products and sums wrap
+  mod 2^32 (two's complement) exactly as XLA's int32 arithmetic does, so they agree even where a value would wrap;
+  for in <= 1024 (nano-egg's largest, 4 * 256) nothing wraps at all: |(x . B) A| <= 127 * 86 * in * 86 < 2^31.
 - `>>` on signed int32 tensors is an arithmetic shift (floor), `torch.div(.., rounding_mode="floor")` a floor
   division (both checked on negatives in tests/test_torch_int8.py); clips are explicit clamps to [-127, 127].
 - Layer norm row 0 is built by hand: DIV[0][0] = -1, DIV[0][v != 0] = -2 (XLA's division by zero).
@@ -103,10 +107,13 @@ def mm(W: torch.Tensor, x: torch.Tensor, noise: LowRank | None, sigma_shift: int
     """clip((x W^T [+ ((x B) A^T) >> (4 + ss)]) // (16 isqrt(in))): x (P, in) int8, W (out, in) -> (P, out) int8."""
     acc = int_matmul(x, W.T)
     if noise is not None:
-        xb = (x.to(I64) * noise.B.to(I64)).sum(-1).to(I32)                      # (P,) int32 (x B), wrapped
-        pert = (xb.to(I64).unsqueeze(-1) * noise.A.to(I64)).to(I32)            # ((x B) A^T), wrapped
+        xb = (x.to(I32) * noise.B.to(I32)).sum(-1, dtype=I32)                  # (P,) (x B) in int32
+        pert = xb.unsqueeze(-1) * noise.A.to(I32)                               # ((x B) A^T) in int32
         acc = acc + (pert >> noise_shift(sigma_shift))
-    return clip8(floor_div(acc, out_divisor(W.shape[-1])))
+    div = out_divisor(W.shape[-1])
+    if div & (div - 1) == 0:                       # a power of 2 (in a power of 4): floor(v / 2^k) = v >> k
+        return clip8(acc >> (div.bit_length() - 1))
+    return clip8(floor_div(acc, div))
 
 
 def emb(E: torch.Tensor, tok: torch.Tensor, noise: LowRank | None, sigma_shift: int) -> torch.Tensor:
@@ -210,12 +217,20 @@ def forward(params: dict, noise: PairNoise | None, tok: torch.Tensor, state: tor
     return logits, torch.stack(states, dim=1)
 
 
+_MATRICES = {"blocks.att.Wf", "blocks.att.Uf", "blocks.att.Wh", "blocks.att.Uh", "blocks.mlp.0.weight",
+             "blocks.mlp.1.weight", "head"}
+
+
 def scores(params: dict, noise: PairNoise | None, tokens: torch.Tensor, state: torch.Tensor, ss: int,
            trace: bool = False):
     """(scores (P,) int32, final state (P, L, d) int8[, trace {name: (P, T, ...)}]) over tokens (P, T + 1).
 
     Each member's state is zeroed before an input byte 0; scores sum ll over the T tokens in int32."""
     tokens = tokens.to(I64)
+    if noise is not None:                          # widen the factors once, not in every op of every token
+        noise = PairNoise({k: v.to(I32) for k, v in noise.A.items()}, {k: v.to(I32) for k, v in noise.B.items()},
+                          noise.E, noise.pairs)
+    params = {k: (v.to(I64) if k in _MATRICES else v) for k, v in params.items()}     # GEMM operands, cast once
     total = torch.zeros(tokens.shape[0], dtype=I32, device=tokens.device)
     steps = []
     for t in range(tokens.shape[1] - 1):
