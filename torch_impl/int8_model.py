@@ -1,8 +1,8 @@
 """nano-egg's EGG model in torch (spec/int8.py, "Ops"), the whole population at once, bit for bit.
 
 Storage is int8, arithmetic int32, as spec.int8 states. How each rule is kept in torch:
-- Matrix products (x W^T, the votes): torch's int8 @ int8 would wrap in int8, so operands are cast first, to int64, and the int64
-  product is reduced to int32. That is exact: every term is an integer of magnitude <= 127 * 127 (or 127 * 86 * 86
+- Matrix products (x W^T, the votes): torch's int8 @ int8 would wrap in int8, so operands are cast first, to
+  int64, and the int64 product is reduced to int32. That is exact: every term is an integer of magnitude <= 127 * 127 (or 127 * 86 * 86
   for the noise term), so an int64 sum of fewer than 2^40 of them never overflows, and reducing the exact sum mod
   2^32 (int64 -> int32 conversion keeps the low 32 bits) gives what XLA's wrapping int32 accumulation gives,
   whatever the order of summation (integer sums are associative). No float is involved at any point (a float32
