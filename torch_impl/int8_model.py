@@ -71,7 +71,7 @@ def ln_divide(numerator: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     v = numerator.to(I16).to(I32)                  # the table is indexed by the numerator's int16 bits
     m = m.to(I32)
     q = floor_div(v, torch.clamp_min(m, 1))
-    row0 = torch.where(v == 0, torch.full_like(v, -1), torch.full_like(v, -2))
+    row0 = -1 - (v != 0).to(I32)                   # -1 for v = 0, -2 otherwise
     return clip8(torch.where(m == 0, row0, q))
 
 
@@ -92,7 +92,7 @@ def log2_entries(k: torch.Tensor) -> torch.Tensor:
 def log_likelihood(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """ll = z[target] - LOG2[sum_v EXP2[z_v] - 1], z = logits + 128 (1/16 bit), rows of logits (..., 256): int32."""
     z = logits.to(I64) + 128
-    total = EXP2.to(z.device)[z].sum(-1)
+    total = torch.take(EXP2.to(z.device), z).sum(-1)
     picked = torch.gather(z, -1, targets.to(I64).unsqueeze(-1)).squeeze(-1)
     return (picked - log2_entries(total - 1).to(I64)).to(I32)
 
@@ -118,7 +118,7 @@ def mm(W: torch.Tensor, x: torch.Tensor, noise: LowRank | None, sigma_shift: int
 
 def emb(E: torch.Tensor, tok: torch.Tensor, noise: LowRank | None, sigma_shift: int) -> torch.Tensor:
     """E[tok] [then clip(E[tok] + ((A[tok] B^T) >> (4 + ss)))]: tok (P,) -> (P, d) int8."""
-    row = E[tok.to(I64)]
+    row = torch.index_select(E, 0, tok.to(I64))
     if noise is None:
         return row
     a_tok = torch.gather(noise.A, 1, tok.to(I64).unsqueeze(-1)).to(I32)       # (P, 1)
