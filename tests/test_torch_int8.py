@@ -307,17 +307,18 @@ def test_init_equals_the_references(cfg):
 
 
 # ----------------------------------------------------------------------------- fitness, votes, update
-@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("cfg,use_clt", [(CONFIGS[0], True), (CONFIGS[1], True), (CONFIGS[1], False)],
+                         ids=IDS + ["d16-no-clt"])
 @pytest.mark.parametrize("epoch", [0, 40])
-def test_fitness_votes_and_update_equal_the_references(cfg, epoch):
-    cfg = cfg.replace(alpha_decay_timestep=20, epochs=50)
+def test_fitness_votes_and_update_equal_the_references(cfg, use_clt, epoch):
+    cfg = cfg.replace(alpha_decay_timestep=20, epochs=50, use_clt=use_clt)
     seed = 6
     flat = _random_params(cfg, f"upd{cfg.n_embd}{epoch}")
     jparams = _jax_params(cfg, flat)
     init = q.init_int8(cfg, seed)
     thr = s.threshold_at(epoch, cfg.alpha, cfg.alpha_decay_timestep)
     assert (thr == 0) == (epoch == 0)
-    frozen, nparams = q.QEggRoll.init_noiser(jparams, 4, thr, noise_seed=seed)
+    frozen, nparams = q.QEggRoll.init_noiser(jparams, 4, thr, noise_seed=seed, use_clt=use_clt)
     scores = _rng(f"sc{epoch}").integers(-3, 4, cfg.pop).astype(np.int32) - 900
     scores[3] = scores[2]                                                               # a tie: f = 0
     es = tes.make(cfg)

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from spec.int8 import FIXED_POINT, Int8Config, int8_tree, thresholds
+from spec.int8 import FIXED_POINT, Int8Config, int8_tree, threshold_at, thresholds
 from spec.tree import Tree
 from torch_impl.int8_model import I32, I64, clip8, init_params, int_matmul
 from torch_impl.int8_noise import PairNoise, leaf_keys, normal_lut, population_noise
@@ -64,7 +64,6 @@ def threshold(es: Int8ES, epoch: int) -> int:
     """thr_e; past the configured epochs the schedule's formula goes on (spec.int8.threshold_at)."""
     if epoch < len(es.thresholds):
         return es.thresholds[epoch]
-    from spec.int8 import threshold_at
     return threshold_at(epoch, es.cfg.alpha, es.cfg.alpha_decay_timestep)
 
 
