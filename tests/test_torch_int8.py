@@ -184,6 +184,20 @@ def test_log2_entries_equal_the_spec_and_numpy():
     assert np.array_equal(got, np.asarray(q.log2_entries(jnp.asarray(ks, jnp.int32))))
 
 
+@pytest.mark.parametrize("m,k,n", [(8, 4, 16), (256, 64, 256), (256, 256, 64), (12, 16, 64), (3, 1024, 5)])
+def test_int8_gemm_path_is_exact_at_the_extremes_and_on_random_operands(m, k, n):
+    """int_matmul on int8 operands (torch._int_mm where the probe found it exact, else int64) equals the int64
+    product: all +-127, mixed signs, and random values, on the shapes the model uses and beyond."""
+    rng = _rng(f"gemm{m}{k}{n}")
+    cases = [(np.full((m, k), u), np.full((k, n), v)) for u, v in ((127, 127), (127, -127), (-127, -127))]
+    cases += [(_nonzero_int8(rng, (m, k)), _nonzero_int8(rng, (k, n))) for _ in range(5)]
+    for a, b in cases:
+        a8, b8 = torch.from_numpy(a).to(torch.int8), torch.from_numpy(b).to(torch.int8)
+        want = a.astype(np.int64) @ b.astype(np.int64)
+        assert np.array_equal(tm.int_matmul(a8, b8).numpy(), want)
+        assert np.array_equal(tm.int_matmul(a8, b8.T.contiguous().T).numpy(), want)     # W.T as mm passes it
+
+
 def test_integer_products_are_exact_where_float32_would_round():
     x = torch.full((2, 1024), 127, dtype=torch.int8)
     W = torch.full((3, 1024), -127, dtype=torch.int8)

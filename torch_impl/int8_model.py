@@ -1,15 +1,17 @@
 """nano-egg's EGG model in torch (spec/int8.py, "Ops"), the whole population at once, bit for bit.
 
 Storage is int8, arithmetic int32, as spec.int8 states. How each rule is kept in torch:
-- Matrix products (x W^T, the votes): torch's int8 @ int8 would wrap in int8, so operands are cast first, to
-  int64, and the int64 product is reduced to int32. That is exact: every term is an integer of magnitude <= 127 * 127 (or 127 * 86 * 86
-  for the noise term), so an int64 sum of fewer than 2^40 of them never overflows, and reducing the exact sum mod
-  2^32 (int64 -> int32 conversion keeps the low 32 bits) gives what XLA's wrapping int32 accumulation gives,
-  whatever the order of summation (integer sums are associative). No float is involved at any point (a float32
-  product would round above 2^24). torch's integer matmul runs on the CPU; CUDA has no integer GEMM, so on CUDA the
-  products run as float64 GEMMs: exact too, since every partial sum is an integer below 127^2 * in < 2^53
-  (asserted by `_check_exact_f64`). mm's divisor 16 isqrt(in) is a power of 2 for in a power of 4 (the config
-  insists), and there floor division is the arithmetic shift by its log2.
+- Matrix products (x W^T, the votes): torch's int8 @ int8 would wrap in int8, so no product is taken in int8.
+  On a CPU where it is exact (probed once per shape: `_int8_gemm_exact`), int8 operands go to torch._int_mm, int8 x
+  int8 with int32 accumulation (4-10x faster than the int64 GEMM here). Otherwise operands are cast to int64 and the
+  int64 product is reduced to int32. Both are exact: every term is an integer of magnitude <= 127 * 127 (the votes:
+  86 * 86), so an int64 sum of fewer than 2^40 of them never overflows, and an int32 sum of fewer than 133,000 never
+  wraps; reducing the exact sum mod 2^32 (int64 -> int32 keeps the low 32 bits) gives what XLA's wrapping int32
+  accumulation gives, whatever the order of summation (integer sums are associative). No float is involved (a
+  float32 product would round above 2^24). CUDA has no general integer GEMM, so on CUDA the products run as float64
+  GEMMs: exact too, since every partial sum is an integer below 127^2 * in < 2^53 (asserted by `_check_exact_f64`).
+  mm's divisor 16 isqrt(in) is a power of 2 for in a power of 4 (the config insists), and there floor division is
+  the arithmetic shift by its log2.
 - The rank-1 noise term ((x . B_m) A_m) and every elementwise step run in torch int32, whose products and sums wrap
   mod 2^32 (two's complement) exactly as XLA's int32 arithmetic does, so they agree even where a value would wrap;
   for in <= 1024 (nano-egg's largest, 4 * 256) nothing wraps at all: |(x . B) A| <= 127 * 86 * in * 86 < 2^31.
@@ -58,9 +60,35 @@ def _check_exact_f64(a: torch.Tensor, b: torch.Tensor) -> None:
         raise ValueError(f"a float64 product of these integers could round (bound {bound} >= 2^53)")
 
 
+_INT8_GEMM_EXACT: dict[tuple[int, int, int], bool] = {}
+
+
+def _int8_gemm_exact(m: int, k: int, n: int) -> bool:
+    """Whether torch._int_mm (int8 x int8 -> int32) is exact for (m, k) @ (k, n) on this CPU, probed once per shape
+    with extreme operands (+-127 everywhere, and mixed signs). A kernel that saturates an int16 pair sum (AVX2
+    vpmaddubsw without VNNI) fails the probe; one that accumulates in int32 (VNNI) is exact (module docstring)."""
+    shape = (m, k, n)
+    if shape not in _INT8_GEMM_EXACT:
+        ok = hasattr(torch, "_int_mm") and k < 133_000
+        pattern = torch.tensor([127, -127, 127, 127, -127, -127, 127, -127], dtype=I8)
+        mixed = (pattern.repeat(m * k // 8 + 1)[:m * k].view(m, k),
+                 pattern.flip(0).repeat(k * n // 8 + 1)[:k * n].view(n, k).T)
+        cases = [(torch.full((m, k), u, dtype=I8), torch.full((n, k), v, dtype=I8).T)
+                 for u, v in ((127, 127), (127, -127), (-127, -127))] + [mixed]
+        for a, b in cases if ok else []:
+            try:
+                ok = ok and torch.equal(torch._int_mm(a, b).to(I64), a.to(I64) @ b.to(I64))
+            except RuntimeError:
+                ok = False
+        _INT8_GEMM_EXACT[shape] = ok
+    return _INT8_GEMM_EXACT[shape]
+
+
 def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for integer tensors, exact, wrapped to int32 as XLA's int32 dot (see the module docstring)."""
     if a.device.type == "cpu":
+        if a.dtype == I8 and b.dtype == I8 and a.dim() == 2 and _int8_gemm_exact(a.shape[0], a.shape[1], b.shape[1]):
+            return torch._int_mm(a, b)
         return torch.matmul(a.to(I64), b.to(I64)).to(I32)
     _check_exact_f64(a, b)
     return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(I64).to(I32)
@@ -217,10 +245,6 @@ def forward(params: dict, noise: PairNoise | None, tok: torch.Tensor, state: tor
     return logits, torch.stack(states, dim=1)
 
 
-_MATRICES = {"blocks.att.Wf", "blocks.att.Uf", "blocks.att.Wh", "blocks.att.Uh", "blocks.mlp.0.weight",
-             "blocks.mlp.1.weight", "head"}
-
-
 def scores(params: dict, noise: PairNoise | None, tokens: torch.Tensor, state: torch.Tensor, ss: int,
            trace: bool = False):
     """(scores (P,) int32, final state (P, L, d) int8[, trace {name: (P, T, ...)}]) over tokens (P, T + 1).
@@ -230,7 +254,6 @@ def scores(params: dict, noise: PairNoise | None, tokens: torch.Tensor, state: t
     if noise is not None:                          # widen the factors once, not in every op of every token
         noise = PairNoise({k: v.to(I32) for k, v in noise.A.items()}, {k: v.to(I32) for k, v in noise.B.items()},
                           noise.E, noise.pairs)
-    params = {k: (v.to(I64) if k in _MATRICES else v) for k, v in params.items()}     # GEMM operands, cast once
     total = torch.zeros(tokens.shape[0], dtype=I32, device=tokens.device)
     steps = []
     for t in range(tokens.shape[1] - 1):
