@@ -1,8 +1,10 @@
 """`python -m torch_impl`: train CartPole-v1 with the functional torch EGGROLL and print steps to solve, or
-(`--task lm`) train the byte-level LM of spec/lm.py and print its validation bits/byte.
+(`--task lm`) train the byte-level LM of spec/lm.py and print its validation bits/byte, or (`--task int8`) train
+nano-egg's integer LM of spec/int8.py with the torch int8 port and print its validation bits/byte.
 
 Exit status: 0 solved, 1 not solved within the step budget, 2 bad usage or input (checked before any work). With
---task lm: 0 the run finished with finite bits/byte, 1 they went NaN or inf.
+--task lm: 0 the run finished with finite bits/byte, 1 they went NaN or inf. With --task int8: 0 the run finished
+(integer bits/byte are always finite), 2 bad usage or input.
 """
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import sys
 
 from spec.cli import add_override_arguments, apply_overrides
 from spec.config import PRESETS, check_pairing, for_profile
+from spec.int8 import INT8_ONLY, INT8_PRESETS, add_int8_arguments, int8_config
 from spec.knobs import PROFILES, KnobError, resolve
 from spec.limits import check_fits, device_arg, seed_arg
 from spec.lm import LM_PRESETS
-from spec.lm_run import LM_ONLY, add_lm_arguments, check_corpus_path, check_task_flags, lm_config, lm_verdict_line
+from spec.lm_run import LM_ONLY, TASKS, add_lm_arguments, check_corpus_path, check_task_flags, lm_config, lm_verdict_line
 from spec.tree_knobs import TREE_PROFILES, resolve_tree
 
 
@@ -23,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_impl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
-    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS)),
+    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS) | set(INT8_PRESETS)),
                    help=f"hyper-parameter preset (default cpu); cartpole: {', '.join(PRESETS)}; "
-                        f"lm: {', '.join(LM_PRESETS)}")
+                        f"lm: {', '.join(LM_PRESETS)}; int8: {', '.join(INT8_PRESETS)}")
     p.add_argument("--profile", choices=list(dict.fromkeys([*PROFILES, *TREE_PROFILES])), default="jax",
                    help=f"knob profile (default jax); lm: {', '.join(TREE_PROFILES)}")
     p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
@@ -37,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only the final line (steps to solve, or not solved)")
     g = p.add_argument_group("explicit overrides (win over preset, profile and --torch)")
     add_override_arguments(g)
-    add_lm_arguments(p)
+    add_lm_arguments(p, TASKS + ("int8",))
+    add_int8_arguments(p)
     return p
 
 
@@ -46,7 +50,7 @@ def configure(args: argparse.Namespace):
     preset = args.preset or "cpu"
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset} is not a CartPole preset; --task cartpole takes {', '.join(PRESETS)}")
-    check_task_flags(args, LM_ONLY, "cartpole")
+    check_task_flags(args, LM_ONLY | INT8_ONLY, "cartpole")
     cfg, run = PRESETS[preset]
     cfg, knobs = apply_overrides(args, for_profile(cfg, args.profile), resolve(args.profile, args.torch, reference=run))
     check_pairing(cfg.pop, knobs.antithetic)
@@ -61,6 +65,7 @@ def configure_lm(args: argparse.Namespace):
     """(LMConfig, TreeKnobs, corpus) for --task lm; raises ValueError/KnobError (also for a bad corpus)."""
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    check_task_flags(args, INT8_ONLY, "lm")
     cfg = lm_config(args)
     knobs = resolve_tree(args.profile, args.torch)
     path = check_corpus_path(args.corpus)
@@ -96,11 +101,54 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0 if finite else 1
 
 
+def configure_int8(args: argparse.Namespace):
+    """(Int8Config, corpus) for --task int8; raises ValueError/OSError (a bad corpus or one too short included)."""
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.torch or args.profile != "jax":
+        raise ValueError("--torch and --profile do not apply to --task int8 (the integer port has no drift knobs "
+                         "yet); drop them")
+    cfg = int8_config(args)
+    path = check_corpus_path(args.corpus)
+    from rollout.corpus import load_corpus          # numpy only: the corpus is part of the input
+    from rollout.int8_data import int8_streams, validation_rows
+    from spec.int8 import stream_layout
+
+    corpus = load_corpus(path, cfg.tokens_per_update)
+    train_stream, val_stream = int8_streams(corpus)
+    stream_layout(len(train_stream), cfg)            # refuses a train part too short for the sequences
+    validation_rows(val_stream, cfg.val_rows)        # and a validation part too short for the rows
+    return cfg, corpus
+
+
+def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--task int8: check the config and the corpus against nano-egg's layout (exit 2 on either), then train."""
+    try:
+        cfg, corpus = configure_int8(args)
+    except (OSError, ValueError) as err:
+        parser.error(str(err))   # exits 2
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device {args.device} asked for, but torch sees no CUDA device; use --device cpu")
+    from torch_impl.int8_train import train_int8     # torch import only once the input is known good
+
+    if not args.quiet:
+        print(f"torch int8 EGGROLL  int8 LM  seed {args.seed}  {cfg}  corpus {corpus.path}", flush=True)
+    result = train_int8(cfg, args.seed, corpus, progress=not args.quiet, device=args.device, threads=args.threads)
+    if args.quiet:
+        print(lm_verdict_line(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.task == "lm":
         return main_lm(parser, args)
+    if args.task == "int8":
+        return main_int8(parser, args)
     try:
         cfg, knobs = configure(args)
     except (KnobError, ValueError) as err:
