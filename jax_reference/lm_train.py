@@ -19,7 +19,7 @@ import optax
 from jax_reference.lm import es_keys, init_lm, population_scores, val_bits_per_byte
 from jax_reference.noiser import EggRoll
 from jax_reference.population import population_iterinfos
-from rollout.corpus import load_corpus, member_tokens, train_windows, val_windows
+from rollout.corpus import check_corpus_fits, load_corpus, member_tokens, train_windows, val_windows
 from spec.lm import LMConfig
 from spec.lm_run import LMProgress, LMTrainResult, lm_epoch_row
 
@@ -51,18 +51,11 @@ def compiled_update(noiser, cfg: LMConfig):
     return make_update(noiser, frozen_noiser_params, template.es_map, cfg.pop)
 
 
-def check_corpus_fits(corpus, cfg: LMConfig) -> None:
-    """ValueError unless both splits hold at least one window of seq_len + 1 bytes (a corpus passed in, not loaded)."""
-    if len(corpus.train) < cfg.seq_len + 1 or len(corpus.val) < cfg.seq_len + 1:
-        raise ValueError(f"corpus {corpus.path}: train {len(corpus.train)} and validation {len(corpus.val)} bytes are "
-                         f"too few for windows of seq_len + 1 = {cfg.seq_len + 1}; give a longer text")
-
-
 def train_lm(cfg: LMConfig, seed: int, corpus=None, progress: bool = True, stream: TextIO | None = None,
              noiser=EggRoll) -> LMTrainResult:
     """Train cfg.epochs epochs from seed; validation bits/byte every cfg.eval_every epochs and after the last."""
     corpus = load_corpus() if corpus is None else corpus
-    check_corpus_fits(corpus, cfg)
+    check_corpus_fits(corpus, cfg.seq_len)
     show = LMProgress(stream or sys.stdout, cfg.epochs, progress)
 
     # the model, its ES keys and the noiser (upstream's LLM settings: freeze_nonlora, group_size, fresh noise)

@@ -70,6 +70,13 @@ def _check_fits(part: np.ndarray, name: str, seq_len: int) -> None:
                          f"{min_corpus_bytes(seq_len)} bytes")
 
 
+def check_corpus_fits(corpus: Corpus, seq_len: int) -> None:
+    """ValueError unless train and validation each hold one window of seq_len + 1 bytes (a corpus passed in, not
+    loaded: load_corpus checks its own); the rule train_windows and val_windows apply to their part."""
+    _check_fits(corpus.train, "train", seq_len)
+    _check_fits(corpus.val, "validation", seq_len)
+
+
 def _gather(part: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray:
     """Rows part[s : s + seq_len + 1] for each start s: (len(starts), seq_len + 1) uint8."""
     return part[starts[:, None] + np.arange(seq_len + 1)]

@@ -14,19 +14,12 @@ from typing import TextIO
 import numpy as np
 import torch
 
-from rollout.corpus import load_corpus, member_tokens, train_windows, val_windows
+from rollout.corpus import check_corpus_fits, load_corpus, member_tokens, train_windows, val_windows
 from spec.lm import LMConfig
 from spec.lm_run import LMProgress, LMTrainResult, lm_epoch_row
 from spec.tree_knobs import TreeKnobs
 from torch_impl import lm, lm_es
 from torch_impl.train import intra_op_threads
-
-
-def check_corpus_fits(corpus, cfg: LMConfig) -> None:
-    """ValueError unless both splits hold at least one window of seq_len + 1 bytes (train: more, to draw starts)."""
-    if len(corpus.train) <= cfg.seq_len + 1 or len(corpus.val) < cfg.seq_len + 1:
-        raise ValueError(f"corpus {corpus.path}: train {len(corpus.train)} and validation {len(corpus.val)} bytes are "
-                         f"too few for windows of seq_len + 1 = {cfg.seq_len + 1}; give a longer text")
 
 
 def epoch_tokens(corpus, cfg: LMConfig, seed: int, epoch: int, device) -> torch.Tensor:
@@ -39,7 +32,7 @@ def train_lm(cfg: LMConfig, seed: int, knobs: TreeKnobs = TreeKnobs(), corpus=No
              stream: TextIO | None = None, device: str | torch.device = "cpu", threads: int | None = 1) -> LMTrainResult:
     """Train cfg.epochs epochs from seed; `threads`: torch intra-op threads (default 1; None leaves torch's)."""
     corpus = load_corpus() if corpus is None else corpus
-    check_corpus_fits(corpus, cfg)
+    check_corpus_fits(corpus, cfg.seq_len)
     with intra_op_threads(threads), torch.inference_mode():
         return _train(cfg, seed, knobs, corpus, LMProgress(stream or sys.stdout, cfg.epochs, progress), device)
 
