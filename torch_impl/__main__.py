@@ -71,11 +71,16 @@ def configure_lm(args: argparse.Namespace):
     path = check_corpus_path(args.corpus)
     from rollout.corpus import load_corpus    # numpy only: reading the corpus is part of checking the input
 
-    corpus = load_corpus(path, cfg.seq_len)
-    if len(corpus.train) <= cfg.seq_len + 1 or len(corpus.val) < cfg.seq_len + 1:
-        raise ValueError(f"corpus {corpus.path}: train {len(corpus.train)} and validation {len(corpus.val)} bytes "
-                         f"are too few for windows of seq_len + 1 = {cfg.seq_len + 1}; give a longer text")
-    return cfg, knobs, corpus
+    return cfg, knobs, load_corpus(path, cfg.seq_len)    # refuses a corpus too short for windows of seq_len + 1
+
+
+def check_cuda(parser: argparse.ArgumentParser, device: str) -> None:
+    """Exit 2 (parser.error) when a CUDA device is asked for and torch sees none; torch imported only then."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device {device} asked for, but torch sees no CUDA device; use --device cpu")
 
 
 def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -84,11 +89,7 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         cfg, knobs, corpus = configure_lm(args)
     except (KnobError, OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            parser.error(f"--device {args.device} asked for, but torch sees no CUDA device; use --device cpu")
+    check_cuda(parser, args.device)
     from torch_impl.lm_train import train_lm   # torch import only once the arguments are known good
 
     if not args.quiet:
@@ -127,11 +128,7 @@ def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         cfg, corpus = configure_int8(args)
     except (OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            parser.error(f"--device {args.device} asked for, but torch sees no CUDA device; use --device cpu")
+    check_cuda(parser, args.device)
     from torch_impl.int8_train import train_int8     # torch import only once the input is known good
 
     if not args.quiet:
@@ -153,11 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg, knobs = configure(args)
     except (KnobError, ValueError) as err:
         parser.error(str(err))   # exits 2
+    check_cuda(parser, args.device)
     if args.device.startswith("cuda"):
         import torch
 
-        if not torch.cuda.is_available():
-            parser.error(f"--device {args.device} asked for, but torch sees no CUDA device; use --device cpu")
         try:
             check_fits(cfg, available=torch.cuda.mem_get_info(torch.device(args.device))[0], where=args.device)
         except (ValueError, RuntimeError) as err:
