@@ -344,6 +344,26 @@ def check_noise(method: str, value: Any, shapes: Shapes, m: int, rank: int, dens
     return _one_noise(method, value, shapes, m, rank, dense)
 
 
+def has_methods(port: Any, method: str, groups: Mapping[str, tuple[str, ...]]) -> bool:
+    """Whether the port has `method` and every method of the optional group it belongs to."""
+    group = next((g for g in groups.values() if method in g), (method,))
+    return all(callable(getattr(port, m, None)) for m in group)
+
+
+def call_port(port: Any, method: str, signatures: Mapping[str, str], *args, **kwargs):
+    """port.method(*args, **kwargs), with a missing method or an exception inside the port as a PortError naming
+    the method (and, when missing, its expected signature from `signatures`)."""
+    fn: Callable | None = getattr(port, method, None)
+    if not callable(fn):
+        raise PortError(method, f"is not implemented; expected {signatures[method]}")
+    try:
+        return fn(*args, **kwargs)
+    except PortError:
+        raise
+    except Exception as err:
+        raise PortError(method, f"raised {type(err).__name__}: {err}", err) from err
+
+
 class CheckedPort:
     """An adapter wrapped so that every call is validated; `has(method)` tells whether an optional one exists."""
 
@@ -370,8 +390,7 @@ class CheckedPort:
         return converted
 
     def has(self, method: str) -> bool:
-        group = next((g for g in GROUPS.values() if method in g), (method,))
-        return all(callable(getattr(self.port, m, None)) for m in group)
+        return has_methods(self.port, method, GROUPS)
 
     def unchecked(self, method: str, *args):
         """The port's own method called as is: no validation, its exceptions passed through (for a check that
@@ -379,15 +398,7 @@ class CheckedPort:
         return getattr(self.port, method)(*args)
 
     def _call(self, method: str, *args, **kwargs):
-        fn: Callable | None = getattr(self.port, method, None)
-        if not callable(fn):
-            raise PortError(method, f"is not implemented; expected {SIGNATURES[method]}")
-        try:
-            return fn(*args, **kwargs)
-        except PortError:
-            raise
-        except Exception as err:
-            raise PortError(method, f"raised {type(err).__name__}: {err}", err) from err
+        return call_port(self.port, method, SIGNATURES, *args, **kwargs)
 
     # ---- required
     def noise(self, shapes: Shapes, seed: int, epoch: int, members: np.ndarray, pop: int, sigma: float,

@@ -59,11 +59,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-from parity.adapter import PortError, UsageError, _array
+from parity.adapter import PortError, UsageError, _array, call_port, has_methods
 from spec.lm import LMConfig, lm_tree
 from spec.tree import CLASSES, Leaf, Tree, TreeError, check_params, tree_from_maps
 
@@ -190,19 +190,10 @@ class CheckedTreePort:
         self.jax_compatible_rng = bool(getattr(port, "jax_compatible_rng", False))
 
     def has(self, method: str) -> bool:
-        group = next((g for g in GROUPS.values() if method in g), (method,))
-        return all(callable(getattr(self.port, m, None)) for m in group)
+        return has_methods(self.port, method, GROUPS)
 
     def _call(self, method: str, *args, **kwargs):
-        fn: Callable | None = getattr(self.port, method, None)
-        if not callable(fn):
-            raise PortError(method, f"is not implemented; expected {SIGNATURES[method]}")
-        try:
-            return fn(*args, **kwargs)
-        except PortError:
-            raise
-        except Exception as err:
-            raise PortError(method, f"raised {type(err).__name__}: {err}", err) from err
+        return call_port(self.port, method, SIGNATURES, *args, **kwargs)
 
     def _params(self, method: str, value: Any) -> dict[str, np.ndarray]:
         if not isinstance(value, Mapping):
