@@ -16,23 +16,9 @@ bit for bit in C would need XLA's erfinv polynomial step by step; a standalone C
 nano-egg's init, round(normal * 16), reads a second 2^23 look-up the same way (`init_params`; the caller passes the
 rounded values, e.g. np.round(torch_impl.random.normal_table() * 16)).
 
-egg.c's departures (ljubomirj/egg.c `full_trained_egg-cpumulti.c`, read for facts) are switches, one per aspect
-(`EGG_C_KNOBS`; `Int8C(..., knobs={...})` or `knobs="egg.c"` for all of them); every other aspect stays nano-egg's:
-    int8_noise=xorshift      a matrix's factors from xorshift32 (x ^= x << 13, x >> 17, x << 5), A first, each value
-                             (+1 if bit 0 else -1) * ((r >> 1) & 31), seeded step_seed + pair + 100 l + k (Wf 1, Uf 2,
-                             Wh 3, Uh 4, mlp.0 5, mlp.1 6; the head step_seed + pair + 999), step_seed = base ^ (epoch *
-                             0x9e3779b9) with base the run's seed (egg.c: time(NULL)); the member's sign on A. Leaves
-                             egg.c never perturbs (embedding, biases, norm weights) keep the table's noise.
-    vote_threshold=fixed160  +1 where Z > 160, -1 where Z < -160, saturating (no schedule; Z = 0 never moves)
-    evolving=matrices        embedding, biases and norm weights: no noise, no update
-    out_shift=fixed          x W^T >> 8 (in = d) or >> 9 (in = 4 d) in place of // (16 isqrt(in))
-    ln_division=trunc        clip((x w) / mean), C's truncating division, mean = max(sum |x|, 1) / d, a zero mean 1
-    log2=mitchell            ll = z[target] - (16 k + f - 64), k the leading bit of sum EXP2[z] and f its next 4 bits
-                             (linear mantissa), of the sum itself (nano-egg: LOG2[sum - 1])
-    state_reset=never        the recurrent state is never zeroed
-Two more switches (EGG_C_STRUCTURE, profile "egg.c-cpumulti" with the seven) follow the portable cpumulti file:
-    gate_clip=nested         a gate is clip(clip(W x + U s) + bias)
-    mlp=off                  no ln2 and no MLP in the forward (traced as zeros); the MLP matrices are still voted on
+egg.c's departures are mode bits, one per knob of spec/int8_knobs.py (which states each; `MODE_BITS`;
+`Int8C(..., knobs=Int8Knobs | {knob: value} | profile name)`); every other aspect stays nano-egg's. Under
+int8_noise=xorshift the run's seed is xorshift's base (egg.c: time(NULL)).
 Not modelled: egg.c's data layout (pair p reads its own stream offset) and its xorshift init (pass params in).
 """
 from __future__ import annotations
@@ -46,50 +32,24 @@ from typing import Callable
 import numpy as np
 
 from spec.int8 import LUT_BITS, TABLE_SIZE, VOCAB, Int8Config, int8_tree
+from spec.int8_knobs import ALL_INT8_KNOBS, Int8Knobs, as_int8_knobs
 
 N_STACKED = 10                       # the first 10 leaves of the flatten order are the stacked `blocks.*` ones
 BLOCK_TRACE = ("ln1", "f", "gated", "cand", "state", "att", "ln2", "mlp.0", "mlp", "out")
 MAX_D = 256                          # the C forward's fixed buffers: d <= 256, n_layer * d <= 16384
 
 
-# knob -> (nano-egg's value, egg.c's value, the C mode bit)
-EGG_C_KNOBS: dict[str, tuple[str, str, int]] = {
-    "int8_noise": ("table", "xorshift", 1),
-    "vote_threshold": ("ztest", "fixed160", 2),
-    "evolving": ("all", "matrices", 4),
-    "out_shift": ("sqrt", "fixed", 8),
-    "ln_division": ("floor", "trunc", 16),
-    "log2": ("table", "mitchell", 32),
-    "state_reset": ("on_zero", "never", 64),
-}
-EGG_C_PROFILE = {knob: values[1] for knob, values in EGG_C_KNOBS.items()}
-# egg.c's structure beyond the issue's seven aspects (its portable full_trained_egg-cpumulti.c), for conformance runs
-EGG_C_STRUCTURE: dict[str, tuple[str, str, int]] = {
-    "gate_clip": ("once", "nested", 128),       # clip(clip(W x + U s) + bias)
-    "mlp": ("on", "off", 256),                  # no ln2 and no MLP in the forward (the MLP still noised and voted)
-}
-PROFILES = {"egg.c": EGG_C_PROFILE,
-            "egg.c-cpumulti": {**EGG_C_PROFILE, **{k: v[1] for k, v in EGG_C_STRUCTURE.items()}}}
+# knob -> the C mode bit (the knobs, their values and meanings: spec.int8_knobs)
+MODE_BITS: dict[str, int] = {"int8_noise": 1, "vote_threshold": 2, "evolving": 4, "out_shift": 8, "ln_division": 16,
+                             "log2": 32, "state_reset": 64, "gate_clip": 128, "mlp": 256}
+assert set(MODE_BITS) == set(ALL_INT8_KNOBS)
 
 
-def egg_mode(knobs: dict | str | None) -> int:
-    """The C mode bits for {knob: value} or a profile name ("egg.c": the seven departures; "egg.c-cpumulti": those
-    and EGG_C_STRUCTURE's); None or {}: nano-egg."""
-    if knobs is None:
-        return 0
-    if isinstance(knobs, str):
-        if knobs not in PROFILES:
-            raise ValueError(f"unknown profile {knobs!r}: the C side knows {', '.join(PROFILES)}")
-        knobs = PROFILES[knobs]
-    mode, table = 0, {**EGG_C_KNOBS, **EGG_C_STRUCTURE}
-    for knob, value in knobs.items():
-        if knob not in table:
-            raise ValueError(f"unknown knob {knob!r}; the C side's knobs: {', '.join(table)}")
-        nano, egg, bit = table[knob]
-        if value not in (nano, egg):
-            raise ValueError(f"{knob}={value!r}: use {nano} (nano-egg) or {egg} (egg.c)")
-        mode |= bit if value == egg else 0
-    return mode
+def egg_mode(knobs: Int8Knobs | dict | str | None) -> int:
+    """The C mode bits for Int8Knobs, {knob: value} or a profile name (spec.int8_knobs.INT8_PROFILES); None or {}:
+    nano-egg. Int8KnobError (a ValueError) for an unknown knob, value or profile."""
+    knobs = as_int8_knobs(knobs)
+    return sum(bit for knob, bit in MODE_BITS.items() if knobs.is_egg_c(knob))
 
 
 class CUnavailable(RuntimeError):

@@ -17,6 +17,7 @@ import pytest
 import c_int8
 from c_int8.build import BuildError, NoCompiler, build
 from spec import int8 as s
+from spec.int8_knobs import INT8_KNOBS
 
 ROOT = Path(__file__).resolve().parent.parent
 REASON = c_int8.unavailable_reason()
@@ -519,10 +520,12 @@ def _mitchell(x: int) -> int:
 def test_knobs_and_the_egg_c_profile_map_to_mode_bits():
     assert c_int8.egg_mode(None) == c_int8.egg_mode({}) == 0
     assert c_int8.egg_mode("egg.c") == 127
-    assert c_int8.egg_mode({k: v[0] for k, v in c_int8.EGG_C_KNOBS.items()}) == 0
-    assert sorted(c_int8.EGG_C_KNOBS) == sorted(["int8_noise", "vote_threshold", "evolving", "out_shift",
-                                                 "ln_division", "log2", "state_reset"])
-    with pytest.raises(ValueError, match="unknown knob"):
+    assert c_int8.egg_mode("egg.c-cpumulti") == 511
+    assert c_int8.egg_mode({k: v.nano_egg for k, v in INT8_KNOBS.items()}) == 0
+    assert sorted(INT8_KNOBS) == sorted(["int8_noise", "vote_threshold", "evolving", "out_shift",
+                                         "ln_division", "log2", "state_reset"])
+    assert [c_int8.egg_mode({k: v.egg_c}) for k, v in INT8_KNOBS.items()] == [1, 2, 4, 8, 16, 32, 64]
+    with pytest.raises(ValueError, match="unknown int8 knob"):
         c_int8.egg_mode({"noise": "xorshift"})
     with pytest.raises(ValueError, match="use table"):
         c_int8.egg_mode({"int8_noise": "gaussian"})
