@@ -59,6 +59,13 @@ def normal_lut() -> jax.Array:
     return (normals * (2 ** FIXED_POINT)).astype(I8)
 
 
+@lru_cache(maxsize=1)
+def init_lut() -> jax.Array:
+    """(2^23,) int8: round(normal * 16) (half to even) for every value of bits >> 9: nano-egg's init, by pattern."""
+    normals = jax.random.normal(jax.random.key(0, impl=_PATTERNS), (2 ** LUT_BITS,), jnp.float32)
+    return jnp.round(normals * (2 ** FIXED_POINT)).astype(I8)
+
+
 def table_key(seed: int) -> jax.Array:
     """The table's key words: key_data(key(seed)), (2,) uint32 = (0, seed)."""
     return jax.random.key_data(jax.random.key(seed))

@@ -17,7 +17,7 @@ import textwrap
 import time
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from parity.adapter import UsageError
 from parity.suite import CHECKS, SIZES, Sizes, at_port_rank
@@ -94,22 +94,44 @@ def split_task(argv: list[str]) -> tuple[str, list[str]]:
                                                          or (i and argv[i - 1] == "--task"))]
 
 
+def _moved(name: str) -> Callable[[list[str]], int]:
+    def say(argv: list[str]) -> int:
+        print(f"python -m parity {name}: moved; run `{MOVED[name]}` (same options)", file=sys.stderr)
+        return EXIT_USAGE
+    return say
+
+
+def _int8(argv: list[str]) -> int:
+    from parity import int8_cli
+    return int8_cli.main(argv)
+
+
+def _lm(argv: list[str]) -> int:
+    from parity import tree_cli
+    return tree_cli.main(argv)
+
+
+def _unknown_task(task: str) -> int:
+    print(f"parity check: unknown --task {task!r}; known tasks: cartpole, lm (and `python -m parity int8`)",
+          file=sys.stderr)
+    return EXIT_USAGE
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"int8": _int8, **{name: _moved(name) for name in MOVED}}
+TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm}
+
+
 def main(argv: Sequence[str] | None = None, stream=None) -> int:
     """Run `check` with argv (without the subcommand); returns the exit code."""
     stream = stream or sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "check":
         argv = argv[1:]
-    elif argv and argv[0] in MOVED:
-        print(f"python -m parity {argv[0]}: moved; run `{MOVED[argv[0]]}` (same options)", file=sys.stderr)
-        return EXIT_USAGE
+    elif argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
     task, argv = split_task(argv)
-    if task == "lm":
-        from parity import tree_cli
-        return tree_cli.main(argv)
     if task != "cartpole":
-        print(f"parity check: unknown --task {task!r}; known tasks: cartpole, lm", file=sys.stderr)
-        return EXIT_USAGE
+        return TASKS[task](argv) if task in TASKS else _unknown_task(task)
     started = time.perf_counter()
     try:
         args, sizes, (port, configuration, label, session), checks = parse(argv)

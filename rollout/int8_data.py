@@ -50,3 +50,4 @@ def validation_rows(stream: np.ndarray, val_rows: int) -> np.ndarray:
 def int8_streams(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     """(train stream, validation stream): each part of the corpus as one document."""
     return document_stream(corpus.train), document_stream(corpus.val)
+

@@ -40,6 +40,9 @@ EXCEPTIONS: dict[str, set[str]] = {
     "parity/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
     "parity/tree_reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
     "parity/tree_torch.py": {"torch_impl", "torch"},               # the torch side of the LM suite
+    "parity/int8_reference.py": {"jax_reference", "jax"},          # the reference side of the int8 check
+    "parity/int8_torch.py": {"torch_impl", "torch"},               # the torch side of the int8 check
+    "parity/int8_c.py": {"c_int8"},                                # the C side (and the knob signatures)
     "parity/__main__.py": {"jax", "torch"},                        # device line; --device cuda check
     "gap/runs.py": {"torch_impl", "jax_reference", "torch", "ports", "rollout"},   # the trainers, loaded lazily per run
     "gap/__main__.py": {"torch"},                                  # --device cuda check before any run

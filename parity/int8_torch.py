@@ -1,0 +1,72 @@
+"""The torch side of `python -m parity int8`: torch_impl's int8 port computes every piece of a Case, with the knobs
+given (spec/int8_knobs.py; nano-egg's by default). The whole population runs in each batched call; the traced
+members' noise and intermediates are read out of it."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from parity.int8_pieces import Case, Pieces
+from spec.int8_knobs import NANO_EGG, Int8Knobs
+
+NAME = "torch (torch_impl int8 port)"
+
+
+class TorchSide:
+    """torch_impl.int8_* for one configuration, seed and knob setting, on the CPU with one thread."""
+
+    def __init__(self, cfg, seed: int, knobs: Int8Knobs = NANO_EGG):
+        self.cfg, self.seed, self.knobs = cfg, seed, knobs
+        self.name = NAME + (f" with {', '.join(f'{k}={v}' for k, v in knobs.departures().items())}"
+                            if knobs.departures() else "")
+
+    def pieces(self, case: Case, log: Callable[[str], None] = lambda s: None) -> Pieces:
+        import torch
+        from torch_impl import int8_es, int8_model as tm, int8_noise as tn
+        from torch_impl.train import intra_op_threads
+        cfg = case.cfg
+        with intra_op_threads(1), torch.inference_mode():
+            es = int8_es.make(cfg)
+            state = int8_es.init(es, case.seed)
+            out: Pieces = {f"init.{p}": v.numpy() for p, v in state.params.items()}
+            paths = list(state.params)
+            starts = tn.window_starts(es.tree, state.keys, case.epoch, np.arange(cfg.pop), cfg.noise_reuse)
+            out.update({f"starts.{p}": starts[p].numpy() for p in paths})
+            noise, _ = int8_es.ask(es, state._replace(epoch=case.epoch))
+            members = tn.member_view(noise, cfg.pop)
+            threads = list(case.threads)
+            for p in paths:
+                if p in members.E:
+                    out[f"noise.{p}.E"] = members.E[p][threads].numpy()
+                else:
+                    out[f"noise.{p}.B"] = members.B[p][threads].numpy()
+                    out[f"noise.{p}.A"] = members.A[p][threads].numpy()
+            params = {p: torch.from_numpy(v) for p, v in case.params.items()}
+            tokens = torch.from_numpy(case.tokens.astype(np.int64))
+            scores, states, trace = tm.scores(params, members, tokens, torch.from_numpy(case.states),
+                                              cfg.sigma_shift, trace=True)
+            for name in tm.trace_names(cfg.n_layer):
+                out[f"trace.{name}"] = trace[name][threads].numpy()
+            out["trace.state"] = states[threads].numpy()
+            out["trace.score"] = scores[threads].numpy()
+            out["scores"], out["states"] = scores.numpy(), states.numpy()
+            out["fitness"] = int8_es.fitness(torch.from_numpy(case.scores)).numpy()
+            votes = int8_es.leaf_votes(es.tree, noise, torch.from_numpy(case.fitness), cfg.use_clt)
+            out.update({f"votes.{p}": votes[p].numpy() for p in paths})
+            Z = int8_es.leaf_votes(es.tree, noise, int8_es.fitness(torch.from_numpy(case.scores)), cfg.use_clt)
+            out.update({f"update.{p}": int8_es.apply_votes(params[p], Z[p], case.threshold, cfg.pairs,
+                                                           cfg.use_clt).numpy() for p in paths})
+        out.update(self.trajectory(case))
+        return out
+
+    def trajectory(self, case: Case) -> Pieces:
+        from torch_impl.int8_train import train_int8
+        out: Pieces = {}
+
+        def observe(epoch, scores, params, info):
+            out[f"trajectory.{epoch}.scores"] = scores.numpy()
+            out.update({f"trajectory.{epoch}.{p}": v.numpy() for p, v in params.items()})
+        train_int8(case.cfg.replace(epochs=case.trajectory_epochs), case.seed, case.corpus, progress=False,
+                   observe=observe)
+        return out
