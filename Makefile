@@ -14,7 +14,7 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup c-side test parity gap gap-paper gap-lm bench ports clean
+.PHONY: help setup c-side test parity int8 gap gap-paper gap-lm bench ports clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,9 +37,13 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 test: setup  ## the pytest suite (unit tests, the suite's self-tests, the Ray executor test)
 	$(PY) -m pytest -q $(ARGS)
 
-parity: setup  ## the parity suite on both tasks (CartPole MLP, byte-level LM), on the CPU -> runs/parity, runs/parity-lm
+parity: setup  ## the parity suite on every task (CartPole MLP, byte-level LM, integer LM), on the CPU -> runs/parity*, runs/int8
 	$(PY) -m parity check --out $(RUNS)/parity $(ARGS)
 	$(PY) -m parity check --task lm --out $(RUNS)/parity-lm
+	$(PY) -m parity int8 --out $(RUNS)/int8
+
+int8: setup  ## integer EGGROLL three ways (JAX, torch, C), bit for bit -> runs/int8
+	$(PY) -m parity int8 --out $(RUNS)/int8 $(ARGS)
 
 gap: setup  ## the CPU-sized gap study (resumes from the committed reports/gap) -> runs/gap
 	$(PY) -m gap --out $(RUNS)/gap --from reports/gap $(ARGS)
