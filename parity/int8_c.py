@@ -8,8 +8,8 @@ from typing import Callable
 import numpy as np
 
 from parity.int8_pieces import Case, Pieces, noise_pieces
-from spec.int8 import thresholds
-from spec.int8_knobs import NANO_EGG, Int8Knobs
+from spec.int8 import LEAF_CLASSES, thresholds
+from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves
 
 NAME = "C (c_int8, egg_int8.c)"
 
@@ -37,7 +37,8 @@ class CSide:
         out: Pieces = {f"init.{p}": init[p] for p in paths}
         starts = c.window_starts(case.epoch, np.arange(cfg.pop))
         out.update({f"starts.{p}": starts[p].astype(np.int64) for p in paths})
-        out.update(noise_pieces([c.member_noise(case.epoch, t) for t in case.threads], paths))
+        noised = [p for p in paths if evolves(LEAF_CLASSES[p], self.knobs)]     # a frozen leaf draws no noise
+        out.update(noise_pieces([c.member_noise(case.epoch, t) for t in case.threads], noised))
         traces = [c.member_trace(case.params, case.epoch, t, case.tokens[t], case.states[t]) for t in case.threads]
         for name in c.trace_names():
             out[f"trace.{name}"] = np.stack([tr[name] for tr, _, _ in traces])

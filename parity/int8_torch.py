@@ -27,7 +27,7 @@ class TorchSide:
         from torch_impl.train import intra_op_threads
         cfg = case.cfg
         with intra_op_threads(1), torch.inference_mode():
-            es = int8_es.make(cfg)
+            es = int8_es.make(cfg, self.knobs)
             state = int8_es.init(es, case.seed)
             out: Pieces = {f"init.{p}": v.numpy() for p, v in state.params.items()}
             paths = list(state.params)
@@ -37,6 +37,8 @@ class TorchSide:
             members = tn.member_view(noise, cfg.pop)
             threads = list(case.threads)
             for p in paths:
+                if p not in members.E and p not in members.A:          # a leaf that does not evolve: no noise
+                    continue
                 if p in members.E:
                     out[f"noise.{p}.E"] = members.E[p][threads].numpy()
                 else:
@@ -45,7 +47,7 @@ class TorchSide:
             params = {p: torch.from_numpy(v) for p, v in case.params.items()}
             tokens = torch.from_numpy(case.tokens.astype(np.int64))
             scores, states, trace = tm.scores(params, members, tokens, torch.from_numpy(case.states),
-                                              cfg.sigma_shift, trace=True)
+                                              cfg.sigma_shift, trace=True, knobs=self.knobs)
             for name in tm.trace_names(cfg.n_layer):
                 out[f"trace.{name}"] = trace[name][threads].numpy()
             out["trace.state"] = states[threads].numpy()
@@ -55,8 +57,8 @@ class TorchSide:
             votes = int8_es.leaf_votes(es.tree, noise, torch.from_numpy(case.fitness), cfg.use_clt)
             out.update({f"votes.{p}": votes[p].numpy() for p in paths})
             Z = int8_es.leaf_votes(es.tree, noise, int8_es.fitness(torch.from_numpy(case.scores)), cfg.use_clt)
-            out.update({f"update.{p}": int8_es.apply_votes(params[p], Z[p], case.threshold, cfg.pairs,
-                                                           cfg.use_clt).numpy() for p in paths})
+            new = int8_es.update(es, params, Z, case.threshold)
+            out.update({f"update.{p}": new[p].numpy() for p in paths})
         out.update(self.trajectory(case))
         return out
 
@@ -68,5 +70,5 @@ class TorchSide:
             out[f"trajectory.{epoch}.scores"] = scores.numpy()
             out.update({f"trajectory.{epoch}.{p}": v.numpy() for p, v in params.items()})
         train_int8(case.cfg.replace(epochs=case.trajectory_epochs), case.seed, case.corpus, progress=False,
-                   observe=observe)
+                   observe=observe, knobs=self.knobs)
         return out

@@ -110,6 +110,18 @@ class Int8Knobs:
 NANO_EGG = Int8Knobs()
 
 
+def evolves(cls: str, knobs: Int8Knobs) -> bool:
+    """Whether a leaf of class cls (spec.int8.LEAF_CLASSES) takes noise and votes: every leaf (nano-egg), or only the
+    matrices ("mm": not the embedding, biases or norm weights) under evolving=matrices."""
+    return knobs.evolving == "all" or cls == "mm"
+
+
+def table_noise(cls: str, knobs: Int8Knobs) -> bool:
+    """Whether an evolving leaf's noise comes from nano-egg's table: always, except egg.c's matrices under
+    int8_noise=xorshift (the leaves egg.c never perturbs keep the table's noise)."""
+    return knobs.int8_noise == "table" or cls != "mm"
+
+
 def int8_profile(name: str) -> Int8Knobs:
     """The knobs of a named profile (nano-egg, egg.c, egg.c-cpumulti); Int8KnobError for another name."""
     if name not in INT8_PROFILES:

@@ -15,6 +15,7 @@ import sys
 from spec.cli import add_override_arguments, apply_overrides
 from spec.config import PRESETS, check_pairing, for_profile
 from spec.int8 import INT8_ONLY, INT8_PRESETS, add_int8_arguments, int8_config
+from spec.int8_knobs import INT8_PROFILES, parse_int8_knobs
 from spec.knobs import PROFILES, KnobError, resolve
 from spec.limits import check_fits, device_arg, seed_arg
 from spec.lm import LM_PRESETS
@@ -29,11 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS) | set(INT8_PRESETS)),
                    help=f"hyper-parameter preset (default cpu); cartpole: {', '.join(PRESETS)}; "
                         f"lm: {', '.join(LM_PRESETS)}; int8: {', '.join(INT8_PRESETS)}")
-    p.add_argument("--profile", choices=list(dict.fromkeys([*PROFILES, *TREE_PROFILES])), default="jax",
-                   help=f"knob profile (default jax); lm: {', '.join(TREE_PROFILES)}")
+    p.add_argument("--profile", choices=list(dict.fromkeys([*PROFILES, *TREE_PROFILES, *INT8_PROFILES])),
+                   default="jax", help=f"knob profile (default jax); lm: {', '.join(TREE_PROFILES)}; int8: "
+                                       f"{', '.join(INT8_PROFILES)} (default nano-egg)")
     p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
                    help="set one drift knob (repeatable; applied after the profile); --task lm takes the tree "
-                        "knobs of spec/tree_knobs.py")
+                        "knobs of spec/tree_knobs.py, --task int8 egg.c's departures of spec/int8_knobs.py")
     p.add_argument("--device", type=device_arg, default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads while training (default 1: faster for this small policy)")
@@ -103,12 +105,11 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def configure_int8(args: argparse.Namespace):
-    """(Int8Config, corpus) for --task int8; raises ValueError/OSError (a bad corpus or one too short included)."""
+    """(Int8Config, corpus, Int8Knobs) for --task int8; raises ValueError/OSError (a bad corpus or one too short
+    included, an unknown knob, value or profile)."""
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    if args.torch or args.profile != "jax":
-        raise ValueError("--torch and --profile do not apply to --task int8 (the integer port has no drift knobs "
-                         "yet); drop them")
+    knobs = parse_int8_knobs(args.torch, None if args.profile == "jax" else args.profile)
     cfg = int8_config(args)
     path = check_corpus_path(args.corpus)
     from rollout.corpus import load_corpus          # numpy only: the corpus is part of the input
@@ -119,21 +120,24 @@ def configure_int8(args: argparse.Namespace):
     train_stream, val_stream = int8_streams(corpus)
     stream_layout(len(train_stream), cfg)            # refuses a train part too short for the sequences
     validation_rows(val_stream, cfg.val_rows)        # and a validation part too short for the rows
-    return cfg, corpus
+    return cfg, corpus, knobs
 
 
 def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """--task int8: check the config and the corpus against nano-egg's layout (exit 2 on either), then train."""
     try:
-        cfg, corpus = configure_int8(args)
+        cfg, corpus, knobs = configure_int8(args)
     except (OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
     check_cuda(parser, args.device)
     from torch_impl.int8_train import train_int8     # torch import only once the input is known good
 
     if not args.quiet:
-        print(f"torch int8 EGGROLL  int8 LM  seed {args.seed}  {cfg}  corpus {corpus.path}", flush=True)
-    result = train_int8(cfg, args.seed, corpus, progress=not args.quiet, device=args.device, threads=args.threads)
+        departures = ", ".join(f"{k}={v}" for k, v in knobs.departures().items()) or "nano-egg"
+        print(f"torch int8 EGGROLL  int8 LM  seed {args.seed}  {cfg}  knobs {departures}  corpus {corpus.path}",
+              flush=True)
+    result = train_int8(cfg, args.seed, corpus, progress=not args.quiet, device=args.device, threads=args.threads,
+                        knobs=knobs)
     if args.quiet:
         print(lm_verdict_line(result))
     return 0

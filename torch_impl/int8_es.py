@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from spec.int8 import FIXED_POINT, Int8Config, int8_tree, threshold_at, thresholds
+from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves
 from spec.tree import Tree
 from torch_impl.int8_model import I32, I64, clip8, init_params, int_matmul
 from torch_impl.int8_noise import PairNoise, leaf_keys, normal_lut, population_noise
@@ -33,6 +34,7 @@ class Int8ES(NamedTuple):
     cfg: Int8Config
     tree: Tree
     thresholds: tuple[int, ...]          # thr_e for e = 0..epochs-1 (spec.int8.thresholds)
+    knobs: Int8Knobs = NANO_EGG          # egg.c's departures (spec/int8_knobs.py); nano-egg's by default
 
 
 class Int8State(NamedTuple):
@@ -42,8 +44,8 @@ class Int8State(NamedTuple):
     seed: int                            # the noise table's key: key(seed)
 
 
-def make(cfg: Int8Config) -> Int8ES:
-    return Int8ES(cfg, int8_tree(cfg), thresholds(cfg))
+def make(cfg: Int8Config, knobs: Int8Knobs = NANO_EGG) -> Int8ES:
+    return Int8ES(cfg, int8_tree(cfg), thresholds(cfg), knobs)
 
 
 def init(es: Int8ES, seed: int, device: str | torch.device = "cpu", params: Params | None = None) -> Int8State:
@@ -57,7 +59,7 @@ def init(es: Int8ES, seed: int, device: str | torch.device = "cpu", params: Para
 def ask(es: Int8ES, state: Int8State) -> tuple[PairNoise, Int8State]:
     """The population's noise at state.epoch, one PairNoise for the pop / 2 pairs."""
     return population_noise(es.tree, state.keys, state.seed, state.epoch, es.cfg.pairs, es.cfg.noise_reuse,
-                            es.cfg.rank, normal_lut(next(iter(state.keys.values())).device)), state
+                            es.cfg.rank, normal_lut(next(iter(state.keys.values())).device), es.knobs), state
 
 
 def threshold(es: Int8ES, epoch: int) -> int:
@@ -74,12 +76,15 @@ def fitness(scores: torch.Tensor) -> torch.Tensor:
 
 
 def leaf_votes(tree: Tree, noise: PairNoise, f: torch.Tensor, use_clt: bool = True) -> dict[str, torch.Tensor]:
-    """{path: Z int32 at the leaf's stacked shape}: sum_k f_k N_k with each pair's (+) noise."""
+    """{path: Z int32 at the leaf's stacked shape}: sum_k f_k N_k with each pair's (+) noise (0 for a leaf that has
+    no noise: one that does not evolve)."""
     f64 = f.to(I64)
     sign = (lambda t: t) if use_clt else torch.sign
     Z = {}
     for leaf in tree.leaves:
-        if leaf.cls == "param":
+        if leaf.path not in noise.A and leaf.path not in noise.E:
+            Z[leaf.path] = torch.zeros(leaf.shape, dtype=I32, device=f.device)
+        elif leaf.cls == "param":
             E = sign(noise.E[leaf.path].to(I64))                                  # (K, *stack, *S)
             Z[leaf.path] = (f64.view(-1, *[1] * (E.dim() - 1)) * E).sum(0).to(I32)
         else:
@@ -91,13 +96,24 @@ def leaf_votes(tree: Tree, noise: PairNoise, f: torch.Tensor, use_clt: bool = Tr
     return Z
 
 
-def apply_votes(param: torch.Tensor, Z: torch.Tensor, thr: int, pairs: int, use_clt: bool = True) -> torch.Tensor:
-    """+1 (Z > 0) or -1 (Z <= 0) where |Z| * 16 >= thr * isqrt(pairs) * (256 if use_clt else 1), clipped; int8."""
+def apply_votes(param: torch.Tensor, Z: torch.Tensor, thr: int, pairs: int, use_clt: bool = True,
+                knobs: Int8Knobs = NANO_EGG) -> torch.Tensor:
+    """+1 (Z > 0) or -1 (Z <= 0) where |Z| * 16 >= thr * isqrt(pairs) * (256 if use_clt else 1), clipped; int8.
+    vote_threshold=fixed160 (egg.c): +1 where Z > 160, -1 where Z < -160, else held (no schedule)."""
+    if knobs.vote_threshold == "fixed160":
+        p = param.to(I32)
+        return clip8(torch.where(Z > 160, p + 1, torch.where(Z < -160, p - 1, p)))
     bound = thr * math.isqrt(pairs) * ((4 ** FIXED_POINT) if use_clt else 1)
     p = param.to(I32)
     moved = torch.where(Z > 0, p + 1, p - 1)
     held = Z.to(I32).abs() * (2 ** FIXED_POINT) < bound                      # int32, as XLA (wraps alike)
     return clip8(torch.where(held, p, moved))
+
+
+def update(es: Int8ES, params: Params, Z: dict, thr: int) -> Params:
+    """The +-1 vote of every leaf under es.knobs (a leaf that does not evolve is kept as it is)."""
+    return {leaf.path: apply_votes(params[leaf.path], Z[leaf.path], thr, es.cfg.pairs, es.cfg.use_clt, es.knobs)
+            if evolves(leaf.cls, es.knobs) else params[leaf.path] for leaf in es.tree.leaves}
 
 
 def tell(es: Int8ES, state: Int8State, noise: PairNoise, scores: torch.Tensor) -> tuple[Int8State, dict]:
@@ -108,9 +124,9 @@ def tell(es: Int8ES, state: Int8State, noise: PairNoise, scores: torch.Tensor) -
     f = fitness(scores)
     Z = leaf_votes(es.tree, noise, f.to(next(iter(state.params.values())).device), es.cfg.use_clt)
     thr = threshold(es, state.epoch)
-    params = {path: apply_votes(p, Z[path], thr, es.cfg.pairs, es.cfg.use_clt) for path, p in state.params.items()}
+    params = update(es, state.params, Z, thr)
     return state._replace(params=params, epoch=state.epoch + 1), {"fitness": f, "votes": Z, "threshold": thr}
 
 
-__all__ = ["Int8ES", "Int8State", "make", "init", "ask", "tell", "fitness", "leaf_votes", "apply_votes",
+__all__ = ["Int8ES", "Int8State", "make", "init", "ask", "tell", "fitness", "leaf_votes", "apply_votes", "update",
            "threshold"]

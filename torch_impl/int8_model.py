@@ -29,6 +29,7 @@ import torch
 
 from spec.int8 import (FIXED_POINT, LOG2_THRESHOLDS, LOGMAX, MAX, Int8Config, exp2_table, noise_shift,
                        out_divisor)
+from spec.int8_knobs import NANO_EGG, Int8Knobs
 from torch_impl import random as rnd
 from torch_impl.int8_noise import PairNoise, run_keys
 
@@ -117,12 +118,23 @@ def log2_entries(k: torch.Tensor) -> torch.Tensor:
     return torch.where((n >= 16) | exact, m - 64, m - 63).to(I32)
 
 
-def log_likelihood(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """ll = z[target] - LOG2[sum_v EXP2[z_v] - 1], z = logits + 128 (1/16 bit), rows of logits (..., 256): int32."""
+def log2_mitchell(x: torch.Tensor) -> torch.Tensor:
+    """egg.c's log2 (log2=mitchell): 16 k + the 4 mantissa bits below the leading one k (linear), - 64; 0 for x <= 0."""
+    x = x.to(I64)
+    k = torch.frexp(torch.clamp_min(x, 1).to(torch.float64))[1].to(I64) - 1          # floor(log2 x), exact
+    rest = x - (1 << k)
+    frac = torch.where(k >= 4, rest >> torch.clamp_min(k - 4, 0), rest << torch.clamp_min(4 - k, 0))
+    return torch.where(x > 0, 16 * k + frac - 64, torch.zeros_like(x))
+
+
+def log_likelihood(logits: torch.Tensor, targets: torch.Tensor, knobs: Int8Knobs = NANO_EGG) -> torch.Tensor:
+    """ll = z[target] - LOG2[sum_v EXP2[z_v] - 1], z = logits + 128 (1/16 bit), rows of logits (..., 256): int32.
+    log2=mitchell: z[target] - log2_mitchell(sum_v EXP2[z_v])."""
     z = logits.to(I64) + 128
     total = torch.take(EXP2.to(z.device), z).sum(-1)
     picked = torch.gather(z, -1, targets.to(I64).unsqueeze(-1)).squeeze(-1)
-    return (picked - log2_entries(total - 1).to(I64)).to(I32)
+    log2 = log2_mitchell(total) if knobs.log2 == "mitchell" else log2_entries(total - 1).to(I64)
+    return (picked - log2).to(I32)
 
 
 # ----------------------------------------------------------------------------- the ops, population batched
@@ -131,14 +143,25 @@ class LowRank(NamedTuple):
     B: torch.Tensor          # (P, b) int8
 
 
-def mm(W: torch.Tensor, x: torch.Tensor, noise: LowRank | None, sigma_shift: int) -> torch.Tensor:
-    """clip((x W^T [+ ((x B) A^T) >> (4 + ss)]) // (16 isqrt(in))): x (P, in) int8, W (out, in) -> (P, out) int8."""
+def mm_divisor(in_dim: int, d: int | None, knobs: Int8Knobs = NANO_EGG) -> int:
+    """mm's floor divisor: 16 isqrt(in) (nano-egg); out_shift=fixed: 2^9 for in = 4 d, else 2^8 (egg.c)."""
+    if knobs.out_shift == "fixed":
+        if d is None:
+            raise ValueError("out_shift=fixed needs the model width d (egg.c shifts by 9 where in = 4 d, else 8)")
+        return 1 << 9 if in_dim == 4 * d else 1 << 8
+    return out_divisor(in_dim)
+
+
+def mm(W: torch.Tensor, x: torch.Tensor, noise: LowRank | None, sigma_shift: int, knobs: Int8Knobs = NANO_EGG,
+       d: int | None = None) -> torch.Tensor:
+    """clip((x W^T [+ ((x B) A^T) >> (4 + ss)]) // divisor): x (P, in) int8, W (out, in) -> (P, out) int8 (divisor:
+    mm_divisor; d the model width, needed under out_shift=fixed)."""
     acc = int_matmul(x, W.T)
     if noise is not None:
         xb = (x.to(I32) * noise.B.to(I32)).sum(-1, dtype=I32)                  # (P,) (x B) in int32
         pert = xb.unsqueeze(-1) * noise.A.to(I32)                               # ((x B) A^T) in int32
         acc = acc + (pert >> noise_shift(sigma_shift))
-    div = out_divisor(W.shape[-1])
+    div = mm_divisor(W.shape[-1], d, knobs)
     if div & (div - 1) == 0:                       # a power of 2 (in a power of 4): floor(v / 2^k) = v >> k
         return clip8(acc >> (div.bit_length() - 1))
     return clip8(floor_div(acc, div))
@@ -161,10 +184,13 @@ def param(P: torch.Tensor, E: torch.Tensor | None, sigma_shift: int) -> torch.Te
     return clip8(P.to(I32) + (E >> noise_shift(sigma_shift)))
 
 
-def ln(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """DIV[max(sum |x|, 1) // d][x * w] over the last axis: x (P, d) int8, w (P, d) or (d,) int8."""
+def ln(x: torch.Tensor, w: torch.Tensor, knobs: Int8Knobs = NANO_EGG) -> torch.Tensor:
+    """DIV[max(sum |x|, 1) // d][x * w] over the last axis: x (P, d) int8, w (P, d) or (d,) int8.
+    ln_division=trunc (egg.c): clip((x w) / m) truncating, a zero m taken as 1."""
     d = x.shape[-1]
     m = floor_div(torch.clamp_min(x.to(I32).abs().sum(-1, dtype=I32), 1), d).unsqueeze(-1)
+    if knobs.ln_division == "trunc":
+        return clip8(torch.div(x.to(I32) * w.to(I32), torch.clamp_min(m, 1), rounding_mode="trunc"))
     return ln_divide(x.to(I32) * w.to(I32), m)
 
 
@@ -180,27 +206,32 @@ def trace_names(n_layer: int) -> list[str]:
 
 
 def _lr(noise: PairNoise | None, path: str, l: int | None) -> LowRank | None:
-    if noise is None:
+    if noise is None or path not in noise.A:              # noise off, or a leaf that does not evolve
         return None
     A, B = noise.A[path], noise.B[path]
     return LowRank(A, B) if l is None else LowRank(A[:, l], B[:, l])
 
 
 def _full(noise: PairNoise | None, path: str, l: int | None):
-    if noise is None:
+    if noise is None or path not in noise.E:
         return None
     return noise.E[path] if l is None else noise.E[path][:, l]
 
 
-def gru(params: dict, noise, l: int, x: torch.Tensor, state: torch.Tensor, ss: int, inter: dict | None):
-    """nano-egg's integer GRU (sigmoid and tanh the identity); returns the new state (P, d) int8."""
+def gru(params: dict, noise, l: int, x: torch.Tensor, state: torch.Tensor, ss: int, inter: dict | None,
+        knobs: Int8Knobs = NANO_EGG):
+    """nano-egg's integer GRU (sigmoid and tanh the identity); returns the new state (P, d) int8.
+    gate_clip=nested (egg.c cpumulti): a gate is clip(clip(W x + U s) + bias)."""
+    d = x.shape[-1]
     g = lambda name: params[f"blocks.att.{name}"][l]
-    mmn = lambda name, v: mm(g(name), v, _lr(noise, f"blocks.att.{name}", l), ss)
+    mmn = lambda name, v: mm(g(name), v, _lr(noise, f"blocks.att.{name}", l), ss, knobs, d)
     par = lambda name: param(g(name), _full(noise, f"blocks.att.{name}", l), ss)
-    f = clipped_add(mmn("Wf", x), mmn("Uf", state), par("bf"))
+    gate_sum = ((lambda a, b, bias: clipped_add(clipped_add(a, b), bias)) if knobs.gate_clip == "nested"
+                else clipped_add)
+    f = gate_sum(mmn("Wf", x), mmn("Uf", state), par("bf"))
     gate = f.to(I32) + MAX                                                       # [0, 254]
     gated = ((gate * state.to(I32)) >> (LOGMAX + 1)).to(I8)
-    cand = clipped_add(mmn("Wh", x), mmn("Uh", gated), par("bh"))
+    cand = gate_sum(mmn("Wh", x), mmn("Uh", gated), par("bh"))
     step = ((gate * (cand.to(I32) - state.to(I32))) >> (LOGMAX + 1)).to(I8)
     new = state + step                                                           # int8 add, wrapping (never shows)
     if inter is not None:
@@ -208,23 +239,29 @@ def gru(params: dict, noise, l: int, x: torch.Tensor, state: torch.Tensor, ss: i
     return new
 
 
-def layer(params: dict, noise, l: int, x: torch.Tensor, state: torch.Tensor, ss: int, inter: dict | None):
-    """ln1 -> gru (+ residual) -> ln2 -> mlp (+ residual): (out, new state)."""
+def layer(params: dict, noise, l: int, x: torch.Tensor, state: torch.Tensor, ss: int, inter: dict | None,
+          knobs: Int8Knobs = NANO_EGG):
+    """ln1 -> gru (+ residual) -> ln2 -> mlp (+ residual): (out, new state). mlp=off (egg.c cpumulti): the block's
+    output is the GRU's residual sum, ln2 and the MLP traced as zeros."""
+    d = x.shape[-1]
     lnw = lambda name: param(params[f"blocks.{name}.weight"][l], _full(noise, f"blocks.{name}.weight", l), ss)
-    u = ln(x, lnw("ln1"))
-    new_state = gru(params, noise, l, u, state, ss, inter)
+    u = ln(x, lnw("ln1"), knobs)
+    new_state = gru(params, noise, l, u, state, ss, inter, knobs)
     y = clipped_add(new_state, x)
-    v = ln(y, lnw("ln2"))
-    hidden = mm(params["blocks.mlp.0.weight"][l], v, _lr(noise, "blocks.mlp.0.weight", l), ss)
-    m = mm(params["blocks.mlp.1.weight"][l], hidden, _lr(noise, "blocks.mlp.1.weight", l), ss)
-    out = clipped_add(m, y)
+    if knobs.mlp == "off":
+        v, hidden, m, out = torch.zeros_like(y), y.new_zeros(y.shape[:-1] + (4 * d,)), torch.zeros_like(y), y
+    else:
+        v = ln(y, lnw("ln2"), knobs)
+        hidden = mm(params["blocks.mlp.0.weight"][l], v, _lr(noise, "blocks.mlp.0.weight", l), ss, knobs, d)
+        m = mm(params["blocks.mlp.1.weight"][l], hidden, _lr(noise, "blocks.mlp.1.weight", l), ss, knobs, d)
+        out = clipped_add(m, y)
     if inter is not None:
         inter.update({"ln1": u, "att": y, "ln2": v, "mlp.0": hidden, "mlp": m, "out": out})
     return out, new_state
 
 
 def forward(params: dict, noise: PairNoise | None, tok: torch.Tensor, state: torch.Tensor, ss: int,
-            trace: dict | None = None):
+            trace: dict | None = None, knobs: Int8Knobs = NANO_EGG):
     """(logits (P, 256) int8, new state (P, L, d)) for one input byte per member; noise per member or None.
 
     trace, if given, receives this token's intermediates under spec names (emb, blocks.{l}.{name}, ln_out)."""
@@ -234,22 +271,23 @@ def forward(params: dict, noise: PairNoise | None, tok: torch.Tensor, state: tor
     states = []
     for l in range(params["blocks.att.bf"].shape[0]):
         inter = {} if trace is not None else None
-        x, s = layer(params, noise, l, x, state[:, l], ss, inter)
+        x, s = layer(params, noise, l, x, state[:, l], ss, inter, knobs)
         states.append(s)
         if trace is not None:
             trace.update({f"blocks.{l}.{k}": v for k, v in inter.items()})
-    y = ln(x, param(params["ln_out.weight"], _full(noise, "ln_out.weight", None), ss))
-    logits = mm(params["head"], y, _lr(noise, "head", None), ss)
+    y = ln(x, param(params["ln_out.weight"], _full(noise, "ln_out.weight", None), ss), knobs)
+    logits = mm(params["head"], y, _lr(noise, "head", None), ss, knobs, x.shape[-1])
     if trace is not None:
         trace["ln_out"] = y
     return logits, torch.stack(states, dim=1)
 
 
 def scores(params: dict, noise: PairNoise | None, tokens: torch.Tensor, state: torch.Tensor, ss: int,
-           trace: bool = False):
+           trace: bool = False, knobs: Int8Knobs = NANO_EGG):
     """(scores (P,) int32, final state (P, L, d) int8[, trace {name: (P, T, ...)}]) over tokens (P, T + 1).
 
-    Each member's state is zeroed before an input byte 0; scores sum ll over the T tokens in int32."""
+    Each member's state is zeroed before an input byte 0 (state_reset=never: never); scores sum ll over the T
+    tokens in int32."""
     tokens = tokens.to(I64)
     if noise is not None:                          # widen the factors once, not in every op of every token
         noise = PairNoise({k: v.to(I32) for k, v in noise.A.items()}, {k: v.to(I32) for k, v in noise.B.items()},
@@ -258,10 +296,11 @@ def scores(params: dict, noise: PairNoise | None, tokens: torch.Tensor, state: t
     steps = []
     for t in range(tokens.shape[1] - 1):
         inp = tokens[:, t]
-        state = torch.where((inp == 0).view(-1, 1, 1), torch.zeros_like(state), state)
+        if knobs.state_reset == "on_zero":
+            state = torch.where((inp == 0).view(-1, 1, 1), torch.zeros_like(state), state)
         inter = {} if trace else None
-        logits, state = forward(params, noise, inp, state, ss, inter)
-        ll = log_likelihood(logits, tokens[:, t + 1])
+        logits, state = forward(params, noise, inp, state, ss, inter, knobs)
+        ll = log_likelihood(logits, tokens[:, t + 1], knobs)
         total = total + ll
         if trace:
             inter.update(logits=logits, ll=ll)

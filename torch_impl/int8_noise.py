@@ -29,7 +29,9 @@ from typing import NamedTuple
 import torch
 
 from spec.int8 import FIXED_POINT, HASH_MULT, LUT_BITS, TABLE_MASK, TABLE_SIZE, Int8Config, int8_tree
+from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves, table_noise
 from spec.tree import Leaf, Tree
+from torch_impl import int8_xorshift
 from torch_impl import random as rnd
 from torch_impl.tree_keys import es_leaf_keys
 
@@ -145,6 +147,8 @@ def pair_windows(tree: Tree, keys: dict[str, torch.Tensor], seed: int, epoch: in
     te = true_epoch(epoch, noise_reuse)
     device = next(iter(keys.values())).device
     counters, cuts = [], []
+    if not tree.leaves:
+        return {}
     for leaf in tree.leaves:                      # shapes differ per leaf: only index tensors are built here
         n = window_length(leaf, rank)
         c = clamped_starts(key_words0(keys[leaf.path], te), pairs, n)           # (P, *stack)
@@ -160,13 +164,27 @@ def pair_windows(tree: Tree, keys: dict[str, torch.Tensor], seed: int, epoch: in
 
 
 def population_noise(tree: Tree, keys: dict[str, torch.Tensor], seed: int, epoch: int, n_pairs: int,
-                     noise_reuse: int, rank: int = 1, lut: torch.Tensor | None = None) -> PairNoise:
-    """PairNoise of pairs 0..n_pairs-1 at epoch (the members 2p, 2p + 1 share pair p's windows)."""
+                     noise_reuse: int, rank: int = 1, lut: torch.Tensor | None = None,
+                     knobs: Int8Knobs = NANO_EGG) -> PairNoise:
+    """PairNoise of pairs 0..n_pairs-1 at epoch (the members 2p, 2p + 1 share pair p's windows).
+
+    knobs: a leaf that does not evolve (evolving=matrices) gets no entry; a matrix under int8_noise=xorshift gets
+    egg.c's xorshift factors (torch_impl.int8_xorshift, seeded from the run's seed and the raw epoch)."""
     if rank != 1:
         raise ValueError(f"rank must be 1 (nano-egg's integer noiser), got {rank}")
-    windows = pair_windows(tree, keys, seed, epoch, torch.arange(n_pairs), noise_reuse, rank, lut)
+    noised = [leaf for leaf in tree.leaves if evolves(leaf.cls, knobs)]
+    table_leaves = tuple(leaf for leaf in noised if table_noise(leaf.cls, knobs))
+    from_table = Tree(table_leaves, tuple(leaf.path for leaf in table_leaves))
+    pairs = torch.arange(n_pairs)
+    windows = pair_windows(from_table, keys, seed, epoch, pairs, noise_reuse, rank, lut)
     A, B, E = {}, {}, {}
-    for leaf in tree.leaves:
+    for leaf in noised:
+        if leaf.path not in windows:                          # egg.c's xorshift matrix
+            a, b = leaf.slice_shape
+            A[leaf.path], B[leaf.path] = int8_xorshift.factors(
+                leaf.path, a, b, seed, epoch, pairs.to(next(iter(keys.values())).device),
+                leaf.shape[0] if leaf.scan_axes else None)
+            continue
         w = windows[leaf.path]
         if leaf.cls == "param":
             w = w.to(torch.int32)

@@ -17,6 +17,7 @@ import torch
 from rollout.corpus import load_corpus
 from rollout.int8_data import epoch_tokens, int8_streams, train_rows, validation_rows
 from spec.int8 import Int8Config, bits_per_byte, segment_offset, stream_layout
+from spec.int8_knobs import NANO_EGG, Int8Knobs
 from spec.lm_run import LMProgress, LMTrainResult, lm_epoch_row
 from spec.tree import Tree
 from torch_impl import int8_es
@@ -34,30 +35,33 @@ def changed_fractions(tree: Tree, old: dict, new: dict) -> dict:
     return {"changed": moved / total, "changed_lowrank": mean("mm"), "changed_fullrank": mean("param")}
 
 
-def validation_scores(params: dict, rows: torch.Tensor, cfg: Int8Config) -> torch.Tensor:
+def validation_scores(params: dict, rows: torch.Tensor, cfg: Int8Config, knobs: Int8Knobs = NANO_EGG
+                      ) -> torch.Tensor:
     """(val_rows,) int32: every row scored from a zero state with noise off, all rows at once."""
-    return model_scores(params, None, rows, default_state(cfg, rows.shape[0], rows.device), cfg.sigma_shift)[0]
+    return model_scores(params, None, rows, default_state(cfg, rows.shape[0], rows.device), cfg.sigma_shift,
+                        knobs=knobs)[0]
 
 
 def train_int8(cfg: Int8Config, seed: int, corpus=None, progress: bool = True, stream: TextIO | None = None,
                observe: Callable | None = None, device: str | torch.device = "cpu",
-               threads: int | None = 1) -> LMTrainResult:
+               threads: int | None = 1, knobs: Int8Knobs = NANO_EGG) -> LMTrainResult:
     """Train cfg.epochs epochs from seed (default corpus: the shipped one); LMTrainResult with int8 params.
 
     observe(epoch, scores (pop,) int32, params after the update, info) sees every epoch (lockstep checks);
-    threads: torch intra-op threads (default 1; None leaves torch's)."""
+    threads: torch intra-op threads (default 1; None leaves torch's); knobs: egg.c's departures (spec/int8_knobs.py)."""
     corpus = load_corpus() if corpus is None else corpus
     with intra_op_threads(threads), torch.inference_mode():
-        return _train(cfg, seed, corpus, LMProgress(stream or sys.stdout, cfg.epochs, progress), observe, device)
+        return _train(cfg, seed, corpus, LMProgress(stream or sys.stdout, cfg.epochs, progress), observe, device,
+                      knobs)
 
 
-def _train(cfg: Int8Config, seed: int, corpus, show: LMProgress, observe, device) -> LMTrainResult:
+def _train(cfg: Int8Config, seed: int, corpus, show: LMProgress, observe, device, knobs: Int8Knobs) -> LMTrainResult:
     train_stream, val_stream = int8_streams(corpus)
     layout = stream_layout(len(train_stream), cfg)              # ValueError: the corpus is too short
     rows = train_rows(train_stream, layout.n_sequences, layout.segments, cfg.tokens_per_update)
     val = torch.from_numpy(validation_rows(val_stream, cfg.val_rows).astype(np.int64)).to(device)
     val_tokens = val.shape[0] * (val.shape[1] - 1)
-    es = int8_es.make(cfg)
+    es = int8_es.make(cfg, knobs)
     state = int8_es.init(es, seed, device)
     states = default_state(cfg, cfg.pop, device)
     history, val_bpb, start = [], math.nan, time.perf_counter()
@@ -68,14 +72,14 @@ def _train(cfg: Int8Config, seed: int, corpus, show: LMProgress, observe, device
         step_start = time.perf_counter()
         noise, state = int8_es.ask(es, state)
         scores, states = model_scores(state.params, member_view(noise, cfg.pop), tokens.to(device), states,
-                                      cfg.sigma_shift)
+                                      cfg.sigma_shift, knobs=knobs)
         old = state.params
         state, info = int8_es.tell(es, state, noise, scores)
         step_s = time.perf_counter() - step_start
         if observe is not None:
             observe(epoch, scores, state.params, info)
         measured = (epoch + 1) % cfg.validate_every == 0 or epoch == cfg.epochs - 1
-        val_e = bits_per_byte(int(validation_scores(state.params, val, cfg).to(torch.int64).sum()), val_tokens) \
+        val_e = bits_per_byte(int(validation_scores(state.params, val, cfg, knobs).to(torch.int64).sum()), val_tokens) \
             if measured else math.nan
         val_bpb = val_e if measured else val_bpb
         total = int(scores.to(torch.int64).sum())
