@@ -227,8 +227,11 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
     if task == "lm":
         from gap import lm_cli
         return lm_cli.main(argv, None if trainer is train_spec else trainer)
+    if task == "int8":
+        from gap import int8_cli
+        return int8_cli.main(argv, None if trainer is train_spec else trainer)
     if task != "cartpole":
-        print(f"gap: unknown --task {task!r}; known tasks: cartpole, lm", file=sys.stderr)
+        print(f"gap: unknown --task {task!r}; known tasks: cartpole, lm, int8", file=sys.stderr)
         return 2
     argv = [a for i, a in enumerate(argv) if not (a == "--task" or a.startswith("--task=")
                                                   or (i and argv[i - 1] == "--task"))]

@@ -1,0 +1,92 @@
+"""The integer gap study (`python -m gap --task int8`): the design, the analysis on synthetic runs with a planted
+effect, resumption, and bad input refused with exit 2 before any work."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from gap import int8_report, int8_study
+from gap import __main__ as gap_main
+from gap.lm_study import read_runs
+from spec.int8_knobs import INT8_KNOBS
+
+PLANTED = {"vote_threshold": -0.30, "log2": +0.12}          # bits/byte added at egg.c's value (half each side)
+
+
+def fake_trainer(spec):
+    """A deterministic curve whose final value carries the planted effects plus seed noise (sd 0.03)."""
+    noise = np.random.default_rng(zlib.crc32(f"{spec.arm.name}/{spec.seed}".encode())).normal(0, 0.03)
+    final = 4.5 + noise + sum(effect / 2 * spec.arm.level(k) for k, effect in PLANTED.items())
+    epochs = spec.config.epochs
+    history = [{"epoch": e, "train_bpb": 8.0, "val_bpb": final + (epochs - 1 - e) / epochs if (e + 1) % 50 == 0
+                or e == epochs - 1 else float("nan"), "wall_s": 0.0} for e in range(epochs)]
+    return history, {"torch": "test"}, "test-host"
+
+
+def test_design_is_the_resolution_iv_fraction_with_both_corners():
+    arms = int8_study.arms()
+    assert len(arms) == 16 and [a.name for a in arms[:2]] == ["nano-egg", "egg.c"]
+    m = int8_study.design_matrix()
+    assert m.shape == (16, 7) and (m.T @ m == 16 * np.eye(7)).all()              # orthogonal main effects
+    for i in range(7):                                   # no main effect aliased with any two-factor interaction
+        for j in range(7):
+            for k in range(j + 1, 7):
+                assert abs(int(m[:, i] @ (m[:, j] * m[:, k]))) < 16
+    assert arms[1].knobs.departures() == {k: v.egg_c for k, v in INT8_KNOBS.items()}
+    assert arms[0].knobs.departures() == {}
+    assert len(int8_study.plan(int8_study.default_config(), 6)) == 96
+    chains = int8_report.interaction_chains(m)
+    assert len(chains) == 7 and all(len(c) == 3 for c in chains)               # 21 interactions in 7 chains
+
+
+def test_the_analysis_recovers_the_planted_effects_and_flags_no_other(tmp_path, capsys):
+    out = tmp_path / "study"
+    argv = ["--task", "int8", "--epochs", "100", "--seeds", "3", "--workers", "1", "--out", str(out),
+            "--resamples", "500"]
+    assert gap_main.main(argv, trainer=fake_trainer) == 0
+    frame = int8_report.outcomes(str(out))
+    eff = {r["knob"]: r for r in int8_report.Effects(frame).rows}
+    for knob in INT8_KNOBS:
+        r = eff[knob]
+        if knob in PLANTED:
+            assert r["lo"] < PLANTED[knob] < r["hi"] and r["p_holm"] < 0.05, r
+        else:
+            assert r["p_holm"] >= 0.05 and abs(r["effect"]) < 0.06, r
+    summary = (out / "summary.md").read_text()
+    assert "**vote_threshold** -0.30" in summary or "**vote_threshold** -0.29" in summary or \
+        "**vote_threshold** -0.31" in summary
+    assert "egg.c learns **faster**" in summary
+    assert (out / "curves.png").stat().st_size > 1000 and (out / "effects.csv").exists()
+    # the corners' gap splits into the main effects (interactions cancel at the corners)
+    assert abs(int8_report.Effects(frame).predicted_gap() - sum(r["effect"] for r in eff.values())) < 1e-9
+
+
+def test_a_rerun_resumes_and_trains_nothing_twice(tmp_path):
+    out = tmp_path / "study"
+    calls = []
+
+    def counting(spec):
+        calls.append(spec.run_id)
+        return fake_trainer(spec)
+    argv = ["--task", "int8", "--epochs", "50", "--seeds", "2", "--workers", "1", "--out", str(out),
+            "--resamples", "200"]
+    assert gap_main.main(argv, trainer=counting) == 0
+    assert len(calls) == 32 and len(read_runs(str(out))) == 32
+    assert gap_main.main(argv, trainer=counting) == 0
+    assert len(calls) == 32 and len(read_runs(str(out))) == 32
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--seeds", "1"], "--seeds must be >= 2"),
+    (["--epochs", "0"], "--epochs must be >= 1"),
+    (["--workers", "0"], "--workers must be >= 1"),
+    (["--corpus", "/no/such/corpus.txt"], "--corpus /no/such/corpus.txt: missing or empty"),
+    (["--from", "/no/such/study"], "no runs.csv there"),
+])
+def test_bad_input_exits_2_before_any_work(extra, message, tmp_path, capsys):
+    out = tmp_path / "study"
+    assert gap_main.main(["--task", "int8", "--out", str(out), *extra], trainer=fake_trainer) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
