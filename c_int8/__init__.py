@@ -19,7 +19,8 @@ rounded values, e.g. np.round(torch_impl.random.normal_table() * 16)).
 egg.c's departures are mode bits, one per knob of spec/int8_knobs.py (which states each; `MODE_BITS`;
 `Int8C(..., knobs=Int8Knobs | {knob: value} | profile name)`); every other aspect stays nano-egg's. Under
 int8_noise=xorshift the run's seed is xorshift's base (egg.c: time(NULL)).
-Not modelled: egg.c's data layout (pair p reads its own stream offset) and its xorshift init (pass params in).
+egg.c's xorshift init is `egg_c_init` and its data layout `rollout.int8_data.egg_c_tokens`; with profile
+"egg.c-cpumulti" they reproduce egg.c's portable file itself at every step (tests/test_egg_c_conformance.py).
 """
 from __future__ import annotations
 
@@ -593,6 +594,34 @@ def init_params(cfg: Int8Config, seed: int, init_lut) -> dict:
                    "blocks.mlp.0.weight": np.stack(mats["mlp.0"]), "blocks.mlp.1.weight": np.stack(mats["mlp.1"]),
                    "emb": draw(k_emb, (VOCAB, d)), "head": draw(k_head, (VOCAB, d)),
                    "ln_out.weight": np.full(d, 16, _I8)})
+    return {path: params[path] for path in int8_tree(cfg).paths}
+
+
+def egg_c_init(cfg: Int8Config, rng_seed: int = 42) -> dict:
+    """egg.c's init (full_trained_egg-cpumulti.c), {path: int8}: one xorshift32 stream from rng_seed (egg.c: 42),
+    each value (+1 if bit 0 else -1) * ((r >> 1) & 31), filling in turn the embedding (vocab, d), the head (vocab, d)
+    and, layer by layer, Wf, Uf, Wh, Uh (d, d), mlp.0 (4 d, d) and mlp.1 (d, 4 d), all row-major; biases 0, norm
+    weights 16. (A loop over values: egg.c's init is one sequential stream.)"""
+    d, L = cfg.n_embd, cfg.n_layer
+    shapes = [(VOCAB, d), (VOCAB, d)] + [s for _ in range(L) for s in [(d, d)] * 4 + [(4 * d, d), (d, 4 * d)]]
+    x, values = rng_seed & 0xFFFFFFFF, np.empty(sum(a * b for a, b in shapes), _I8)
+    for i in range(values.size):
+        x ^= (x << 13) & 0xFFFFFFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFFFFFF
+        values[i] = (1 if x & 1 else -1) * ((x >> 1) & 31)
+    at, mats = 0, []
+    for a, b in shapes:
+        mats.append(values[at:at + a * b].reshape(a, b))
+        at += a * b
+    layers = [mats[2 + 6 * l:8 + 6 * l] for l in range(L)]           # Wf, Uf, Wh, Uh, mlp.0, mlp.1 per layer
+    params = {f"blocks.att.{n}": np.stack([layers[l][g] for l in range(L)])
+              for g, n in enumerate(("Wf", "Uf", "Wh", "Uh"))}
+    params.update({"blocks.mlp.0.weight": np.stack([layers[l][4] for l in range(L)]),
+                   "blocks.mlp.1.weight": np.stack([layers[l][5] for l in range(L)]),
+                   "blocks.att.bf": np.zeros((L, d), _I8), "blocks.att.bh": np.zeros((L, d), _I8),
+                   "blocks.ln1.weight": np.full((L, d), 16, _I8), "blocks.ln2.weight": np.full((L, d), 16, _I8),
+                   "emb": mats[0], "head": mats[1], "ln_out.weight": np.full(d, 16, _I8)})
     return {path: params[path] for path in int8_tree(cfg).paths}
 
 

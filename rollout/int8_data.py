@@ -51,3 +51,15 @@ def int8_streams(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     """(train stream, validation stream): each part of the corpus as one document."""
     return document_stream(corpus.train), document_stream(corpus.val)
 
+
+
+def egg_c_tokens(data: np.ndarray, step: int, pop: int, seq_len: int) -> np.ndarray:
+    """egg.c's data layout (full_trained_egg-cpumulti.c): at step s pair p reads seq_len inputs and their next bytes
+    from offset (s * seq_len + p * stride) % (len - seq_len), stride = len // (pop / 2); both members of the pair read
+    the same bytes. (pop, seq_len + 1) uint8, member m reading pair m // 2's row."""
+    data = np.asarray(data, dtype=np.uint8)
+    pairs = pop // 2
+    stride = len(data) // pairs
+    starts = (step * seq_len + np.arange(pairs, dtype=np.int64) * stride) % (len(data) - seq_len)
+    rows = data[starts[:, None] + np.arange(seq_len + 1)]
+    return np.repeat(rows, 2, axis=0)
