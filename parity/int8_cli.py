@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from parity.int8_pieces import Case, Naming, Parting, first_parting, group_table, make_case, name_knobs
-from spec.int8 import INT8_PRESETS, Int8Config
+from spec.int8 import EGG_C_ORIGINAL, INT8_PRESETS, NANO_EGG_ORIGINAL, Int8Config
 from spec.int8_knobs import ALL_INT8_KNOBS, INT8_PROFILES, Int8KnobError, Int8Knobs, parse_int8_knobs
 from spec.limits import check_out_dir, seed_arg
 
@@ -180,7 +180,11 @@ def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int
              f"- versions: {', '.join(f'{k} {v}' for k, v in vers.items())}; CPU {cpu_name()}",
              f"- took {seconds:.1f} s",
              "- the bar: equality at every element of every piece (integer arithmetic has no rounding); pieces and "
-             "their order: parity/int8_pieces.py", "",
+             "their order: parity/int8_pieces.py",
+             f"- the originals (conformance tests, skipped where the source is absent): {NANO_EGG_ORIGINAL[0]} "
+             f"{NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} is reproduced by the JAX reference "
+             f"(tests/test_int8_nano_egg.py); {EGG_C_ORIGINAL[0]} {EGG_C_ORIGINAL[1]} at {EGG_C_ORIGINAL[2][:7]} by "
+             "the C side and the torch port with profile egg.c-cpumulti (tests/test_egg_c_conformance.py)", "",
              "| side | knobs | pieces equal | first parting from the reference | cause | s |",
              "|---|---|---|---|---|---|"]
     for row in rows:

@@ -100,6 +100,10 @@ from typing import NamedTuple
 
 from spec.tree import Leaf, Tree, make_tree
 
+# The originals, and the commits the conformance tests check (tests/test_int8_nano_egg.py, test_egg_c_conformance.py)
+NANO_EGG_ORIGINAL = ("ESHyperscale/nano-egg", "run.py", "a04bab2")
+EGG_C_ORIGINAL = ("ljubomirj/egg.c", "full_trained_egg-cpumulti.c", "fdef754f69436737d220c2d9b72e2d6485e4654b")
+
 FIXED_POINT = 4                  # int8 values carry 4 fractional bits: 16 is 1.0
 MAX = 127                        # clip bound: values live in [-127, 127]
 LOGMAX = 7                       # (f + 127) * v >> (LOGMAX + 1): the GRU's gate in [0, 254] / 256

@@ -22,11 +22,10 @@ import pytest
 import c_int8
 from rollout.corpus import CORPUS_PATH
 from rollout.int8_data import egg_c_tokens
-from spec.int8 import Int8Config
+from spec.int8 import EGG_C_ORIGINAL, Int8Config
 
 MIRROR = Path(os.environ.get("EGG_C_GIT", "/work/.mirror/ljubomirj+egg.c/repo"))
-COMMIT = "fdef754f69436737d220c2d9b72e2d6485e4654b"
-SOURCE = "full_trained_egg-cpumulti.c"
+_, SOURCE, COMMIT = EGG_C_ORIGINAL
 ROOT = Path(__file__).resolve().parent.parent
 D, L, SEQ, POP, STEPS, BASE, DATA_BYTES = 16, 2, 8, 8, 6, 0x2468ACE1, 3000
 

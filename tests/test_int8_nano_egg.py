@@ -26,9 +26,11 @@ import jax
 import numpy as np
 import pytest
 
+from spec.int8 import NANO_EGG_ORIGINAL
+
 ROOT = Path(__file__).resolve().parent.parent
 MIRROR = Path(os.environ.get("NANO_EGG_GIT", "/work/.mirror/ESHyperscale+nano-egg/repo"))
-COMMIT = "a04bab2"          # the commit spec/int8.py was read from
+COMMIT = NANO_EGG_ORIGINAL[2]    # the commit spec/int8.py was read from
 
 STANDINS = {
     "huggingface_hub/__init__.py": "",
