@@ -14,10 +14,10 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup c-side test parity int8 gap gap-paper gap-lm bench ports clean
+.PHONY: help setup c-side test parity int8 gap gap-paper gap-lm gap-int8 bench ports clean
 
 help:  ## this list
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  options: ARGS=\"...\" (passed to the command), RUNS=dir (output root, default runs), CONSTRAINTS=file"
 
 setup: $(STAMP) c-side  ## create .venv, install the project (pins from constraints.txt), build the C side
@@ -53,6 +53,9 @@ gap-paper: setup  ## the published question at its own preset (resumes from repo
 
 gap-lm: setup  ## the byte-level LM study: does the torch port learn as fast? (resumes from reports/gap-lm) -> runs/gap-lm
 	$(PY) -m gap --task lm --out $(RUNS)/gap-lm $(if $(wildcard reports/gap-lm/runs.csv),--from reports/gap-lm) $(ARGS)
+
+gap-int8: setup  ## the integer study: does egg.c learn the byte LM as fast as nano-egg? (resumes from reports/gap-int8) -> runs/gap-int8
+	$(PY) -m gap --task int8 --out $(RUNS)/gap-int8 $(if $(wildcard reports/gap-int8/runs.csv),--from reports/gap-int8) $(ARGS)
 
 bench: setup  ## throughput and time to solve, torch_impl against JAX -> runs/bench
 	$(PY) -m bench --out $(RUNS)/bench $(ARGS)
