@@ -21,6 +21,7 @@ from gap import stats
 from gap.int8_study import KNOBS, arms, describe_knob, design_matrix
 from gap.lm_study import read_epochs, read_runs
 from reporting import atomic_write, fmt, markdown_table
+from spec.int8 import EGG_C_ORIGINAL, NANO_EGG_ORIGINAL
 
 LEVEL = 0.95
 
@@ -167,6 +168,50 @@ def _answer(comp: stats.Comparison | None, eff: Effects | None) -> list[str]:
     return lines
 
 
+def _effect_lines(eff: Effects) -> list[str]:
+    lines = ["## Each departure's effect (the 2^(7-3) fraction, resolution IV)", "",
+             f"OLS of final bits/byte on the seven coded knobs and {len(eff.chains)} alias chains of two-factor "
+             f"interactions, HC3 errors, {eff.n} runs, {eff.df_resid} residual df, residual sd "
+             f"{eff.sigma:.3f} bits/byte. Effect = 2 b: egg.c's value minus nano-egg's.", ""]
+    lines.append(markdown_table(["knob", "what egg.c does", "effect (bits/byte)", f"{int(LEVEL * 100)}% CI",
+                                 "p", "p (Holm)", "verdict"],
+                                [[r["knob"], describe_knob(r["knob"]).split(": ", 1)[1], f"{r['effect']:+.3f}",
+                                  f"[{r['lo']:+.3f}, {r['hi']:+.3f}]", fmt(r["p"], 2), fmt(r["p_holm"], 2),
+                                  verdict(r)] for r in sorted(eff.rows, key=lambda r: -abs(r["effect"]))]))
+    chains = [" = ".join(f"{a} x {b}" for a, b in chain) for chain in eff.chains]
+    return lines + ["", "Interaction chains fitted (aliased with each other, not with any main effect): "
+                    + "; ".join(f"[{c}]" for c in chains), ""]
+
+
+def _corner_lines(comp: stats.Comparison, cv: dict) -> list[str]:
+    table = markdown_table(["", "nano-egg", "egg.c"],
+                           [["final bits/byte (mean)", f"{comp.mean_a:.4f}", f"{comp.mean_b:.4f}"],
+                            ["seeds", comp.n_a, comp.n_b],
+                            ["egg.c / nano-egg", "", f"{comp.ratio:.4f} [{comp.ratio_lo:.4f}, {comp.ratio_hi:.4f}]"],
+                            ["Welch p / Mann-Whitney p", "", f"{fmt(comp.welch_p, 2)} / {fmt(comp.mann_whitney_p, 2)}"],
+                            ["P(egg.c run lower)", "", f"{comp.p_improvement:.2f} [{comp.p_improvement_lo:.2f}, "
+                                                       f"{comp.p_improvement_hi:.2f}]"]])
+    head, rows = checkpoint_table(cv, ["nano-egg", "egg.c"])
+    return ["## The corners", "", table, "", "Validation bits/byte against epochs (mean over seeds):", "",
+            markdown_table(head, rows), ""]
+
+
+def _run_lines(folder: str, header: dict, frame: pd.DataFrame) -> list[str]:
+    lines = [f"- {k}: {v}" for k, v in header.items()]
+    return lines + [
+        f"- runs: {len(frame)} finished over {frame.arm.nunique()} design points; arms trained on the torch int8 "
+        f"port (bit-equal to the JAX reference and the C side at every knob: `python -m parity int8`), which is "
+        f"about 6x faster than the C side on this CPU",
+        f"- versions: {', '.join(sorted({json.dumps(json.loads(r['versions'])) for r in read_runs(folder)}))}",
+        "- outcome: validation bits/byte after the last epoch (noise off; the validation part of the shipped "
+        "corpus, 16 rows); curves every 50 epochs",
+        f"- the originals: nano-egg is {NANO_EGG_ORIGINAL[0]} {NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} "
+        f"(reproduced by the JAX reference, tests/test_int8_nano_egg.py); egg.c is {EGG_C_ORIGINAL[0]} "
+        f"{EGG_C_ORIGINAL[1]} at {EGG_C_ORIGINAL[2][:7]} (its profile egg.c-cpumulti reproduced step by step, "
+        "tests/test_egg_c_conformance.py); the study's egg.c is the seven departures of profile egg.c (the "
+        "portable file's missing MLP and nested gate clips are structure, not part of the question)", ""]
+
+
 def write(folder: str, header: dict, n_resamples: int) -> str:
     """summary.md, outcomes.csv, effects.csv and curves.png in folder; returns the summary's text."""
     frame = outcomes(folder)
@@ -179,40 +224,9 @@ def write(folder: str, header: dict, n_resamples: int) -> str:
     per_arm = frame.groupby("arm").final_val_bpb.agg(["count", "mean", "std"]).reindex(
         [a.name for a in arms()]).dropna(how="all")
     lines = ["# Integer EGGROLL: does egg.c's integer ES learn the byte LM as fast as nano-egg's?", ""]
-    lines += _answer(comp, eff) + ["", "## Run", ""]
-    lines += [f"- {k}: {v}" for k, v in header.items()]
-    lines += [f"- runs: {len(frame)} finished over {frame.arm.nunique()} design points; arms trained on the torch int8 "
-              f"port (bit-equal to the JAX reference and the C side at every knob: `python -m parity int8`), which "
-              f"is about 6x faster than the C side on this CPU",
-              f"- versions: {', '.join(sorted({json.dumps(json.loads(r['versions'])) for r in read_runs(folder)}))}",
-              "- outcome: validation bits/byte after the last epoch (noise off; the validation part of the shipped "
-              "corpus, 16 rows); curves every 50 epochs", ""]
-    if eff is not None:
-        lines += ["## Each departure's effect (the 2^(7-3) fraction, resolution IV)", "",
-                  f"OLS of final bits/byte on the seven coded knobs and {len(eff.chains)} alias chains of two-factor "
-                  f"interactions, HC3 errors, {eff.n} runs, {eff.df_resid} residual df, residual sd "
-                  f"{eff.sigma:.3f} bits/byte. Effect = 2 b: egg.c's value minus nano-egg's.", ""]
-        lines.append(markdown_table(["knob", "what egg.c does", "effect (bits/byte)", f"{int(LEVEL * 100)}% CI",
-                                     "p", "p (Holm)", "verdict"],
-                                    [[r["knob"], describe_knob(r["knob"]).split(": ", 1)[1], f"{r['effect']:+.3f}",
-                                      f"[{r['lo']:+.3f}, {r['hi']:+.3f}]", fmt(r["p"], 2), fmt(r["p_holm"], 2),
-                                      verdict(r)] for r in sorted(eff.rows, key=lambda r: -abs(r["effect"]))]))
-        chains = [" = ".join(f"{a} x {b}" for a, b in chain) for chain in eff.chains]
-        lines += ["", "Interaction chains fitted (aliased with each other, not with any main effect): "
-                  + "; ".join(f"[{c}]" for c in chains), ""]
-    if comp is not None:
-        lines += ["## The corners", "",
-                  markdown_table(["", "nano-egg", "egg.c"],
-                                 [["final bits/byte (mean)", f"{comp.mean_a:.4f}", f"{comp.mean_b:.4f}"],
-                                  ["seeds", comp.n_a, comp.n_b],
-                                  ["egg.c / nano-egg", "", f"{comp.ratio:.4f} [{comp.ratio_lo:.4f}, "
-                                                           f"{comp.ratio_hi:.4f}]"],
-                                  ["Welch p / Mann-Whitney p", "", f"{fmt(comp.welch_p, 2)} / "
-                                                                   f"{fmt(comp.mann_whitney_p, 2)}"],
-                                  ["P(egg.c run lower)", "", f"{comp.p_improvement:.2f} [{comp.p_improvement_lo:.2f}, "
-                                                             f"{comp.p_improvement_hi:.2f}]"]]), ""]
-        head, rows = checkpoint_table(cv, ["nano-egg", "egg.c"])
-        lines += ["Validation bits/byte against epochs (mean over seeds):", "", markdown_table(head, rows), ""]
+    lines += _answer(comp, eff) + ["", "## Run", ""] + _run_lines(folder, header, frame)
+    lines += _effect_lines(eff) if eff is not None else []
+    lines += _corner_lines(comp, cv) if comp is not None else []
     lines += ["## Every design point", "",
               markdown_table(["point", "seeds", "final bits/byte mean", "sd"],
                              [[name, int(r["count"]), f"{r['mean']:.4f}", fmt(r["std"], 3)]

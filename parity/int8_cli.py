@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import io
 import json
 import shlex
 import sys
@@ -161,15 +162,49 @@ def naming_line(row: dict, c_reason: str | None) -> str:
             f"{naming.left.text()}")
 
 
+def side_tables(rows: list[dict], c_reason: str | None) -> list[str]:
+    """The Markdown tables: a row per side (pieces equal, first parting, cause), then pieces equal by group."""
+    lines = ["| side | knobs | pieces equal | first parting from the reference | cause | s |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        n_eq = sum(a for a, _ in row["table"].values())
+        n = sum(b for _, b in row["table"].values())
+        parting = row["parting"].text() if row["parting"] is not None else "none"
+        cause = "the reference" if row is rows[0] else naming_line(row, c_reason)
+        lines.append(f"| {row['side']} | {row['knobs']} | {n_eq} of {n} | {parting} | {cause} | "
+                     f"{row['seconds']:.1f} |")
+    if c_reason is not None:
+        lines.append(f"| C (c_int8) | - | - | skipped: {c_reason} | - | - |")
+    groups = list(rows[0]["table"])
+    lines += ["", "Pieces equal to the reference, by group (equal / compared):", "",
+              "| side | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+    for row in rows[1:]:
+        lines.append(f"| {row['side']} | " + " | ".join(f"{row['table'].get(g, (0, 0))[0]}/"
+                                                        f"{row['table'].get(g, (0, 0))[1]}" for g in groups) + " |")
+    return lines
+
+
+def pieces_csv(rows: list[dict], members: tuple[int, ...]) -> str:
+    """A row per piece and side: shape, equal, how many elements differ, the first differing element."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["side", "piece", "shape", "equal", "differing", "first_element"])
+    for row in rows[1:]:
+        for piece, value in rows[0]["pieces"].items():
+            got = {piece: row["pieces"][piece]} if piece in row["pieces"] else {}
+            p = first_parting({piece: value}, got, members)
+            w.writerow([row["side"], piece, "x".join(map(str, value.shape)), p is None,
+                        0 if p is None else p.differing, "" if p is None else p.element])
+    return buf.getvalue()
+
+
 def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int, seconds: float, code: int) -> Path:
-    """summary.md (a row per side), pieces.csv (a row per piece and side), result.json; written only at the end."""
-    from reporting import cpu_name, versions
+    """summary.md (a row per side), pieces.csv (a row per piece and side), result.json; written only at the end,
+    each file atomically."""
+    from reporting import atomic_write, cpu_name, versions
     case: Case = result["case"]
     rows = result["rows"]
-    out.mkdir(parents=True, exist_ok=True)
-    ref = rows[0]["pieces"]
     verdict = "PASS" if code == EXIT_PASS else "FAIL"
-    groups = list(rows[0]["table"])
     vers = versions(("torch", "jax", "numpy"))
     lines = [f"# Integer parity, three ways: {verdict}", "",
              f"- command: `python -m parity int8 {shlex.join(argv)}`",
@@ -184,34 +219,10 @@ def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int
              f"- the originals (conformance tests, skipped where the source is absent): {NANO_EGG_ORIGINAL[0]} "
              f"{NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} is reproduced by the JAX reference "
              f"(tests/test_int8_nano_egg.py); {EGG_C_ORIGINAL[0]} {EGG_C_ORIGINAL[1]} at {EGG_C_ORIGINAL[2][:7]} by "
-             "the C side and the torch port with profile egg.c-cpumulti (tests/test_egg_c_conformance.py)", "",
-             "| side | knobs | pieces equal | first parting from the reference | cause | s |",
-             "|---|---|---|---|---|---|"]
-    for row in rows:
-        n_eq = sum(a for a, _ in row["table"].values())
-        n = sum(b for _, b in row["table"].values())
-        parting = row["parting"].text() if row["parting"] is not None else "none"
-        cause = "the reference" if row is rows[0] else naming_line(row, plan.c_reason)
-        lines.append(f"| {row['side']} | {row['knobs']} | {n_eq} of {n} | {parting} | {cause} | "
-                     f"{row['seconds']:.1f} |")
-    if plan.c_reason is not None:
-        lines.append(f"| C (c_int8) | - | - | skipped: {plan.c_reason} | - | - |")
-    lines += ["", "Pieces equal to the reference, by group (equal / compared):", "",
-              "| side | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
-    for row in rows[1:]:
-        lines.append(f"| {row['side']} | " + " | ".join(f"{row['table'].get(g, (0, 0))[0]}/"
-                                                        f"{row['table'].get(g, (0, 0))[1]}" for g in groups) + " |")
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    with open(out / "pieces.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["side", "piece", "shape", "equal", "differing", "first_element"])
-        for row in rows[1:]:
-            for piece, value in ref.items():
-                p = first_parting({piece: value}, {piece: row["pieces"].get(piece)} if piece in row["pieces"]
-                                  else {}, case.threads)
-                w.writerow([row["side"], piece, "x".join(map(str, value.shape)), p is None,
-                            0 if p is None else p.differing, "" if p is None else p.element])
-    (out / "result.json").write_text(json.dumps({
+             "the C side and the torch port with profile egg.c-cpumulti (tests/test_egg_c_conformance.py)", ""]
+    atomic_write(out / "summary.md", "\n".join(lines + side_tables(rows, plan.c_reason)) + "\n")
+    atomic_write(out / "pieces.csv", pieces_csv(rows, case.threads))
+    atomic_write(out / "result.json", json.dumps({
         "verdict": verdict.lower(), "exit_code": code, "seed": seed, "config": str(plan.cfg),
         "command": "python -m parity int8 " + shlex.join(argv), "versions": vers,
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
