@@ -18,9 +18,21 @@ rounded values, e.g. np.round(torch_impl.random.normal_table() * 16)).
 
 egg.c's departures are mode bits, one per knob of spec/int8_knobs.py (which states each; `MODE_BITS`;
 `Int8C(..., knobs=Int8Knobs | {knob: value} | profile name)`); every other aspect stays nano-egg's. Under
-int8_noise=xorshift the run's seed is xorshift's base (egg.c: time(NULL)).
-egg.c's xorshift init is `egg_c_init` and its data layout `rollout.int8_data.egg_c_tokens`; with profile
-"egg.c-cpumulti" they reproduce egg.c's portable file itself at every step (tests/test_egg_c_conformance.py).
+int8_noise=xorshift the run's seed is xorshift's base (egg.c: time(NULL)). Under evolving=matrices a frozen leaf's
+noise is zero (never read); with int8_noise=xorshift as well no table noise is drawn and `lut` may be None.
+
+egg.c's run itself (ljubomirj/egg.c full_trained_egg-cpumulti.c's main; tests/test_egg_c_conformance.py builds that
+file and checks `train_egg_c` against it step by step, bit for bit) needs two more pieces, functions, not knobs:
+- its init, `xorshift_init_params(cfg, seed=42)`: one xorshift32 stream from 42 (fixed, not the run's seed), each
+  value sign(bit 0) * bits 1..5 as the noise's, filling the embedding (256 x d), the head (256 x d), then per layer
+  Wf, Uf, Wh, Uh (d x d), mlp.0 (4d x d), mlp.1 (d x 4d), all row-major; biases 0, norm weights 16;
+- its data layout (rollout.int8_data.egg_c_*): the data file's bytes as they are; at step s pair p reads
+  T + 1 bytes from (s T + p (length // (pop / 2))) % (length - T), both of its members the same bytes, each member's
+  state carried from step to step; egg.c runs (length - 1) // T steps. Every 10th step it also prints the loss
+  of the unperturbed model on data[s T : s T + T + 1] from a state of its own carried between those steps
+  (`train_egg_c` reports it as main_loss).
+`train_egg_c(cfg, base, data)` runs that loop with the knobs of profile egg.c-cpumulti; base is egg.c's time(NULL).
+Not modelled: egg.c's sampling (sample_model: rand() seeded by time(NULL); it prints text and changes nothing).
 """
 from __future__ import annotations
 
@@ -51,6 +63,26 @@ def egg_mode(knobs: Int8Knobs | dict | str | None) -> int:
     nano-egg. Int8KnobError (a ValueError) for an unknown knob, value or profile."""
     knobs = as_int8_knobs(knobs)
     return sum(bit for knob, bit in MODE_BITS.items() if knobs.is_egg_c(knob))
+
+
+def table_free(knobs: Int8Knobs | dict | str | None) -> bool:
+    """True where no leaf draws noise from the normal table: int8_noise=xorshift (matrices) with evolving=matrices
+    (the other leaves frozen, their noise never drawn)."""
+    knobs = as_int8_knobs(knobs)
+    return knobs.is_egg_c("int8_noise") and knobs.is_egg_c("evolving")
+
+
+def unpack(cfg: Int8Config, flat: np.ndarray) -> dict:
+    """A flat buffer in flatten order (int8 params or int32 votes) as {path: array of the leaf's shape}."""
+    tree, out, at = int8_tree(cfg), {}, 0
+    for path in tree.paths:
+        shape = tuple(tree.shapes[path])
+        size = math.prod(shape)
+        out[path] = flat[at:at + size].reshape(shape).copy()
+        at += size
+    if at != flat.size:
+        raise ValueError(f"the buffer holds {flat.size} entries; the tree has {at}")
+    return out
 
 
 class CUnavailable(RuntimeError):
@@ -89,6 +121,7 @@ _SIGNATURES = {
     "egg_xorshift_seed": (ctypes.c_uint32, [ctypes.c_uint32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                             ctypes.c_int32]),
     "egg_apply_votes_mode": (None, [_P, _P, _P, ctypes.c_int32, ctypes.c_int32, _P]),
+    "egg_xorshift_init": (None, [_P, ctypes.c_uint32, _P]),
     "egg_clipped_add": (None, [_P, _P, _P, ctypes.c_int64, _P]),
     "egg_op_mm": (None, [_P, _P, _P, ctypes.c_int32, ctypes.c_int32, _P, _P]),
     "egg_op_param": (None, [_P, _P, _P, ctypes.c_int32, ctypes.c_int32, _P]),
@@ -361,22 +394,24 @@ class Int8C:
     """The C side for one configuration and seed: keys derived here, the normal look-up given (see the module).
 
     Parameters are {path: int8 array} in spec.int8.int8_tree's paths and shapes (stacked leaves (n_layer, ...)).
-    knobs: egg.c's departures to switch on ({knob: value} or "egg.c"; see the module); the seed is xorshift's base."""
+    knobs: egg.c's departures to switch on ({knob: value} or "egg.c"; see the module); the seed is xorshift's base.
+    lut may be None where no leaf draws table noise (int8_noise=xorshift with evolving=matrices)."""
 
     def __init__(self, cfg: Int8Config, seed: int, lut, knobs: dict | str | None = None):
         if cfg.n_embd > MAX_D or cfg.n_layer * cfg.n_embd > 64 * MAX_D:
             raise ValueError(f"the C side holds d <= {MAX_D} and n_layer * d <= {64 * MAX_D}")
         self.lib = load()
         self.config, self.seed = cfg, seed
-        self.lut = _check_lut(lut)
+        self.mode = egg_mode(knobs)
+        if lut is None and not table_free(knobs):
+            raise ValueError("the normal look-up is needed: only int8_noise=xorshift with evolving=matrices draws "
+                             "no table noise")
+        self.lut = None if lut is None else _check_lut(lut)
         self.tree = int8_tree(cfg)
         self.paths = list(self.tree.paths)
         self.tkey = table_key(seed)
         self.keys = leaf_keys(cfg, seed)
-        self.mode = egg_mode(knobs)
-        base = int(np.array(seed & 0xFFFFFFFF, np.uint32).view(_I32))
-        self.cfg = np.array([cfg.n_embd, cfg.n_layer, cfg.sigma_shift, cfg.noise_reuse, int(cfg.use_clt), self.mode,
-                             base], _I32)
+        self.cfg = _cfg_words(cfg, knobs, seed)
         self.n_params = int(self.lib.egg_param_count(_ptr(self.cfg)))
         self.n_noise = int(self.lib.egg_noise_count(_ptr(self.cfg)))
         assert int(self.lib.egg_key_count(_ptr(self.cfg))) == len(self.keys)
@@ -398,13 +433,7 @@ class Int8C:
         return np.ascontiguousarray(np.concatenate(parts))
 
     def unpack(self, flat: np.ndarray) -> dict:
-        out, at = {}, 0
-        for path in self.paths:
-            shape = tuple(self.tree.shapes[path])
-            size = math.prod(shape)
-            out[path] = flat[at:at + size].reshape(shape).copy()
-            at += size
-        return out
+        return unpack(self.config, flat)
 
     # noise and windows
     def noise_buffer(self, epoch: int, thread: int) -> np.ndarray:
@@ -597,34 +626,6 @@ def init_params(cfg: Int8Config, seed: int, init_lut) -> dict:
     return {path: params[path] for path in int8_tree(cfg).paths}
 
 
-def egg_c_init(cfg: Int8Config, rng_seed: int = 42) -> dict:
-    """egg.c's init (full_trained_egg-cpumulti.c), {path: int8}: one xorshift32 stream from rng_seed (egg.c: 42),
-    each value (+1 if bit 0 else -1) * ((r >> 1) & 31), filling in turn the embedding (vocab, d), the head (vocab, d)
-    and, layer by layer, Wf, Uf, Wh, Uh (d, d), mlp.0 (4 d, d) and mlp.1 (d, 4 d), all row-major; biases 0, norm
-    weights 16. (A loop over values: egg.c's init is one sequential stream.)"""
-    d, L = cfg.n_embd, cfg.n_layer
-    shapes = [(VOCAB, d), (VOCAB, d)] + [s for _ in range(L) for s in [(d, d)] * 4 + [(4 * d, d), (d, 4 * d)]]
-    x, values = rng_seed & 0xFFFFFFFF, np.empty(sum(a * b for a, b in shapes), _I8)
-    for i in range(values.size):
-        x ^= (x << 13) & 0xFFFFFFFF
-        x ^= x >> 17
-        x ^= (x << 5) & 0xFFFFFFFF
-        values[i] = (1 if x & 1 else -1) * ((x >> 1) & 31)
-    at, mats = 0, []
-    for a, b in shapes:
-        mats.append(values[at:at + a * b].reshape(a, b))
-        at += a * b
-    layers = [mats[2 + 6 * l:8 + 6 * l] for l in range(L)]           # Wf, Uf, Wh, Uh, mlp.0, mlp.1 per layer
-    params = {f"blocks.att.{n}": np.stack([layers[l][g] for l in range(L)])
-              for g, n in enumerate(("Wf", "Uf", "Wh", "Uh"))}
-    params.update({"blocks.mlp.0.weight": np.stack([layers[l][4] for l in range(L)]),
-                   "blocks.mlp.1.weight": np.stack([layers[l][5] for l in range(L)]),
-                   "blocks.att.bf": np.zeros((L, d), _I8), "blocks.att.bh": np.zeros((L, d), _I8),
-                   "blocks.ln1.weight": np.full((L, d), 16, _I8), "blocks.ln2.weight": np.full((L, d), 16, _I8),
-                   "emb": mats[0], "head": mats[1], "ln_out.weight": np.full(d, 16, _I8)})
-    return {path: params[path] for path in int8_tree(cfg).paths}
-
-
 def train_epochs(cfg: Int8Config, seed: int, lut, params: dict, epochs: int | None = None, corpus=None,
                  observe: Callable | None = None, knobs: dict | str | None = None) -> dict:
     """cfg.epochs (or `epochs`) ES epochs on the corpus as jax_reference.int8_train lays it out, from params
@@ -647,4 +648,61 @@ def train_epochs(cfg: Int8Config, seed: int, lut, params: dict, epochs: int | No
         params, states = result.params, result.states
         if observe is not None:
             observe(e, result)
+    return params
+
+
+# ----------------------------------------------------------------------------- egg.c's own run
+EGG_C_INIT_SEED = 42                 # egg.c's init_rng: fixed, whatever the run's time(NULL) base
+
+
+def _cfg_words(cfg: Int8Config, knobs=None, base: int = 0) -> np.ndarray:
+    """The C side's cfg words [d, L, sigma_shift, noise_reuse, use_clt, mode, base (int32 bits)]."""
+    return np.array([cfg.n_embd, cfg.n_layer, cfg.sigma_shift, cfg.noise_reuse, int(cfg.use_clt), egg_mode(knobs),
+                     int(np.array(base & 0xFFFFFFFF, np.uint32).view(_I32))], _I32)
+
+
+def xorshift_init_params(cfg: Int8Config, seed: int = EGG_C_INIT_SEED) -> dict:
+    """egg.c's init, {path: int8}: one xorshift32 stream from `seed` (egg.c: 42) filling the embedding, the head,
+    then per layer Wf, Uf, Wh, Uh, mlp.0, mlp.1 (row-major; each value sign(bit 0) * bits 1..5, in [-31, 31]);
+    biases 0, norm weights 16 (see the module)."""
+    words = _cfg_words(cfg)
+    flat = np.empty(int(load().egg_param_count(_ptr(words))), _I8)
+    load().egg_xorshift_init(_ptr(words), seed & 0xFFFFFFFF, _ptr(flat))
+    return unpack(cfg, flat)
+
+
+def train_egg_c(cfg: Int8Config, base: int, data, steps: int | None = None, observe: Callable | None = None,
+                knobs: Int8Knobs | dict | str = "egg.c-cpumulti", lut=None, params: dict | None = None) -> dict:
+    """egg.c's training loop (full_trained_egg-cpumulti.c's main, see the module) over `data` (the data file's
+    bytes): `steps` steps (default all of egg.c's (length - 1) // T) from xorshift_init_params (or `params`), step s
+    with step seed base ^ (s * 0x9e3779b9) (base: egg.c's time(NULL)), pair p on rollout.int8_data's egg.c layout,
+    member states carried. observe(step, EpochResult, main_loss) sees each step; main_loss is egg.c's printed
+    noise-off loss (-score, 1/16 bits summed over T) at every 10th step, else None. The final params.
+
+    cfg supplies d, n_layer, pop, T (tokens_per_update) and sigma_shift (egg.c's SIGMA_SHIFT; use_clt True); the
+    update is knobs' (egg.c-cpumulti: fixed160, so no schedule); lut only where the knobs draw table noise."""
+    from rollout.int8_data import egg_c_main_tokens, egg_c_max_steps, egg_c_step_tokens
+    from spec.int8 import threshold_at
+
+    data = np.asarray(data, dtype=np.uint8)
+    T = cfg.tokens_per_update
+    most = egg_c_max_steps(len(data), T)
+    steps = most if steps is None else steps
+    if not 0 <= steps <= most:
+        raise ValueError(f"egg.c runs (length - 1) // T = {most} steps over {len(data)} bytes; asked for {steps}")
+    side = Int8C(cfg, base, lut, knobs)
+    params = xorshift_init_params(cfg) if params is None else params
+    states = np.zeros((cfg.pop, cfg.n_layer, cfg.n_embd), _I8)
+    main_state = np.zeros((cfg.n_layer, cfg.n_embd), _I8)
+    for step in range(steps):
+        main_loss = None
+        if step % 10 == 0:
+            _, main_state, score = side.member_trace(params, step, 0, egg_c_main_tokens(data, step, T), main_state,
+                                                     noise=False)
+            main_loss = -score
+        thr = threshold_at(step, cfg.alpha, cfg.alpha_decay_timestep)
+        result = side.epoch(params, step, thr, egg_c_step_tokens(data, step, cfg.pop, T), states)
+        params, states = result.params, result.states
+        if observe is not None:
+            observe(step, result, main_loss)
     return params

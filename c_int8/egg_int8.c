@@ -6,7 +6,8 @@
  *   lut     (2^23,) int8: int8(normal * 16) of JAX's float32 normal for every value of bits >> 9. Computing JAX's
  *           normal bit for bit needs XLA's float32 erfinv polynomial step by step; this library takes the table
  *           from Python (jax_reference.int8.normal_lut or torch_impl.random.normal_table) instead. A standalone
- *           build would need its own port of that polynomial (not done here).
+ *           build would need its own port of that polynomial (not done here). NULL is fine where no table noise is
+ *           drawn: int8_noise=xorshift with evolving=matrices (every leaf is a matrix or frozen).
  *   tkey    (2,) uint32: the table key's words, (0, seed).
  *   keys    (10 L + 3, 2) uint32: the leaves' ES keys in flatten order, a stacked leaf's L slices one after another
  *           (c_int8 derives them with this library's threefry: split(key, n)[i] = fold_in(key, i) = threefry(key; 0, i)).
@@ -323,11 +324,18 @@ static void leaf_noise(const Model *M, int leaf, int l, int32_t epoch, int32_t t
     }
 }
 
+/* every leaf's noise of one member; a frozen leaf's (evolving=matrices) is zero: it is never read, and drawing it
+ * would read the table (so xorshift with evolving=matrices runs without the look-up) */
 static void member_noise(const Model *M, int32_t epoch, int32_t thread, int8_t *w, int32_t *noise) {
     int i, l;
-    for (i = 0; i < NLEAF; i++)
+    for (i = 0; i < NLEAF; i++) {
+        if (M->frozen[i]) {
+            memset(noise + M->noff[i], 0, (size_t)(M->nsz[i] * M->nsl[i]) * sizeof(int32_t));
+            continue;
+        }
         for (l = 0; l < M->nsl[i]; l++)
             leaf_noise(M, i, l, epoch, thread, w, noise + M->noff[i] + l * M->nsz[i]);
+    }
 }
 
 static int64_t max_window(const Model *M) {
@@ -463,6 +471,28 @@ static void op_mlp(const Model *M, const int8_t *P, const int32_t *N, int l, con
                    int8_t *y) {
     op_mm(M, P, N, MLP0, l, x, hidden);
     op_mm(M, P, N, MLP1, l, hidden, y);
+}
+
+/* egg.c's init (full_trained_egg-cpumulti.c's main): ONE xorshift32 stream from `seed` (egg.c: 42), each value
+ * xorshift_value (sign(bit 0) * bits 1..5), filling in egg.c's order: the embedding (256 x d), the head (256 x d),
+ * then per layer l: Wf, Uf, Wh, Uh (d x d), mlp.0 (4d x d), mlp.1 (d x 4d), each row-major; biases 0, every norm
+ * weight 16. P: the flat params (flatten order) */
+void egg_xorshift_init(const int32_t *cfg, uint32_t seed, int8_t *P) {
+    static const int order[6] = {WF, UF, WH, UH, MLP0, MLP1};
+    Model M;
+    uint32_t rng = seed;
+    int64_t i;
+    int l, g;
+    model_init(&M, cfg, 0, 0, 0);
+    memset(P, 0, (size_t)M.ptotal);
+    for (i = 0; i < M.psz[EMB]; i++) PSLICE(&M, P, EMB, 0)[i] = (int8_t)xorshift_value(&rng);
+    for (i = 0; i < M.psz[HEAD]; i++) PSLICE(&M, P, HEAD, 0)[i] = (int8_t)xorshift_value(&rng);
+    for (l = 0; l < M.L; l++)
+        for (g = 0; g < 6; g++)
+            for (i = 0; i < M.psz[order[g]]; i++) PSLICE(&M, P, order[g], l)[i] = (int8_t)xorshift_value(&rng);
+    for (l = 0; l < M.L; l++)
+        for (i = 0; i < M.d; i++) PSLICE(&M, P, LN1, l)[i] = PSLICE(&M, P, LN2, l)[i] = 16;
+    for (i = 0; i < M.d; i++) PSLICE(&M, P, LNOUT, 0)[i] = 16;
 }
 
 /* the exported model-level ops (noise NULL: noise off); d <= 256 */

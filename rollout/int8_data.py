@@ -3,6 +3,9 @@
 Each part of the shipped corpus (rollout.corpus's 90/10 split) is one document, stored as nano-egg stores a
 document: byte 0, then its bytes. Training cuts the train stream into pop // group_size rows that epochs read T
 bytes at a time (member i: row i // group_size); validation cuts the validation stream into val_rows rows.
+
+egg.c's layout (ljubomirj/egg.c full_trained_egg-cpumulti.c's main, for c_int8.train_egg_c) is a different one: the
+data file's bytes as they are (no byte 0), read by `egg_c_*` below.
 """
 from __future__ import annotations
 
@@ -52,14 +55,39 @@ def int8_streams(corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     return document_stream(corpus.train), document_stream(corpus.val)
 
 
+# ----------------------------------------------------------------------------- egg.c's layout
+def egg_c_max_steps(length: int, tokens_per_update: int) -> int:
+    """The steps egg.c runs over a data file of `length` bytes: (length - 1) // T."""
+    return (length - 1) // tokens_per_update
 
-def egg_c_tokens(data: np.ndarray, step: int, pop: int, seq_len: int) -> np.ndarray:
-    """egg.c's data layout (full_trained_egg-cpumulti.c): at step s pair p reads seq_len inputs and their next bytes
-    from offset (s * seq_len + p * stride) % (len - seq_len), stride = len // (pop / 2); both members of the pair read
-    the same bytes. (pop, seq_len + 1) uint8, member m reading pair m // 2's row."""
+
+def egg_c_pair_offsets(length: int, step: int, pairs: int, tokens_per_update: int) -> np.ndarray:
+    """Where pair p reads at step s (egg.c): (s T + p stride) % (length - T), stride = length // pairs; (pairs,) int64.
+
+    Both members of the pair (2p with the + noise, 2p + 1 with the -) read the same T + 1 bytes from there."""
+    T = tokens_per_update
+    if length <= T or pairs < 1:
+        raise ValueError(f"egg.c's layout needs more than T = {T} bytes and at least one pair; got {length} bytes "
+                         f"and {pairs} pairs")
+    stride = length // pairs
+    return (step * T + np.arange(pairs, dtype=np.int64) * stride) % (length - T)
+
+
+def egg_c_step_tokens(data: np.ndarray, step: int, pop: int, tokens_per_update: int) -> np.ndarray:
+    """Each member's T + 1 bytes at step s in egg.c's layout (pop, T + 1): members 2p and 2p + 1 read
+    data[o_p : o_p + T + 1], o_p = egg_c_pair_offsets(...)[p]."""
+    if pop % 2:
+        raise ValueError(f"pop {pop} is odd: egg.c evaluates antithetic pairs")
     data = np.asarray(data, dtype=np.uint8)
-    pairs = pop // 2
-    stride = len(data) // pairs
-    starts = (step * seq_len + np.arange(pairs, dtype=np.int64) * stride) % (len(data) - seq_len)
-    rows = data[starts[:, None] + np.arange(seq_len + 1)]
+    offsets = egg_c_pair_offsets(len(data), step, pop // 2, tokens_per_update)
+    rows = data[offsets[:, None] + np.arange(tokens_per_update + 1)]
     return np.repeat(rows, 2, axis=0)
+
+
+def egg_c_main_tokens(data: np.ndarray, step: int, tokens_per_update: int) -> np.ndarray:
+    """The T + 1 bytes egg.c's noise-off progress loss reads at step s (every 10th): data[s T : s T + T + 1]."""
+    T = tokens_per_update
+    if step * T + T + 1 > len(data):
+        raise ValueError(f"step {step} reads bytes up to {step * T + T + 1}; the data has {len(data)} "
+                         f"(egg.c runs (length - 1) // T = {egg_c_max_steps(len(data), T)} steps)")
+    return np.asarray(data[step * T:step * T + T + 1], dtype=np.uint8)

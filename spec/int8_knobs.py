@@ -20,7 +20,20 @@ torch int8 port and the C side implement every knob (one place per side); the JA
 
 Two structural switches follow egg.c's portable cpumulti file beyond the issue's seven aspects (INT8_STRUCTURE,
 profile "egg.c-cpumulti" = "egg.c" plus both): gate_clip=nested (a gate is clip(clip(W x + U s) + bias)) and mlp=off
-(no ln2 and no MLP in the forward; the MLP matrices are still noised and voted on).
+(no ln2 and no MLP in the forward; the MLP matrices are still noised and voted on). In egg.c's own run the biases
+are 0 and frozen, so gate_clip=nested changes nothing there; it shows only with evolving=all.
+
+Not knobs: egg.c's init (one xorshift32 stream from 42) and its data layout (pair p reads its own offset) are
+functions of the C side (c_int8.xorshift_init_params, rollout.int8_data.egg_c_*, c_int8.train_egg_c), with which
+profile egg.c-cpumulti reproduces full_trained_egg-cpumulti.c's program bit for bit (tests/test_egg_c_conformance.py,
+ljubomirj/egg.c fdef754, its portable scalar path). egg.c's AVX2 path (its Linux amd64 build target) sums |x| in the
+layer norm as unsigned bytes (_mm256_sad_epu8: a negative x counts 256 + x), a different function, not modelled.
+
+d0rc/egg.c `full_trained_egg.c` (b48ac38; the same file as ljubomirj/egg.c's own full_trained_egg.c, Apple NEON only)
+agrees with the cpumulti file on vote_threshold, evolving, out_shift, ln_division, log2, state_reset, gate_clip,
+the init and the data layout, and departs in two: its noise generator draws four more xorshift32 values (unused)
+before each block of 16 values, so its factors are another stream than int8_noise=xorshift's; and it runs ln2 and
+the MLP (mlp=on: expand >> 8, project >> 9, a residual add).
 """
 from __future__ import annotations
 

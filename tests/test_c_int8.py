@@ -797,3 +797,71 @@ def test_cpumulti_structure_switches_nested_gate_clips_and_no_mlp(side, lut):
     # the MLP matrices are still voted on with the MLP off
     f = _rng("cpumulti-f").integers(-1, 2, cfg.pairs).astype(np.int8)
     assert np.array_equal(no_mlp.votes(f, 3)["blocks.mlp.0.weight"], side.c.votes(f, 3)["blocks.mlp.0.weight"])
+
+
+# ----------------------------------------------------------------------------- egg.c's init, data layout and run
+# (tests/test_egg_c_conformance.py checks them against egg.c's own program; these are the plain statements)
+@needs_c
+def test_xorshift_init_is_one_stream_from_42_in_egg_cs_order():
+    cfg = s.INT8_PRESETS["selftest"].replace(n_embd=4, n_layer=2)
+    d, L = cfg.n_embd, cfg.n_layer
+    got = c_int8.xorshift_init_params(cfg)
+    sizes = [256 * d, 256 * d] + [d * d] * 4 * L + [4 * d * d] * 2 * L
+    vals = iter(_xorshift_values(42, sum(sizes)))
+    take = lambda shape: np.array([next(vals) for _ in range(int(np.prod(shape)))], np.int8).reshape(shape)
+    want = {"emb": take((256, d)), "head": take((256, d))}
+    layers = [{n: take((d, d)) for n in ("Wf", "Uf", "Wh", "Uh")} | {"mlp.0": take((4 * d, d)),
+                                                                     "mlp.1": take((d, 4 * d))} for _ in range(L)]
+    for n in ("Wf", "Uf", "Wh", "Uh"):
+        want[f"blocks.att.{n}"] = np.stack([layer[n] for layer in layers])
+    for n in ("mlp.0", "mlp.1"):
+        want[f"blocks.{n}.weight"] = np.stack([layer[n] for layer in layers])
+    assert list(got) == list(s.int8_tree(cfg).paths)
+    for path, value in got.items():
+        if path in want:
+            assert np.array_equal(value, want[path]), path
+        else:
+            assert (value == (16 if "ln" in path else 0)).all() and value.shape == s.int8_tree(cfg).shapes[path]
+    assert not np.array_equal(c_int8.xorshift_init_params(cfg, 43)["emb"], got["emb"])
+
+
+def test_egg_c_layout_gives_each_pair_its_own_offset():
+    from rollout.int8_data import egg_c_main_tokens, egg_c_max_steps, egg_c_pair_offsets, egg_c_step_tokens
+    data = np.arange(101, dtype=np.int64).astype(np.uint8)
+    T, pop = 7, 8
+    assert egg_c_max_steps(101, T) == 14
+    for step in (0, 3, 13):
+        tokens = egg_c_step_tokens(data, step, pop, T)
+        assert tokens.shape == (pop, T + 1)
+        for p in range(pop // 2):
+            o = (step * T + p * (101 // 4)) % (101 - T)
+            assert egg_c_pair_offsets(101, step, 4, T)[p] == o
+            assert tokens[2 * p].tolist() == tokens[2 * p + 1].tolist() == list(range(o, o + T + 1))
+        assert egg_c_main_tokens(data, step, T).tolist() == list(range(step * T, step * T + T + 1))
+    with pytest.raises(ValueError, match="egg.c runs"):
+        egg_c_main_tokens(data, 14, T)
+    with pytest.raises(ValueError, match="odd"):
+        egg_c_step_tokens(data, 0, 7, T)
+
+
+@needs_c
+def test_egg_c_run_needs_no_table_and_its_frozen_leaves_draw_none():
+    cfg = s.INT8_PRESETS["selftest"]
+    with pytest.raises(ValueError, match="normal look-up is needed"):
+        c_int8.Int8C(cfg, 1, None, {"evolving": "matrices"})        # the matrices still draw table noise
+    with pytest.raises(ValueError, match="normal look-up is needed"):
+        c_int8.Int8C(cfg, 1, None, {"int8_noise": "xorshift"})      # the other leaves still draw table noise
+    assert c_int8.table_free("egg.c") and c_int8.table_free("egg.c-cpumulti")
+    side = c_int8.Int8C(cfg, 1, None, "egg.c-cpumulti")
+    noise = side.member_noise(2, 3)
+    for path in side.paths:
+        if path not in MATRICES:
+            parts = noise[path] if isinstance(noise[path], tuple) else (noise[path],)
+            assert not any(np.any(part) for part in parts), path
+    data = np.frombuffer(b"the quick brown fox jumps over the lazy dog, " * 4, np.uint8)
+    rows = []
+    final = c_int8.train_egg_c(cfg, 7, data, 3, observe=lambda st, r, m: rows.append((st, r, m)))
+    assert [st for st, _, _ in rows] == [0, 1, 2] and rows[0][2] is not None and rows[1][2] is None
+    assert all(np.array_equal(final[p], rows[-1][1].params[p]) for p in final)
+    with pytest.raises(ValueError, match="egg.c runs"):
+        c_int8.train_egg_c(cfg, 7, data, 1000)
