@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None, trainer=None) -> int:
             print(f"{arm.name}: {args.seeds} seeds")
         print(f"{len(specs)} runs ({len(int8_study.arms())} design points x {args.seeds} seeds) at the "
               f"{int8_study.PRESET} preset, {cfg.epochs} epochs each, on the torch int8 port")
+        per_run = int8_study.CPU_S_PER_EPOCH * cfg.epochs
+        workers = args.workers or os.cpu_count() or 1
+        print(f"expected: about {len(specs) * per_run / workers / 60:.0f} min with {workers} worker(s) on idle cores "
+              f"({per_run:.0f} s of one core per run)")
         return 0
     if trainer is None:
         from gap.runs import train_int8_spec
