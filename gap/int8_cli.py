@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None, trainer=None) -> int:
               "seeds": str(int8_study.seed_list(args.seeds)), "executor": f"{executor.describe()} on {cpu_name()}",
               "this invocation": f"{time.perf_counter() - t0:.0f} s, {len(failed)} failed"}
     try:
-        int8_report.write(args.out, header, args.resamples)
+        int8_report.write(args.out, header, args.resamples, {s.run_id for s in specs})
     except ValueError as err:
         print(f"gap: {err}", file=sys.stderr)
         return 2

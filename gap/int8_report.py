@@ -37,13 +37,19 @@ RESPONSES = {"final_val_bpb": "final validation bits/byte",
              "late_val_bpb": f"mean validation bits/byte over the last {LATE_FRACTION:.0%} of epochs"}
 
 
-def outcomes(folder: str) -> pd.DataFrame:
+def _runs(folder: str, run_ids: set[str] | None) -> list[dict]:
+    """The committed runs, only those of the plan when `run_ids` is given (a folder may also hold runs of another
+    --epochs or --corpus, which must not mix into this study's arms)."""
+    return [r for r in read_runs(folder) if run_ids is None or r["run_id"] in run_ids]
+
+
+def outcomes(folder: str, run_ids: set[str] | None = None) -> pd.DataFrame:
     """One row per finished run: arm, seed, final and late-mean validation bits/byte, wall and cpu seconds, coded
     levels."""
     by_name = {a.name: a for a in arms()}
-    cv = curves(folder)
+    cv = curves(folder, run_ids)
     rows = []
-    for r in read_runs(folder):
+    for r in _runs(folder, run_ids):
         arm = by_name.get(r["arm"])
         if arm is None:
             continue
@@ -56,9 +62,9 @@ def outcomes(folder: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def curves(folder: str) -> dict[str, dict[int, list[tuple[int, float]]]]:
+def curves(folder: str, run_ids: set[str] | None = None) -> dict[str, dict[int, list[tuple[int, float]]]]:
     """arm -> seed -> [(epoch, val_bpb)] of committed runs."""
-    done = {r["run_id"] for r in read_runs(folder)}
+    done = {r["run_id"] for r in _runs(folder, run_ids)}
     out: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
     for e in read_epochs(folder):
         if e["run_id"] in done:
@@ -356,13 +362,13 @@ def _corner_lines(comp: stats.Comparison, diffs: list, cv: dict) -> list[str]:
             "Validation bits/byte against epochs (mean over seeds):", "", markdown_table(head, table), ""]
 
 
-def _run_lines(folder: str, header: dict, frame: pd.DataFrame) -> list[str]:
+def _run_lines(folder: str, header: dict, frame: pd.DataFrame, run_ids: set[str] | None) -> list[str]:
     lines = [f"- {k}: {v}" for k, v in header.items()]
     return lines + [
         f"- runs: {len(frame)} finished over {frame.arm.nunique()} design points; arms trained on the torch int8 "
         f"port (bit-equal to the JAX reference and the C side at every knob: `python -m parity int8`), which is "
         f"about 6x faster than the C side on this CPU",
-        f"- versions: {', '.join(sorted({json.dumps(json.loads(r['versions'])) for r in read_runs(folder)}))}",
+        f"- versions: {', '.join(sorted({json.dumps(json.loads(r['versions'])) for r in _runs(folder, run_ids)}))}",
         "- outcome: validation bits/byte after the last epoch (noise off; the validation part of the shipped "
         "corpus, 16 rows); curves every 50 epochs",
         f"- the originals: nano-egg is {NANO_EGG_ORIGINAL[0]} {NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} "
@@ -375,20 +381,21 @@ def _run_lines(folder: str, header: dict, frame: pd.DataFrame) -> list[str]:
         "thread", ""]
 
 
-def write(folder: str, header: dict, n_resamples: int) -> str:
+def write(folder: str, header: dict, n_resamples: int, run_ids: set[str] | None = None) -> str:
     """summary.md, outcomes.csv, effects.csv, curves.csv, curves.png and curves_by_point.png in folder; returns the
-    summary's text."""
+    summary's text. run_ids: the planned runs (default every run in the folder)."""
     from gap import int8_curves
-    frame = outcomes(folder)
+    frame = outcomes(folder, run_ids)
     if frame.empty:
-        raise ValueError(f"{folder} holds no finished runs; train some first (drop --report-only)")
-    cv = curves(folder)
+        raise ValueError(f"{folder} holds no finished runs of this plan; train some first (drop --report-only), or "
+                         "give the --epochs, --seeds and --corpus the runs were trained with")
+    cv = curves(folder, run_ids)
     comp = corner_comparison(frame, n_resamples)
     diffs = [corner_difference(frame, n_resamples, r) for r in RESPONSES]
     complete = frame.groupby("arm").size().reindex([a.name for a in arms()]).fillna(0).astype(int)
     eff, check = (Effects(frame), Effects(frame, "late_val_bpb")) if (complete >= 2).all() else (None, None)
     lines = ["# Integer EGGROLL: does egg.c's integer ES learn the byte LM as fast as nano-egg's?", ""]
-    lines += _answer(comp, diffs[0], eff, catch_up(frame, cv)) + ["", "## Run", ""] + _run_lines(folder, header, frame)
+    lines += _answer(comp, diffs[0], eff, catch_up(frame, cv)) + ["", "## Run", ""] + _run_lines(folder, header, frame, run_ids)
     lines += _effect_lines(eff, check) if eff is not None else []
     lines += _corner_lines(comp, diffs, cv) if comp is not None else []
     lines += _point_lines(frame)

@@ -96,6 +96,7 @@ def test_a_rerun_resumes_and_trains_nothing_twice(tmp_path):
     (["--seeds", "1"], "--seeds must be >= 2"),
     (["--epochs", "0"], "--epochs must be >= 1"),
     (["--workers", "0"], "--workers must be >= 1"),
+    (["--resamples", "50"], "--resamples must be >= 100"),
     (["--corpus", "/no/such/corpus.txt"], "--corpus /no/such/corpus.txt: missing or empty"),
     (["--from", "/no/such/study"], "no runs.csv there"),
 ])
@@ -130,3 +131,22 @@ def test_corner_difference_curves_and_late_mean(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "BCa bootstrap" in summary or "percentile bootstrap" in summary
     assert "### Check: the same model on the late mean" in summary
+
+
+def test_the_report_reads_only_the_planned_runs(tmp_path):
+    """Runs of another --epochs in the same folder stay out of this plan's arms (and its report); a corpus given by
+    file is part of a run's identity by content."""
+    out = tmp_path / "study"
+    base = ["--task", "int8", "--seeds", "2", "--workers", "1", "--out", str(out), "--resamples", "200"]
+    assert gap_main.main(base + ["--epochs", "50"], trainer=fake_trainer) == 0
+    assert gap_main.main(base + ["--epochs", "100"], trainer=fake_trainer) == 0
+    assert len(read_runs(str(out))) == 64
+    summary = (out / "summary.md").read_text()
+    assert "epochs=100" in summary and "| nano-egg | 2 |" in summary
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("abc " * 5000)
+    cfg = int8_study.default_config()
+    a, b = int8_study.plan(cfg, 2)[0], int8_study.plan(cfg, 2, str(corpus))[0]
+    copy = tmp_path / "copy.txt"
+    copy.write_text("abc " * 5000)
+    assert a.run_id != b.run_id == int8_study.plan(cfg, 2, str(copy))[0].run_id
