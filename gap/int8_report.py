@@ -211,8 +211,7 @@ def catch_up(frame: pd.DataFrame, cv: dict) -> CatchUp | None:
         return None
     faster, slower = ("egg.c", "nano-egg") if means["egg.c"] <= means["nano-egg"] else ("nano-egg", "egg.c")
     target = float(means[slower])
-    run_epochs = int(frame.loc[frame.arm == faster].shape[0] and
-                     max(e for pts in cv[faster].values() for e, _ in pts) + 1)
+    run_epochs = max(e for pts in cv[faster].values() for e, _ in pts) + 1   # the last measurement is the last epoch
     epochs, reached = [], 0
     for seed in sorted(cv[faster]):
         o = outcome(cv[faster][seed], target, run_epochs)
