@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
     p.add_argument("--plan", action="store_true", help="print the design and run count, train nothing")
     p.add_argument("--report-only", action="store_true", help="write the report from the runs on disk")
+    p.add_argument("--note", action="append", default=[],
+                   help="a line for the report's run section, e.g. where imported runs were trained (repeatable)")
     return p
 
 
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None, trainer=None) -> int:
     header = {"command": "python -m gap " + shlex.join(argv), "preset": f"{int8_study.PRESET}: {cfg}",
               "seeds": str(int8_study.seed_list(args.seeds)), "executor": f"{executor.describe()} on {cpu_name()}",
               "this invocation": f"{time.perf_counter() - t0:.0f} s, {len(failed)} failed"}
+    header.update({f"note {i}" if len(args.note) > 1 else "note": n for i, n in enumerate(args.note, 1)})
     try:
         int8_report.write(args.out, header, args.resamples, {s.run_id for s in specs})
     except ValueError as err:

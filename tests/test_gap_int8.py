@@ -88,8 +88,9 @@ def test_a_rerun_resumes_and_trains_nothing_twice(tmp_path):
             "--resamples", "200"]
     assert gap_main.main(argv, trainer=counting) == 0
     assert len(calls) == 32 and len(read_runs(str(out))) == 32
-    assert gap_main.main(argv, trainer=counting) == 0
+    assert gap_main.main(argv + ["--note", "runs imported from elsewhere"], trainer=counting) == 0
     assert len(calls) == 32 and len(read_runs(str(out))) == 32
+    assert "- note: runs imported from elsewhere" in (out / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("extra, message", [
