@@ -56,6 +56,7 @@ def outcomes(folder: str, run_ids: set[str] | None = None) -> pd.DataFrame:
         row = {"arm": r["arm"], "seed": int(r["seed"]), "final_val_bpb": float(r["final_val_bpb"]),
                "late_val_bpb": late_mean(cv[r["arm"]][int(r["seed"])], int(r["epochs"]),
                                          float(r["final_val_bpb"])),
+               "late_slope": late_slope(cv[r["arm"]][int(r["seed"])], int(r["epochs"])),
                "wall_s": float(r["wall_s"]), "cpu_s": float(r["cpu_s"])}
         row.update({k: arm.level(k) for k in KNOBS})
         rows.append(row)
@@ -77,6 +78,17 @@ def late_mean(points: list[tuple[int, float]], epochs: int, final: float) -> flo
     value when the curve holds none there)."""
     late = [v for e, v in points if e + 1 > (1 - LATE_FRACTION) * epochs and v == v]
     return float(np.mean(late)) if late else final
+
+
+def late_slope(points: list[tuple[int, float]], epochs: int) -> float:
+    """Least-squares slope of validation bits/byte per 100 epochs over the last half of the run's measurements:
+    below 0 the run is still learning when it stops; near 0 or above, it has stalled or drifts back (NaN with fewer
+    than 3 measurements there)."""
+    late = [(e, v) for e, v in points if e + 1 > epochs / 2 and v == v]
+    if len(late) < 3:
+        return float("nan")
+    e, v = np.asarray(late, float).T
+    return float(np.polyfit(e, v, 1)[0] * 100)
 
 
 def interaction_chains(matrix: np.ndarray) -> list[tuple[tuple[str, str], ...]]:
@@ -411,12 +423,15 @@ def write(folder: str, header: dict, n_resamples: int, run_ids: set[str] | None 
 
 def _point_lines(frame: pd.DataFrame) -> list[str]:
     per_arm = frame.groupby("arm").agg(count=("final_val_bpb", "count"), mean=("final_val_bpb", "mean"),
-                                       sd=("final_val_bpb", "std"), late=("late_val_bpb", "mean")).reindex(
-        [a.name for a in arms()]).dropna(how="all")
+                                       sd=("final_val_bpb", "std"), late=("late_val_bpb", "mean"),
+                                       slope=("late_slope", "mean")).reindex([a.name for a in arms()]).dropna(how="all")
     return ["## Every design point", "",
-            markdown_table(["point", "seeds", "final bits/byte mean", "sd", "late mean"],
-                           [[name, int(r["count"]), f"{r['mean']:.4f}", fmt(r["sd"], 3), f"{r['late']:.4f}"]
-                            for name, r in per_arm.iterrows()]),
+            "Late slope: the least-squares slope of validation bits/byte per 100 epochs over the second half of the "
+            "run (mean over seeds): below 0 the point is still learning when the run stops; near 0 or above, it has "
+            "stalled or drifts back.", "",
+            markdown_table(["point", "seeds", "final bits/byte mean", "sd", "late mean", "late slope /100 epochs"],
+                           [[name, int(r["count"]), f"{r['mean']:.4f}", fmt(r["sd"], 3), f"{r['late']:.4f}",
+                             f"{r['slope']:+.3f}"] for name, r in per_arm.iterrows()]),
             "", "![validation bits/byte against epochs, the corners](curves.png)", "",
             "![every design point](curves_by_point.png)", "",
             "Files: `runs.csv` (one row per run), `epochs.csv` (each run's curve), `curves.csv` (each point's mean "

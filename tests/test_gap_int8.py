@@ -127,6 +127,8 @@ def test_corner_difference_curves_and_late_mean(tmp_path):
     assert int8_report.late_mean([(149, 5.0), (199, 4.0)], 200, 4.0) == 4.0
     assert int8_report.late_mean([(99, 6.0), (149, 5.0), (199, 4.0)], 200, 4.0) == 4.0
     assert int8_report.late_mean([(149, 5.0), (199, 4.0)], 160, 4.0) == 4.5
+    assert abs(int8_report.late_slope([(99, 6.0), (149, 5.0), (199, 4.0), (249, 3.0)], 250) + 2.0) < 1e-9
+    assert np.isnan(int8_report.late_slope([(149, 5.0), (199, 4.0)], 200))
     c = int8_report.catch_up(frame, int8_report.curves(str(out)))
     assert c.faster == "egg.c" and c.reached == 4 and len(c.epochs) == 4
     summary = (out / "summary.md").read_text()
