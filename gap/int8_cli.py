@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
     p.add_argument("--plan", action="store_true", help="print the design and run count, train nothing")
     p.add_argument("--report-only", action="store_true", help="write the report from the runs on disk")
+    p.add_argument("--note", action="append", default=[],
+                   help="a line for the report's run section, e.g. where imported runs were trained (repeatable)")
     return p
 
 
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None, trainer=None) -> int:
             print(f"{arm.name}: {args.seeds} seeds")
         print(f"{len(specs)} runs ({len(int8_study.arms())} design points x {args.seeds} seeds) at the "
               f"{int8_study.PRESET} preset, {cfg.epochs} epochs each, on the torch int8 port")
+        per_run = int8_study.CPU_S_PER_EPOCH * cfg.epochs
+        workers = args.workers or os.cpu_count() or 1
+        print(f"expected: about {len(specs) * per_run / workers / 60:.0f} min with {workers} worker(s) on idle cores "
+              f"({per_run:.0f} s of one core per run)")
         return 0
     if trainer is None:
         from gap.runs import train_int8_spec
@@ -89,8 +95,9 @@ def main(argv: list[str] | None = None, trainer=None) -> int:
     header = {"command": "python -m gap " + shlex.join(argv), "preset": f"{int8_study.PRESET}: {cfg}",
               "seeds": str(int8_study.seed_list(args.seeds)), "executor": f"{executor.describe()} on {cpu_name()}",
               "this invocation": f"{time.perf_counter() - t0:.0f} s, {len(failed)} failed"}
+    header.update({f"note {i}" if len(args.note) > 1 else "note": n for i, n in enumerate(args.note, 1)})
     try:
-        int8_report.write(args.out, header, args.resamples)
+        int8_report.write(args.out, header, args.resamples, {s.run_id for s in specs})
     except ValueError as err:
         print(f"gap: {err}", file=sys.stderr)
         return 2
