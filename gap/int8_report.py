@@ -315,7 +315,8 @@ def _departures_line(eff: Effects, comp: stats.Comparison) -> str:
                f"{max(chains, key=lambda r: abs(r['effect']))['effect']:+.3f}), so a main effect is an average over "
                "settings of the other knobs, not the cost of one knob alone. " if chains else "")
             + f"The model's corner gap, 2 sum b_i = {eff.predicted_gap():+.3f}, against the observed "
-              f"{comp.mean_b - comp.mean_a:+.3f} (interactions cancel at the corners).")
+              f"{comp.mean_b - comp.mean_a:+.3f}: the two-factor chains cancel at the corners, and the rest is the "
+                     f"fraction's one unmodelled contrast (higher-order interaction), which differs between them.")
 
 
 def _effect_table(rows: list[dict], key: str, describe: bool) -> str:

@@ -29,9 +29,9 @@ PRESET = "cpu"
 SEEDS = 6
 KNOBS = tuple(INT8_KNOBS)                 # the factors, in the knob table's order
 RESOLUTION = 4
-# Measured on the first 30 runs of reports/gap-int8 at the cpu preset (800 epochs): 40-63 s of one core each, 51 s
-# on average (AMD EPYC, torch 2.13, one thread per run), across the design's points.
-CPU_S_PER_EPOCH = 51.0 / 800
+# Measured on the 96 runs of reports/gap-int8 at the cpu preset (800 epochs): 39-67 s of one core each, 52 s on
+# average (AMD EPYC, torch 2.13, one thread per run), across the design's points.
+CPU_S_PER_EPOCH = 52.0 / 800
 
 
 @dataclass(frozen=True)
