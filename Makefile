@@ -14,7 +14,7 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup c-side test parity int8 gap gap-paper gap-lm gap-int8 bench ports clean
+.PHONY: help setup c-side test parity int8 gap gap-paper gap-lm gap-int8 bench ports ports-install clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -62,6 +62,8 @@ bench: setup  ## throughput and time to solve, torch_impl against JAX -> runs/be
 
 ports: $(PORTS_STAMP)  ## the EGGROLL ports on PyPI (pinned extra) through the suite -> runs/ports
 	$(PY) -m ports --out $(RUNS)/ports $(ARGS)
+
+ports-install: $(PORTS_STAMP)  ## install the pinned ports extra only (then `make test` runs the adapter and survey tests too)
 
 $(PORTS_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test,ports]'

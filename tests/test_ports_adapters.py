@@ -6,11 +6,12 @@ sign, layout or scale, or computes anything itself, breaks one)."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import math
 
 import numpy as np
 import pytest
+
+from tests.ports_installed import needs as needs_package
 
 from spec.config import Config
 from spec.layout import param_shapes
@@ -27,8 +28,7 @@ FACTOR_PORTS = [("ports.torcheggroll:adapter", "torcheggroll", "halves", 1),
 
 
 def needs(module: str):
-    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
-                              reason=f"{module} is not installed (make ports installs the pinned ports extra)")
+    return needs_package(module)
 
 
 def load(spec: str, cfg: Config):

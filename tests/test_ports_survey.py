@@ -4,13 +4,14 @@ the survey of the installed ports runs when they are there."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import re
 import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.ports_installed import needs as needs_package
 
 from parity.adapter import CheckedPort, load_port
 from parity.suite import SELFTEST
@@ -137,8 +138,7 @@ def test_the_registry_pins_what_pyproject_and_the_makefile_install():
                 pytest.fail(f"{e.key}: {reading}")
 
 
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("torcheggroll", "eggroll")),
-                    reason="the ports are not installed (make ports installs the pinned ports extra)")
+@needs_package("torcheggroll", "eggroll")
 def test_the_survey_of_the_installed_ports(tmp_path):
     code = cli.main(["--size", "selftest", "--only", "torcheggroll,eggroll-es", "--out", str(tmp_path), "--quiet"])
     assert code == 0
