@@ -631,8 +631,8 @@ def train_epochs(cfg: Int8Config, seed: int, lut, params: dict, epochs: int | No
     """cfg.epochs (or `epochs`) ES epochs on the corpus as jax_reference.int8_train lays it out, from params
     (nano-egg's init, given); observe(epoch, EpochResult) sees each. The final params."""
     from rollout.corpus import load_corpus
-    from rollout.int8_data import epoch_tokens, int8_streams, train_rows
-    from spec.int8 import segment_offset, stream_layout, thresholds
+    from rollout.int8_data import epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows
+    from spec.int8 import thresholds
 
     corpus = load_corpus() if corpus is None else corpus
     train_stream, _ = int8_streams(corpus)

@@ -77,14 +77,8 @@ def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """--task int8: check the config and the corpus against nano-egg's layout (exit 2 on either), then train."""
     try:
         cfg = int8_config(args)
-        path = check_corpus_path(args.corpus)
-        from rollout.corpus import load_corpus          # numpy only: the corpus is part of the input
-        from rollout.int8_data import int8_streams, validation_rows
-        from spec.int8 import stream_layout
-        corpus = load_corpus(path, cfg.tokens_per_update)
-        train_stream, val_stream = int8_streams(corpus)
-        stream_layout(len(train_stream), cfg)            # refuses a train part too short for the sequences
-        validation_rows(val_stream, cfg.val_rows)        # and a validation part too short for the rows
+        from rollout.int8_data import load_int8_corpus  # numpy only: the corpus is part of the input
+        corpus = load_int8_corpus(check_corpus_path(args.corpus), cfg)
     except (OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
     from jax_reference.int8_train import train_int8     # jax only once the input is known good

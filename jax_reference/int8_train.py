@@ -26,8 +26,9 @@ import numpy as np
 from jax_reference.int8 import (EGG, MM_PARAM, PARAM, QEggRoll, init_int8, population_scores, update,
                                 validation_scores)
 from rollout.corpus import load_corpus
-from rollout.int8_data import epoch_tokens, int8_streams, train_rows, validation_rows
-from spec.int8 import Int8Config, bits_per_byte, segment_offset, stream_layout, thresholds
+from rollout.int8_data import (epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows,
+                               validation_rows)
+from spec.int8 import Int8Config, bits_per_byte, thresholds
 from spec.lm_run import LMProgress, LMTrainResult, lm_epoch_row
 
 

@@ -60,20 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_int8_corpus(path: str | None, cfg: Int8Config):
-    """The corpus (None: the shipped one) checked against nano-egg's layout for cfg: ValueError if it is missing,
-    empty, or too short for the training sequences or the validation rows (numpy only: part of checking input)."""
-    from rollout.corpus import load_corpus
-    from rollout.int8_data import int8_streams, validation_rows
-    from spec.int8 import stream_layout
-    from spec.lm_run import check_corpus_path
-    corpus = load_corpus(check_corpus_path(path), cfg.tokens_per_update)
-    train_stream, val_stream = int8_streams(corpus)
-    stream_layout(len(train_stream), cfg)            # refuses a train part too short for the sequences
-    validation_rows(val_stream, cfg.val_rows)        # and a validation part too short for the rows
-    return corpus
-
-
 class Plan:
     """Everything checked before any work: the config, the torch side's knobs, the corpus, the C side's state."""
 
@@ -88,7 +74,9 @@ class Plan:
                              f"{args.size}")
         self.knobs: Int8Knobs = parse_int8_knobs(args.torch, args.profile)
         check_out_dir(args.out)
-        self.corpus = load_int8_corpus(args.corpus, self.cfg)
+        from rollout.int8_data import load_int8_corpus    # numpy only: the corpus is part of the input
+        from spec.lm_run import check_corpus_path
+        self.corpus = load_int8_corpus(check_corpus_path(args.corpus), self.cfg)
         self.c_reason = None
         if args.no_c:
             self.c_reason = "C side left out (--no-c)"

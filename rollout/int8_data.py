@@ -9,9 +9,39 @@ data file's bytes as they are (no byte 0), read by `egg_c_*` below.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from rollout.corpus import Corpus
+
+
+class StreamLayout(NamedTuple):
+    """How a training stream is cut: n_sequences rows of segments * T + 1 bytes (rows = stream[:used])."""
+
+    n_sequences: int
+    segments: int
+    tokens_per_sequence: int
+
+    @property
+    def used(self) -> int:
+        return self.n_sequences * self.tokens_per_sequence
+
+
+def stream_layout(stream_len: int, cfg) -> StreamLayout:
+    """nano-egg's layout for cfg (spec.int8.Int8Config: n_sequences, tokens_per_update); ValueError if the stream is too short for one segment per sequence."""
+    ns, T = cfg.n_sequences, cfg.tokens_per_update
+    segments = (stream_len - ns) // (T * ns)
+    if segments < 1:
+        raise ValueError(f"the training stream has {stream_len} bytes, too few for {ns} sequences of "
+                         f"T + 1 = {T + 1} bytes; it needs at least {ns * (T + 1)} (fewer sequences: a larger "
+                         f"group_size, or a smaller tokens_per_update, or a longer corpus)")
+    return StreamLayout(ns, segments, segments * T + 1)
+
+
+def segment_offset(epoch: int, layout: StreamLayout, tokens_per_update: int) -> int:
+    """The first byte every row reads at epoch e: (e % segments) * T."""
+    return (epoch % layout.segments) * tokens_per_update
 
 
 def document_stream(part: np.ndarray) -> np.ndarray:
@@ -20,7 +50,7 @@ def document_stream(part: np.ndarray) -> np.ndarray:
 
 
 def train_rows(stream: np.ndarray, n_sequences: int, segments: int, tokens_per_update: int) -> np.ndarray:
-    """stream[:n_sequences * (segments * T + 1)] as (n_sequences, segments * T + 1) uint8 (spec.int8.stream_layout
+    """stream[:n_sequences * (segments * T + 1)] as (n_sequences, segments * T + 1) uint8 (stream_layout
     gives the numbers)."""
     length = segments * tokens_per_update + 1
     if n_sequences * length > len(stream):
@@ -91,3 +121,15 @@ def egg_c_main_tokens(data: np.ndarray, step: int, tokens_per_update: int) -> np
         raise ValueError(f"step {step} reads bytes up to {step * T + T + 1}; the data has {len(data)} "
                          f"(egg.c runs (length - 1) // T = {egg_c_max_steps(len(data), T)} steps)")
     return np.asarray(data[step * T:step * T + T + 1], dtype=np.uint8)
+
+
+def load_int8_corpus(path, cfg) -> Corpus:
+    """The corpus at path (None: the shipped one) checked against nano-egg's layout for cfg (spec.int8.Int8Config):
+    ValueError if it is missing, empty, or too short for the training sequences or the validation rows. Every int8
+    command line calls it before any work."""
+    from rollout.corpus import load_corpus
+    corpus = load_corpus(path, cfg.tokens_per_update)
+    train_stream, val_stream = int8_streams(corpus)
+    stream_layout(len(train_stream), cfg)            # refuses a train part too short for the sequences
+    validation_rows(val_stream, cfg.val_rows)        # and a validation part too short for the rows
+    return corpus

@@ -96,7 +96,6 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import NamedTuple
 
 from spec.tree import Leaf, Tree, make_tree
 
@@ -401,35 +400,6 @@ def log2_entry(k: int) -> int:
 def bits_per_byte(score_sum: int, tokens: int) -> float:
     """-score / (16 * tokens): a summed log2-likelihood in 1/16 bit as bits per byte."""
     return -score_sum / ((2 ** FBIT) * tokens)
-
-
-# ----------------------------------------------------------------------------- the data layout
-class StreamLayout(NamedTuple):
-    """How a training stream is cut: n_sequences rows of segments * T + 1 bytes (rows = stream[:used])."""
-
-    n_sequences: int
-    segments: int
-    tokens_per_sequence: int
-
-    @property
-    def used(self) -> int:
-        return self.n_sequences * self.tokens_per_sequence
-
-
-def stream_layout(stream_len: int, cfg: Int8Config) -> StreamLayout:
-    """nano-egg's layout; ValueError if the stream is too short for one segment per sequence."""
-    ns, T = cfg.n_sequences, cfg.tokens_per_update
-    segments = (stream_len - ns) // (T * ns)
-    if segments < 1:
-        raise ValueError(f"the training stream has {stream_len} bytes, too few for {ns} sequences of "
-                         f"T + 1 = {T + 1} bytes; it needs at least {ns * (T + 1)} (fewer sequences: a larger "
-                         f"group_size, or a smaller tokens_per_update, or a longer corpus)")
-    return StreamLayout(ns, segments, segments * T + 1)
-
-
-def segment_offset(epoch: int, layout: StreamLayout, tokens_per_update: int) -> int:
-    """The first byte every row reads at epoch e: (e % segments) * T."""
-    return (epoch % layout.segments) * tokens_per_update
 
 
 # ----------------------------------------------------------------------------- the command line (`--task int8`)

@@ -17,7 +17,8 @@ import scipy.stats
 from jax_reference import int8 as q
 from jax_reference.models import CommonParams
 from rollout.corpus import load_corpus
-from rollout.int8_data import epoch_tokens, int8_streams, train_rows, validation_rows
+from rollout.int8_data import (StreamLayout, epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows,
+                               validation_rows)
 from spec import int8 as s
 
 SIZES = [(4, 16), (16, 64)]        # (in, out) of the products: two sizes, both powers of 4
@@ -373,18 +374,18 @@ def test_cached_noise_scores_like_nano_eggs_graph():
 def test_stream_layout_is_nano_eggs():
     cfg = s.Int8Config(pop=8, group_size=2, tokens_per_update=4)
     stream = np.arange(1, 60).astype(np.uint8)            # 59 bytes, 4 sequences
-    layout = s.stream_layout(len(stream), cfg)
-    assert layout == s.StreamLayout(4, (59 - 4) // 16, 3 * 4 + 1)
+    layout = stream_layout(len(stream), cfg)
+    assert layout == StreamLayout(4, (59 - 4) // 16, 3 * 4 + 1)
     rows = train_rows(stream, layout.n_sequences, layout.segments, 4)
     assert rows[1, 0] == stream[13]
-    tokens = epoch_tokens(rows, s.segment_offset(4, layout, 4), 4, 8, 2)   # epoch 4 wraps to segment 1
+    tokens = epoch_tokens(rows, segment_offset(4, layout, 4), 4, 8, 2)   # epoch 4 wraps to segment 1
     assert tokens.shape == (8, 5) and np.array_equal(tokens[2], rows[1, 4:9]) and np.array_equal(tokens[3], tokens[2])
     corpus = load_corpus()
     train, val = int8_streams(corpus)
     assert train[0] == 0 and np.array_equal(train[1:], corpus.train) and 0 not in corpus.train
     assert validation_rows(val, 16).shape == (16, len(val) // 16)
     with pytest.raises(ValueError, match="too few"):
-        s.stream_layout(30, s.Int8Config(pop=64, group_size=2, tokens_per_update=16))
+        stream_layout(30, s.Int8Config(pop=64, group_size=2, tokens_per_update=16))
 
 
 @pytest.mark.parametrize("bad,match", [(dict(n_embd=8), "power of 4"), (dict(n_embd=32), "power of 4"),

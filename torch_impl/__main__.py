@@ -111,16 +111,8 @@ def configure_int8(args: argparse.Namespace):
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     knobs = parse_int8_knobs(args.torch, None if args.profile == "jax" else args.profile)
     cfg = int8_config(args)
-    path = check_corpus_path(args.corpus)
-    from rollout.corpus import load_corpus          # numpy only: the corpus is part of the input
-    from rollout.int8_data import int8_streams, validation_rows
-    from spec.int8 import stream_layout
-
-    corpus = load_corpus(path, cfg.tokens_per_update)
-    train_stream, val_stream = int8_streams(corpus)
-    stream_layout(len(train_stream), cfg)            # refuses a train part too short for the sequences
-    validation_rows(val_stream, cfg.val_rows)        # and a validation part too short for the rows
-    return cfg, corpus, knobs
+    from rollout.int8_data import load_int8_corpus    # numpy only: the corpus is part of the input
+    return cfg, load_int8_corpus(check_corpus_path(args.corpus), cfg), knobs
 
 
 def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from rollout.corpus import load_corpus
-from rollout.int8_data import epoch_tokens, int8_streams, train_rows, validation_rows
-from spec.int8 import Int8Config, bits_per_byte, segment_offset, stream_layout
+from rollout.int8_data import (epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows,
+                               validation_rows)
+from spec.int8 import Int8Config, bits_per_byte
 from spec.int8_knobs import NANO_EGG, Int8Knobs
 from spec.lm_run import LMProgress, LMTrainResult, lm_epoch_row
 from spec.tree import Tree
