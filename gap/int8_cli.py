@@ -78,18 +78,9 @@ def main(argv: list[str] | None = None, trainer=None) -> int:
         trainer = train_int8_spec
     workers = args.workers or os.cpu_count() or 1
     executor = executors.Local(workers)
-    t0, failed = time.perf_counter(), []
-    try:
-        os.makedirs(args.out, exist_ok=True)
-        if args.from_dir and os.path.abspath(args.from_dir) != os.path.abspath(args.out):
-            print(f"{lm_study.seed_from(args.out, args.from_dir)} finished runs taken from {args.from_dir}",
-                  file=sys.stderr)
-        if not args.report_only:
-            _, failed = lm_study.run_all(specs, args.out, trainer, executor,
-                                         log=lambda line: print(line, file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: finished runs are saved in {args.out}/runs.csv; rerun the same command to resume",
-              file=sys.stderr)
+    t0 = time.perf_counter()
+    failed = lm_study.train_folder(specs, args.out, args.from_dir, trainer, executor, args.report_only)
+    if failed is None:
         return 130
     from gap import int8_report
     header = {"command": "python -m gap " + shlex.join(argv), "preset": f"{int8_study.PRESET}: {cfg}",

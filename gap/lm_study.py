@@ -22,6 +22,7 @@ import csv
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, NamedTuple
@@ -238,6 +239,22 @@ def run_all(specs: list[LmRunSpec], folder: str, trainer: Callable, executor, lo
             f"{float(r['wall_s']):.1f} s "
             f"(cpu {float(r['cpu_s']):.1f} s) | ETA {eta}")
     return count - len(failed), failed
+
+
+def train_folder(specs: list, folder: str, from_dir: str | None, trainer: Callable, executor,
+                 report_only: bool = False) -> list[str] | None:
+    """A study command's run: seed `folder` from `from_dir` (a study folder whose finished runs are taken, nothing
+    retrained), then train every pending spec unless report_only. The failures, or None when interrupted (said on
+    stderr: the finished runs are saved and the same command resumes)."""
+    log = lambda line: print(line, file=sys.stderr, flush=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if from_dir and os.path.abspath(from_dir) != os.path.abspath(folder):
+            log(f"{seed_from(folder, from_dir)} finished runs taken from {from_dir}")
+        return [] if report_only else run_all(specs, folder, trainer, executor, log=log)[1]
+    except KeyboardInterrupt:
+        log(f"\ninterrupted: finished runs are saved in {folder}/runs.csv; rerun the same command to resume")
+        return None
 
 
 def describe_arm(name: str) -> str:
