@@ -18,7 +18,6 @@ import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -108,14 +107,6 @@ def plan(cfg: Int8Config, seeds: int = SEEDS, corpus: str | None = None) -> list
 
 def default_config() -> Int8Config:
     return INT8_PRESETS[PRESET]
-
-
-class Levels(NamedTuple):
-    """The coded design of a set of runs: one row per run, one column per knob."""
-
-    X: np.ndarray          # (runs, 7) of -1/+1
-    y: np.ndarray          # (runs,) the outcome
-    arms: list[str]
 
 
 def describe_knob(knob: str) -> str:

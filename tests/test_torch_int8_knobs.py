@@ -80,17 +80,9 @@ def test_the_faithful_torch_side_equals_the_c_side_and_names_nothing(bench):
 
 
 def test_xorshift_values_are_egg_cs_generator_over_many_seeds():
-    from torch_impl import int8_xorshift
-
-    def reference(seed: int, n: int) -> list[int]:
-        x, out = seed & 0xFFFFFFFF, []
-        for _ in range(n):
-            x ^= (x << 13) & 0xFFFFFFFF
-            x ^= x >> 17
-            x ^= (x << 5) & 0xFFFFFFFF
-            out.append((1 if x & 1 else -1) * ((x >> 1) & 31))
-        return out
     import torch
+    from tests.test_c_int8 import _xorshift_values as reference     # egg.c's generator, one value at a time
+    from torch_impl import int8_xorshift
     seeds = np.random.default_rng(3).integers(0, 2 ** 32, 40, dtype=np.uint64).tolist() + [1, 2 ** 32 - 1]
     got = int8_xorshift.values(torch.tensor(seeds, dtype=torch.int64), 70)
     assert [row.tolist() for row in got] == [reference(s, 70) for s in seeds]
