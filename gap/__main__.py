@@ -30,7 +30,7 @@ class StudyDefaults(NamedTuple):
     design: str                 # ladder | factorial | none
     seeds: int                  # per main arm: 42, 142, ...
     attribution_seeds: int      # per attribution-only arm
-    others: tuple[str, ...]     # further profiles compared with the reference
+    others: tuple[str, ...]     # further profiles (with +KNOB=VALUE departures) compared with the reference
     published: str              # where the committed study lives (--from seeds a folder with its runs)
     about: str
 
@@ -42,7 +42,11 @@ STUDIES = {
     # The published question at its own preset. A faithful run solves in 13-19 M env steps (CV about 10%): a
     # 30 M budget censors it almost never. 4 main arms x 10 seeds + 14 further factorial points x 6 seeds = 124
     # runs: a 10% main effect at about 80% power (residual log-scale sigma 0.19, measured at 3 seeds).
-    "paper": StudyDefaults("paper", 30_000_000, "factorial", 10, 6, ("functional-port",), "reports/gap-paper",
+    # The two TF32 arms (issue 24): the reference's math and the oop-port's with TF32 matmuls, what a published arm on
+    # an Ampere-or-newer GPU computed (JAX's default precision there); on a CPU the knob rounds the operands.
+    "paper": StudyDefaults("paper", 30_000_000, "factorial", 10, 6,
+                           ("functional-port", "jax+matmul_precision=high", "oop-port+matmul_precision=high"),
+                           "reports/gap-paper",
                            "the published CartPole benchmark's preset (pop 2048, rank 4, 3 x 256), 30 M-step "
                            "budget, a resolution-IV fraction over the oop-port's drifts"),
 }

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from spec.knobs import KNOB_NAMES, PROFILES, KnobError, Knobs, RunSettings, as_knobs, profile
+from spec.knobs import KNOB_NAMES, PROFILES, KnobError, Knobs, RunSettings, as_knobs, profile, resolve
 
 SIDES = ("jax", "torch", "port")
 JAX_ARM = "jax_reference"
@@ -102,17 +102,19 @@ def port_arm(source: str, port_name: str, reference: RunSettings | None = None) 
 
 
 def profile_arm(name: str, reference: RunSettings | None = None) -> Arm:
-    """`jax_reference` or `torch:<profile>` (with the configuration the profile carries); anything else is a
-    KnobError naming what exists."""
+    """`jax_reference`, `torch:<profile>` (with the configuration the profile carries) or `torch:<profile>+KNOB=VALUE
+    ...` (the profile with those departures, e.g. `torch:jax+matmul_precision=high`); anything else is a KnobError
+    naming what exists."""
     if name == JAX_ARM:
         return jax_arm(reference)
-    if name.startswith("torch:") and name[len("torch:"):] in PROFILES:
-        pname = name[len("torch:"):]
-        arm = torch_arm(profile(pname, reference), reference)
-        return arm if not PROFILES[pname].config else Arm(name, "torch", arm.knobs,
+    pname, *assignments = name[len("torch:"):].split("+") if name.startswith("torch:") else ("", )
+    if pname in PROFILES:
+        arm = torch_arm(resolve(pname, assignments, reference), reference)
+        return arm if not PROFILES[pname].config else Arm(arm.name, "torch", arm.knobs,
                                                           tuple(sorted(PROFILES[pname].config.items())))
     known = [JAX_ARM] + [f"torch:{p}" for p in PROFILES]
-    raise KnobError(f"unknown arm {name!r}; arms by profile: {', '.join(known)} (or a name the study plan lists)")
+    raise KnobError(f"unknown arm {name!r}; arms by profile: {', '.join(known)}, each optionally with +KNOB=VALUE "
+                    "departures (e.g. torch:jax+matmul_precision=high), or a name the study plan lists")
 
 
 def dedupe(arms) -> list[Arm]:

@@ -12,7 +12,6 @@ import time
 
 from gap import executors, int8_study, lm_study
 from reporting import cpu_name
-from spec.limits import check_out_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,18 +37,9 @@ def check_inputs(args) -> None:
     """Everything that can be refused before any work (ValueError with what would be right)."""
     if args.seeds < 2:
         raise ValueError(f"--seeds must be >= 2 (an effect needs a spread), got {args.seeds}")
-    if args.epochs is not None and args.epochs < 1:
-        raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.resamples < 100:
         raise ValueError(f"--resamples must be >= 100, got {args.resamples}")
-    if args.corpus is not None and (not os.path.isfile(args.corpus) or os.path.getsize(args.corpus) == 0):
-        raise ValueError(f"--corpus {args.corpus}: missing or empty; give a non-empty text file, or leave it out "
-                         f"for the shipped corpus")
-    if args.from_dir is not None and not os.path.isfile(os.path.join(args.from_dir, "runs.csv")):
-        raise ValueError(f"--from {args.from_dir}: no runs.csv there; give a study folder such as reports/gap-int8")
-    check_out_dir(args.out)
+    lm_study.check_run_inputs(args, "reports/gap-int8")
 
 
 def main(argv: list[str] | None = None, trainer=None) -> int:
@@ -63,20 +53,19 @@ def main(argv: list[str] | None = None, trainer=None) -> int:
     except ValueError as err:
         print(f"gap: {err}", file=sys.stderr)
         return 2
+    workers = args.workers or os.cpu_count() or 1
     if args.plan:
         for arm in int8_study.arms():
             print(f"{arm.name}: {args.seeds} seeds")
         print(f"{len(specs)} runs ({len(int8_study.arms())} design points x {args.seeds} seeds) at the "
               f"{int8_study.PRESET} preset, {cfg.epochs} epochs each, on the torch int8 port")
         per_run = int8_study.CPU_S_PER_EPOCH * cfg.epochs
-        workers = args.workers or os.cpu_count() or 1
         print(f"expected: about {len(specs) * per_run / workers / 60:.0f} min with {workers} worker(s) on idle cores "
               f"({per_run:.0f} s of one core per run)")
         return 0
     if trainer is None:
         from gap.runs import train_int8_spec
         trainer = train_int8_spec
-    workers = args.workers or os.cpu_count() or 1
     executor = executors.Local(workers)
     t0 = time.perf_counter()
     failed = lm_study.train_folder(specs, args.out, args.from_dir, trainer, executor, args.report_only)

@@ -13,7 +13,6 @@ import time
 from gap import executors, lm_report, lm_study
 from reporting import cpu_name
 from spec.lm import LM_PRESETS
-from spec.limits import check_out_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,18 +44,9 @@ def check_inputs(args) -> None:
     if args.seeds < 2 or args.knob_seeds < 2:
         raise ValueError(f"--seeds and --knob-seeds must be >= 2 (a comparison needs a spread), got "
                          f"{args.seeds} and {args.knob_seeds}")
-    if args.epochs is not None and args.epochs < 1:
-        raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if not args.target > 0:
         raise ValueError(f"--target must be a positive bits/byte value, got {args.target}")
-    if args.corpus is not None and (not os.path.isfile(args.corpus) or os.path.getsize(args.corpus) == 0):
-        raise ValueError(f"--corpus {args.corpus}: missing or empty; give a non-empty text file, or leave it out "
-                         f"for the shipped corpus")
-    if args.from_dir is not None and not os.path.isfile(os.path.join(args.from_dir, "runs.csv")):
-        raise ValueError(f"--from {args.from_dir}: no runs.csv there; give a study folder such as reports/gap-lm")
-    check_out_dir(args.out)
+    lm_study.check_run_inputs(args, "reports/gap-lm")
 
 
 def main(argv: list[str] | None = None, trainer=None) -> int:

@@ -241,6 +241,23 @@ def run_all(specs: list[LmRunSpec], folder: str, trainer: Callable, executor, lo
     return count - len(failed), failed
 
 
+def check_run_inputs(args, published: str) -> None:
+    """What the LM and int8 study commands refuse alike before any work (ValueError with what would be right): epochs,
+    workers, the corpus, a --from folder without runs.csv (`published`: the example to name), an unwritable --out."""
+    from spec.limits import check_out_dir
+
+    if args.epochs is not None and args.epochs < 1:
+        raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.corpus is not None and (not os.path.isfile(args.corpus) or os.path.getsize(args.corpus) == 0):
+        raise ValueError(f"--corpus {args.corpus}: missing or empty; give a non-empty text file, or leave it out "
+                         f"for the shipped corpus")
+    if args.from_dir is not None and not os.path.isfile(os.path.join(args.from_dir, "runs.csv")):
+        raise ValueError(f"--from {args.from_dir}: no runs.csv there; give a study folder such as {published}")
+    check_out_dir(args.out)
+
+
 def train_folder(specs: list, folder: str, from_dir: str | None, trainer: Callable, executor,
                  report_only: bool = False) -> list[str] | None:
     """A study command's run: seed `folder` from `from_dir` (a study folder whose finished runs are taken, nothing

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from gap import attribution as attr
-from gap import factorial, factorial_report, plots, published, results, stats
+from gap import factorial, factorial_report, plots, precision_report, published, results, stats
 from gap.runs import RunSpec
 from gap.store import RunStore
 from reporting import atomic_write, machine, markdown_table, versions
@@ -86,6 +86,7 @@ def main_comparisons(st: attr.Study, samples: dict[str, stats.Sample], n_resampl
                      published.TORCH_METHOD, stats.compare(pj, pt, n_resamples, seed))]
     pairs = [(st.reference.name, st.drifted.name), (st.reference.name, st.faithful.name),
              (st.faithful.name, st.drifted.name)] + [(st.reference.name, o.name) for o in st.others]
+    pairs += precision_report.pairs(st)
     for base, arm in dict.fromkeys(pairs):
         if base != arm and base in samples and arm in samples:
             rows.append(_cmp_row(f"{arm} vs {base}", "study", base, arm,
@@ -314,7 +315,15 @@ def write(out: str, store: RunStore, specs: list[RunSpec], st: attr.Study, info:
 
     paired = same_steps(runs, st.reference.name, st.faithful.name)
     verdict = verdict_lines(st, cmps, steps, published_cmp, paired, fit, runs)
-    text = _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed, runs, fit)
+    chance_rows = precision_report.chance_rows(st, samples, published_cmp.ratio, published_cmp.n_a, n_resamples, seed)
+    if chance_rows:
+        pd.DataFrame(chance_rows).to_csv(os.path.join(out, "chance.csv"), index=False)
+    if not nothing_solved(runs):
+        cpu_s = runs.groupby("arm")["cpu_s"].mean().to_dict() if "cpu_s" in runs else {}
+        verdict += precision_report.verdict_lines(st, cmps, samples, published_cmp, chance_rows, published_cmp.n_a,
+                                                  _gap_line, cpu_s)
+    text = _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed, runs, fit,
+                     precision_report.section(chance_rows))
     path = os.path.join(out, "summary.md")
     atomic_write(path, text)
     return path
@@ -432,8 +441,8 @@ METHOD_FILES = [
     "per worker), the cost of a run on an idle core.",
     "- `epochs.csv`: one row per epoch (run_id, arm, seed, epoch, env_steps, mean_return, max_return, sigma, lr, "
     "wall_s, grad_norms as JSON).",
-    "- `arms.csv`, `comparisons.csv`, `attribution.csv` (ladder studies) or `factorial.csv` (factorial studies): "
-    "the tables above, unrounded.",
+    "- `arms.csv`, `comparisons.csv`, `attribution.csv` (ladder studies) or `factorial.csv` (factorial studies), "
+    "`chance.csv` (studies with TF32 arms): the tables above, unrounded.",
 ]
 
 
@@ -445,12 +454,14 @@ def _method_section(n_resamples: int, seed: int) -> list[str]:
             + [line.format(n_resamples=n_resamples, seed=seed) for line in METHOD_FILES] + [""])
 
 
-def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed, runs=None, fit=None) -> str:
+def _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed, runs=None, fit=None,
+              chance_section=()) -> str:
     lines = _header(st, info, runs) + ["", "## Verdict", ""] + [f"- {x}" for x in verdict]
     if info.failed:
         lines += ["", "Failed runs (not in the statistics; rerun the command to retry them):", ""]
         lines += [f"- {f}" for f in info.failed]
     lines += _arms_section(arms_df) + _comparisons_section(info, cmp_rows) + _attribution_section(st, steps)
     lines += factorial_report.section(fit, st.design) if st.design is not None else []
+    lines += list(chance_section)
     lines += ["", "## Figures", ""] + [f"![{cap}]({name})" for name, cap in figures]
     return "\n".join(lines + _method_section(n_resamples, seed))

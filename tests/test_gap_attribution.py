@@ -71,6 +71,12 @@ def test_names_are_a_function_of_the_knobs():
     assert profile_arm("jax_reference") == jax_arm()
     with pytest.raises(KnobError, match="unknown arm"):
         profile_arm("torch:nope")
+    tf32 = profile_arm("torch:oop-port+matmul_precision=high")          # a profile with departures, named canonically
+    assert tf32.knobs == profile("oop-port").replace(matmul_precision="high")
+    assert tf32.name == "torch:oop-port+matmul_precision=high"
+    assert profile_arm("torch:functional-port+matmul_precision=high").config == (("layers", 2),)
+    with pytest.raises(KnobError, match="unknown knob 'bogus'"):
+        profile_arm("torch:jax+bogus=1")
     with pytest.raises(KnobError, match="unknown profile"):
         attr.ladder("nope")
     with pytest.raises(ValueError, match="share the name"):
