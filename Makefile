@@ -7,6 +7,7 @@ PY          := $(VENV)/bin/python
 CONSTRAINTS ?= constraints.txt
 STAMP       := $(VENV)/.installed
 RUNS        ?= runs
+VECTORS     ?= $(RUNS)/vectors
 ARGS        ?=
 
 PORTS_STAMP := $(VENV)/.ports-installed
@@ -14,11 +15,12 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup c-side test parity int8 gap gap-paper gap-lm gap-int8 bench ports ports-install clean
+.PHONY: help setup c-side test parity vectors int8 gap gap-paper gap-lm gap-int8 bench ports ports-install clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  options: ARGS=\"...\" (passed to the command), RUNS=dir (output root, default runs), CONSTRAINTS=file"
+	@echo "           VECTORS=dir (make vectors' output, default \$$(RUNS)/vectors; VECTORS=vectors refreshes the committed bundles)"
 
 setup: $(STAMP) c-side  ## create .venv, install the project (pins from constraints.txt), build the C side
 
@@ -31,7 +33,7 @@ c-side: $(STAMP)  ## build the int8 C side (c_int8) with the system C compiler, 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test]'
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[all,test]'
 	touch $(STAMP)
 
 test: setup  ## the pytest suite (unit tests, the suite's self-tests, the Ray executor test)
@@ -41,6 +43,11 @@ parity: setup  ## the parity suite on every task (CartPole MLP, byte-level LM, i
 	$(PY) -m parity check --out $(RUNS)/parity $(ARGS)
 	$(PY) -m parity check --task lm --out $(RUNS)/parity-lm
 	$(PY) -m parity int8 --out $(RUNS)/int8
+
+# The committed conformance vectors (vectors/) are refreshed with VECTORS=vectors.
+vectors: setup  ## record the JAX reference's conformance vectors (check --against needs no JAX) -> runs/vectors/{cartpole,lm}-quick
+	$(PY) -m parity record --task cartpole --size quick --out $(VECTORS)/cartpole-quick $(ARGS)
+	$(PY) -m parity record --task lm --size quick --out $(VECTORS)/lm-quick $(ARGS)
 
 int8: setup  ## integer EGGROLL three ways (JAX, torch, C), bit for bit -> runs/int8
 	$(PY) -m parity int8 --out $(RUNS)/int8 $(ARGS)
@@ -66,7 +73,7 @@ ports: $(PORTS_STAMP)  ## the EGGROLL ports on PyPI (pinned extra) through the s
 ports-install: $(PORTS_STAMP)  ## install the pinned ports extra only (then `make test` runs the adapter and survey tests too)
 
 $(PORTS_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test,ports]'
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[all,test,ports]'
 	$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' || \
 		$(PY) -m pip install --quiet --no-deps --ignore-requires-python $(PORTS_ALONE)
 	touch $(PORTS_STAMP)

@@ -2,7 +2,7 @@
 
     python -m parity check --port examples.instep_adapter:adapter
 
-Two patterns make such a port checkable (README "Ports that draw their noise inside step()"):
+Two patterns make such a port checkable (docs/ports.md "Ports that draw their noise inside step()"):
 - dense noise: the port materialises E = A B^T per member, so the adapter declares `dense_noise = True` and every
   noise dict it gives or takes holds E (m, out, in) for a weight;
 - the port's noise-drawing method, replaced on the instance: `es_tell` makes `perturbations()` return the noise

@@ -1,4 +1,4 @@
-"""The smallest complete adapter: a numpy EGGROLL with only the four required methods (the README's example).
+"""The smallest complete adapter: a numpy EGGROLL with only the four required methods (the example of docs/ports.md).
 
     python -m parity check --port examples.minimal_adapter:adapter
 """

@@ -55,9 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(parity/adapter.py) instead of torch_impl")
     p.add_argument("--out", default="runs/parity",
                    help="report folder (default runs/parity, which git ignores; the published one is reports/parity)")
-    p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
+    p.add_argument("--seed", type=seed_arg, default=None,
+                   help="run seed in [0, 2**32 - 1] (default 0, or the bundle's with --against)")
+    p.add_argument("--against", metavar="BUNDLE",
+                   help="check against a recorded bundle (e.g. vectors/cartpole-quick, written by `python -m parity "
+                        "record`) instead of the live JAX reference: no jax needed")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", dest="size", action="store_const", const="quick", help="the quick suite (default)")
+    size.add_argument("--quick", dest="size", action="store_const", const="quick",
+                      help="the quick suite (default, or the bundle's size with --against)")
     size.add_argument("--full", dest="size", action="store_const", const="full", help="paper-sized, longer")
     size.add_argument("--size", dest="size", choices=sorted(SIZES), help="a named size (selftest: tiny, for tests)")
     p.add_argument("--device", type=device_arg, default="cpu",
@@ -67,20 +72,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print the machine-readable result (result.json, always written beside summary.md) on "
                         "stdout, and the progress and verdict lines on stderr")
-    p.set_defaults(size="quick")
     return p
 
 
-def device_description(device: str) -> str:
-    """Where each side ran: the torch side's device, JAX's backend, the host CPU."""
-    import jax
+def reference_note(bundle) -> dict[str, str]:
+    """The report's line on the reference side: a recorded bundle (which, its hash, versions, device) or none."""
+    if bundle is None:
+        return {}
+    from parity.report import REFERENCE_SIDE
+    from parity.vectors import describe
 
+    return {REFERENCE_SIDE: describe(bundle)}
+
+
+def device_description(device: str, bundle=None) -> str:
+    """Where each side ran: the torch side's device, JAX's backend (or the bundle's recording), the host CPU."""
     torch_dev = device
     if device.startswith("cuda"):
         import torch
 
         if torch.cuda.is_available():
             torch_dev = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    if bundle is not None:
+        return (f"torch side on {torch_dev}; reference side replayed from {bundle.folder} (recorded: "
+                f"{bundle.manifest.get('device')}); host CPU {cpu_name()}")
+    import jax
+
     return f"torch side on {torch_dev}; JAX reference on {jax.default_backend()}; host CPU {cpu_name()}"
 
 
@@ -106,6 +123,11 @@ def _int8(argv: list[str]) -> int:
     return int8_cli.main(argv)
 
 
+def _record(argv: list[str]) -> int:
+    from parity import vectors
+    return vectors.record_main(argv)
+
+
 def _lm(argv: list[str]) -> int:
     from parity import tree_cli
     return tree_cli.main(argv)
@@ -117,7 +139,7 @@ def _unknown_task(task: str) -> int:
     return EXIT_USAGE
 
 
-SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"int8": _int8, **{name: _moved(name) for name in MOVED}}
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"int8": _int8, "record": _record, **{name: _moved(name) for name in MOVED}}
 TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm}
 
 
@@ -134,39 +156,44 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         return TASKS[task](argv) if task in TASKS else _unknown_task(task)
     started = time.perf_counter()
     try:
-        args, sizes, (port, configuration, label, session), checks = parse(argv)
+        args, sizes, (port, configuration, label, session, recipe), checks = parse(argv)
     except (UsageError, ValueError) as err:     # ValueError: KnobError, Config and --out errors
         print(f"parity check: {err}", file=sys.stderr)
         return EXIT_USAGE
 
+    from parity.repro import Collector, with_repros
     from parity.report import RunInfo, overall, write_report
     from parity.suite import run_suite
 
     text_out = sys.stderr if args.json else stream     # --json: stdout holds the JSON alone
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=text_out, flush=True))
-    log(f"parity check: {label} vs jax_reference, sizes {sizes.name}, seed {args.seed}")
+    log(f"parity check: {label} vs {'the bundle ' + args.against if args.bundle else 'jax_reference'}, "
+        f"sizes {sizes.name}, seed {args.seed}")
+    collector = Collector()
     try:
         with session:
-            results = run_suite(port, sizes, args.seed, checks=checks, log=log)
+            results = run_suite(port, sizes, args.seed, checks=checks, log=log, against=args.bundle, repro=collector)
     except Exception:   # a crash of the suite itself must not read as a mismatch (exit 1)
         traceback.print_exc()
         print(f"parity check: internal error in the suite (exit {EXIT_INTERNAL}); no verdict, no report written. "
               "Please report it with the traceback above.", file=sys.stderr)
         return EXIT_INTERNAL
+    command = "python -m parity check " + " ".join(shlex.quote(a) for a in argv)
+    results = with_repros(Path(args.out), results, collector.evidence, recipe, command)
     info = RunInfo(
-        command="python -m parity check " + " ".join(shlex.quote(a) for a in argv),
+        command=command,
         port=label, configuration=configuration,
         sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
               f"MLP {sizes.cfg.sizes}{declared_note(args, sizes)}, noise statistics over {sizes.noise_pop} members, trajectory "
-              f"{sizes.traj_epochs} epochs",
-        seed=args.seed, versions=versions(SUITE_PACKAGES), device=device_description(args.device),
+              f"{sizes.traj_epochs} epochs, sigma schedule up to {sizes.sigma_epochs} epochs",
+        seed=args.seed, versions=versions(SUITE_PACKAGES), device=device_description(args.device, args.bundle),
         started=datetime.datetime.now().isoformat(timespec="seconds"),
-        seconds=time.perf_counter() - started)
+        seconds=time.perf_counter() - started, extra=reference_note(args.bundle))
     verdict = overall(results)
     code = {"pass": EXIT_PASS, "fail": EXIT_MISMATCH}.get(verdict, EXIT_USAGE)
     written = write_report(Path(args.out), results, info, code)
     log("")
-    for line in terminal_lines(results):
+    for line in terminal_lines(results) + repro_lines(results):
         log(line)
     summary = next(p for p in written if p.name == "summary.md")
     final = f"{verdict.upper()}: report in {summary} ({time.perf_counter() - started:.0f} s)"
@@ -178,9 +205,18 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
 
 
 def parse(argv: list[str]):
-    """(args, sizes, (port, configuration, label, session), checks) or UsageError / ValueError: all before any work."""
+    """(args, sizes, (port, configuration, label, session, repro recipe), checks) or UsageError / ValueError: all
+    before any work."""
     args = build_parser().parse_args(argv)
     check_out_dir(args.out)
+    args.bundle = None
+    if args.against:
+        from parity.vectors import open_bundle
+
+        args.bundle = open_bundle(args.against, args.size, args.seed)
+        args.size, args.seed = args.bundle.manifest["size"], args.bundle.manifest["seed"]
+    args.size = args.size or "quick"
+    args.seed = 0 if args.seed is None else args.seed
     sizes = suite_sizes(args)
     made = _make_port(args, sizes)
     sizes = at_port_rank(sizes, made[0])        # a port of fixed rank (its `rank` attribute) is compared at it
@@ -200,6 +236,11 @@ def terminal_lines(results) -> list[str]:
         what = r.observed if r.verdict in ("skip", "error") else f"{r.observed} (allowed {r.allowed})"
         lines.append(f"  {r.name:<{width}}  {r.verdict:<5}  {what}{cause}")
     return lines
+
+
+def repro_lines(results) -> list[str]:
+    """One line per failed check with a repro folder: the command that reproduces it alone."""
+    return [f"  repro of {r.name} (numpy and the port only): python {r.repro}/repro.py" for r in results if r.repro]
 
 
 def print_notes(results, stream, tracebacks: bool = True) -> None:
@@ -233,7 +274,10 @@ def suite_sizes(args) -> Sizes:
 
 
 def _make_port(args, sizes: Sizes):
-    """(adapter, configuration text, label, the context to run the suite in) from --port or --profile/--torch."""
+    """(adapter, configuration text, label, the context to run the suite in, how a repro builds it) from --port or
+    --profile/--torch."""
+    from parity.repro import port_recipe, torch_recipe
+
     if args.port:
         if args.torch or args.profile != "jax":
             raise UsageError("--profile and --torch configure the torch side; they do not apply with --port")
@@ -241,7 +285,8 @@ def _make_port(args, sizes: Sizes):
 
         cfg = sizes.cfg
         port = load_port(args.port, cfg)
-        return port, f"foreign port {args.port}", str(getattr(port, "name", args.port)), contextlib.nullcontext()
+        return (port, f"foreign port {args.port}", str(getattr(port, "name", args.port)), contextlib.nullcontext(),
+                port_recipe(args.port, cfg))
     from spec.knobs import drifts, resolve
 
     knobs = resolve(args.profile, args.torch)
@@ -257,7 +302,7 @@ def _make_port(args, sizes: Sizes):
 
     port = TorchPort(sizes.cfg, knobs, args.device)
     # The suite's tensors are small: one torch thread avoids oversubscription on shared CPUs.
-    return port, text, port.name, one_thread()
+    return port, text, port.name, one_thread(), torch_recipe(args.profile, args.torch, args.device, sizes.cfg)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ for both.
 
 A port that draws its noise inside its own step (no separate ask): replace its noise-drawing method on the
 instance with one that returns the given noise for `es_tell`, and call that method for `noise`/`es_ask`
-with its generator state saved and restored (README "Ports that draw their noise inside step()",
+with its generator state saved and restored (docs/ports.md "Ports that draw their noise inside step()",
 examples/instep_adapter.py).
 
 Required methods
@@ -82,7 +82,7 @@ Attributes
                                     rank. Anything but a positive int stops the run before any check (exit 2).
     layers, hidden: int (optional)  a network of another depth or width than the suite's size (layers counts
                                     Linear layers: sizes [4] + [hidden] * (layers - 1) + [2]); both sides then run
-                                    at it, as `rank`. A port without biases needs no attribute: see README.
+                                    at it, as `rank`. A port without biases needs no attribute: see docs/ports.md.
 
 Loading: `--port package.module:attr`. attr is an adapter object, or a class/factory called with the
 run's `spec.config.Config` (pop, rank, sigma, lr, hidden, layers, group_size) that returns one.
@@ -159,13 +159,23 @@ def load_port(spec: str, cfg: Any) -> Any:
         raise UsageError(f"--port {spec}: importing module {module_name!r} raised {type(err).__name__}: {err}") from err
     if not hasattr(module, attr):
         raise UsageError(f"--port {spec}: module {module_name!r} has no attribute {attr!r}")
-    obj = getattr(module, attr)
+    return check_adapter(built_adapter(getattr(module, attr), cfg, spec, attr), spec)
+
+
+def built_adapter(obj: Any, cfg: Any, spec: str, attr: str = "adapter") -> Any:
+    """`obj`, or `obj(cfg)` when it is a class or factory (a callable without `noise`); UsageError if that raises."""
     if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "noise")):
         try:
-            obj = obj(cfg)
+            return obj(cfg)
         except Exception as err:   # the port's own constructor failed
             raise UsageError(f"--port {spec}: calling {attr}(cfg) to build the adapter raised "
                              f"{type(err).__name__}: {err}") from err
+    return obj
+
+
+def check_adapter(obj: Any, spec: str) -> Any:
+    """`obj` when it has the required methods and sound declarations (rank, layers, dense_noise), else UsageError
+    naming what is missing and the signatures expected: before any check runs."""
     missing = [m for m in REQUIRED if not callable(getattr(obj, m, None))]
     if missing:
         lines = "\n".join(f"  {SIGNATURES[m]}" for m in missing)
@@ -373,6 +383,8 @@ class CheckedPort:
         self.jax_compatible_rng = bool(getattr(port, "jax_compatible_rng", False))
         self.dense = bool(getattr(port, "dense_noise", False))
         self._converted: list[tuple[dict, dict]] = []     # the last few (given, as the port receives it)
+        self.tape = None          # a parity.repro.Tape: told of each call (inputs as the port got them, output)
+        self._pending = None
 
     def received(self, noise: Noise | None, part: str = "update") -> Noise | None:
         """What the port's method gets for `noise`: its forward or update part, as E for a dense port (the same
@@ -398,37 +410,46 @@ class CheckedPort:
         return getattr(self.port, method)(*args)
 
     def _call(self, method: str, *args, **kwargs):
+        if self.tape is not None and self.tape.wants(method):
+            self._pending = self.tape.before(method, args, kwargs)
         return call_port(self.port, method, SIGNATURES, *args, **kwargs)
+
+    def _taped(self, output):
+        """`output` (validated, what the check gets), first handed to the tape with the call that produced it."""
+        if self._pending is not None:
+            self.tape.after(self._pending, output)
+            self._pending = None
+        return output
 
     # ---- required
     def noise(self, shapes: Shapes, seed: int, epoch: int, members: np.ndarray, pop: int, sigma: float,
               rank: int) -> Noise:
         members = np.asarray(members, dtype=np.int64)
         value = self._call("noise", dict(shapes), int(seed), int(epoch), members, int(pop), float(sigma), int(rank))
-        return check_noise("noise", value, shapes, members.size, rank, self.dense)
+        return self._taped(check_noise("noise", value, shapes, members.size, rank, self.dense))
 
     def perturbed_linear(self, W, A, B, x) -> np.ndarray:
         """The port's product on factors A, B (a dense port gets E = fl32(A B^T) in their place)."""
         m, batch = x.shape[0], x.shape[1]
         value = (self._call("perturbed_linear", W, dense_of(A, B), x) if self.dense
                  else self._call("perturbed_linear", W, A, B, x))
-        return _array("perturbed_linear", "the result", value, (m, batch, W.shape[0]))
+        return self._taped(_array("perturbed_linear", "the result", value, (m, batch, W.shape[0])))
 
     def shape_fitness(self, f: np.ndarray, group_size: int = 0) -> np.ndarray:
         value = self._call("shape_fitness", np.asarray(f, dtype=np.float32), int(group_size))
-        return _array("shape_fitness", "the shaped fitness", value, f.shape)
+        return self._taped(_array("shape_fitness", "the shaped fitness", value, f.shape))
 
     def gradient(self, noise: Noise, shaped: np.ndarray, sigma: float, shapes: Shapes) -> dict[str, np.ndarray]:
         value = self._call("gradient", self.received(noise), np.asarray(shaped, dtype=np.float32), float(sigma))
-        return _params("gradient", value, shapes)
+        return self._taped(_params("gradient", value, shapes))
 
     # ---- optional
     def forward(self, params: dict, noise: Noise | None, x: np.ndarray, n_out: int) -> np.ndarray:
         value = self._call("forward", params, self.received(noise, "forward"), x)
-        return _array("forward", "the logits", value, (x.shape[0], n_out))
+        return self._taped(_array("forward", "the logits", value, (x.shape[0], n_out)))
 
     def init_params(self, shapes: Shapes, seed: int) -> dict[str, np.ndarray]:
-        return _params("init_params", self._call("init_params", dict(shapes), int(seed)), shapes)
+        return self._taped(_params("init_params", self._call("init_params", dict(shapes), int(seed)), shapes))
 
     def optimizer_init(self, params: dict):
         return self._call("optimizer_init", params)
@@ -466,4 +487,4 @@ class CheckedPort:
                                                             np.asarray(u, np.float32)), (len(u),), np.int64)
         if not np.all((value == 0) | (value == 1)):
             raise PortError("actions", f"the actions hold {sorted(set(value.tolist()) - {0, 1})[:5]}; expected 0 or 1")
-        return value
+        return self._taped(value)

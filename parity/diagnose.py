@@ -292,11 +292,25 @@ def lr_schedule_cause(ratios: dict[int, float], ref_decay: float) -> Cause:
     return cause("lr_decay", f"the port's update size relative to the reference's is {shown}{guess}")
 
 
-def sigma_schedule_cause(epoch: int, ratio: float, ref_decay: float) -> Cause:
-    d = ref_decay * ratio ** (1.0 / epoch) if epoch > 0 and ratio > 0 else None
+def sigma_schedule_cause(epoch: int, ratio: float, ref_decay: float, since: int = 0) -> Cause:
+    """The port's noise at `epoch` is `ratio` x the reference's, relative to epoch `since` (the same draws)."""
+    lag = epoch - since
+    d = ref_decay * ratio ** (1.0 / lag) if lag > 0 and ratio > 0 else None
     guess = f"; a per-epoch factor of {d:.6g} (sigma_decay={d:.4g}) fits, the reference uses {ref_decay:g}" if d else ""
-    return cause("sigma_decay", f"at epoch {epoch} the port's noise is {ratio:.6f}x the reference's "
+    where = f"at epoch {epoch}" if since == 0 else f"from epoch {since} to {epoch}"
+    return cause("sigma_decay", f"{where} the port's noise is {ratio:.6f}x the reference's "
                                 f"(same draws, different sigma){guess}")
+
+
+def sigma_trend_cause(epochs: int, slope: float, stderr: float, ref_decay: float) -> Cause:
+    """Fresh draws: the log mean square of the port's noise over the reference's sigma_e^2 has `slope` per epoch
+    (standard error `stderr`) over `epochs` epochs; the port's decay is the reference's times exp(slope / 2)."""
+    ratio = math.exp(slope / 2)
+    d, d_err = ref_decay * ratio, ref_decay * ratio * stderr / 2
+    return cause("sigma_decay", f"over {epochs} epochs of fresh draws (es_ask/es_tell on synthetic fitness) the "
+                                f"port's noise scale changes by {ratio:.6f}x per epoch relative to the reference's; "
+                                f"a per-epoch factor of {d:.6g} +- {d_err:.2g} (sigma_decay={d:.4g}) fits, the "
+                                f"reference uses {ref_decay:g}")
 
 
 # ----------------------------------------------------------------------------- init

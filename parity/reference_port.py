@@ -49,6 +49,15 @@ def enable_compile_cache() -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def backend_info() -> dict[str, str]:
+    """Where the reference runs, for a bundle's manifest: JAX's backend and the host CPU, and matmul precision."""
+    from reporting import cpu_name
+
+    precision = jax.config.jax_default_matmul_precision
+    return {"device": f"JAX reference on {jax.default_backend()}; host CPU {cpu_name()}",
+            "matmul_precision": str(precision) if precision else "default (float32 on the CPU backend)"}
+
+
 def _round32(x: float) -> float:
     return float(np.float32(x))
 

@@ -20,6 +20,7 @@ SUMMARY = "summary.md"
 ALL_ROWS = "parity.csv"
 RESULT = "result.json"
 MANIFEST = ".parity-files"
+REFERENCE_SIDE = "reference side"      # RunInfo.extra's key when the reference was replayed from a bundle
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,10 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
                            [(r.name, r.verdict, r.observed, r.allowed, likely_causes(r) or "-") for r in results])
     knobs = list(dict.fromkeys(k for r in results for k in r.knobs))
     alpha = sum(r.alpha for r in results)
-    lines = [f"# Parity check: {headline}", "", table, ""]
+    lines = [f"# Parity check: {headline}", ""]
+    if REFERENCE_SIDE in info.extra:
+        lines += [f"Reference side: {info.extra[REFERENCE_SIDE]}.", ""]
+    lines += [table, ""]
     if knobs:
         lines += [f"Likely causes (knobs of DESIGN.md's knob table): {', '.join(f'`{k}`' for k in knobs)}.", ""]
     warnings = [f"- {r.name}: {w}" for r in results for w in r.warnings]
@@ -99,6 +103,12 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
         lines += [f"## {r.name}: {r.verdict}", "", r.section, ""]
         if r.causes:
             lines += ["Likely cause: " + likely_causes(r), ""]
+        if r.repro:
+            lines += [f"Repro: `{r.repro}/` holds the port call that shows this failure, alone: run `python "
+                      f"{r.repro}/repro.py` (numpy and the port only; exit 1 while it still fails; the inputs in "
+                      "inputs.npz, the commands in command.txt).", ""]
+        elif r.repro_note:
+            lines += [f"No repro: {r.repro_note}.", ""]
         if r.rows:
             lines += [rows_table(r.rows), ""]
         lines += [f"({r.seconds:.1f} s)", ""]
@@ -111,10 +121,12 @@ def result_json(results: Sequence[CheckResult], info: RunInfo, exit_code: int) -
         "verdict": overall(results), "exit_code": exit_code,
         "knobs": list(dict.fromkeys(k for r in results for k in r.knobs)),
         "checks": [{"name": r.name, "verdict": r.verdict, "observed": r.observed, "allowed": r.allowed,
-                    "causes": [{"knob": c.knob, "text": c.text} for c in r.causes], "seconds": round(r.seconds, 3)}
+                    "causes": [{"knob": c.knob, "text": c.text} for c in r.causes], "seconds": round(r.seconds, 3),
+                    "repro": r.repro or None}
                    for r in results],
         "command": info.command, "port": info.port, "configuration": info.configuration, "sizes": info.sizes,
         "seed": info.seed, "versions": info.versions, "device": info.device, "started": info.started,
+        "reference": info.extra.get(REFERENCE_SIDE, "jax_reference, live"),
         "seconds": round(info.seconds, 3),
     }, indent=2) + "\n"
 

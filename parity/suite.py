@@ -13,12 +13,14 @@ import importlib
 import textwrap
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from parity.adapter import CheckedPort, PortError, declared_config, port_trace
-from parity.verdict import ERROR, CheckResult, Recorder, summarize, with_status_row
+from parity.tape import Bundle, NotRecorded
+from parity.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_status_row
 from spec.config import PRESETS, Config
 from spec.knobs import RunSettings
 from spec.layout import param_shapes as layout_shapes
@@ -26,7 +28,8 @@ from spec.layout import param_shapes as layout_shapes
 CHECKS = ("fitness", "products", "actions", "noise", "gradients", "updates", "init", "trajectory")
 # The suite's own random inputs, one numpy stream per purpose (the numbers are fixed: they seed the CSVs' inputs).
 RNG_PURPOSES = {"fitness vectors": 11, "non-finite fitness": 12, "linear products": 20, "forward inputs": 21,
-                "shared-noise fitness": 41, "synthetic targets": 42, "update fitness": 51, "actions": 61}
+                "shared-noise fitness": 41, "synthetic targets": 42, "update fitness": 51, "actions": 61,
+                "sigma schedule fitness": 71}
 
 
 @dataclass(frozen=True)
@@ -50,16 +53,19 @@ class Sizes:
     init_seeds: int = 3
     traj_epochs: int = 3
     traj_max_steps: int = 500
+    sigma_epochs: int = 32           # es_ask/es_tell epochs of the sigma schedule reading: the least that resolve a
+                                     # 0.999 decay (parity.sigma_schedule.epochs_needed at this size's effective n and alpha)
 
 
 QUICK = Sizes("quick", Config())
 FULL = Sizes("full", PRESETS["paper"][0], noise_pop=2048, extra_linear=((256, 4), (256, 256), (2, 256)),
              fitness_sizes=(2, 8, 256, 2048, 8192), grad_pops=(256, 2048), synthetic_pops=(16, 64, 256, 1024),
-             synthetic_repeats=8, update_epochs=8, init_seeds=4, traj_epochs=8)
+             synthetic_repeats=8, update_epochs=8, init_seeds=4, traj_epochs=8, sigma_epochs=14)
 SELFTEST = Sizes("selftest", Config(pop=32, hidden=8), noise_pop=128, probe_pop=8,
                  probe_epochs=(0, 1, 2, 3, 4, 5, 7, 8, 16, 100, 1000, 1_000_000), product_members=4,
                  extra_linear=((16, 4),), fitness_sizes=(2, 8, 64), grad_pops=(32,), synthetic_pops=(32,),
-                 synthetic_repeats=3, update_epochs=3, init_seeds=2, traj_epochs=2, traj_max_steps=200)
+                 synthetic_repeats=3, update_epochs=3, init_seeds=2, traj_epochs=2, traj_max_steps=200,
+                 sigma_epochs=113)
 SIZES = {s.name: s for s in (QUICK, FULL, SELFTEST)}
 
 
@@ -87,6 +93,28 @@ class Context:
     seed: int
     results: dict[str, CheckResult] = field(default_factory=dict)
     log: Callable[[str], None] = lambda line: None
+    repro: Any = None                # parity.repro.Collector when the run writes repros of its failures
+
+    def witness(self, label: str, produced: Any, port: Any, reference: Any, allowed: Any, why: str,
+                path: tuple = ()) -> None:
+        """Tell the repro collector (if any) of an element-wise comparison |port - reference| <= allowed, `port`
+        found at `path` in `produced`, the output of a port call (parity.repro.Collector.witness)."""
+        if self.repro is not None:
+            self.repro.witness(label, produced, port, reference, allowed, why, path)
+
+    def replay(self, label: str, steps: Any, result: str, port: Any, reference: Any, allowed: Any, why: str,
+               paths: Any = None) -> None:
+        """Tell the repro collector (if any) of a comparison seen after a sequence of port calls (`steps`, a list of
+        parity.repro.Step, whose output named `result` gave `port`), per key within `allowed` of `reference`."""
+        if self.repro is not None:
+            self.repro.replay(label, steps, result, port, reference, allowed, why, paths)
+
+    def statistic(self, label: str, produced: Any, path: tuple, rows: Any, divisor: float, statistic: str,
+                  value: float, interval: tuple, alpha: float, why: str, array: Any) -> None:
+        """Tell the repro collector (if any) of a statistical test that failed on the values rows / divisor of the
+        array at `path` in `produced`, a port call's output (parity.repro.Collector.statistic)."""
+        if self.repro is not None:
+            self.repro.statistic(label, produced, path, rows, divisor, statistic, value, interval, alpha, why, array)
 
     @property
     def cfg(self) -> Config:
@@ -120,14 +148,23 @@ def protocol_error(name: str, err: PortError, port) -> CheckResult:
     return dataclasses.replace(result, trace=trace)
 
 
+def not_recorded(name: str, err: NotRecorded) -> CheckResult:
+    """The `skip` result of a check that needs a reference call the bundle does not hold (check --against)."""
+    reason = f"the reference's {err.method} is not in the bundle: {err.why}"
+    return summarize(name, Recorder(name), f"Skipped: {reason}", verdict=SKIP, observed=f"skipped: {reason}")
+
+
 def run_check(name: str, ctx: Context) -> CheckResult:
     """Run one check; a PortError becomes an `error` verdict that names the method, what was expected and where."""
     module = importlib.import_module(f"parity.checks.{name}")
     start = time.perf_counter()
     try:
         result = module.run(ctx)
+    except NotRecorded as err:
+        result = not_recorded(name, err)
     except PortError as err:
-        result = protocol_error(name, err, ctx.port.port)
+        missing = err.original if isinstance(err.original, NotRecorded) else None
+        result = not_recorded(name, missing) if missing is not None else protocol_error(name, err, ctx.port.port)
     return with_status_row(dataclasses.replace(result, seconds=time.perf_counter() - start))
 
 
@@ -142,21 +179,43 @@ def log_result(log: Callable[[str], None], result: CheckResult) -> None:
         log(textwrap.indent(result.trace, "    "))
 
 
-def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings | None = None,
-              checks: tuple[str, ...] = CHECKS, log: Callable[[str], None] = lambda line: None) -> list[CheckResult]:
-    """Run the checks against `port` (an adapter object); returns their results in order."""
-    from parity.reference_port import ReferencePort, enable_compile_cache
+def reference_side(sizes: Sizes, seed: int, reference_run: RunSettings | None, against: Bundle | Path | str | None):
+    """The reference the checks talk to: parity.reference_port.ReferencePort (JAX, imported only here), or with
+    `against` (a bundle or its folder) parity.vectors.ReferenceReplay, which imports no JAX."""
+    if against is None:
+        from parity.reference_port import ReferencePort, enable_compile_cache
 
-    enable_compile_cache()
+        enable_compile_cache()
+        return ReferencePort(sizes.cfg, reference_run or RunSettings())
+    from parity import vectors
+
+    bundle = against if isinstance(against, Bundle) else vectors.open_bundle(against, sizes.name, int(seed))
+    return vectors.ReferenceReplay(bundle, sizes.cfg, reference_run or RunSettings(**bundle.manifest["run"]))
+
+
+def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings | None = None,
+              checks: tuple[str, ...] = CHECKS, log: Callable[[str], None] = lambda line: None,
+              against: Bundle | Path | str | None = None, reference: Any = None,
+              repro: Any = None) -> list[CheckResult]:
+    """Run the checks against `port` (an adapter object); returns their results in order.
+
+    against: a recorded bundle (parity.vectors) answers for the reference, so no JAX is needed; reference: a
+    ready reference object (parity.vectors.record passes a recording one) in place of both; repro: a
+    parity.repro.Collector, given each check's failing port call (written beside the report by the caller)."""
     sizes = at_port_rank(sizes, port)
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
         raise ValueError(f"unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
-    reference = ReferencePort(sizes.cfg, reference_run or RunSettings())
-    ctx = Context(CheckedPort(port), CheckedPort(reference), reference, sizes, int(seed), log=log)
+    if reference is None:
+        reference = reference_side(sizes, seed, reference_run, against)
+    ctx = Context(CheckedPort(port), CheckedPort(reference), reference, sizes, int(seed), log=log, repro=repro)
+    if repro is not None:
+        ctx.port.tape = repro.tape
     results = []
     for name in checks:
         log(f"[{name}] running ...")
+        if repro is not None:
+            repro.start(name)
         result = run_check(name, ctx)
         ctx.results[name] = result
         results.append(result)

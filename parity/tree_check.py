@@ -39,7 +39,8 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
   log and the sigmoid differ by a few ulps between XLA and torch), and the score sums T terms; measured agreement is
   within 11 ulps at every size here, and any drift of the noise or the math moves entries by sigma-sized amounts,
   orders above the bound. The first intermediate beyond it, in the forward's order (spec.lm.intermediate_names),
-  names the block and leaf where the sides part.
+  names the block and leaf where the sides part; after noise that already differs (draw by draw), a forward that
+  departs with noise on only restates the noise check's cause (forward_after_noise).
 """
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ EPOCHS = (0, 1)
 PRODUCT_MEMBERS, PRODUCT_BATCH = 3, 5
 EXTRA_PRODUCT_SHAPES = ((5, 7), (33, 17), (12, 12))   # beside the LM's own slices: wide, tall and square
 TRAJECTORY_EPOCHS = 2
+# The checks in the order run() runs them (_plan): what the pytest plugin parametrizes its items over.
+CHECKS = ("init", "noise", "products", "fitness", "gradients", "updates", "forward", "trajectory")
 
 
 class Row(NamedTuple):
@@ -71,6 +74,10 @@ class Row(NamedTuple):
     cause: str = ""
 
 
+def no_witness(*args, **kwargs) -> None:
+    """The default witness: no repro collected (parity.repro.Collector.witness when the CLI writes repros)."""
+
+
 def cause(knob: str, detail: str) -> str:
     return f"{TREE_DESCRIPTIONS[knob]} differs (knob `{knob}`): {detail}"
 
@@ -80,10 +87,12 @@ def ref_perturbs(cfg: LMConfig, leaf) -> bool:
 
 
 # ----------------------------------------------------------------------------- checks
-def check_init(R, side, cfg, seed) -> list[Row]:
+def check_init(R, side, cfg, seed, witness=no_witness) -> list[Row]:
     ref, port = R.init(cfg, seed), side.init(seed)
     rows = []
     for path in lm_tree(cfg).paths:
+        witness(f"seed {seed} {path}", port, port[path], ref[path], 0.0, "exact: the same keys and float32 scaling",
+                (path,))
         diff = float(np.max(np.abs(ref[path] - port[path])))
         rows.append(Row("init", f"{path}: max |port - ref|", diff, "== 0 (same keys, same float32 scaling)",
                         "pass" if diff == 0 else "fail", "" if diff == 0 else "init differs"))
@@ -153,13 +162,14 @@ def shaping_pair_bound(f: np.ndarray, g: int) -> np.ndarray:
                 math.sqrt(f.astype(np.float64).var() + 1e-5))
 
 
-def check_fitness(R, side, cfg, rng) -> list[Row]:
+def check_fitness(R, side, cfg, rng, witness=no_witness) -> list[Row]:
     rows = []
     g = cfg.group_size
     for trial in range(3):
         f = (rng.standard_normal(cfg.pop) * 2.0 + rng.standard_normal(cfg.pop // g).repeat(g) * 3.0).astype(np.float32)
         ref, port = R.shape(cfg, f), side.shape(f)
         bound = shaping_pair_bound(f, g)
+        witness(f"trial {trial}, groups of {g}", port, port, ref, bound, "both sides' float32 shaping bounds")
         ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / bound))
         ok = ratio <= 1
         why = ""
@@ -172,7 +182,7 @@ def check_fitness(R, side, cfg, rng) -> list[Row]:
     return rows
 
 
-def check_gradients(R, side, cfg, seed, rng, parted: set[str]) -> list[Row]:
+def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witness) -> list[Row]:
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     ref, port = R.grads(cfg, seed, 0, shaped), side.grads(seed, 0, shaped)
     rows = []
@@ -183,6 +193,8 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str]) -> list[Row]:
             continue
         diff = np.abs(port[leaf.path].astype(np.float64) - ref[leaf.path])
         if not ref_perturbs(cfg, leaf):
+            witness(f"{leaf.path} ({leaf.cls})", port, port[leaf.path], np.zeros(leaf.shape), 0.0,
+                    "exact: the reference never updates this leaf", (leaf.path,))
             ok = not np.any(port[leaf.path])
             rows.append(Row("gradients", q, float(diff.max()), "== 0 (no update)", "pass" if ok else "fail",
                             "" if ok else f"{leaf.path} gets an update the reference never gives it"))
@@ -192,6 +204,8 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str]) -> list[Row]:
             bound = 2 * gamma(cfg.pop + 2) * np.mean(w * np.abs(R.dense_noise(cfg, seed, 0, leaf)), 0)
         else:                       # einsum over N members and r columns, then / N: gamma_{N r + 3} per side
             bound = 2 * gamma(cfg.pop * cfg.rank + 3) * np.mean(w * R.factors_abs_product(cfg, seed, 0, leaf), 0)
+        witness(f"{leaf.path} ({leaf.cls})", port, port[leaf.path], ref[leaf.path], bound,
+                "both sides' float32 einsum/mean bounds", (leaf.path,))
         ratio = float(np.max(diff / np.maximum(bound, 1e-30)))
         ok = ratio <= 1
         rows.append(Row("gradients", f"{leaf.path} ({leaf.cls}): max |port - ref| / bound", ratio,
@@ -248,7 +262,7 @@ def _product_cases(cfg: LMConfig) -> list[tuple[str, tuple[int, int]]]:
     return cases + [(form, s) for form in ("mm", "tmm") for s in EXTRA_PRODUCT_SHAPES if (form, s) not in cases]
 
 
-def check_products(R, side, cfg, rng) -> list[Row]:
+def check_products(R, side, cfg, rng, witness=no_witness) -> list[Row]:
     """mm and tmm on fresh W, factors and inputs, against the float64 value of the reference's expression, within
     one side's float32 bound (linear_bound: gamma_{in + r + 1} of the expression in absolute values); the
     reference's own jitted product is held to the same bound, so the bound is shown to be met by the reference."""
@@ -262,7 +276,10 @@ def check_products(R, side, cfg, rng) -> list[Row]:
         # tmm x @ W + (x @ A) @ B^T is linear_exact's x @ V^T + (x @ B') @ A'^T with V = W^T, A' = B, B' = A
         args = (W, A, B, x) if form == "mm" else (W.T, B, A, x)
         exact, bound = linear_exact(*args), np.maximum(linear_bound(*args), 1e-30)
-        port = side.products(W, A, B, x, form).astype(np.float64)
+        given = side.products(W, A, B, x, form)
+        witness(f"{form} {a}x{b}", given, given, exact, bound,
+                "one side's float32 bound of the expression, against its float64 value (linear_bound)")
+        port = given.astype(np.float64)
         ref_ratio = float(np.max(np.abs(R.product(W, A, B, x, form) - exact) / bound))
         ratio = float(np.max(np.abs(port - exact) / bound))
         ok = ratio <= 1 and ref_ratio <= 1
@@ -423,27 +440,42 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
 
 
 # ----------------------------------------------------------------------------- the run
-def _plan(R, side, cfg, seed, rng, exact: bool, state: dict) -> list[tuple]:
+def forward_after_noise(rows: list[Row], noise_causes) -> list[Row]:
+    """The forward's rows, a failing noise-on row given the noise check's causes when the noise-off row passes: each
+    side ran on its own draws, so noise that already differs moves the forward too (as the CartPole trajectory
+    restates an earlier check's cause); unchanged when the noise passed or the forward departs without noise."""
+    if not noise_causes or any(r.verdict == "fail" for r in rows if r.quantity.startswith("noise off")):
+        return rows
+    follows = "follows from the noise check: " + "; ".join(noise_causes)
+    return [r._replace(cause=f"{r.cause}; {follows}" if r.cause else follows) if r.verdict == "fail" else r
+            for r in rows]
+
+
+def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
     """(check, the side's method it needs or None, the function) in order: draws compared element by element
-    (exact) or in distribution (parity.tree_dist); products, fitness and updates are draw-free in both modes."""
+    (exact) or in distribution (parity.tree_dist); products, fitness and updates are draw-free in both modes.
+    `witness` is told of each element-wise comparison of a port output (parity.repro)."""
     from parity import tree_dist as D
 
     def noise():
         rows, state["parted"] = (check_noise if exact else D.check_noise)(R, side, cfg, seed)
+        state["noise_causes"] = list(dict.fromkeys(r.cause for r in rows if r.verdict == "fail" and r.cause))
         return rows
 
     def forward():
         rows = check_forward(R, side, cfg, seed, rng, noisy_reference=None if exact else
                              D.forward_reference(R, side, cfg, seed))
+        rows = forward_after_noise(rows, state.get("noise_causes", ()) if exact else ())
         state["forward_failed"] = any(r.verdict == "fail" for r in rows)
         return rows
 
-    return [("init", "init", lambda: (check_init if exact else D.check_init)(R, side, cfg, seed)),
+    return [("init", "init", lambda: check_init(R, side, cfg, seed, witness) if exact else
+             D.check_init(R, side, cfg, seed)),
             ("noise", None, noise),
-            ("products", None, lambda: check_products(R, side, cfg, rng)),
-            ("fitness", None, lambda: check_fitness(R, side, cfg, rng)),
-            ("gradients", None, lambda: (check_gradients if exact else D.check_gradients)(R, side, cfg, seed, rng,
-                                                                                          state["parted"])),
+            ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
+            ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness)),
+            ("gradients", None, lambda: check_gradients(R, side, cfg, seed, rng, state["parted"], witness) if exact
+             else D.check_gradients(R, side, cfg, seed, rng, state["parted"])),
             ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
             ("forward", "scores", forward),
             ("trajectory", "epoch_step", lambda: (check_trajectory if exact else D.check_trajectory)(
@@ -462,24 +494,44 @@ def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
     return ""
 
 
-def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None) -> list[Row]:
+def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
+        against=None) -> list[Row]:
     """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree_adapter.PortSide).
     Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
-    distribution (parity.tree_dist); a check needing a method the side lacks is skipped with the reason."""
-    from parity import tree_reference as R
+    distribution (parity.tree_dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
+    parity.repro.Collector (its tape on a port's side, see tree_cli), collects each check's failing port call.
+    `reference`: the reference's functions (default parity.tree_reference, live JAX; parity.tree_vectors.
+    replay_reference: a bundle); a check needing a call the bundle cannot answer is skipped with the reason.
+    `against`: a bundle folder in place of `reference` (UsageError, before any work, for one that does not hold
+    this configuration and seed)."""
+    from parity.tape import NotRecorded
+    if against is not None:
+        from parity.tree_vectors import bundle_reference
+        reference = bundle_reference(against, cfg, seed)
+    if reference is None:
+        from parity import tree_reference as reference
+    R = reference
     if side is None:
         from parity.tree_torch import TorchTree
         side = TorchTree(cfg, knobs)
+        if repro is not None:
+            side = repro.recorded(side)
         exact = knobs.rng == "jax"
     else:
         exact = side.port.jax_compatible_rng
     rng = np.random.default_rng([seed, 20])
     state = {"parted": set(), "forward_failed": False}
     rows = []
-    for name, needs, fn in _plan(R, side, cfg, seed, rng, exact, state):
+    for name, needs, fn in _plan(R, side, cfg, seed, rng, exact, state, repro.witness if repro else no_witness):
+        if repro is not None:
+            repro.start(name)
         t0 = time.perf_counter()
         why = _skip_reason(name, needs, side, state)
-        got = [Row(name, "-", float("nan"), "-", "skip", why)] if why else fn()
+        try:
+            got = [Row(name, "-", float("nan"), "-", "skip", why)] if why else fn()
+        except NotRecorded as err:
+            got = [Row(name, "-", float("nan"), "-", "skip", f"the bundle cannot answer the reference's "
+                                                               f"`{err.method}` here: {err.why}")]
         rows += got
         fails = [r for r in got if r.verdict == "fail"]
         log(f"{name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "
@@ -487,7 +539,7 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None) -> lis
     return rows
 
 
-def write(out: str, rows: list[Row], header: list[str]) -> None:
+def write(out: str, rows: list[Row], header: list[str], footer: list[str] = ()) -> None:
     os.makedirs(out, exist_ok=True)
     checks = list(dict.fromkeys(r.check for r in rows))
     table = []
@@ -498,7 +550,7 @@ def write(out: str, rows: list[Row], header: list[str]) -> None:
         shown = fails[0] if fails else max((r for r in rs if r.value == r.value), key=lambda r: r.value, default=rs[0])
         table.append([c, verdict, f"{shown.quantity} = {shown.value:.4g}", shown.allowed, shown.cause or "-"])
     text = "\n".join(header + ["", markdown_table(["check", "verdict", "observed (worst)", "allowed", "likely cause"],
-                                                  table), ""])
+                                                  table), "", *footer])
     atomic_write(os.path.join(out, "summary.md"), text)
     lines = ["check,quantity,value,allowed,verdict,cause"] + [
         ",".join('"' + str(x).replace('"', "'") + '"' for x in r) for r in rows]

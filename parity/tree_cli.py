@@ -5,6 +5,7 @@ import argparse
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from spec.knobs import KnobError
 from spec.limits import check_out_dir, seed_arg
@@ -21,24 +22,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", metavar="MODULE:ATTR",
                    help="check a foreign tree port through the tree protocol (parity/tree_adapter.py; worked example "
                         "examples.lm_adapter:LMAdapter) instead of torch_impl")
-    p.add_argument("--size", choices=("quick", "selftest"), default="quick", help="LM preset (default quick)")
-    p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
+    p.add_argument("--size", choices=("quick", "selftest"), default=None,
+                   help="LM preset (default quick, or the bundle's with --against)")
+    p.add_argument("--seed", type=seed_arg, default=None,
+                   help="run seed in [0, 2**32 - 1] (default 0, or the bundle's with --against)")
+    p.add_argument("--against", metavar="BUNDLE",
+                   help="check against a recorded LM bundle (e.g. vectors/lm-quick, written by `python -m parity "
+                        "record --task lm`) instead of the live JAX reference: no jax needed")
     p.add_argument("--out", default="runs/parity-lm", help="report folder (default runs/parity-lm)")
     p.add_argument("--quiet", action="store_true", help="only the verdict line")
     return p
 
 
+def parse(argv: list[str]):
+    """(args with size and seed settled, knobs, bundle or None, the replayed reference or None); SystemExit from
+    argparse, KnobError or ValueError (UsageError: a bundle that cannot be used) before any work."""
+    args = build_parser().parse_args(argv)
+    knobs = resolve_tree(args.profile, args.torch)
+    check_out_dir(args.out)
+    if args.port and (args.torch or args.profile != "jax"):
+        raise ValueError("--torch and --profile configure torch_impl; with --port the port is checked as it is "
+                         "(drop them, or drop --port)")
+    reference, bundle = None, None
+    if args.against:
+        from parity.tree_vectors import open_bundle, replay_reference
+        bundle = open_bundle(args.against, args.size, args.seed)
+        reference = replay_reference(bundle)
+        args.size, args.seed = bundle.manifest["size"], bundle.manifest["seed"]
+    args.size = args.size or "quick"
+    args.seed = 0 if args.seed is None else args.seed
+    return args, knobs, bundle, reference
+
+
 def main(argv: list[str]) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        knobs = resolve_tree(args.profile, args.torch)
-        check_out_dir(args.out)
+        args, knobs, bundle, reference = parse(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-        if args.port and (args.torch or args.profile != "jax"):
-            raise ValueError("--torch and --profile configure torch_impl; with --port the port is checked as it is "
-                             "(drop them, or drop --port)")
-    except (KnobError, ValueError) as err:
+    except (KnobError, ValueError) as err:         # UsageError (a bundle that cannot be used) is a ValueError
         print(f"parity check: {err}", file=sys.stderr)
         return 2
     from parity import tree_check, tree_dist
@@ -46,6 +67,7 @@ def main(argv: list[str]) -> int:
     from reporting import versions
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
+    collector, recipe = repro_setup(args, cfg)
     if args.port:
         from parity.tree_adapter import CheckedTreePort, PortSide, load_tree_port, port_tree
         try:
@@ -54,26 +76,29 @@ def main(argv: list[str]) -> int:
         except ValueError as err:                      # UsageError: the port cannot be checked as declared
             print(f"parity check: {err}", file=sys.stderr)
             return 2
-        side = PortSide(CheckedTreePort(port, cfg), cfg)
+        side = PortSide(CheckedTreePort(collector.recorded(port), cfg), cfg)
         who = f"port {side.name} ({args.port})"
     log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     started = time.perf_counter()
     drifts = dict((k, v[1]) for k, v in tree_drifts(knobs).items()) or "(faithful)"
-    log(f"parity check --task lm: {who if args.port else f'torch_impl {drifts}'} vs jax_reference, "
+    against = f"the bundle {args.against}" if bundle else "jax_reference"
+    log(f"parity check --task lm: {who if args.port else f'torch_impl {drifts}'} vs {against}, "
         f"size {args.size}, seed {args.seed}")
     try:
-        rows = tree_check.run(cfg, knobs, args.seed, log, side=side)
+        rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference)
     except PortError as err:
         print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree_adapter.py)", file=sys.stderr)
         return 2
     failed = [r for r in rows if r.verdict == "fail"]
+    packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
     verdict = "FAIL" if failed else "PASS"
     header = [f"# Parity check, byte-level LM: {verdict}", "",
               f"- command: `python -m parity check {shlex.join(argv)}`",
               (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"),
               *(f"- declared differently from the LM's tree: {n}" for n in notes),
               f"- size: {args.size}: {cfg}", f"- seed: {args.seed}",
-              f"- versions: {', '.join(f'{k} {v}' for k, v in versions(('torch', 'jax', 'numpy')).items())}",
+              f"- versions: {', '.join(f'{k} {v}' for k, v in versions(packages).items())}",
+              *(bundle_lines(bundle, reference) if bundle else []),
               f"- took {time.perf_counter() - started:.1f} s on the CPU",
               "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
               f"{tree_check.FORWARD_ULPS} ulps of scale for the forward); a side without JAX's draws is checked in "
@@ -81,9 +106,42 @@ def main(argv: list[str]) -> int:
               "in all)"]
     unseen = [f"{r.quantity}: {r.cause}" for r in rows if r.verdict == "skip" and r.quantity.startswith("knob `")]
     header += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
-    tree_check.write(args.out, rows, header)
+    tree_check.write(args.out, rows, header, repro_lines(args, argv, rows, collector, recipe))
     for u in unseen:
         log(f"note: {u}")
     causes = list(dict.fromkeys(r.cause for r in failed if r.cause))
     print(f"{verdict}: report in {args.out}/summary.md" + (f"\n  " + "\n  ".join(causes) if causes else ""))
     return 1 if failed else 0
+
+
+def bundle_lines(bundle, reference) -> list[str]:
+    """The report's lines on a replayed reference: which bundle, what recorded it, what numpy answered."""
+    m = bundle.manifest
+    misses = reference.misses
+    return [f"- reference: the bundle {bundle.folder} (format {m['format_version']}, content hash "
+            f"{m['content_hash'][:16]}, recorded by `{m.get('command')}` with "
+            f"{', '.join(f'{k} {v}' for k, v in m.get('versions', {}).items())}; {m.get('device')}; matmul precision "
+            f"{m.get('matmul_precision')})",
+            f"- answered by the reference's math in numpy (inputs from the port, parity/tree_numpy_reference.py): "
+            + (", ".join(f"{k} x{misses.count(k)}" for k in dict.fromkeys(misses)) or "none")
+            + "; update and the forward on the port's own noise always are"]
+
+
+def repro_setup(args, cfg):
+    """(the repro collector, with a tape of the port's methods or the torch side's; how a repro builds the port)."""
+    from parity.repro import TAPED_TREE, TAPED_TREE_TORCH, Collector, Tape, port_recipe, tree_torch_recipe
+    collector = Collector(Tape(methods=TAPED_TREE if args.port else TAPED_TREE_TORCH))
+    return collector, port_recipe(args.port, cfg) if args.port else tree_torch_recipe(args.profile, args.torch, cfg)
+
+
+def repro_lines(args, argv: list[str], rows, collector, recipe) -> list[str]:
+    """Write each failed check's repro (parity.repro) beside the report; the summary's lines naming them."""
+    from parity.repro import write_repros
+    verdicts = {}
+    for r in rows:
+        verdicts[r.check] = "fail" if r.verdict == "fail" or verdicts.get(r.check) == "fail" else "pass"
+    command = f"python -m parity check {shlex.join(argv)}"
+    written = write_repros(Path(args.out), verdicts, collector.evidence, recipe, command)
+    lines = [f"- {name}: `{w.folder}/`: run `python {w.folder}/repro.py` (numpy and the port only; exit 1 while it "
+             "still fails)" if w.folder else f"- {name}: no repro: {w.note}" for name, w in written.items()]
+    return ["## Repros of the failed checks", "", *lines, ""] if lines else []

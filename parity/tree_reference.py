@@ -60,6 +60,25 @@ def slice_keys(cfg: LMConfig, seed: int, leaf: Leaf, variant: str = "faithful"):
     return jax.random.split(base, leaf.shape[0])
 
 
+def draws(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
+    """The raw JAX normals behind one leaf's noise, one draw per antithetic pair p (members 2p and 2p+1 share it):
+    normal(fold_in(fold_in(slice key, true epoch), p)) of shape (a + b, r) (low-rank) or the slice shape (param),
+    laid out (pop // 2, *stack, ...) float32; keys as slice_keys(variant). Everything else about the noise (signs,
+    scales, products) is numpy arithmetic on these (parity.tree_numpy_reference)."""
+    keys = slice_keys(cfg, seed, leaf, variant)
+    g = true_epoch(epoch, cfg.noise_reuse)
+    shape = (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
+
+    def one(key, p):
+        return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), p), shape)
+
+    per_slice = jax.vmap(one, in_axes=(None, 0))
+    pairs = jnp.arange(cfg.pop // 2)
+    if leaf.scan_axes:
+        return np.asarray(jax.vmap(per_slice, in_axes=(0, None), out_axes=1)(keys, pairs))
+    return np.asarray(per_slice(keys, pairs))
+
+
 def dense_noise(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
     """Every member's perturbation of one leaf at its stored shape (pop, *shape), float32, as upstream draws it
     (variant `tmm_transposed`: an (in, out) weight's draw split as a transposed mm: B = Z[:in])."""
@@ -178,3 +197,14 @@ def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.nd
     _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
     return {"scores": np.asarray(s), "shaped": np.asarray(shaped), "grads": {k: np.asarray(v) for k, v in _flat(g).items()},
             "params": {k: np.asarray(v) for k, v in _flat(new).items()}}
+
+
+def device() -> str:
+    """Where the reference runs: JAX's default backend and its first device."""
+    return f"JAX on {jax.default_backend()} ({jax.devices()[0].device_kind})"
+
+
+def matmul_precision() -> str:
+    """JAX's default matmul precision setting (None: the backend's default, full float32 on the CPU)."""
+    value = jax.config.jax_default_matmul_precision
+    return "default (full float32 on the CPU)" if value is None else str(value)

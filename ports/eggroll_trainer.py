@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ports import _torch as T
-from ports.readings import SIGMA_BLIND, Reading
+from ports.readings import Reading
 
 DIST, PINNED = "eggroll-trainer", "0.1.0"
 WHERE = "eggroll_trainer/eggroll.py"
@@ -48,8 +48,7 @@ READINGS = (
             f"{WHERE}:160-163"),
     Reading("optimizer", "sgd", "param + lr * sqrt(N) * update, its own", f"{WHERE}:432-436", named=False),
     Reading("lr_decay", 1.0, "constant learning_rate", f"{WHERE}:435", named=False),
-    Reading("sigma_decay", 1.0, "constant sigma (the reference decays it x0.999 per epoch)", f"{WHERE}:185, 223",
-            note=SIGMA_BLIND),
+    Reading("sigma_decay", 1.0, "constant sigma (the reference decays it x0.999 per epoch)", f"{WHERE}:185, 223"),
     Reading(None, "seed unused", "the key is epoch * 1e6 + member: every run seed gets the same noise",
             f"{WHERE}:131-133, 167-168"),
     Reading(None, "leaves share one key", "B(0.weight) == B(1.weight)[:4] on 4-8-8-2; 0.bias == 1.bias",

@@ -50,7 +50,7 @@ from torch.func import vmap
 
 from ports import _torch as T
 from ports import torcheggroll as te
-from ports.readings import SIGMA_BLIND, Reading
+from ports.readings import Reading
 
 DIST, PINNED = "hyperfunc", "0.3.0"
 ES, CORE = "hyperfunc/es.py", "hyperfunc/core.py"
@@ -64,8 +64,7 @@ COMMON = (
     Reading("noise_reuse", 1, "the epoch enters every seed: new noise every epoch", f"{ES}:111, 165"),
     Reading("optimizer", "sgd", "base + lr * grad, its own", f"{ES}:220", named=False),
     Reading("lr_decay", 1.0, "constant lr", f"{ES}:220", named=False),
-    Reading("sigma_decay", 1.0, "constant sigma (the reference decays it x0.999 per epoch)", f"{ES}:118, 125",
-            note=SIGMA_BLIND),
+    Reading("sigma_decay", 1.0, "constant sigma (the reference decays it x0.999 per epoch)", f"{ES}:118, 125"),
     Reading(None, "seed unused", "the noise depends on (epoch, pair, leaf) only: every run seed gets the same noise",
             f"{ES}:111"),
     Reading(None, "rank clipped", "generate_lora_noise uses r = min(noise_rank, out, in)",

@@ -13,17 +13,6 @@ from spec.knobs import Knobs
 
 REFERENCE = Knobs()
 
-# Why the suite misses a port's constant sigma when the port draws its own noise afresh each epoch (investigated on
-# every port here; a blind spot, not an adapter bug: the adapters' es_ask returns the noise at the package's own,
-# constant sigma). eggroll-trainer with noise_reuse=2 keeps its draws, so there the ratio is exact and it is named.
-SIGMA_BLIND = ("Blind spot of the suite: a port's sigma enters the protocol only through es_ask (noise() is handed "
-               "the suite's sigma), so only the lockstep trajectory reads its schedule, as sigma_e/sigma_0 against "
-               "the reference's. With the port's own fresh draws every epoch that reading is an F test of A's mean "
-               "square, which cannot resolve 0.999^e over the 3 epochs of the quick size (0.4% in variance at epoch "
-               "2 against an interval of about +-3% at alpha 5e-5); a port that keeps its draws across epochs is "
-               "read exactly and named.")
-
-
 class Reading(NamedTuple):
     knob: str | None        # a knob of spec.knobs, or None for a fact outside the knobs
     value: Any              # the knob's value the code corresponds to (or a short label outside the knobs)

@@ -20,7 +20,7 @@ from ports.readings import Agreement, agreement
 from ports.registry import Entry
 from reporting import versions
 
-# A missing optional method (or group) -> (checks it skips, drifts then left unchecked): README's table.
+# A missing optional method (or group) -> (checks it skips, drifts then left unchecked): docs/ports.md's skip table.
 SKIPPED = {
     "forward": ("the full-MLP part of products, and trajectory", "hidden activation"),
     "init_params": ("init", "weight init"),

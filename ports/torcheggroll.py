@@ -36,7 +36,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from ports import _torch as T
-from ports.readings import SIGMA_BLIND, Reading
+from ports.readings import Reading
 
 DIST, PINNED = "torcheggroll", "0.2.0"
 WHERE = "torcheggroll/es.py"
@@ -55,7 +55,7 @@ READINGS = (
     Reading("optimizer", "sgd", "params + lr * grad, its own", f"{WHERE}:714", named=False),
     Reading("lr_decay", 1.0, "lr is a constant attribute", f"{WHERE}:358, 714", named=False),
     Reading("sigma_decay", 1.0, "sigma is a constant attribute (the reference decays it x0.999 per epoch)",
-            f"{WHERE}:357, 445", note=SIGMA_BLIND),
+            f"{WHERE}:357, 445"),
     Reading(None, "rank clipped", "r = min(rank, out, in): a 2-row layer gets rank 2 with A scaled sigma/sqrt(2) "
             "(entries of A B^T: kurtosis 3 + 6/2 = 6, not 4.5)", f"{WHERE}:51, 133"),
     Reading(None, "seed unused", "the noise depends on (epoch, pair, leaf) only: every run seed gets the same noise",

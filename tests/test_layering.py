@@ -44,6 +44,7 @@ EXCEPTIONS: dict[str, set[str]] = {
     "parity/int8_torch.py": {"torch_impl", "torch"},               # the torch side of the int8 check
     "parity/int8_c.py": {"c_int8"},                                # the C side (and the knob signatures)
     "parity/__main__.py": {"jax", "torch"},                        # device line; --device cuda check
+    "parity/pytest_plugin.py": {"pytest"},                         # the pytest plugin for port authors
     "gap/runs.py": {"torch_impl", "jax_reference", "torch", "ports", "rollout"},   # the trainers, loaded lazily per run
     "gap/__main__.py": {"torch"},                                  # --device cuda check before any run
     "gap/executors.py": {"ray"},                                   # the optional cluster executor, imported on use
@@ -138,3 +139,14 @@ def test_no_function_outside_the_hot_path_is_longer_than_60_lines():
                     if lines > MAX_FUNCTION_LINES:
                         long.append(f"{rel}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, long
+
+
+def test_the_lm_replay_path_never_imports_the_reference():
+    """`check --task lm --against BUNDLE` runs without jax: the numpy reference and the replay import neither jax nor
+    jax_reference (the replay's recording side reaches tree_reference only inside record_lm / recording_reference)."""
+    for rel in ("parity/tree_numpy_reference.py", "parity/tape.py", "parity/tree_dist.py", "parity/tree_adapter.py"):
+        assert not imported_roots(ROOT / rel) & {"jax", "jax_reference", "optax"}, rel
+    import inspect
+    from parity import tree_vectors
+    source = inspect.getsource(tree_vectors.replay_reference) + inspect.getsource(tree_vectors.open_bundle)
+    assert "tree_reference" not in source

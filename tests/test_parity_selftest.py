@@ -80,7 +80,7 @@ def test_published_port_profiles_list_each_of_their_drifts(name, tmp_path):
         assert f"knob `{knob}`" in table, (knob, table)
 
 
-# Two drifts in one run (README's examples): the run names both, and so does the trajectory where it can see the
+# Two drifts in one run (docs/ports.md's examples): the run names both, and so does the trajectory where it can see the
 # drift at all (fitness=std is ~1e-8 relative from the reference's shaping on CartPole returns: the fitness check's).
 COMBINED = {("bias_noise=off", "sigma_decay=0.99"): {"bias_noise", "sigma_decay"},
             ("activation=tanh", "lr_decay=0.9995"): {"activation", "lr_decay"},

@@ -99,7 +99,7 @@ def test_faithful_sides_are_never_flagged(side, size, seed):
     traj = _trajectory(run_suite(port(), SIZES[size], seed, reference_run=run, checks=("trajectory",)))
     assert traj.verdict == "pass", (seed, [r for r in traj.rows if r.verdict == "fail"])
     judged = {r.quantity.split(":")[0] for r in traj.rows if r.verdict == "pass"}
-    assert {"fitness", "gradient", "step", "lr", "sigma", "outputs"} <= judged, judged
+    assert {"fitness", "gradient", "step", "lr", "sigma", "sigma schedule", "outputs"} <= judged, judged
 
 
 class ShapesDifferentlyInItsLoop(NumpyPort):

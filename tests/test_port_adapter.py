@@ -71,7 +71,7 @@ def test_faithful_numpy_port_passes(name, tmp_path):
 
 
 def test_hooks_example_passes(tmp_path):
-    """The README's example: an nn.Module + forward-hooks port, torch generator, every optional method."""
+    """docs/ports.md's hooks example: an nn.Module + forward-hooks port, torch generator, every optional method."""
     code, summary = check("examples.hooks_adapter:adapter", tmp_path)
     assert code == 0, summary
     assert {v for v, _ in verdict_table(summary).values()} == {"pass"}
@@ -188,7 +188,7 @@ def test_the_nan_row_never_heads_a_formula_drift(tmp_path):
 # ----------------------------------------------------------------------------- optional methods absent
 @pytest.mark.parametrize("spec", ["tests.ports.numpy_port:required_only", "examples.minimal_adapter:adapter"])
 def test_missing_optional_methods_are_skipped(spec, tmp_path):
-    """Only the four required methods (the faithful numpy port stripped; the README's minimal adapter)."""
+    """Only the four required methods (the faithful numpy port stripped; the minimal adapter of docs/ports.md)."""
     code, summary = check(spec, tmp_path)
     table = verdict_table(summary)
     assert code == 0, summary
@@ -297,7 +297,7 @@ def test_command_line_imports_examples_from_the_repository_root(tmp_path):
 
 
 def test_a_foreign_port_run_imports_neither_torch_nor_torch_impl(tmp_path):
-    """README's promise: `--port` checks a port against the JAX reference without loading the torch side."""
+    """docs/ports.md's promise: `--port` checks a port against the JAX reference without loading the torch side."""
     code = ("import sys; from parity import __main__ as m; "
             f"rc = m.main(['--port', 'examples.minimal_adapter:adapter', '--out', {str(tmp_path)!r}, '--quiet', "
             "'--size', 'selftest', '--checks', 'fitness,products,gradients']); "

@@ -203,10 +203,10 @@ def test_the_rounding_bound_used_by_the_fits_is_the_updates_check_s():
     assert np.array_equal(optscale.update_bound(new, step), update_bound(new, step))
 
 
-# ----------------------------------------------------------------------------- 4. the README's facts
-def test_the_readme_answers_the_four_questions_of_adapter_authors():
-    """The delimited subsection (to move to docs/ports.md) states each fact the issue asked for, with an example."""
-    text = (ROOT / "README.md").read_text()
+# ----------------------------------------------------------------------------- 4. the port author's guide's facts
+def test_the_guide_answers_the_four_questions_of_adapter_authors():
+    """The delimited section of docs/ports.md states each fact the issue asked for, with an example."""
+    text = (ROOT / "docs" / "ports.md").read_text()
     section = text.split("<!-- BEGIN adapter-author facts", 1)[1].split("<!-- END adapter-author facts", 1)[0]
     for fact in ("epochs 0 to 1,000,000", "replay the chain", "minus batch", "antithetic=halves",
                  "`gradient()` must accept noise your port did not draw", "without biases", "layers, hidden = 2, 32",

@@ -45,6 +45,8 @@ def measure(ctx) -> Measured:
     z = logits.astype(np.float64)
     p0 = 1.0 / (1.0 + np.exp(z[:, 1] - z[:, 0]))
     judged = np.abs(u - p0) >= BOUNDARY
+    ctx.witness(f"n={len(u)}", port, port, ref, np.where(judged, 0.0, np.inf),
+                "equal where u is farther than the float32 boundary band from softmax(logits)[0]; free inside it")
     wrong = np.flatnonzero(judged & (port != ref))
     first = ""
     if wrong.size:

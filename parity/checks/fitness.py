@@ -79,6 +79,8 @@ def _shape_one(ctx, label: str, f: np.ndarray, group: int, matches: dict[str, in
             return f"- {label}: the port does not implement it ({err.original})"
         return Shaped(label, None, f"the port rejects {label}: {err.original}")
     allowed = 2 * shaping_bound(f)                                          # (N,) both sides
+    ctx.witness(label, port, port, ref, allowed,
+                "the float32 shaping bound of both sides (parity.tolerances.shaping_bound)")
     f64 = f.astype(np.float64)
     for name, (_, formula, _) in diagnose.FITNESS_CANDIDATES.items():
         try:

@@ -138,6 +138,7 @@ def _shared_noise(ctx, n: int, rng) -> list[Leaf]:
     for name in shapes:
         p, q = np.asarray(g_port[name], np.float64), np.asarray(g_ref[name], np.float64)
         bound = _allowed(name, noise, given, shaped)
+        ctx.witness(f"N={n} {name}", g_port, p, q, bound, "both sides' float32 bounds of the estimate", (name,))
         ratio = float(np.max(np.abs(p - q) / np.maximum(bound, 1e-300))) if np.any(p != q) else 0.0
         half = (float(np.linalg.norm(g2_port[name]) / np.linalg.norm(g2_ref[name]))
                 if np.linalg.norm(g2_ref[name]) > 0 else None)

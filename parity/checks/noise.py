@@ -55,6 +55,8 @@ class Test(NamedTuple):
     cause: object
     expected: float = 0.0
     rank: int = 0
+    source: tuple = ()         # (leaf, factor) the values are taken from: rows reps of that array / divisor
+    divisor: float = 1.0
 
 
 SHAPE = diagnose.other("noise distribution", "the draws are not normal")
@@ -70,9 +72,11 @@ def _scale_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) ->
         size = f"{reps.size} members, {w} {noise[w][0].shape[1]}x{noise[w][1].shape[1]} r={r}"
         tests.append(Test(f"{w} A / (sigma/sqrt r): mean square", size, "chi2", a, diagnose.other(
             "noise scaling (sigma/sqrt(r) on A)",
-            f"A of {w} has variance {fmt(float(np.mean(a ** 2)))} x sigma^2/r (sigma={fmt(sigma)}, r={r})")))
+            f"A of {w} has variance {fmt(float(np.mean(a ** 2)))} x sigma^2/r (sigma={fmt(sigma)}, r={r})"),
+            source=(w, 0), divisor=sigma / np.sqrt(r)))
         tests.append(Test(f"{w} B: mean square", size, "chi2", b, diagnose.other(
-            "noise scaling", f"B of {w} has variance {fmt(float(np.mean(b ** 2)))}; the reference's B is standard normal")))
+            "noise scaling", f"B of {w} has variance {fmt(float(np.mean(b ** 2)))}; the reference's B is standard normal"),
+            source=(w, 1)))
     return tests
 
 
@@ -478,6 +482,39 @@ def _generator(ctx, port: dict, ref: dict, names, uniform_test: bool) -> Generat
     return Generator((), (), (), identical, ks, n, cfg.pop)
 
 
+def _witness_draws(ctx, given: dict, port: dict, ref: dict, pop: int) -> None:
+    """A port claiming JAX's draws: each of its factors and bias noises against the reference's, for a repro (exact,
+    as the ULP rows; a pairing that differs shows as members that do not line up)."""
+    prefix = ("update",) if isinstance(given, SplitNoise) else ()
+    for name, value in port.items():
+        if name not in ref:
+            continue
+        parts = enumerate(zip(value, ref[name])) if isinstance(value, tuple) else [(None, (value, ref[name]))]
+        for i, (p, q) in parts:
+            path = prefix + ((name,) if i is None else (name, i))
+            what = name if i is None else f"{name} {'AB'[i]}"
+            ctx.witness(f"{what}, members 0..{pop - 1}", given, p, q, 0.0,
+                        "exact: the port claims JAX-compatible draws (jax_compatible_rng)", path)
+
+
+def _witness_scale(ctx, given: dict, tests, reps: np.ndarray, alpha: float) -> None:
+    """Hand the repro collector the first per-weight scale test (chi-square) outside its interval, with the rows of
+    the port's array it read: its repro calls noise() afresh and recomputes the mean square."""
+    prefix = ("update",) if isinstance(given, SplitNoise) else ()
+    port = update_of(given)
+    for test in tests:
+        if test.kind != "chi2" or not test.source:
+            continue
+        (lo, hi), value = chi2_interval(test.values.size, alpha), float(np.mean(test.values ** 2))
+        if not lo <= value <= hi:
+            leaf, factor = test.source
+            ctx.statistic(f"{test.quantity}, {test.size}", given, prefix + test.source, reps,
+                          test.divisor, "mean square", value, (lo, hi), alpha,
+                          f"chi-square({test.values.size})/{test.values.size}, alpha={alpha:.2g}",
+                          port[leaf][factor])
+            return
+
+
 def measure(ctx) -> Measured:
     cfg, shapes = ctx.cfg, ctx.shapes
     sigma, r = cfg.sigma, cfg.rank
@@ -486,11 +523,14 @@ def measure(ctx) -> Measured:
     given = ctx.port.noise(shapes, ctx.seed, 0, np.arange(pop), pop, sigma, r)
     port = update_of(given)                    # the noise its update uses (the forward's is compared with it)
     ref = ctx.ref.noise(shapes, ctx.seed, 0, np.arange(pop), pop, sigma, r)
+    if ctx.port.jax_compatible_rng and not ctx.port.dense:
+        _witness_draws(ctx, given, port, ref, pop)
     structure = _structure(port, ref, shapes, pop)
     weights = tuple(_weights(shapes))
     uniform_test = ctx.port.has("action_uniforms") and not ctx.port.jax_compatible_rng
-    return Measured(ctx.seed, pop, r, sigma, weights, structure,
-                    tuple(_moment_tests(port, structure.reps, shapes, sigma, r, ctx.port.dense)),
+    tests = tuple(_moment_tests(port, structure.reps, shapes, sigma, r, ctx.port.dense))
+    _witness_scale(ctx, given, tests, structure.reps, _level(len(tests), uniform_test))   # while its call is taped
+    return Measured(ctx.seed, pop, r, sigma, weights, structure, tests,
                     _shape_stats(port, structure.reps, weights, sigma, r), _schedule(ctx, structure.port_biases),
                     ctx.port.jax_compatible_rng, uniform_test,
                     _generator(ctx, port, ref, list(weights) + list(structure.port_biases), uniform_test),
@@ -616,9 +656,13 @@ def _judge_generator(rec: Recorder, m: Measured, size: str, alpha: float) -> Non
                   cause=diagnose.other("action sampling", "the port's action uniforms are not uniform on [0, 1)"))
 
 
-def _alpha(m: Measured) -> float:
+def _level(n_tests: int, uniform_test: bool) -> float:
     """Each statistical test's level: the noise check's share of the suite's budget, split evenly (Bonferroni)."""
-    return check_alpha(NAME) / (len(m.tests) + int(m.uses_uniform_test))
+    return check_alpha(NAME) / (n_tests + int(uniform_test))
+
+
+def _alpha(m: Measured) -> float:
+    return _level(len(m.tests), m.uses_uniform_test)
 
 
 def _judge_tests(rec: Recorder, m: Measured) -> None:

@@ -108,6 +108,8 @@ def _measure_linear(ctx, rng, out_dim: int, in_dim: int) -> Linear:
         port_why = f"gamma_(in+2) = {fmt(gamma(in_dim + 2))} times |x|(|W| + |E|)^T, E = fl32(A B^T)"
         tf32_bound = port_bound * (1 + gamma(3, U_TF32) / gamma(in_dim + 2))
     allowed = bound + port_bound + np.abs(port_exact - exact)
+    ctx.witness(f"out={out_dim} in={in_dim}", port, port, ref, allowed,
+                "both sides' float32 bounds of the product (parity.tolerances.linear_bound)")
     return Linear(f"out={out_dim} in={in_dim} r={r} m={m} batch={batch}", float(np.max(np.abs(port - ref) / allowed)),
                   float(np.max(np.abs(port - port_exact) / port_bound)), float(np.max(np.abs(ref - exact) / bound)),
                   why, port_why, float(np.max(np.abs(port - port_exact) / tf32_bound)))
@@ -122,6 +124,8 @@ def _measure_forward(ctx, label: str, params, noise, x, act: str) -> Forward:
     given = ctx.port.received(noise, "forward")
     port_exact, port_bound = (exact, bound) if given is noise else ForwardBound(params, given, act)(x)
     allowed = bound + port_bound + np.abs(port_exact - exact)
+    ctx.witness(label, port, port, ref, allowed,
+                "both sides' float32 bounds of the MLP (parity.tolerances.ForwardBound)")
     exceeds = bool(np.any(np.abs(port - ref) > allowed))
     return Forward(f"{label} m={x.shape[0]} sizes={ctx.cfg.sizes}", float(np.max(np.abs(port - ref) / allowed)),
                    float(np.max(np.abs(port - port_exact) / port_bound)), float(np.max(np.abs(ref - exact) / bound)),

@@ -8,6 +8,9 @@ parted. Each epoch's comparison is re-synchronised so that it isolates one piece
 
 - noise: the port's own `es_ask` (element by element for a JAX-compatible port);
 - sigma: its sigma_e / sigma_0 read off its own noise against its own epoch 0 (parity.lockstep);
+- schedule: apart from the lockstep, Sizes.sigma_epochs epochs of the port's own es_ask / es_tell on synthetic
+  fitness, its noise's log mean square over the reference's sigma_e^2 against the epoch (parity.sigma_schedule):
+  exact where the draws repeat, else a t test of the slope over enough fresh draws to resolve a 0.999 decay;
 - outputs: the port's forward on the REFERENCE's parameters and noise along the reference's episodes, judged
   at every step (the steps where the port's own action would differ are counted);
 - fitness: both sides shape the same returns;
@@ -18,8 +21,10 @@ parted. Each epoch's comparison is re-synchronised so that it isolates one piece
 
 Every row beyond tolerance gets a cause: the isolated check that explains it (UPSTREAM), or what this check
 reads off the port (sigma schedule, optimizer, lr schedule, a learning rate no knob names). Tolerances: the
-float32 bounds of parity.tolerances and those derived in parity.lockstep; the sigma reading from fresh draws is
-an F test at the check's share of the false-alarm budget.
+float32 bounds of parity.tolerances and those derived in parity.lockstep and parity.sigma_schedule; the statistical
+rows (the sigma F test of each epoch after the first, from fresh draws, and the schedule's slope test) split the
+check's share of the false-alarm budget evenly (`statistical_alpha`), so a faithful port fails one of them with
+probability at most check_alpha("trajectory") = 1e-4 per run.
 """
 from __future__ import annotations
 
@@ -29,7 +34,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose, lockstep, noiseform
+from parity import diagnose, lockstep, noiseform, sigma_schedule
+from parity.noiseform import SplitNoise
+from parity.repro import Var, step as repro_step
 from parity.tolerances import ForwardBound, bias_grad_bound, check_alpha, shaping_bound, weight_grad_bound
 from parity.verdict import Recorder, fmt, summarize
 from rollout import cartpole
@@ -37,13 +44,19 @@ from rollout.episodes import run_episodes, sample_actions
 
 NAME = "trajectory"
 WATCHED = 256   # members whose logits are judged at every step (all of them up to this population)
-QUANTITIES = ("noise", "sigma", "outputs", "fitness", "gradient", "step", "lr")
+QUANTITIES = ("noise", "sigma", "schedule", "outputs", "fitness", "gradient", "step", "lr")
 UPSTREAM = {"noise": ("noise",), "outputs": ("products",), "fitness": ("fitness",), "gradient": ("gradients",),
-            "step": ("updates",), "lr": ("updates",), "sigma": ()}
+            "step": ("updates",), "lr": ("updates",), "sigma": (), "schedule": ()}
 WORDS = {"noise": "the noise es_ask returns", "sigma": "the sigma schedule", "outputs": "the policy's logits",
+         "schedule": "the sigma schedule over many epochs",
          "fitness": "the shaped fitness", "gradient": "the gradient estimate",
          "step": "the parameters after es_tell (the ES step inside the port's training loop)",
          "lr": "the size of the es_tell step"}
+
+
+def statistical_alpha(traj_epochs: int) -> float:
+    """Each statistical row's alpha: the check's budget split over the F tests of epochs 1.. and the slope test."""
+    return check_alpha(NAME) / (max(traj_epochs - 1, 1) + 1)
 
 
 def _lockstep(ref_policy, port_policy, bound, watched, init_state, uniforms, max_steps, choose=sample_actions):
@@ -95,7 +108,8 @@ class Observation(NamedTuple):
     value: float
     limit: tuple               # ("bound", allowed) | ("stat", lo, hi, alpha) | ("info",)
     why: str = ""
-    detail: object = None      # noise: ("scale", c) when the draws agree; sigma: ("sigma", the ratio seen)
+    detail: object = None      # noise: ("scale", c) when the draws agree; sigma: ("sigma", the ratio seen);
+                               # schedule: ("exact", sigma_schedule.Exact) | ("trend", sigma_schedule.Trend)
 
     @property
     def ok(self) -> bool:
@@ -122,6 +136,7 @@ class Measured(NamedTuple):
     sigma_decay: float
     scale_fits: tuple = ()                 # on a first step that differs: parity.optscale.ScaleFit per optimizer
     sigma: float = 0.0
+    schedule_epochs: int = 0               # es_ask/es_tell epochs the sigma schedule reading ran
 
     @property
     def failures(self) -> dict[str, list[int]]:
@@ -142,6 +157,7 @@ class _Run(NamedTuple):
     moments: lockstep.Moments  # float64 moments and their rounding bounds (stateful optimizers)
     noise0: tuple | None       # (the port's, the reference's) epoch-0 noise
     history: tuple             # per epoch: (port params before es_tell, its gradient, port params after)
+    calls: tuple = ()          # the port's ES calls so far as repro steps (parity.repro.Step): a failing step's replay
 
 
 def _noise_obs(ctx, e: int, run: _Run, alpha: float):
@@ -151,7 +167,8 @@ def _noise_obs(ctx, e: int, run: _Run, alpha: float):
     size, sigma_e = f"epoch {e} pop={pop}", reference.sigma_at(e)
     n_ref = ctx.ref.es_ask(run.ref, e, shapes, pop, r)
     n_own = ctx.port.es_ask(run.port, e, shapes, pop, r)
-    run = run._replace(noise0=run.noise0 or (n_own, n_ref))
+    asked = run.calls + (repro_step("es_ask", Var("state"), e, out="noise"),)
+    run = run._replace(noise0=run.noise0 or (n_own, n_ref), calls=run.calls + (repro_step("es_ask", Var("state"), e),))
     obs = []
     if ctx.port.jax_compatible_rng:
         ulps, odd = _noise_ulps(n_own, n_ref)
@@ -160,6 +177,8 @@ def _noise_obs(ctx, e: int, run: _Run, alpha: float):
                   if ulps and not odd and noiseform.same_draws(n_own, n_ref) else None)
         obs.append(Observation(e, "noise", "noise: max ULP port vs ref", "both", size, float(ulps), ("bound", 0),
                                "bit-identical (JAX-compatible)", detail))
+        if not obs[-1].ok and not odd and not ctx.port.dense and not isinstance(n_own, SplitNoise):
+            _replay_noise(ctx, size, asked, n_own, n_ref)
     sigma_port = sigma_e
     if e > 0:
         s = lockstep.read_sigma(n_own, run.noise0[0], n_ref, run.noise0[1], sigma_e, reference.sigma_at(0), pop,
@@ -170,6 +189,20 @@ def _noise_obs(ctx, e: int, run: _Run, alpha: float):
         if s.exact and not obs[-1].ok:      # the port's es_tell runs at its own sigma_e (bias_grad=over_sigma)
             sigma_port = float(np.float32(sigma_e * s.ratio))
     return obs, n_ref, sigma_port, run
+
+
+def _replay_noise(ctx, size: str, calls: tuple, n_own: dict, n_ref: dict) -> None:
+    """Hand the repro collector the ES loop up to this epoch's es_ask and its noise against the reference's, leaf by
+    leaf and factor by factor, exact (the noise row's 0 ULP)."""
+    paths = {(f"{k} {'AB'[i]}" if isinstance(v, tuple) else k): ((k, i) if isinstance(v, tuple) else (k,))
+             for k, v in n_own.items() for i in range(len(v) if isinstance(v, tuple) else 1)}
+
+    def at(noise, path):
+        return noise[path[0]][path[1]] if len(path) == 2 else noise[path[0]]
+
+    ctx.replay(size, calls, "noise", {k: at(n_own, p) for k, p in paths.items()},
+               {k: at(n_ref, p) for k, p in paths.items()}, {k: 0.0 for k in paths},
+               "exact: the port claims JAX-compatible draws (jax_compatible_rng)", paths)
 
 
 def _outputs_obs(ctx, e: int, r_params: dict, n_ref: dict) -> tuple[list[Observation], np.ndarray]:
@@ -229,10 +262,16 @@ def _step_obs(ctx, e: int, run: _Run, n_ref: dict, returns, sigma_port: float, s
     expected, shadow = reference.optimizer_apply(old, run.shadow, grad, pop, e)
     allowed, moments = lockstep.step_allowance(reference.run.optimizer, run.moments, old, grad, expected, pop,
                                                reference.lr_at(e))
+    calls = run.calls + (repro_step("es_tell", Var("state"), ctx.port.received(n_ref),
+                                    np.asarray(returns, np.float32), e, out="state"),)
     port_state = ctx.port.es_tell(run.port, n_ref, returns, e)
     new = ctx.port.es_params(port_state, shapes)
     ref_state = ctx.ref.es_tell(run.ref, n_ref, returns, e)
     step = lockstep.compare_step(e, old, new, expected, allowed)
+    if step.worst > 1:      # the repro collector keeps the first: the ES loop replayed up to this epoch
+        ctx.replay(size, calls + (repro_step("es_params", Var("state"), out="params"),), "params", new, expected,
+                   allowed, f"one {reference.run.optimizer} step from the port's parameters on its own gradient "
+                   "(the expected parameters), float32 bound of both sides (parity.lockstep)")
     new_ref = ctx.ref.es_params(ref_state, shapes)
     apart = max(float(np.max(np.abs(new[k].astype(np.float64) - new_ref[k]))) for k in shapes)
     obs = [Observation(e, "step", "step: max |port - expected| / bound", "both", size, step.worst, ("bound", 1.0),
@@ -245,16 +284,44 @@ def _step_obs(ctx, e: int, run: _Run, n_ref: dict, returns, sigma_port: float, s
            Observation(e, None, "parameters: max |port - ref| (each side on its own trajectory)", "both", size,
                        apart, ("info",))]
     run = run._replace(port=port_state, ref=ref_state, shadow=shadow, moments=moments,
-                       history=run.history + ((old, grad, new),))
+                       history=run.history + ((old, grad, new),), calls=calls)
     return obs, step, run
+
+
+def _schedule_obs(ctx, params0: dict, alpha: float) -> tuple[list[Observation], int]:
+    """The sigma schedule over Sizes.sigma_epochs epochs of the port's own es_ask / es_tell on the suite's synthetic
+    fitness stream (parity.sigma_schedule). Returns (observations, epochs read)."""
+    cfg = ctx.cfg
+    fitness = ctx.rng("sigma schedule fitness").standard_normal((ctx.sizes.sigma_epochs, cfg.pop))
+    draws = sigma_schedule.collect(ctx.port, ctx.reference, params0, ctx.seed, ctx.shapes, cfg.pop, cfg.rank, fitness)
+    reading = sigma_schedule.read(draws, alpha)
+    obs = []
+    if reading.exact is not None:
+        ex = reading.exact
+        obs.append(Observation(ex.epoch, "schedule", "sigma schedule: repeated draws, |port's sigma_e/sigma_b over "
+                               "the reference's - 1|", "both", f"epochs {ex.first} to {ex.epoch} pop={cfg.pop}",
+                               ex.value, ("bound", ex.allowed), "same draws: A_e / A_b, 8u (parity.sigma_schedule)",
+                               ("exact", ex)))
+    if reading.trend is not None:
+        tr = reading.trend
+        obs.append(Observation(tr.last, "schedule", "sigma schedule: t of the slope of log mean square / sigma_e^2 "
+                               "over fresh draws", "both", f"{tr.epochs} fresh epochs pop={cfg.pop}, slope "
+                               f"{fmt(tr.slope)} +- {fmt(tr.stderr)} per epoch", tr.t, ("stat", -tr.crit, tr.crit,
+                                                                                       tr.alpha),
+                               f"t({tr.epochs - 2}), alpha={tr.alpha:.2g} (parity.sigma_schedule)", ("trend", tr)))
+    if not obs:
+        obs.append(Observation(reading.epochs - 1, None, "sigma schedule: too few fresh epochs for a slope", "both",
+                               f"{reading.epochs} epochs pop={cfg.pop}", float(reading.epochs), ("info",)))
+    return obs, reading.epochs
 
 
 def measure(ctx) -> Measured:
     cfg, epochs, shapes = ctx.cfg, ctx.sizes.traj_epochs, ctx.shapes
-    alpha = check_alpha(NAME) / max(epochs - 1, 1)
+    alpha = statistical_alpha(epochs)
     params0 = ctx.reference.init_params(shapes, ctx.seed)
+    init = repro_step("es_init", params0, int(ctx.seed), out="state")
     run = _Run(ctx.port.es_init(params0, ctx.seed), ctx.ref.es_init(params0, ctx.seed),
-               ctx.reference.optimizer_init(params0), lockstep.moments_init(params0), None, ())
+               ctx.reference.optimizer_init(params0), lockstep.moments_init(params0), None, (), (init,))
     observations: list[Observation] = []
     steps: list[lockstep.Step] = []
     for e in range(epochs):
@@ -265,6 +332,9 @@ def measure(ctx) -> Measured:
         step_obs, step, run = _step_obs(ctx, e, run, n_ref, returns, sigma_port, sp, gp)
         observations += noise_obs + output_obs + math_obs + step_obs
         steps.append(step)
+    ctx.log(f"[{NAME}] sigma schedule over up to {ctx.sizes.sigma_epochs} epochs")
+    schedule_obs, schedule_epochs = _schedule_obs(ctx, params0, alpha)
+    observations += schedule_obs
     first_differs = bool(steps) and not steps[0].ok
     candidates, ratios = (lockstep.optimizer_candidates(ctx.reference, run.history, cfg.pop)
                           if first_differs else ({}, {}))
@@ -273,12 +343,18 @@ def measure(ctx) -> Measured:
     settings = ctx.reference.run
     return Measured(tuple(observations), tuple(steps), candidates, ratios, epochs, cfg.pop, ctx.seed,
                     ctx.sizes.traj_max_steps, ctx.port.jax_compatible_rng, ctx.port.has("forward"),
-                    settings.optimizer, settings.lr_decay, settings.sigma_decay, fits, sigma0)
+                    settings.optimizer, settings.lr_decay, settings.sigma_decay, fits, sigma0, schedule_epochs)
 
 
 def _diagnose(o: Observation, m: Measured, upstream: dict) -> list:
     """The causes of one row beyond tolerance: what this check reads off the port where it can (sigma schedule,
     optimizer, lr schedule), else every cause of the isolated check that explains it, else the quantity in words."""
+    schedule = [s for s in m.observations if s.quantity == "schedule" and not s.ok]
+    if o.quantity in ("sigma", "schedule") and schedule:     # the reading over the most epochs says the most
+        kind, found = schedule[0].detail
+        if kind == "exact":
+            return [diagnose.sigma_schedule_cause(found.epoch, found.ratio, m.sigma_decay, found.first)]
+        return [diagnose.sigma_trend_cause(found.epochs, found.slope, found.stderr, m.sigma_decay)]
     if o.quantity == "sigma":     # one fit for the run: the last epoch that differs says the most
         last = [s for s in m.observations if s.quantity == "sigma" and not s.ok][-1]
         return [diagnose.sigma_schedule_cause(last.epoch, last.detail[1], m.sigma_decay)]
@@ -336,6 +412,9 @@ def section(m: Measured) -> str:
         + ("the port's es_ask noise bit for bit (it claims JAX-compatible draws); "
            if m.jax_compatible else "the port's es_ask noise by its sigma schedule only (its own generator); ")
         + "its sigma_e / sigma_0 against its own epoch 0 (exact from repeated draws, else an F test); "
+        + f"apart from the lockstep, its sigma schedule over {m.schedule_epochs} epochs of its own es_ask / es_tell "
+        "on synthetic fitness (exact where the draws repeat, else a t test of the slope of the noise's log mean "
+        "square over the reference's sigma_e^2, resolving a 0.999 decay: parity.sigma_schedule); "
         + ("its logits on the reference's parameters and noise at every step; " if m.has_forward else
            "(no `forward`: logits not compared); ")
         + "shaped fitness of the same returns; the gradient on the reference's noise and shaped fitness; its "

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from parity import diagnose, optscale
+from parity.repro import Var, step
 from parity.tolerances import update_bound
 from parity.verdict import Recorder, fmt, summarize
 
@@ -55,30 +56,47 @@ def _delta(chain, e: int, start) -> np.ndarray:
 
 
 def _port_chain(ctx, params0, sigmas, rng):
-    """The port's own optimizer_step over the epochs, and the gradients it computed."""
+    """The port's own optimizer_step over the epochs, the gradients it computed, and its calls as repro steps
+    (parity.repro.Step: optimizer_init, then one optimizer_step per epoch, arguments as the port receives them)."""
     shapes, n = ctx.shapes, ctx.cfg.pop
+    steps = [step("optimizer_init", params0, out="state")]
     port_params, port_state = dict(params0), ctx.port.optimizer_init(params0)
     chain, grads = [], []
     for e, sigma in enumerate(sigmas):
         noise = ctx.reference.noise(shapes, ctx.seed, e, np.arange(n), n, sigma, ctx.cfg.rank)
         shaped = ctx.ref.shape_fitness(rng.standard_normal(n).astype(np.float32), 0)
         grads.append(ctx.port.gradient(noise, shaped, sigma, shapes))
+        steps.append(step("optimizer_step", Var("params") if e else port_params, Var("state"), ctx.port.received(noise),
+                          np.asarray(shaped, np.float32), float(sigma), int(e), out=("params", "state")))
         port_params, port_state = ctx.port.optimizer_step(port_params, port_state, noise, shaped, sigma, e, shapes)
         chain.append(port_params)
-    return chain, grads
+    return chain, grads, steps
 
 
-def _ratios(params0, port_chain, ref_chain) -> list[float]:
-    """Per epoch, the worst |port - ref| over one step's bound on each side, accumulated over the epochs."""
+def _allowed(params0, ref_chain) -> list[dict]:
+    """Per epoch, {key: |port - ref| allowed}: one step's bound on each side, accumulated over the epochs."""
     allowed = {k: np.zeros(v.shape) for k, v in params0.items()}
-    prev, ratios = params0, []
-    for port, ref in zip(port_chain, ref_chain):
-        for k in params0:
-            allowed[k] = allowed[k] + 2 * update_bound(ref[k], ref[k].astype(np.float64) - prev[k])
-        ratios.append(max(float(np.max(np.abs(port[k].astype(np.float64) - ref[k]) / np.maximum(allowed[k], 1e-300)))
-                          for k in params0))
+    prev, out = params0, []
+    for ref in ref_chain:
+        allowed = {k: allowed[k] + 2 * update_bound(ref[k], ref[k].astype(np.float64) - prev[k]) for k in params0}
+        out.append(allowed)
         prev = ref
-    return ratios
+    return out
+
+
+def _ratios(params0, port_chain, ref_chain, allowed) -> list[float]:
+    """Per epoch, the worst |port - ref| over its allowed difference."""
+    return [max(float(np.max(np.abs(port[k].astype(np.float64) - ref[k]) / np.maximum(bound[k], 1e-300)))
+                for k in params0) for port, ref, bound in zip(port_chain, ref_chain, allowed)]
+
+
+def _witness_first_failure(ctx, ratios, steps, port_chain, ref_chain, allowed) -> None:
+    """Hand the repro collector the port's calls up to the first epoch beyond its bound (optimizer_init and one
+    optimizer_step per epoch) and that epoch's comparison."""
+    e = next((i for i, r in enumerate(ratios) if r > 1), None)
+    if e is not None:
+        ctx.replay(f"epoch {e} N={ctx.cfg.pop}", steps[:e + 2], "params", port_chain[e], ref_chain[e], allowed[e],
+                   "u |p| + gamma_24 |update| per step and side, accumulated over the epochs")
 
 
 def _candidates(ctx, params0, port_chain, grads) -> tuple[dict[str, float], dict[int, float]]:
@@ -102,9 +120,11 @@ def measure(ctx) -> Measured:
     params0 = {k: (v if k.endswith(".weight") else (0.1 * rng.standard_normal(v.shape)).astype(np.float32))
                for k, v in ctx.reference.init_params(ctx.shapes, ctx.seed).items()}
     sigmas = [ctx.reference.sigma_at(e) for e in range(ctx.sizes.update_epochs)]
-    port_chain, grads = _port_chain(ctx, params0, sigmas, rng)
+    port_chain, grads, steps = _port_chain(ctx, params0, sigmas, rng)
     ref_chain = _reference_chain(ctx, params0, grads, sigmas)
-    ratios = _ratios(params0, port_chain, ref_chain)
+    allowed = _allowed(params0, ref_chain)
+    ratios = _ratios(params0, port_chain, ref_chain, allowed)
+    _witness_first_failure(ctx, ratios, steps, port_chain, ref_chain, allowed)
     norms = [float(np.linalg.norm(_delta(port_chain, e, params0)) / np.linalg.norm(_delta(ref_chain, e, params0)))
              if np.linalg.norm(_delta(ref_chain, e, params0)) > 0 else float("nan") for e in range(len(ratios))]
     mismatch = any(r > 1 for r in ratios)

@@ -1,0 +1,158 @@
+"""JAX's default generator in numpy (threefry2x32, jax_threefry_partitionable=True): keys, uniforms and normals.
+
+What DESIGN.md's "Float32 facts" state, without torch or JAX: key(seed) is the words (0, seed mod 2^32);
+fold_in(k, d) = threefry(k; 0, d); split(k, n)[j] = threefry(k; hi32(j), lo32(j)); element j of a draw is
+y0 ^ y1 of threefry(k; hi32(j), lo32(j)). A uniform is bitcast((bits >> 9) | 0x3F800000) - 1; a normal is
+sqrt(2) erf_inv(2f - 1 + 2^-24) evaluated as XLA's CPU code does (Giles' polynomial with fused multiply-adds,
+XLA's log and log1p), each float32 step emulated exactly in float64. A replay draws the reference's noise with
+it and checks each draw against the digest the bundle recorded; tests/test_numpy_reference.py checks it against
+jax.random bit for bit.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+U32 = np.uint32
+PARITY = U32(0x1BD11BDA)                       # threefry's key-schedule constant
+ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry(k0, k1, x0, x1) -> tuple[np.ndarray, np.ndarray]:
+    """threefry2x32 (20 rounds, 5 key injections) of counters (x0, x1) under keys (k0, k1), all broadcast uint32."""
+    k0, k1, x0, x1 = (np.asarray(v, dtype=U32) for v in (k0, k1, x0, x1))
+    shape = np.broadcast_shapes(*(np.shape(v) for v in (k0, k1, x0, x1)))
+    k0, k1, x0, x1 = (np.atleast_1d(v) for v in np.broadcast_arrays(k0, k1, x0, x1))
+    ks = (k0, k1, k0 ^ k1 ^ PARITY)
+    with np.errstate(over="ignore"):          # uint32 arithmetic wraps mod 2^32, as threefry's does
+        x0, x1 = x0 + ks[0], x1 + ks[1]
+        for i in range(5):
+            for r in ROTATIONS[i % 2]:
+                x0 = x0 + x1
+                x1 = ((x1 << U32(r)) | (x1 >> U32(32 - r))) ^ x0
+            x0 = x0 + ks[(i + 1) % 3]
+            x1 = x1 + ks[(i + 2) % 3] + U32(i + 1)
+    return x0.reshape(shape), x1.reshape(shape)
+
+
+def key(seed: int) -> np.ndarray:
+    """(2,) uint32: the words (0, seed mod 2^32), as jax.random.key without x64."""
+    return np.array([0, int(seed) & 0xFFFFFFFF], dtype=U32)
+
+
+def fold_in(k: np.ndarray, data) -> np.ndarray:
+    """(..., 2) keys: threefry(k; 0, uint32(data)), broadcast over a key batch and integer data."""
+    k = np.asarray(k, U32)
+    d = np.asarray(data, dtype=np.int64).astype(U32)
+    y0, y1 = threefry(k[..., 0], k[..., 1], np.zeros_like(d), d)
+    return np.stack([y0, y1], axis=-1)
+
+
+def _counters(n: int) -> tuple[np.ndarray, np.ndarray]:
+    j = np.arange(n, dtype=np.uint64)
+    return (j >> np.uint64(32)).astype(U32), (j & np.uint64(0xFFFFFFFF)).astype(U32)
+
+
+def split(k: np.ndarray, num: int) -> np.ndarray:
+    """(num, 2) keys of one key: split(k, n)[j] = threefry(k; hi32(j), lo32(j))."""
+    hi, lo = _counters(num)
+    y0, y1 = threefry(k[0], k[1], hi, lo)
+    return np.stack([y0, y1], axis=-1)
+
+
+def bits(keys: np.ndarray, shape) -> np.ndarray:
+    """(*batch, *shape) uint32 words, as jax.random.bits: element j is y0 ^ y1 of threefry(key; hi32(j), lo32(j))."""
+    keys = np.asarray(keys, U32)
+    shape = tuple(int(s) for s in np.atleast_1d(shape)) if np.ndim(shape) else ((int(shape),) if shape != () else ())
+    n = math.prod(shape)
+    hi, lo = _counters(n)
+    batch = keys.shape[:-1]
+    y0, y1 = threefry(keys[..., 0].reshape(-1, 1), keys[..., 1].reshape(-1, 1), hi[None], lo[None])
+    return (y0 ^ y1).reshape(batch + shape)
+
+
+def uniform(keys: np.ndarray, shape) -> np.ndarray:
+    """float32 uniforms in [0, 1), as jax.random.uniform at its defaults."""
+    m = (bits(keys, shape) >> U32(9)) | U32(0x3F800000)
+    return m.view(np.float32) - np.float32(1)
+
+
+# ------------------------------------------------------------------------------------------- normals
+def _f(word: int) -> float:
+    return float(np.array(word, dtype=U32).view(np.float32))
+
+
+LOG1P_SMALL = _f(0x3ED413CD)
+LOG1P_NUM = tuple(float(np.float32(c)) for c in (
+    4.5270000862445199635215e-5, 4.9854102823193375972212e-1, 6.5787325942061044846969e0,
+    2.9911919328553073277375e1, 6.0949667980987787057556e1, 5.7112963590585538103336e1,
+    2.0039553499201281259648e1))
+LOG1P_DEN = tuple(float(np.float32(c)) for c in (
+    1.0, 1.5062909083469192043167e1, 8.3047565967967209469434e1, 2.2176239823732856465394e2,
+    3.0909872225312059774938e2, 2.1642788614495947685003e2, 6.0118660497603843919306e1))
+LOG_SQRTHF = _f(0x3F3504F3)
+LOG_P = tuple(_f(w) for w in (0x3D9021BB, 0xBDEBD1B8, 0x3DEF251A, 0xBDFE5D4F, 0x3E11E9BF, 0xBE2AAE50, 0x3E4CCEAC,
+                              0xBE7FFFFC, 0x3EAAAAAA))
+LOG_Q1, LOG_Q2 = _f(0xB95E8083), _f(0x3F318000)
+ERFINV_SMALL = tuple(_f(w) for w in (0x32F16588, 0x34B84B36, 0xB66C7357, 0xB6935AC1, 0x396532DB, 0xBAA45408,
+                                     0xBB88E4EF, 0x3E7C8F63, 0x3FC02E2F))
+ERFINV_LARGE = tuple(_f(w) for w in (0xB951F09B, 0x38D3B56B, 0x3AB0DC72, 0xBB70BDE7, 0x3BBC127B, 0xBBF9C5D7,
+                                     0x3C1AA57E, 0x3F8036DB, 0x40354F7E))
+SQRT2 = _f(0x3FB504F3)
+
+
+def _r(x: np.ndarray) -> np.ndarray:
+    """Round float64 values to float32, kept in float64 (the carrier of the emulation)."""
+    return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
+
+
+def _fma(a, b, c) -> np.ndarray:
+    """float32 fused multiply-add in float64: the product of two float32 values is exact, the sum rounded once
+    to float64 and then to float32 (exact on this domain: the bit-for-bit test against JAX covers it)."""
+    return _r(np.asarray(a, np.float64) * b + c)
+
+
+def _xla_log(y: np.ndarray) -> np.ndarray:
+    """XLA CPU's float32 log of positive normal y (Cephes style: split at sqrt(1/2), degree-8 polynomial)."""
+    m, e = np.frexp(y)
+    below = (m < LOG_SQRTHF).astype(np.float64)
+    e = e.astype(np.float64) - below
+    t = (m - 1.0) + m * below
+    t2 = _r(t * t)
+    t3 = _r(t2 * t)
+    p0 = _fma(_fma(LOG_P[0], t, LOG_P[1]), t, LOG_P[2])
+    p1 = _fma(_fma(LOG_P[3], t, LOG_P[4]), t, LOG_P[5])
+    p2 = _fma(_fma(LOG_P[6], t, LOG_P[7]), t, LOG_P[8])
+    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _r(e * LOG_Q1))
+    return _fma(e, LOG_Q2, _r(_r(t - 0.5 * t2) + y))
+
+
+def _xla_log1p(x: np.ndarray) -> np.ndarray:
+    """XLA's float32 log1p for x in (-1, 0]: a rational approximation near 0, else log(1 + x)."""
+    x2 = _r(x * x)
+    num = _fma(x, LOG1P_NUM[0], LOG1P_NUM[1])
+    for c in LOG1P_NUM[2:]:
+        num = _fma(num, x, c)
+    den = _r(x + LOG1P_DEN[1])
+    for c in LOG1P_DEN[2:]:
+        den = _fma(den, x, c)
+    small = _r(x + _r(-0.5 * x2 + _r(_r(x * x2) * _r(num / den))))
+    return np.where(np.abs(x) < LOG1P_SMALL, small, _xla_log(_r(x + 1.0)))
+
+
+def normal_of_mantissa(m: np.ndarray) -> np.ndarray:
+    """The float32 normal JAX draws for mantissa bits m = bits >> 9: float32(sqrt 2) * erf_inv(2f - 1 + 2^-24)."""
+    u = (np.asarray(m, np.float64) * 4.0 - (2.0 ** 24 - 1.0)) * 2.0 ** -24
+    w = -_xla_log1p(_r(u * -u))
+    central = w < 5.0
+    z = np.where(central, _r(w - 2.5), _r(_r(np.sqrt(w)) - 3.0))
+    p = np.where(central, ERFINV_SMALL[0], ERFINV_LARGE[0])
+    for a, b in zip(ERFINV_SMALL[1:], ERFINV_LARGE[1:]):
+        p = _fma(p, z, np.where(central, a, b))
+    return (_r(u * p) * SQRT2).astype(np.float32)
+
+
+def normal(keys: np.ndarray, shape) -> np.ndarray:
+    """float32 standard normals (*batch, *shape), equal to jax.random.normal on JAX's CPU backend."""
+    return normal_of_mantissa(bits(keys, shape) >> U32(9))

@@ -1,0 +1,360 @@
+"""Parity as a test assertion: `assert_port_parity(adapter, ...)` for any test runner, and the pieces the pytest
+plugin (parity/pytest_plugin.py) builds one item per check from.
+
+A run is described by a `ParityRequest` (validated before any work: task, size, seed, bundle folder and `expect=`),
+run once per port by a `SuiteCache`, and read as one `Outcome` per check, whatever the task. `expect` declares the
+drifts a port has on purpose, as knobs of the knob table (spec/knobs.py; spec/tree_knobs.py for task="lm"): a
+failing check passes when every cause it gives names an expected knob, and the run fails when an expected knob is
+named by no check. The suite names knobs, not values: the value is checked against the table (so the declaration
+reads as the port's configuration) but not against what the port does. Nothing here imports jax or torch until a
+suite runs, so a port author's CI collects the tests without either.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from parity.adapter import UsageError
+
+TASKS = ("cartpole", "lm")
+EXPECT_ITEM = "expect"          # the run-level item: every expected knob named by some check
+# Values the suite never names, so expecting them could never be met: a port on its own generator is checked in
+# distribution, and a compiled forward is the same math (tests/test_parity_selftest.py holds both to a pass).
+NOT_DRIFTS = {"cartpole": {("rng", "torch"), ("compile", "on")}, "lm": {("rng", "torch")}}
+KNOB_IN_CAUSE = re.compile(r"knob `(\w+)`")     # how both suites name a knob in a cause (parity.diagnose.cause)
+LOG = logging.getLogger("parity.testing")
+
+
+class ParityWarning(UserWarning):
+    """Advice the suite gives about a port without failing it (e.g. a port that accepts NaN fitness)."""
+
+
+class SuiteCrash(RuntimeError):
+    """The suite itself crashed while checking a port: a bug to report, never a verdict on the port."""
+
+
+@dataclass(frozen=True)
+class ParityRequest:
+    """What to check: the adapter (an object, a class or factory called with the config, or 'module:attr'), the task,
+    the size, an optional conformance-vector bundle, the declared drifts and the run seed."""
+
+    adapter: Any
+    task: str
+    size: str
+    against: str | None
+    expect: tuple[tuple[str, Any], ...]
+    seed: int
+
+    @property
+    def key(self) -> tuple:
+        """One suite run per (port, task, size, bundle, seed); `expect` only changes how the run is judged."""
+        who = self.adapter if isinstance(self.adapter, str) else id(self.adapter)
+        return who, self.task, self.size, self.against, self.seed
+
+    @property
+    def expected(self) -> dict[str, Any]:
+        return dict(self.expect)
+
+    @property
+    def label(self) -> str:
+        """The port as the messages name it."""
+        if isinstance(self.adapter, str):
+            return self.adapter
+        name = getattr(self.adapter, "name", None)
+        return str(name) if isinstance(name, str) else getattr(self.adapter, "__qualname__", type(self.adapter).__name__)
+
+    @property
+    def item_names(self) -> tuple[str, ...]:
+        """The checks of the task in the order they run, then the run-level `expect` item when drifts are declared."""
+        return check_names(self.task) + ((EXPECT_ITEM,) if self.expect else ())
+
+
+def check_names(task: str) -> tuple[str, ...]:
+    """The task's checks in the order its suite runs them (importing neither jax nor torch)."""
+    if task == "lm":
+        from parity.tree_check import CHECKS
+    else:
+        from parity.suite import CHECKS
+    return CHECKS
+
+
+def size_names(task: str) -> tuple[str, ...]:
+    if task == "lm":
+        from parity.tree_check import sizes
+        return tuple(sizes())
+    from parity.suite import SIZES
+    return tuple(SIZES)
+
+
+def checked_expect(task: str, expect: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    """`expect` as sorted (knob, value) pairs, each a drift of the task's knob table; UsageError saying what would
+    be right for an unknown knob, an unknown value, the reference's own value or a value the suite never names."""
+    if expect is None:
+        return ()
+    if not isinstance(expect, Mapping):
+        raise UsageError(f"expect= takes a dict {{knob: value}} of the drifts the port has on purpose, e.g. "
+                         f"{{'antithetic': 'halves'}}; got {type(expect).__name__} {expect!r}")
+    pairs = []
+    for knob, value in expect.items():
+        value = _knob_value(task, knob, value)
+        if (knob, value) in NOT_DRIFTS[task]:
+            raise UsageError(f"expect={{{knob!r}: {value!r}}}: the suite never names {knob}={value} (it is checked as "
+                             "the same math), so nothing is to be expected; leave it out")
+        pairs.append((knob, value))
+    return tuple(sorted(pairs))
+
+
+def _knob_value(task: str, knob: str, value: Any) -> Any:
+    """The value of one expected knob, parsed and checked against the task's table (UsageError otherwise)."""
+    from spec.knobs import CHOICES, NUMERIC, KnobError, Knobs, parse_value
+    from spec.tree_knobs import TREE_CHOICES, TreeKnobs
+
+    choices, numeric, reference = (TREE_CHOICES, {}, TreeKnobs()) if task == "lm" else (CHOICES, NUMERIC, Knobs())
+    known = [*choices, *numeric]
+    if knob not in known:
+        raise UsageError(f"expect= names unknown knob {knob!r} for task {task!r}; known knobs: {', '.join(known)}")
+    if knob in choices and value not in choices[knob]:
+        raise UsageError(f"expect={{{knob!r}: {value!r}}}: unknown value for knob {knob!r}; its drifts: "
+                         f"{', '.join(map(repr, choices[knob][1:]))} (the reference's is {choices[knob][0]!r})")
+    if knob in numeric:
+        try:        # the text a command line would give, so 1.5 is no noise_reuse and True no number
+            value = getattr(reference.replace(**{knob: parse_value(knob, str(value))}), knob)
+        except KnobError:
+            raise UsageError(f"expect={{{knob!r}: {value!r}}}: knob {knob!r} takes {numeric[knob][1]}") from None
+    if value == getattr(reference, knob):
+        raise UsageError(f"expect={{{knob!r}: {value!r}}}: {value!r} is the reference's own value, no drift; "
+                         f"name the value the port departs to, or leave {knob!r} out")
+    return value
+
+
+def parity_request(adapter: Any, task: str = "cartpole", size: str = "selftest", against: str | Path | None = None,
+                   expect: Mapping[str, Any] | None = None, seed: int = 0) -> ParityRequest:
+    """A validated request, or UsageError saying what was wrong and what would be right (before any work)."""
+    from spec.limits import check_seed
+
+    if adapter is None:
+        raise UsageError("no adapter given: pass the port's adapter object, its class, or 'module:attr'")
+    if task not in TASKS:
+        raise UsageError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    if size not in size_names(task):
+        raise UsageError(f"unknown size {size!r} for task {task!r}; known sizes: {', '.join(size_names(task))}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise UsageError(f"seed must be an int, got {seed!r}")
+    try:
+        check_seed(seed, "seed")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if against is not None and not Path(against).is_dir():
+        raise UsageError(f"against={str(against)!r}: no such bundle folder; give a folder written by "
+                         "`python -m parity record` (e.g. vectors/cartpole-quick), or against=None for the live "
+                         "JAX reference")
+    return ParityRequest(adapter, task, size, None if against is None else str(against),
+                         checked_expect(task, expect), seed)
+
+
+# ----------------------------------------------------------------------------- one check's outcome, either task
+@dataclass(frozen=True)
+class Outcome:
+    """One check as a test sees it: verdict, headline (observed vs allowed), causes as (knob or None, text), the
+    number of failing rows that give no cause, and the port's traceback and the suite's advice, if any."""
+
+    name: str
+    verdict: str            # pass | fail | skip | error
+    observed: str
+    allowed: str
+    causes: tuple[tuple[str | None, str], ...] = ()
+    uncaused: int = 0
+    trace: str = ""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(k for k, _ in self.causes if k))
+
+
+def outcome_of_result(result) -> Outcome:
+    """The Outcome of a parity.verdict.CheckResult (the CartPole suite)."""
+    uncaused = sum(1 for r in result.rows if r.verdict == "fail" and not r.cause)
+    causes = tuple(dict.fromkeys((c.knob, c.text) for c in result.causes))
+    return Outcome(result.name, result.verdict, result.observed, result.allowed, causes, uncaused, result.trace,
+                   tuple(result.warnings))
+
+
+def outcomes_of_rows(rows: Sequence, names: Sequence[str]) -> tuple[Outcome, ...]:
+    """One Outcome per check of the LM suite's rows (parity.tree_check.Row), in `names`' order; a check's verdict is
+    its worst row's, its knobs those its failing rows' causes name."""
+    unknown = sorted({r.check for r in rows} - set(names))
+    if unknown:
+        raise SuiteCrash(f"the LM suite returned rows of check(s) {unknown} that parity.tree_check.CHECKS lacks")
+    return tuple(_lm_outcome(name, [r for r in rows if r.check == name]) for name in names)
+
+
+def _lm_outcome(name: str, rows: Sequence) -> Outcome:
+    from reporting import fmt
+
+    if not rows:
+        return Outcome(name, "error", "the LM suite gave no rows for this check", "-")
+    failed = [r for r in rows if r.verdict == "fail"]
+    if not failed and all(r.verdict == "skip" for r in rows):
+        return Outcome(name, "skip", f"skipped: {rows[0].cause or 'no reason given'}", "-")
+    judged = [r for r in rows if r.verdict != "skip" and r.value == r.value]
+    head = failed[0] if failed else max(judged or rows, key=lambda r: r.value if r.value == r.value else -1)
+    causes = tuple(dict.fromkeys((knob, r.cause) for r in failed if r.cause for knob in _knobs_of(r.cause)))
+    return Outcome(name, "fail" if failed else "pass", f"{head.quantity} = {fmt(head.value)}", head.allowed, causes,
+                   sum(1 for r in failed if not r.cause))
+
+
+def _knobs_of(text: str) -> list[str | None]:
+    """The knobs a cause of the LM suite names (one text may restate an earlier check's), or [None] for none."""
+    return list(dict.fromkeys(KNOB_IN_CAUSE.findall(text))) or [None]
+
+
+# ----------------------------------------------------------------------------- judging
+def check_failure(outcome: Outcome, request: ParityRequest) -> str | None:
+    """Why this check fails the test, in the suite's words, or None: it passed, was skipped, or failed only through
+    drifts `expect` declares (every cause names an expected knob)."""
+    expected = request.expected
+    if outcome.verdict in ("pass", "skip", "info"):
+        return None
+    new = [(k, t) for k, t in outcome.causes if k not in expected]
+    if outcome.verdict == "fail" and outcome.causes and not new and not outcome.uncaused:
+        return None
+    lines = [f"{request.label}: check `{outcome.name}` {outcome.verdict}",
+             f"  observed: {outcome.observed}", f"  allowed:  {outcome.allowed}"]
+    lines += [f"  cause:    {text}" + ("  (expected)" if knob in expected else "") for knob, text in outcome.causes]
+    if outcome.uncaused:
+        lines.append(f"  {outcome.uncaused} failing row(s) give no cause: a difference no knob of the table explains")
+    knobs = list(dict.fromkeys(k for k, _ in new if k))
+    if knobs:
+        lines.append(f"  not expected: {', '.join(f'knob `{k}`' for k in knobs)}; a drift the port has on purpose "
+                     f"is declared with expect={{{', '.join(f'{k!r}: <its value>' for k in knobs)}}}")
+    if outcome.trace:
+        lines += ["  the port raised (its own frames):", *("    " + line for line in outcome.trace.splitlines())]
+    return "\n".join(lines)
+
+
+def expect_failure(outcomes: Iterable[Outcome], request: ParityRequest) -> str | None:
+    """Why the declared drifts fail the run, or None: each expected knob must be named by some check."""
+    outcomes = tuple(outcomes)
+    named = {k for o in outcomes for k in o.knobs}
+    gone = {k: v for k, v in request.expect if k not in named}
+    if not gone:
+        return None
+    unseen = [o.name for o in outcomes if o.verdict in ("skip", "error")]
+    return (f"{request.label}: expected drift(s) not seen: {', '.join(f'{k}={v}' for k, v in gone.items())} named by "
+            "no check; if the port no longer departs there, drop it from expect="
+            + (f" (checks that did not judge, which might have named it: {', '.join(unseen)})" if unseen else ""))
+
+
+def run_failures(outcomes: Sequence[Outcome], request: ParityRequest) -> list[str]:
+    """Every reason the run fails the test: each check's, then the declared drifts'."""
+    found = [check_failure(o, request) for o in outcomes]
+    return [f for f in found + [expect_failure(outcomes, request)] if f]
+
+
+# ----------------------------------------------------------------------------- running
+def _bundle_keyword(fn: Callable, against: str | None) -> dict[str, str]:
+    """{'against': bundle} for a suite that takes one; NotImplementedError (before any work) for one that does not."""
+    if against is None:
+        return {}
+    if "against" not in inspect.signature(fn).parameters:
+        raise NotImplementedError(f"against= needs {fn.__module__}.{fn.__name__}(..., against=) (conformance vectors, "
+                                  "issue 22 item 1), which this installation lacks; use against=None to check "
+                                  "against the live JAX reference")
+    return {"against": against}
+
+
+def _run_cartpole(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
+    from parity.adapter import built_adapter, check_adapter, load_port
+    from parity.suite import SIZES, run_suite
+
+    sizes = SIZES[request.size]
+    extra = _bundle_keyword(run_suite, request.against)
+    if isinstance(request.adapter, str):
+        port = load_port(request.adapter, sizes.cfg)
+    else:
+        port = check_adapter(built_adapter(request.adapter, sizes.cfg, request.label), request.label)
+    return tuple(outcome_of_result(r) for r in run_suite(port, sizes, request.seed, log=log, **extra))
+
+
+def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
+    from parity import tree_check
+    from parity.adapter import PortError, built_adapter
+    from parity.tree_adapter import CheckedTreePort, PortSide, load_tree_port, port_tree
+    from spec.tree_knobs import TreeKnobs
+
+    cfg = tree_check.sizes()[request.size]
+    extra = _bundle_keyword(tree_check.run, request.against)
+    if isinstance(request.adapter, str):
+        port = load_tree_port(request.adapter, cfg)
+    else:
+        port = built_adapter(request.adapter, cfg, request.label)
+    port_tree(port, cfg)
+    try:
+        rows = tree_check.run(cfg, TreeKnobs(), request.seed, log, side=PortSide(CheckedTreePort(port, cfg), cfg),
+                              **extra)
+    except PortError as err:
+        raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree_adapter.py)") from err
+    return outcomes_of_rows(rows, tree_check.CHECKS)
+
+
+def run_request(request: ParityRequest) -> tuple[Outcome, ...]:
+    """Run the task's suite on the port once; its progress goes to the `parity.testing` logger."""
+    log = lambda line: LOG.info("%s", line)   # noqa: E731
+    log(f"parity: {request.label}, task {request.task}, size {request.size}, seed {request.seed}"
+        + (f", against {request.against}" if request.against else ""))
+    return (_run_lm if request.task == "lm" else _run_cartpole)(request, log)
+
+
+class SuiteCache:
+    """One suite run per port (ParityRequest.key), shared by every test that asks for it; the plugin keeps one per
+    session. A run that fails to start is kept too, and raised again, fresh, to each test that asks."""
+
+    def __init__(self, runner: Callable[[ParityRequest], tuple[Outcome, ...]] = run_request):
+        self._runner = runner
+        self._runs: dict[tuple, tuple[Any, Any]] = {}     # key -> (the adapter, kept alive for id(); outcomes | error)
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def outcomes(self, request: ParityRequest) -> tuple[Outcome, ...]:
+        if request.key not in self._runs:
+            try:
+                found: Any = self._runner(request)
+            except Exception as err:    # kept so every item of this port says the same
+                found = err
+            self._runs[request.key] = (request.adapter, found)
+        found = self._runs[request.key][1]
+        if isinstance(found, (UsageError, NotImplementedError)):
+            raise type(found)(str(found)) from found
+        if isinstance(found, Exception):
+            raise SuiteCrash(f"the parity suite crashed while checking {request.label} ({type(found).__name__}: "
+                             f"{found}); a bug of the harness, not a verdict: please report it") from found
+        return found
+
+
+def warn_about(outcome: Outcome, request: ParityRequest) -> None:
+    """Each of the suite's advice on this check as a ParityWarning (pytest lists them in its warnings summary)."""
+    for text in outcome.warnings:
+        warnings.warn(ParityWarning(f"{request.label}: {outcome.name}: {text}"), stacklevel=3)
+
+
+def assert_port_parity(adapter: Any, task: str = "cartpole", size: str = "selftest", against: str | Path | None = None,
+                       expect: Mapping[str, Any] | None = None, seed: int = 0,
+                       cache: SuiteCache | None = None) -> tuple[Outcome, ...]:
+    """Check a port against the EGGROLL reference in one call; AssertionError listing every failing check (verdict,
+    observed, allowed, cause in the knob table's words) and every expected drift not seen. UsageError before any
+    work for bad input (an unknown knob or value in `expect`, task, size, seed, bundle). Returns the outcomes."""
+    request = parity_request(adapter, task, size, against, expect, seed)
+    outcomes = (cache if cache is not None else SuiteCache()).outcomes(request)
+    for outcome in outcomes:
+        warn_about(outcome, request)
+    failures = run_failures(outcomes, request)
+    if failures:
+        raise AssertionError("\n\n".join(failures))
+    return outcomes

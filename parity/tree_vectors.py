@@ -1,0 +1,138 @@
+"""The LM suite's conformance vectors: the JAX reference's answers to `check --task lm` at one (size, seed), recorded
+into a bundle (parity.tape) and replayed without JAX (`check --task lm --against BUNDLE`).
+
+The checks reach the reference only through parity/tree_reference.py's functions. Each call is one of two kinds:
+- inputs fixed by (size, seed) alone, recorded: `init`, `draws` (JAX's normals of every perturbed leaf at both epochs,
+  under the faithful key scheme and the two drifted ones the noise check names: shared slice keys, declaration-order
+  keys), `shape` and `grads` (on fitness from the suite's own seeded stream), `product` (fresh seeded factors),
+  `scores` (the forward on seeded params) and `epoch_step` (the lockstep trajectory from the reference's init);
+- inputs that come from the port (the update on the port's gradient; in distribution the forward, shaping, gradient
+  and step on the port's own noise): answered by parity.tree_numpy_reference, the same math in numpy.
+dense_noise and factors_abs_product are numpy on the recorded draws (a fraction of the bytes of the dense noise). A
+recorded call whose inputs differ on replay (e.g. a port without `update` leaves the seeded stream elsewhere) goes to
+numpy where numpy can answer it and is otherwise skipped with the reason (parity.tape.NotRecorded).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from parity.adapter import UsageError
+from parity.tape import Bundle, Recording, Replay, Store, check_holds, read_bundle, write_bundle
+from parity.tree_numpy_reference import NumpyTreeReference, perturbs
+from spec.lm import LMConfig, lm_tree
+from spec.tree_knobs import TreeKnobs
+
+TASK = "lm"
+RECORDED = ("init", "draws", "shape", "grads", "product", "scores", "epoch_step")
+VERSIONS = ("jax", "jaxlib", "numpy", "scipy", "torch")
+
+
+def regenerate(size: str = "quick", seed: int = 0, out: str = "vectors/lm-quick") -> str:
+    return f"python -m parity record --task lm --size {size}" + (f" --seed {seed}" if seed else "") + f" --out {out}"
+
+
+class LMReference:
+    """tree_reference's surface: the RECORDED functions from `source` (a Recording of tree_reference, or a Replay of a
+    bundle falling back to numpy), everything else from `numpy` (a NumpyTreeReference on source's draws)."""
+
+    def __init__(self, source: Any, numpy: NumpyTreeReference):
+        self.source, self.numpy = source, numpy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source if name in RECORDED else self.numpy, name)
+
+    @property
+    def misses(self) -> list[str]:
+        """Recorded functions the bundle could not answer (their inputs came from the port), answered by numpy."""
+        return list(getattr(self.source, "misses", []))
+
+
+def recording_reference(store: Store) -> LMReference:
+    """The live reference, every RECORDED call stored in `store`; noise as the replay will compute it."""
+    from parity import tree_reference
+    source = Recording(tree_reference, RECORDED, store)
+    return LMReference(source, NumpyTreeReference(source.draws))
+
+
+def replay_reference(bundle: Bundle) -> LMReference:
+    """The reference from a bundle alone (no JAX): recorded calls by key, the rest in numpy."""
+    numpy = NumpyTreeReference(Replay(bundle.store, ("draws",)).draws)
+    return LMReference(Replay(bundle.store, RECORDED, fallback=numpy), numpy)
+
+
+def drift_variants(leaf) -> tuple[str, ...]:
+    """The draws the noise check compares a departing leaf with to name a knob (tmm_transposed reuses the faithful
+    draws): shared slice keys (stacked leaves), declaration-order keys (every leaf)."""
+    return ("faithful",) + (("shared",) if leaf.scan_axes else ()) + ("insertion",)
+
+
+def config_record(cfg: LMConfig) -> dict:
+    """The configuration as the manifest stores it (JSON values)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def lm_sizes() -> dict[str, LMConfig]:
+    from parity.tree_check import sizes
+    return sizes()
+
+
+def record_lm(size: str, seed: int, out: Path, log=lambda line: None) -> Path:
+    """Record the reference's answers to every LM check at (size, seed) into the bundle folder `out` (written
+    atomically); the checks are driven by the faithful torch side, which must pass them all (else nothing is
+    written: a recording the faithful side fails would hold a wrong reference)."""
+    from parity import tree_check, tree_reference
+    from reporting import cpu_name, versions
+    sizes = lm_sizes()
+    if size not in sizes:
+        raise UsageError(f"--task lm --size {size!r}: the LM suite's sizes are {', '.join(sizes)}")
+    cfg, store = sizes[size], Store()
+    ref = recording_reference(store)
+    rows = tree_check.run(cfg, TreeKnobs(), seed, log, reference=ref)         # side: torch_impl, faithful
+    failed = [f"{r.check}: {r.quantity}: {r.cause}" for r in rows if r.verdict != "pass"]
+    if failed:
+        raise RuntimeError("the faithful torch side did not pass every LM check while recording, so no bundle was "
+                           "written:\n  " + "\n  ".join(failed))
+    from parity.tree_check import EPOCHS
+    for epoch in EPOCHS:
+        for leaf in lm_tree(cfg).leaves:
+            if perturbs(cfg, leaf):
+                for variant in drift_variants(leaf):
+                    ref.draws(cfg, seed, epoch, leaf, variant)
+    manifest = {"task": TASK, "size": size, "seed": seed, "config": config_record(cfg),
+                "sizes": f"d_model {cfg.d_model}, layers {cfg.layers}, d_hidden {cfg.d_hidden}, T {cfg.seq_len}, "
+                         f"pop {cfg.pop}, rank {cfg.rank}",
+                "versions": versions(VERSIONS), "device": f"{tree_reference.device()}; host CPU {cpu_name()}",
+                "matmul_precision": tree_reference.matmul_precision(),
+                "command": regenerate(size, seed, str(out)), "recorded": list(RECORDED),
+                "numpy_answers": "update, scores_dense and any call whose inputs come from the port "
+                                 "(parity/tree_numpy_reference.py)"}
+    return write_bundle(out, store, manifest)
+
+
+def open_bundle(folder: str | Path, size: str | None, seed: int | None) -> Bundle:
+    """The LM bundle in `folder`, checked before any work: UsageError (exit 2) for a bundle that cannot be read
+    (parity.tape.read_bundle), of another task, or not holding the asked size or seed, or recorded at a configuration
+    this version's size no longer has."""
+    bundle = read_bundle(folder, regenerate())
+    check_holds(bundle, TASK, size, seed, "vectors/lm-quick", lambda s, e: regenerate(s, e, "BUNDLE"))
+    m = bundle.manifest
+    sizes = lm_sizes()
+    if m.get("size") not in sizes or config_record(sizes[m["size"]]) != m.get("config"):
+        raise UsageError(f"bundle {folder} was recorded at size {m.get('size')!r} with configuration "
+                         f"{m.get('config')}, which this version's LM sizes ({', '.join(sizes)}) do not hold: "
+                         f"regenerate it with `{m.get('command') or regenerate()}`")
+    return bundle
+
+
+def bundle_reference(folder: str | Path, cfg: LMConfig, seed: int) -> LMReference:
+    """The replayed reference of the bundle in `folder` for a run at (cfg, seed) (tree_check.run(against=), the pytest
+    plugin's against=); UsageError when the bundle holds another configuration or seed."""
+    bundle = open_bundle(folder, None, seed)
+    if bundle.manifest["config"] != config_record(cfg):
+        raise UsageError(f"bundle {folder} holds size {bundle.manifest['size']!r} ({bundle.manifest['sizes']}), not "
+                         f"this run's configuration {cfg}: give a bundle of that size, or record one with "
+                         f"`{regenerate('SIZE', seed, 'BUNDLE')}`")
+    return replay_reference(bundle)
