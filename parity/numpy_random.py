@@ -14,9 +14,10 @@ import math
 
 import numpy as np
 
+from spec import jax_rng as J
+
 U32 = np.uint32
-PARITY = U32(0x1BD11BDA)                       # threefry's key-schedule constant
-ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+PARITY = U32(J.PARITY32)                       # threefry's key-schedule constant
 
 
 def threefry(k0, k1, x0, x1) -> tuple[np.ndarray, np.ndarray]:
@@ -28,7 +29,7 @@ def threefry(k0, k1, x0, x1) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(over="ignore"):          # uint32 arithmetic wraps mod 2^32, as threefry's does
         x0, x1 = x0 + ks[0], x1 + ks[1]
         for i in range(5):
-            for r in ROTATIONS[i % 2]:
+            for r in J.ROTATIONS[i % 2]:
                 x0 = x0 + x1
                 x1 = ((x1 << U32(r)) | (x1 >> U32(32 - r))) ^ x0
             x0 = x0 + ks[(i + 1) % 3]
@@ -79,29 +80,6 @@ def uniform(keys: np.ndarray, shape) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------- normals
-def _f(word: int) -> float:
-    return float(np.array(word, dtype=U32).view(np.float32))
-
-
-LOG1P_SMALL = _f(0x3ED413CD)
-LOG1P_NUM = tuple(float(np.float32(c)) for c in (
-    4.5270000862445199635215e-5, 4.9854102823193375972212e-1, 6.5787325942061044846969e0,
-    2.9911919328553073277375e1, 6.0949667980987787057556e1, 5.7112963590585538103336e1,
-    2.0039553499201281259648e1))
-LOG1P_DEN = tuple(float(np.float32(c)) for c in (
-    1.0, 1.5062909083469192043167e1, 8.3047565967967209469434e1, 2.2176239823732856465394e2,
-    3.0909872225312059774938e2, 2.1642788614495947685003e2, 6.0118660497603843919306e1))
-LOG_SQRTHF = _f(0x3F3504F3)
-LOG_P = tuple(_f(w) for w in (0x3D9021BB, 0xBDEBD1B8, 0x3DEF251A, 0xBDFE5D4F, 0x3E11E9BF, 0xBE2AAE50, 0x3E4CCEAC,
-                              0xBE7FFFFC, 0x3EAAAAAA))
-LOG_Q1, LOG_Q2 = _f(0xB95E8083), _f(0x3F318000)
-ERFINV_SMALL = tuple(_f(w) for w in (0x32F16588, 0x34B84B36, 0xB66C7357, 0xB6935AC1, 0x396532DB, 0xBAA45408,
-                                     0xBB88E4EF, 0x3E7C8F63, 0x3FC02E2F))
-ERFINV_LARGE = tuple(_f(w) for w in (0xB951F09B, 0x38D3B56B, 0x3AB0DC72, 0xBB70BDE7, 0x3BBC127B, 0xBBF9C5D7,
-                                     0x3C1AA57E, 0x3F8036DB, 0x40354F7E))
-SQRT2 = _f(0x3FB504F3)
-
-
 def _r(x: np.ndarray) -> np.ndarray:
     """Round float64 values to float32, kept in float64 (the carrier of the emulation)."""
     return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
@@ -116,29 +94,29 @@ def _fma(a, b, c) -> np.ndarray:
 def _xla_log(y: np.ndarray) -> np.ndarray:
     """XLA CPU's float32 log of positive normal y (Cephes style: split at sqrt(1/2), degree-8 polynomial)."""
     m, e = np.frexp(y)
-    below = (m < LOG_SQRTHF).astype(np.float64)
+    below = (m < J.LOG_SQRTHF).astype(np.float64)
     e = e.astype(np.float64) - below
     t = (m - 1.0) + m * below
     t2 = _r(t * t)
     t3 = _r(t2 * t)
-    p0 = _fma(_fma(LOG_P[0], t, LOG_P[1]), t, LOG_P[2])
-    p1 = _fma(_fma(LOG_P[3], t, LOG_P[4]), t, LOG_P[5])
-    p2 = _fma(_fma(LOG_P[6], t, LOG_P[7]), t, LOG_P[8])
-    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _r(e * LOG_Q1))
-    return _fma(e, LOG_Q2, _r(_r(t - 0.5 * t2) + y))
+    p0 = _fma(_fma(J.LOG_P[0], t, J.LOG_P[1]), t, J.LOG_P[2])
+    p1 = _fma(_fma(J.LOG_P[3], t, J.LOG_P[4]), t, J.LOG_P[5])
+    p2 = _fma(_fma(J.LOG_P[6], t, J.LOG_P[7]), t, J.LOG_P[8])
+    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _r(e * J.LOG_Q1))
+    return _fma(e, J.LOG_Q2, _r(_r(t - 0.5 * t2) + y))
 
 
 def _xla_log1p(x: np.ndarray) -> np.ndarray:
     """XLA's float32 log1p for x in (-1, 0]: a rational approximation near 0, else log(1 + x)."""
     x2 = _r(x * x)
-    num = _fma(x, LOG1P_NUM[0], LOG1P_NUM[1])
-    for c in LOG1P_NUM[2:]:
+    num = _fma(x, J.LOG1P_NUM[0], J.LOG1P_NUM[1])
+    for c in J.LOG1P_NUM[2:]:
         num = _fma(num, x, c)
-    den = _r(x + LOG1P_DEN[1])
-    for c in LOG1P_DEN[2:]:
+    den = _r(x + J.LOG1P_DEN[1])
+    for c in J.LOG1P_DEN[2:]:
         den = _fma(den, x, c)
     small = _r(x + _r(-0.5 * x2 + _r(_r(x * x2) * _r(num / den))))
-    return np.where(np.abs(x) < LOG1P_SMALL, small, _xla_log(_r(x + 1.0)))
+    return np.where(np.abs(x) < J.LOG1P_SMALL, small, _xla_log(_r(x + 1.0)))
 
 
 def normal_of_mantissa(m: np.ndarray) -> np.ndarray:
@@ -147,10 +125,10 @@ def normal_of_mantissa(m: np.ndarray) -> np.ndarray:
     w = -_xla_log1p(_r(u * -u))
     central = w < 5.0
     z = np.where(central, _r(w - 2.5), _r(_r(np.sqrt(w)) - 3.0))
-    p = np.where(central, ERFINV_SMALL[0], ERFINV_LARGE[0])
-    for a, b in zip(ERFINV_SMALL[1:], ERFINV_LARGE[1:]):
+    p = np.where(central, J.ERFINV_SMALL[0], J.ERFINV_LARGE[0])
+    for a, b in zip(J.ERFINV_SMALL[1:], J.ERFINV_LARGE[1:]):
         p = _fma(p, z, np.where(central, a, b))
-    return (_r(u * p) * SQRT2).astype(np.float32)
+    return (_r(u * p) * J.SQRT2).astype(np.float32)
 
 
 def normal(keys: np.ndarray, shape) -> np.ndarray:

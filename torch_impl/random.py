@@ -20,12 +20,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from spec import jax_rng as J
+
 __all__ = ["key", "fold_in", "split", "bits", "uniform", "normal", "as_key", "to_uint32", "normal_from_mantissa",
            "normal_table"]
 
 _MASK32 = 0xFFFFFFFF
-_PARITY32 = 0x1BD11BDA                       # threefry's key-schedule constant
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 # CPU work goes in blocks of fewer than 2^15 elements: torch runs such elementwise ops on one thread (below
 # its parallel grain size), which keeps a block in cache and avoids thread wake-ups on a busy machine.
 _CPU_BLOCK = (1 << 15) - 1
@@ -90,13 +90,13 @@ def _shape_tuple(shape) -> tuple[int, ...]:
 # ------------------------------------------------------------------------------------------- threefry
 def _rounds_(x0: torch.Tensor, x1: torch.Tensor, k0, k1) -> None:
     """threefry2x32 (20 rounds, 5 key injections) on int32 counters in place; k0, k1 broadcast to them."""
-    k2 = k0 ^ k1 ^ _PARITY32
+    k2 = k0 ^ k1 ^ J.PARITY32
     ks = (k0, k1, k2)
     x0.add_(k0)
     x1.add_(k1)
     tmp = torch.empty_like(x1)
     for i in range(5):
-        for r in _ROTATIONS[i % 2]:
+        for r in J.ROTATIONS[i % 2]:
             x0.add_(x1)
             torch.bitwise_left_shift(x1, r, out=tmp)                 # rotate left by r:
             x1.bitwise_right_shift_(32 - r).bitwise_and_((1 << r) - 1).bitwise_or_(tmp)   # logical >> via mask
@@ -293,34 +293,6 @@ def _uniform_eager(keys: torch.Tensor, shape, lo: float, span: float) -> torch.T
 
 
 # ------------------------------------------------------------------------------------------- normals
-def _float_of_bits(word: int) -> float:
-    """The float32 with IEEE bit pattern `word`, as a Python float."""
-    return float(np.array(word, dtype=np.uint32).view(np.float32))
-
-
-# XLA's log1p: a rational approximation for |x| < sqrt(2) - 1, else log(1 + x) (float32 constants).
-_LOG1P_SMALL = _float_of_bits(0x3ED413CD)
-_LOG1P_NUM = tuple(float(np.float32(c)) for c in (
-    4.5270000862445199635215e-5, 4.9854102823193375972212e-1, 6.5787325942061044846969e0,
-    2.9911919328553073277375e1, 6.0949667980987787057556e1, 5.7112963590585538103336e1,
-    2.0039553499201281259648e1))
-_LOG1P_DEN = tuple(float(np.float32(c)) for c in (
-    1.0, 1.5062909083469192043167e1, 8.3047565967967209469434e1, 2.2176239823732856465394e2,
-    3.0909872225312059774938e2, 2.1642788614495947685003e2, 6.0118660497603843919306e1))
-# XLA's CPU log (Cephes style): mantissa split at sqrt(1/2), degree-8 polynomial, ln 2 in two parts.
-_LOG_SQRTHF = _float_of_bits(0x3F3504F3)
-_LOG_P = tuple(_float_of_bits(w) for w in (0x3D9021BB, 0xBDEBD1B8, 0x3DEF251A, 0xBDFE5D4F, 0x3E11E9BF,
-                                  0xBE2AAE50, 0x3E4CCEAC, 0xBE7FFFFC, 0x3EAAAAAA))
-_LOG_Q1 = _float_of_bits(0xB95E8083)            # -2.12194440e-4
-_LOG_Q2 = _float_of_bits(0x3F318000)            # 0.693359375
-# Giles' single-precision erf_inv: coefficients for w < 5 (z = w - 2.5) and w >= 5 (z = sqrt(w) - 3).
-_ERFINV_SMALL = tuple(_float_of_bits(w) for w in (0x32F16588, 0x34B84B36, 0xB66C7357, 0xB6935AC1, 0x396532DB,
-                                        0xBAA45408, 0xBB88E4EF, 0x3E7C8F63, 0x3FC02E2F))
-_ERFINV_LARGE = tuple(_float_of_bits(w) for w in (0xB951F09B, 0x38D3B56B, 0x3AB0DC72, 0xBB70BDE7, 0x3BBC127B,
-                                        0xBBF9C5D7, 0x3C1AA57E, 0x3F8036DB, 0x40354F7E))
-_SQRT2_F32 = _float_of_bits(0x3FB504F3)
-
-
 def _r(x: torch.Tensor) -> torch.Tensor:
     """Round a float64 tensor to float32, keep it in float64 (the carrier of the emulation)."""
     return x.float().double()
@@ -347,29 +319,29 @@ def _sqrt(x: torch.Tensor) -> torch.Tensor:
 def _xla_log(y: torch.Tensor) -> torch.Tensor:
     """XLA CPU's float32 log for positive normal y (float64 carrier), with the FMAs its code gets."""
     m, e = torch.frexp(y)                                     # y = m * 2^e, m in [0.5, 1)
-    below = (m < _LOG_SQRTHF).double()
+    below = (m < J.LOG_SQRTHF).double()
     e = e.double() - below
     t = (m - 1.0) + m * below                                 # exact: m - 1, or 2m - 1 below sqrt(1/2)
     t2 = _r(t * t)
     t3 = _r(t2 * t)
-    p0 = _fma(_fma(_LOG_P[0], t, _LOG_P[1]), t, _LOG_P[2])
-    p1 = _fma(_fma(_LOG_P[3], t, _LOG_P[4]), t, _LOG_P[5])
-    p2 = _fma(_fma(_LOG_P[6], t, _LOG_P[7]), t, _LOG_P[8])
-    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _r(e * _LOG_Q1))
-    return _fma(e, _LOG_Q2, _r(_r(t - 0.5 * t2) + y))
+    p0 = _fma(_fma(J.LOG_P[0], t, J.LOG_P[1]), t, J.LOG_P[2])
+    p1 = _fma(_fma(J.LOG_P[3], t, J.LOG_P[4]), t, J.LOG_P[5])
+    p2 = _fma(_fma(J.LOG_P[6], t, J.LOG_P[7]), t, J.LOG_P[8])
+    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _r(e * J.LOG_Q1))
+    return _fma(e, J.LOG_Q2, _r(_r(t - 0.5 * t2) + y))
 
 
 def _xla_log1p(x: torch.Tensor) -> torch.Tensor:
     """XLA's float32 log1p for x in (-1, 0] (float64 carrier)."""
     x2 = _r(x * x)
-    num = _fma(x, _LOG1P_NUM[0], _LOG1P_NUM[1])
-    for c in _LOG1P_NUM[2:]:
+    num = _fma(x, J.LOG1P_NUM[0], J.LOG1P_NUM[1])
+    for c in J.LOG1P_NUM[2:]:
         num = _fma(num, x, c)
-    den = _r(x + _LOG1P_DEN[1])
-    for c in _LOG1P_DEN[2:]:
+    den = _r(x + J.LOG1P_DEN[1])
+    for c in J.LOG1P_DEN[2:]:
         den = _fma(den, x, c)
     small = _r(x + _r(-0.5 * x2 + _r(_r(x * x2) * _r(num / den))))
-    return torch.where(x.abs() < _LOG1P_SMALL, small, _xla_log(_r(x + 1.0)))
+    return torch.where(x.abs() < J.LOG1P_SMALL, small, _xla_log(_r(x + 1.0)))
 
 
 def normal_from_mantissa(m: torch.Tensor) -> torch.Tensor:
@@ -383,10 +355,10 @@ def normal_from_mantissa(m: torch.Tensor) -> torch.Tensor:
     central = w < 5.0
     z = torch.where(central, _r(w - 2.5), _r(_r(_sqrt(w)) - 3.0))
     c = central.double()
-    p = _pick(c, _ERFINV_SMALL[0], _ERFINV_LARGE[0])
-    for a, b in zip(_ERFINV_SMALL[1:], _ERFINV_LARGE[1:]):
+    p = _pick(c, J.ERFINV_SMALL[0], J.ERFINV_LARGE[0])
+    for a, b in zip(J.ERFINV_SMALL[1:], J.ERFINV_LARGE[1:]):
         p = _fma(p, z, _pick(c, a, b))
-    return (_r(u * p) * _SQRT2_F32).float()
+    return (_r(u * p) * J.SQRT2).float()
 
 
 @functools.lru_cache(maxsize=None)

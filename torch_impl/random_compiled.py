@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from spec import jax_rng as J
 from torch_impl import random as R
 
 __all__ = ["draw", "wanted", "compiled_status", "CompiledStatus", "MIN_DRAWS"]
@@ -62,10 +63,10 @@ def _threefry2x32(k0, k1, x0: torch.Tensor, x1: torch.Tensor, pin) -> tuple[torc
     makes each intermediate inductor stores read a per-key input, so all of them keep the (keys, counters)
     loop and fuse into one loop nest (without it inductor flattens some to 1-d and splits the kernel in ~10).
     """
-    ks = (k0, k1, k0 ^ k1 ^ R._PARITY32)
+    ks = (k0, k1, k0 ^ k1 ^ J.PARITY32)
     x0, x1 = x0 + k0, x1 + k1
     for i in range(5):
-        for r in R._ROTATIONS[i % 2]:
+        for r in J.ROTATIONS[i % 2]:
             x0 = (x0 + x1) | pin
             x1 = (_rotl(x1, r) ^ x0) | pin
         x0 = x0 + ks[(i + 1) % 3]
@@ -110,30 +111,30 @@ def _xla_log(y: torch.Tensor) -> torch.Tensor:
     """random._xla_log with frexp done on the float32 bits (y is a positive normal float32 in float64)."""
     b = y.float().view(torch.int32)
     m = ((b & 0x007FFFFF) | 0x3F000000).view(torch.float32).double()            # mantissa in [0.5, 1)
-    below = m < R._LOG_SQRTHF
+    below = m < J.LOG_SQRTHF
     e = torch.where(below, (b >> 23) - 127, (b >> 23) - 126).double()
     t = torch.where(below, (m + m) - 1.0, m - 1.0)                               # exact
-    p = R._LOG_P
+    p = J.LOG_P
     t2 = _round32(t * t)
     t3 = _round32(t2 * t)
     p0 = _fma(_fma(p[0], t, p[1]), t, p[2])
     p1 = _fma(_fma(p[3], t, p[4]), t, p[5])
     p2 = _fma(_fma(p[6], t, p[7]), t, p[8])
-    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _round32(e * R._LOG_Q1))
-    return _fma(e, R._LOG_Q2, _round32(_round32(t - 0.5 * t2) + y))
+    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _round32(e * J.LOG_Q1))
+    return _fma(e, J.LOG_Q2, _round32(_round32(t - 0.5 * t2) + y))
 
 
 def _xla_log1p(x: torch.Tensor) -> torch.Tensor:
     """random._xla_log1p, the same steps: x in (-1, 0] in float64."""
     x2 = _round32(x * x)
-    num = _fma(x, R._LOG1P_NUM[0], R._LOG1P_NUM[1])
-    for c in R._LOG1P_NUM[2:]:
+    num = _fma(x, J.LOG1P_NUM[0], J.LOG1P_NUM[1])
+    for c in J.LOG1P_NUM[2:]:
         num = _fma(num, x, c)
-    den = _round32(x + R._LOG1P_DEN[1])
-    for c in R._LOG1P_DEN[2:]:
+    den = _round32(x + J.LOG1P_DEN[1])
+    for c in J.LOG1P_DEN[2:]:
         den = _fma(den, x, c)
     small = _round32(x + _round32(-0.5 * x2 + _round32(_round32(x * x2) * _round32(num / den))))
-    return torch.where(x.abs() < R._LOG1P_SMALL, small, _xla_log(_round32(x + 1.0)))
+    return torch.where(x.abs() < J.LOG1P_SMALL, small, _xla_log(_round32(x + 1.0)))
 
 
 def normal_of_mantissa(m: torch.Tensor) -> torch.Tensor:
@@ -142,10 +143,10 @@ def normal_of_mantissa(m: torch.Tensor) -> torch.Tensor:
     w = -_xla_log1p(_round32(u * -u))
     central = w < 5.0
     z = torch.where(central, _round32(w - 2.5), _round32(_round32(torch.sqrt(w)) - 3.0))
-    p = torch.where(central, R._ERFINV_SMALL[0], R._ERFINV_LARGE[0])
-    for a, b in zip(R._ERFINV_SMALL[1:], R._ERFINV_LARGE[1:]):
+    p = torch.where(central, J.ERFINV_SMALL[0], J.ERFINV_LARGE[0])
+    for a, b in zip(J.ERFINV_SMALL[1:], J.ERFINV_LARGE[1:]):
         p = _fma(p, z, torch.where(central, a, b))
-    return (_round32(u * p) * R._SQRT2_F32).float()
+    return (_round32(u * p) * J.SQRT2).float()
 
 
 def _fma32_from_bits(f: torch.Tensor, span: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:

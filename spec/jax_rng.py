@@ -1,0 +1,46 @@
+"""The constants of JAX's default generator as its CPU backend computes it, for every side that redraws it.
+
+threefry2x32's key-schedule constant and rotations, and the float32 constants of XLA's log, log1p and Giles' erf_inv
+that turn a draw's 23 mantissa bits into a normal. Pure data: torch_impl.random (and its compiled kernels) and
+parity.numpy_random (the replay without JAX) each evaluate them in their own array library; DESIGN.md's float32
+facts say how. Both are checked bit for bit against jax.random (tests/test_random.py, tests/test_numpy_reference.py).
+"""
+from __future__ import annotations
+
+import struct
+
+
+def float32_of_bits(word: int) -> float:
+    """The float32 with IEEE bit pattern `word`, as a Python float (exact)."""
+    return struct.unpack("<f", struct.pack("<I", word))[0]
+
+
+def to_float32(x: float) -> float:
+    """x rounded to the nearest float32, as a Python float."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+PARITY32 = 0x1BD11BDA                        # threefry's key-schedule constant
+ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+# XLA's log1p: a rational approximation for |x| < sqrt(2) - 1, else log(1 + x).
+LOG1P_SMALL = float32_of_bits(0x3ED413CD)
+LOG1P_NUM = tuple(to_float32(c) for c in (
+    4.5270000862445199635215e-5, 4.9854102823193375972212e-1, 6.5787325942061044846969e0,
+    2.9911919328553073277375e1, 6.0949667980987787057556e1, 5.7112963590585538103336e1,
+    2.0039553499201281259648e1))
+LOG1P_DEN = tuple(to_float32(c) for c in (
+    1.0, 1.5062909083469192043167e1, 8.3047565967967209469434e1, 2.2176239823732856465394e2,
+    3.0909872225312059774938e2, 2.1642788614495947685003e2, 6.0118660497603843919306e1))
+# XLA's CPU log (Cephes style): mantissa split at sqrt(1/2), degree-8 polynomial, ln 2 in two parts.
+LOG_SQRTHF = float32_of_bits(0x3F3504F3)
+LOG_P = tuple(float32_of_bits(w) for w in (0x3D9021BB, 0xBDEBD1B8, 0x3DEF251A, 0xBDFE5D4F, 0x3E11E9BF, 0xBE2AAE50,
+                                           0x3E4CCEAC, 0xBE7FFFFC, 0x3EAAAAAA))
+LOG_Q1 = float32_of_bits(0xB95E8083)         # -2.12194440e-4
+LOG_Q2 = float32_of_bits(0x3F318000)         # 0.693359375
+# Giles' single-precision erf_inv: coefficients for w < 5 (z = w - 2.5) and w >= 5 (z = sqrt(w) - 3).
+ERFINV_SMALL = tuple(float32_of_bits(w) for w in (0x32F16588, 0x34B84B36, 0xB66C7357, 0xB6935AC1, 0x396532DB,
+                                                  0xBAA45408, 0xBB88E4EF, 0x3E7C8F63, 0x3FC02E2F))
+ERFINV_LARGE = tuple(float32_of_bits(w) for w in (0xB951F09B, 0x38D3B56B, 0x3AB0DC72, 0xBB70BDE7, 0x3BBC127B,
+                                                  0xBBF9C5D7, 0x3C1AA57E, 0x3F8036DB, 0x40354F7E))
+SQRT2 = float32_of_bits(0x3FB504F3)          # float32(sqrt 2), the normal's last factor
