@@ -214,9 +214,9 @@ def parse(argv: list[str]):
         from parity.vectors import open_bundle
 
         args.bundle = open_bundle(args.against, args.size, args.seed)
-        args.size, args.seed = args.bundle.manifest["size"], args.bundle.manifest["seed"]
-    args.size = args.size or "quick"
-    args.seed = 0 if args.seed is None else args.seed
+    from parity.tape import run_size_and_seed
+
+    args.size, args.seed = run_size_and_seed(args.bundle, args.size, args.seed)
     sizes = suite_sizes(args)
     made = _make_port(args, sizes)
     sizes = at_port_rank(sizes, made[0])        # a port of fixed rank (its `rank` attribute) is compared at it

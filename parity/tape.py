@@ -356,6 +356,26 @@ def check_holds(bundle: Bundle, task: str, size: str | None, seed: int | None, e
                          f"used) or record that seed with `{record(m.get('size'), seed)}`")
 
 
+def run_size_and_seed(bundle: Bundle | None, size: str | None, seed: int | None,
+                      default_size: str = "quick") -> tuple[str, int]:
+    """The run's (size, seed): the bundle's with --against (check_holds has held any given ones to them), else the
+    ones given, else the defaults (default_size, seed 0)."""
+    if bundle is not None:
+        return bundle.manifest["size"], bundle.manifest["seed"]
+    return size or default_size, 0 if seed is None else seed
+
+
+def recording_of(bundle: Bundle) -> str:
+    """What the report says of a bundle: its folder, format, content hash, task, size and seed, and where and with
+    which versions it was recorded."""
+    m = bundle.manifest
+    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+    return (f"bundle {bundle.folder} (format version {m.get('format_version')}, content hash "
+            f"{str(m.get('content_hash'))[:16]}..., task {m.get('task')}, size {m.get('size')}, seed {m.get('seed')}; "
+            f"recorded by `{m.get('command')}` with {versions}; {m.get('device')}; matmul precision "
+            f"{m.get('matmul_precision')})")
+
+
 def read_bundle(folder: Path | str, regenerate: str = "python -m parity record") -> Bundle:
     """The bundle in `folder`, checked whole; UsageError (exit 2) saying what is wrong and what to do for a missing
     folder or file, a truncated or unreadable file, another format version or a failed content hash."""

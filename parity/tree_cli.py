@@ -48,9 +48,8 @@ def parse(argv: list[str]):
         from parity.tree_vectors import open_bundle, replay_reference
         bundle = open_bundle(args.against, args.size, args.seed)
         reference = replay_reference(bundle)
-        args.size, args.seed = bundle.manifest["size"], bundle.manifest["seed"]
-    args.size = args.size or "quick"
-    args.seed = 0 if args.seed is None else args.seed
+    from parity.tape import run_size_and_seed
+    args.size, args.seed = run_size_and_seed(bundle, args.size, args.seed)
     return args, knobs, bundle, reference
 
 
@@ -116,12 +115,9 @@ def main(argv: list[str]) -> int:
 
 def bundle_lines(bundle, reference) -> list[str]:
     """The report's lines on a replayed reference: which bundle, what recorded it, what numpy answered."""
-    m = bundle.manifest
+    from parity.tape import recording_of
     misses = reference.misses
-    return [f"- reference: the bundle {bundle.folder} (format {m['format_version']}, content hash "
-            f"{m['content_hash'][:16]}, recorded by `{m.get('command')}` with "
-            f"{', '.join(f'{k} {v}' for k, v in m.get('versions', {}).items())}; {m.get('device')}; matmul precision "
-            f"{m.get('matmul_precision')})",
+    return [f"- reference: the {recording_of(bundle)}",
             f"- answered by the reference's math in numpy (inputs from the port, parity/tree_numpy_reference.py): "
             + (", ".join(f"{k} x{misses.count(k)}" for k in dict.fromkeys(misses)) or "none")
             + "; update and the forward on the port's own noise always are"]

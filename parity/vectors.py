@@ -213,13 +213,8 @@ def open_bundle(folder: Path | str, size: str | None = None, seed: int | None = 
 
 def describe(bundle: tape.Bundle) -> str:
     """The report's line on where the reference side came from."""
-    m = bundle.manifest
-    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
-    return (f"recorded bundle {bundle.folder} (format version {m.get('format_version')}, content hash "
-            f"{str(m.get('content_hash'))[:16]}..., task {m.get('task')}, size {m.get('size')}, seed {m.get('seed')}; "
-            f"recorded with {versions}; {m.get('device')}; matmul precision {m.get('matmul_precision')}); draws by "
-            "parity.numpy_random, each checked against the bundle's digest; calls whose inputs came from the port "
-            "computed by parity.numpy_reference")
+    return (f"recorded {tape.recording_of(bundle)}; draws by parity.numpy_random, each checked against the bundle's "
+            "digest; calls whose inputs came from the port computed by parity.numpy_reference")
 
 
 # ---------------------------------------------------------------- python -m parity record
