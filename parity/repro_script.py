@@ -18,8 +18,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 
 
-def decode(node, arrays):
-    """The arguments from call.json's structure (parity.tape's encoding) and the npz's arrays."""
+def decode(node, arrays, other=None):
+    """The arguments from call.json's structure (parity.tape's encoding, whose own decode is this one) and the npz's
+    arrays. other(node), where given, rebuilds the kinds only a recording holds (parity.tape's tokens, raised
+    errors), at any depth."""
     kind = node["t"]
     if kind == "none":
         return None
@@ -32,10 +34,12 @@ def decode(node, arrays):
     if kind == "scalar":
         return arrays[node["k"]][()]
     if kind == "dict":
-        return {k: decode(v, arrays) for k, v in node["items"]}
+        return {k: decode(v, arrays, other) for k, v in node["items"]}
     if kind in ("tuple", "list"):
-        items = [decode(v, arrays) for v in node["items"]]
+        items = [decode(v, arrays, other) for v in node["items"]]
         return tuple(items) if kind == "tuple" else items
+    if other is not None:
+        return other(node)
     raise ValueError(f"call.json: cannot rebuild an argument of kind {kind!r}")
 
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
+from parity import repro_script
 from parity.adapter import UsageError
 
 FORMAT_VERSION = 1
@@ -138,28 +139,19 @@ def encode(value: Any, arrays: dict[str, np.ndarray]) -> Any:
     raise TypeError(f"cannot store a {type(value).__name__}")
 
 
-def decode(node: Mapping, arrays: Mapping[str, np.ndarray]) -> Any:
-    kind = node["t"]
-    if kind == "none":
-        return None
-    if kind == "token":
+def _recording_kind(node: Mapping) -> Any:
+    """The kinds only a recording holds: an opaque state's token, an error the reference raised."""
+    if node["t"] == "token":
         return Token(node["n"])
-    if kind == "raised":
+    if node["t"] == "raised":
         return Raised(node["kind"], node["message"])
-    if kind in ("bool", "int", "str"):
-        return node["v"]
-    if kind == "float":
-        return float.fromhex(node["v"])
-    if kind == "array":
-        return arrays[node["k"]]
-    if kind == "scalar":
-        return arrays[node["k"]][()]
-    if kind == "dict":
-        return {k: decode(v, arrays) for k, v in node["items"]}
-    if kind in ("tuple", "list"):
-        items = [decode(v, arrays) for v in node["items"]]
-        return tuple(items) if kind == "tuple" else items
-    raise ValueError(f"unknown node {kind!r}")
+    raise ValueError(f"unknown node {node['t']!r}")
+
+
+def decode(node: Mapping, arrays: Mapping[str, np.ndarray]) -> Any:
+    """encode's inverse: parity/repro_script.py's decoder (copied into every repro folder, so it stays numpy-only)
+    with the recording's own kinds."""
+    return repro_script.decode(node, arrays, _recording_kind)
 
 
 def _copy(value: Any) -> Any:

@@ -220,7 +220,8 @@ def test_writing_over_a_bundle_replaces_it_whole(tmp_path, bundle):
 
 @pytest.mark.parametrize("n", [1, 9])
 def test_the_repro_scripts_own_decoder_reads_what_tape_encodes(n):
-    """parity/repro_script.py carries its own decoder (it runs with numpy and the port only): the same values back."""
+    """parity/repro_script.py's decoder, alone as a repro folder runs it (numpy and the port only), reads what
+    tape encodes: the same values as tape.decode, which adds the recording's own kinds to it."""
     from parity import repro_script
     from parity.tape import decode, encode
 
