@@ -11,7 +11,6 @@ suite runs, so a port author's CI collects the tests without either.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import re
 import warnings
@@ -258,28 +257,16 @@ def run_failures(outcomes: Sequence[Outcome], request: ParityRequest) -> list[st
 
 
 # ----------------------------------------------------------------------------- running
-def _bundle_keyword(fn: Callable, against: str | None) -> dict[str, str]:
-    """{'against': bundle} for a suite that takes one; NotImplementedError (before any work) for one that does not."""
-    if against is None:
-        return {}
-    if "against" not in inspect.signature(fn).parameters:
-        raise NotImplementedError(f"against= needs {fn.__module__}.{fn.__name__}(..., against=) (conformance vectors, "
-                                  "issue 22 item 1), which this installation lacks; use against=None to check "
-                                  "against the live JAX reference")
-    return {"against": against}
-
-
 def _run_cartpole(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
     from parity.adapter import built_adapter, check_adapter, load_port
     from parity.suite import SIZES, run_suite
 
     sizes = SIZES[request.size]
-    extra = _bundle_keyword(run_suite, request.against)
     if isinstance(request.adapter, str):
         port = load_port(request.adapter, sizes.cfg)
     else:
         port = check_adapter(built_adapter(request.adapter, sizes.cfg, request.label), request.label)
-    return tuple(outcome_of_result(r) for r in run_suite(port, sizes, request.seed, log=log, **extra))
+    return tuple(outcome_of_result(r) for r in run_suite(port, sizes, request.seed, log=log, against=request.against))
 
 
 def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
@@ -289,7 +276,6 @@ def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome
     from spec.tree_knobs import TreeKnobs
 
     cfg = tree_check.sizes()[request.size]
-    extra = _bundle_keyword(tree_check.run, request.against)
     if isinstance(request.adapter, str):
         port = load_tree_port(request.adapter, cfg)
     else:
@@ -297,7 +283,7 @@ def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome
     port_tree(port, cfg)
     try:
         rows = tree_check.run(cfg, TreeKnobs(), request.seed, log, side=PortSide(CheckedTreePort(port, cfg), cfg),
-                              **extra)
+                              against=request.against)
     except PortError as err:
         raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree_adapter.py)") from err
     return outcomes_of_rows(rows, tree_check.CHECKS)
@@ -330,7 +316,7 @@ class SuiteCache:
                 found = err
             self._runs[request.key] = (request.adapter, found)
         found = self._runs[request.key][1]
-        if isinstance(found, (UsageError, NotImplementedError)):
+        if isinstance(found, UsageError):
             raise type(found)(str(found)) from found
         if isinstance(found, Exception):
             raise SuiteCrash(f"the parity suite crashed while checking {request.label} ({type(found).__name__}: "

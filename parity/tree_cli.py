@@ -118,7 +118,7 @@ def bundle_lines(bundle, reference) -> list[str]:
     from parity.tape import recording_of
     misses = reference.misses
     return [f"- reference: the {recording_of(bundle)}",
-            f"- answered by the reference's math in numpy (inputs from the port, parity/tree_numpy_reference.py): "
+            "- answered by the reference's math in numpy (inputs from the port, parity/tree_numpy_reference.py): "
             + (", ".join(f"{k} x{misses.count(k)}" for k in dict.fromkeys(misses)) or "none")
             + "; update and the forward on the port's own noise always are"]
 

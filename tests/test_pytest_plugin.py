@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from parity.adapter import UsageError
-from parity.testing import (EXPECT_ITEM, Outcome, ParityRequest, SuiteCache, SuiteCrash, _bundle_keyword,
+from parity.testing import (EXPECT_ITEM, Outcome, ParityRequest, SuiteCache, SuiteCrash,
                             assert_port_parity, check_failure, checked_expect, expect_failure, outcomes_of_rows,
                             parity_request)
 from parity.tree_check import Row, forward_after_noise
@@ -305,17 +305,7 @@ def test_bad_requests_are_refused_with_what_would_be_right(kwargs, says):
     assert says in str(err.value)
 
 
-def test_a_bundle_goes_to_a_suite_that_takes_one_and_is_refused_by_one_that_does_not(tmp_path):
-    def takes(port, sizes, against=None):
-        return against
-
-    def lacks(port, sizes):
-        return None
-
-    assert _bundle_keyword(takes, str(tmp_path)) == {"against": str(tmp_path)}
-    assert _bundle_keyword(lacks, None) == {}
-    with pytest.raises(NotImplementedError, match="against= needs .*lacks"):
-        _bundle_keyword(lacks, str(tmp_path))
+def test_a_bundle_folder_is_kept_as_given(tmp_path):
     assert parity_request(object(), against=tmp_path).against == str(tmp_path)
 
 
