@@ -49,25 +49,24 @@ def measure(ctx) -> Measured:
     shapes = ctx.shapes
     seeds = tuple(ctx.seed + k for k in range(ctx.sizes.init_seeds))
     inits = [ctx.port.init_params(shapes, s) for s in seeds]
-    for s, params in zip(seeds, inits):
-        for b in (n for n in shapes if n.endswith(".bias")):
-            ctx.witness(f"seed {s} {b}", params, params[b], np.zeros(shapes[b]), 0.0,
-                        "exact: the reference's biases are zeros", (b,))
     weights = [n for n in shapes if n.endswith(".weight")]
     biases = [n for n in shapes if n.endswith(".bias")]
+    for s, params in zip(seeds, inits):
+        for b in biases:
+            ctx.witness(f"seed {s} {b}", params, params[b], np.zeros(shapes[b]), 0.0,
+                        "exact: the reference's biases are zeros", (b,))
     scaled = np.concatenate([(p[w].astype(np.float64) * np.sqrt(shapes[w][1])).ravel() for p in inits for w in weights])
     bias_values = np.concatenate([p[b].astype(np.float64).ravel() for p in inits for b in biases])
     bias_bounds = np.concatenate([np.full(shapes[b][0], 1 / np.sqrt(shapes[b.replace(".bias", ".weight")][1]))
                                   for _ in inits for b in biases])
     ulps = None
     if ctx.port.jax_compatible_rng:
-        for s, params in zip(seeds, inits):
-            ref = ctx.reference.init_params(shapes, s)
+        refs = [ctx.reference.init_params(shapes, s) for s in seeds]
+        for s, params, ref in zip(seeds, inits, refs):
             for k in shapes:
                 ctx.witness(f"seed {s} {k}", params, params[k], ref[k], 0.0,
                             "exact: the port claims JAX-compatible draws (MLP.rand_init)", (k,))
-        ulps = tuple(max(int(ulp_distance(port[k], ctx.reference.init_params(shapes, s)[k]).max()) for k in shapes)
-                     for s, port in zip(seeds, inits))
+        ulps = tuple(max(int(ulp_distance(port[k], ref[k]).max()) for k in shapes) for port, ref in zip(inits, refs))
     layers = tuple((len(inits) * int(np.prod(shapes[w])),
                     float(np.mean(np.concatenate([p[w].astype(np.float64).ravel() for p in inits]) ** 2)),
                     int(shapes[w][1])) for w in weights)
