@@ -85,50 +85,19 @@ def _r(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
 
 
-def _fma(a, b, c) -> np.ndarray:
-    """float32 fused multiply-add in float64: the product of two float32 values is exact, the sum rounded once
-    to float64 and then to float32 (exact on this domain: the bit-for-bit test against JAX covers it)."""
-    return _r(np.asarray(a, np.float64) * b + c)
+_OPS = J.Float32Ops(_r, np.where, np.sqrt)      # XLA's float32 steps (spec.jax_rng) on float64 arrays
 
 
 def _xla_log(y: np.ndarray) -> np.ndarray:
     """XLA CPU's float32 log of positive normal y (Cephes style: split at sqrt(1/2), degree-8 polynomial)."""
     m, e = np.frexp(y)
     below = (m < J.LOG_SQRTHF).astype(np.float64)
-    e = e.astype(np.float64) - below
-    t = (m - 1.0) + m * below
-    t2 = _r(t * t)
-    t3 = _r(t2 * t)
-    p0 = _fma(_fma(J.LOG_P[0], t, J.LOG_P[1]), t, J.LOG_P[2])
-    p1 = _fma(_fma(J.LOG_P[3], t, J.LOG_P[4]), t, J.LOG_P[5])
-    p2 = _fma(_fma(J.LOG_P[6], t, J.LOG_P[7]), t, J.LOG_P[8])
-    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _r(e * J.LOG_Q1))
-    return _fma(e, J.LOG_Q2, _r(_r(t - 0.5 * t2) + y))
-
-
-def _xla_log1p(x: np.ndarray) -> np.ndarray:
-    """XLA's float32 log1p for x in (-1, 0]: a rational approximation near 0, else log(1 + x)."""
-    x2 = _r(x * x)
-    num = _fma(x, J.LOG1P_NUM[0], J.LOG1P_NUM[1])
-    for c in J.LOG1P_NUM[2:]:
-        num = _fma(num, x, c)
-    den = _r(x + J.LOG1P_DEN[1])
-    for c in J.LOG1P_DEN[2:]:
-        den = _fma(den, x, c)
-    small = _r(x + _r(-0.5 * x2 + _r(_r(x * x2) * _r(num / den))))
-    return np.where(np.abs(x) < J.LOG1P_SMALL, small, _xla_log(_r(x + 1.0)))
+    return J.log_of_parts(_OPS, (m - 1.0) + m * below, e.astype(np.float64) - below)
 
 
 def normal_of_mantissa(m: np.ndarray) -> np.ndarray:
     """The float32 normal JAX draws for mantissa bits m = bits >> 9: float32(sqrt 2) * erf_inv(2f - 1 + 2^-24)."""
-    u = (np.asarray(m, np.float64) * 4.0 - (2.0 ** 24 - 1.0)) * 2.0 ** -24
-    w = -_xla_log1p(_r(u * -u))
-    central = w < 5.0
-    z = np.where(central, _r(w - 2.5), _r(_r(np.sqrt(w)) - 3.0))
-    p = np.where(central, J.ERFINV_SMALL[0], J.ERFINV_LARGE[0])
-    for a, b in zip(J.ERFINV_SMALL[1:], J.ERFINV_LARGE[1:]):
-        p = _fma(p, z, np.where(central, a, b))
-    return (_r(u * p) * J.SQRT2).astype(np.float32)
+    return J.normal_of_u(_OPS, J.u_of_mantissa(np.asarray(m, np.float64)), _xla_log).astype(np.float32)
 
 
 def normal(keys: np.ndarray, shape) -> np.ndarray:

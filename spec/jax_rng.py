@@ -8,6 +8,7 @@ facts say how. Both are checked bit for bit against jax.random (tests/test_rando
 from __future__ import annotations
 
 import struct
+from typing import Callable, NamedTuple
 
 
 def float32_of_bits(word: int) -> float:
@@ -44,3 +45,62 @@ ERFINV_SMALL = tuple(float32_of_bits(w) for w in (0x32F16588, 0x34B84B36, 0xB66C
 ERFINV_LARGE = tuple(float32_of_bits(w) for w in (0xB951F09B, 0x38D3B56B, 0x3AB0DC72, 0xBB70BDE7, 0x3BBC127B,
                                                   0xBBF9C5D7, 0x3C1AA57E, 0x3F8036DB, 0x40354F7E))
 SQRT2 = float32_of_bits(0x3FB504F3)          # float32(sqrt 2), the normal's last factor
+
+
+# ----------------------------------------------------------------------------- the normal's float32 steps
+class Float32Ops(NamedTuple):
+    """How an array library carries float32 steps in float64: `round` to the nearest float32 (kept in float64),
+    `where(mask, a, b)` (a, b arrays or constants), a correctly rounded float64 `sqrt`. Every step below is then
+    exact float64 arithmetic rounded once, as XLA's float32 code computes it."""
+
+    round: Callable
+    where: Callable
+    sqrt: Callable
+
+
+def fma(ops: Float32Ops, a, b, c):
+    """float32 fused multiply-add: the product of two float32 values is exact in float64, the sum rounded once."""
+    return ops.round(a * b + c)
+
+
+def log_of_parts(ops: Float32Ops, t, e):
+    """XLA CPU's float32 log (Cephes style) from y = m 2^e's parts: t = m - 1, or 2m - 1 with e lowered by one where
+    m < sqrt(1/2) (exact; each side finds m and e its own way)."""
+    t2 = ops.round(t * t)
+    t3 = ops.round(t2 * t)
+    p0 = fma(ops, fma(ops, LOG_P[0], t, LOG_P[1]), t, LOG_P[2])
+    p1 = fma(ops, fma(ops, LOG_P[3], t, LOG_P[4]), t, LOG_P[5])
+    p2 = fma(ops, fma(ops, LOG_P[6], t, LOG_P[7]), t, LOG_P[8])
+    y = fma(ops, fma(ops, fma(ops, p0, t3, p1), t3, p2), t3, ops.round(e * LOG_Q1))
+    return fma(ops, e, LOG_Q2, ops.round(ops.round(t - 0.5 * t2) + y))
+
+
+def log1p(ops: Float32Ops, x, log: Callable):
+    """XLA's float32 log1p for x in (-1, 0]: a rational approximation near 0, else log(1 + x) (`log`: the side's
+    float32 log)."""
+    x2 = ops.round(x * x)
+    num = fma(ops, x, LOG1P_NUM[0], LOG1P_NUM[1])
+    for c in LOG1P_NUM[2:]:
+        num = fma(ops, num, x, c)
+    den = ops.round(x + LOG1P_DEN[1])
+    for c in LOG1P_DEN[2:]:
+        den = fma(ops, den, x, c)
+    small = ops.round(x + ops.round(-0.5 * x2 + ops.round(ops.round(x * x2) * ops.round(num / den))))
+    return ops.where(abs(x) < LOG1P_SMALL, small, log(ops.round(x + 1.0)))
+
+
+def normal_of_u(ops: Float32Ops, u, log: Callable):
+    """float32(sqrt 2) * erf_inv(u) (Giles' polynomial, XLA's steps) in the float64 carrier, for u = 2f - 1 + 2^-24
+    (exact); the caller casts it to float32. `log`: the side's float32 log."""
+    w = -log1p(ops, ops.round(u * -u), log)
+    central = w < 5.0
+    z = ops.where(central, ops.round(w - 2.5), ops.round(ops.round(ops.sqrt(w)) - 3.0))
+    p = ops.where(central, ERFINV_SMALL[0], ERFINV_LARGE[0])
+    for a, b in zip(ERFINV_SMALL[1:], ERFINV_LARGE[1:]):
+        p = fma(ops, p, z, ops.where(central, a, b))
+    return ops.round(u * p) * SQRT2
+
+
+def u_of_mantissa(m):
+    """u = 2f - 1 + 2^-24 for a float64 carrier of mantissa bits m (f = m 2^-23): exact."""
+    return (m * 4.0 - (2.0 ** 24 - 1.0)) * 2.0 ** -24

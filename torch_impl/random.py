@@ -298,17 +298,6 @@ def _r(x: torch.Tensor) -> torch.Tensor:
     return x.float().double()
 
 
-def _fma(a, b, c) -> torch.Tensor:
-    """float32 fused multiply-add emulated in float64 (the product is exact); exact on this whole domain,
-    which the exhaustive test over all 2^23 inputs confirms."""
-    return _r(a * b + c)
-
-
-def _pick(mask: torch.Tensor, a: float, b: float) -> torch.Tensor:
-    """a where mask (float64 0/1) is 1, else b; exact, since a - b is exact in float64 for these constants."""
-    return mask * (a - b) + b
-
-
 def _sqrt(x: torch.Tensor) -> torch.Tensor:
     """Correctly rounded float64 sqrt (numpy's on the CPU: torch's float64 sqrt threads badly for small blocks)."""
     if x.device.type == "cpu":
@@ -316,49 +305,32 @@ def _sqrt(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x)
 
 
+def _where(mask: torch.Tensor, a, b) -> torch.Tensor:
+    """torch.where; between two constants, the blend mask (a - b) + b (exact: a - b is exact in float64 for these
+    float32 constants), which spares a float32 constant tensor and its promotion on every polynomial step."""
+    if isinstance(a, float) and isinstance(b, float):
+        return mask.double() * (a - b) + b
+    return torch.where(mask, a, b)
+
+
+_OPS = J.Float32Ops(_r, _where, _sqrt)           # XLA's float32 steps (spec.jax_rng) on float64 tensors
+
+
 def _xla_log(y: torch.Tensor) -> torch.Tensor:
     """XLA CPU's float32 log for positive normal y (float64 carrier), with the FMAs its code gets."""
     m, e = torch.frexp(y)                                     # y = m * 2^e, m in [0.5, 1)
     below = (m < J.LOG_SQRTHF).double()
-    e = e.double() - below
     t = (m - 1.0) + m * below                                 # exact: m - 1, or 2m - 1 below sqrt(1/2)
-    t2 = _r(t * t)
-    t3 = _r(t2 * t)
-    p0 = _fma(_fma(J.LOG_P[0], t, J.LOG_P[1]), t, J.LOG_P[2])
-    p1 = _fma(_fma(J.LOG_P[3], t, J.LOG_P[4]), t, J.LOG_P[5])
-    p2 = _fma(_fma(J.LOG_P[6], t, J.LOG_P[7]), t, J.LOG_P[8])
-    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _r(e * J.LOG_Q1))
-    return _fma(e, J.LOG_Q2, _r(_r(t - 0.5 * t2) + y))
-
-
-def _xla_log1p(x: torch.Tensor) -> torch.Tensor:
-    """XLA's float32 log1p for x in (-1, 0] (float64 carrier)."""
-    x2 = _r(x * x)
-    num = _fma(x, J.LOG1P_NUM[0], J.LOG1P_NUM[1])
-    for c in J.LOG1P_NUM[2:]:
-        num = _fma(num, x, c)
-    den = _r(x + J.LOG1P_DEN[1])
-    for c in J.LOG1P_DEN[2:]:
-        den = _fma(den, x, c)
-    small = _r(x + _r(-0.5 * x2 + _r(_r(x * x2) * _r(num / den))))
-    return torch.where(x.abs() < J.LOG1P_SMALL, small, _xla_log(_r(x + 1.0)))
+    return J.log_of_parts(_OPS, t, e.double() - below)
 
 
 def normal_from_mantissa(m: torch.Tensor) -> torch.Tensor:
     """The float32 normal JAX draws for mantissa bits m = bits >> 9 (int tensor, values in [0, 2^23)).
 
     u = 2f - 1 + 2^-24 (exact), then float32(sqrt 2) * erf_inv(u) evaluated step by step as XLA's CPU code
-    does: each float32 operation rounded, polynomial steps fused, sqrt and division correctly rounded.
+    does (spec.jax_rng): each float32 operation rounded, polynomial steps fused, sqrt and division correctly rounded.
     """
-    u = (m.to(torch.float64) * 4.0 - (2.0 ** 24 - 1.0)) * 2.0 ** -24
-    w = -_xla_log1p(_r(u * -u))
-    central = w < 5.0
-    z = torch.where(central, _r(w - 2.5), _r(_r(_sqrt(w)) - 3.0))
-    c = central.double()
-    p = _pick(c, J.ERFINV_SMALL[0], J.ERFINV_LARGE[0])
-    for a, b in zip(J.ERFINV_SMALL[1:], J.ERFINV_LARGE[1:]):
-        p = _fma(p, z, _pick(c, a, b))
-    return (_r(u * p) * J.SQRT2).float()
+    return J.normal_of_u(_OPS, J.u_of_mantissa(m.to(torch.float64)), _xla_log).float()
 
 
 @functools.lru_cache(maxsize=None)

@@ -102,9 +102,7 @@ def _round32(x: torch.Tensor) -> torch.Tensor:
     return ((b + (_HALF_ULP32 + ((b >> 29) & 1))) & _KEEP32).view(torch.float64)
 
 
-def _fma(a, b, c) -> torch.Tensor:
-    """float32 fused multiply-add in float64: the product of two float32 values is exact, one rounding."""
-    return _round32(a * b + c)
+_OPS = J.Float32Ops(_round32, torch.where, torch.sqrt)   # XLA's float32 steps (spec.jax_rng), fusable
 
 
 def _xla_log(y: torch.Tensor) -> torch.Tensor:
@@ -114,39 +112,12 @@ def _xla_log(y: torch.Tensor) -> torch.Tensor:
     below = m < J.LOG_SQRTHF
     e = torch.where(below, (b >> 23) - 127, (b >> 23) - 126).double()
     t = torch.where(below, (m + m) - 1.0, m - 1.0)                               # exact
-    p = J.LOG_P
-    t2 = _round32(t * t)
-    t3 = _round32(t2 * t)
-    p0 = _fma(_fma(p[0], t, p[1]), t, p[2])
-    p1 = _fma(_fma(p[3], t, p[4]), t, p[5])
-    p2 = _fma(_fma(p[6], t, p[7]), t, p[8])
-    y = _fma(_fma(_fma(p0, t3, p1), t3, p2), t3, _round32(e * J.LOG_Q1))
-    return _fma(e, J.LOG_Q2, _round32(_round32(t - 0.5 * t2) + y))
-
-
-def _xla_log1p(x: torch.Tensor) -> torch.Tensor:
-    """random._xla_log1p, the same steps: x in (-1, 0] in float64."""
-    x2 = _round32(x * x)
-    num = _fma(x, J.LOG1P_NUM[0], J.LOG1P_NUM[1])
-    for c in J.LOG1P_NUM[2:]:
-        num = _fma(num, x, c)
-    den = _round32(x + J.LOG1P_DEN[1])
-    for c in J.LOG1P_DEN[2:]:
-        den = _fma(den, x, c)
-    small = _round32(x + _round32(-0.5 * x2 + _round32(_round32(x * x2) * _round32(num / den))))
-    return torch.where(x.abs() < J.LOG1P_SMALL, small, _xla_log(_round32(x + 1.0)))
+    return J.log_of_parts(_OPS, t, e)
 
 
 def normal_of_mantissa(m: torch.Tensor) -> torch.Tensor:
     """random.normal_from_mantissa as one fusable expression: int32 m in [0, 2^23) -> float32 normal."""
-    u = (m.double() * 4.0 - (2.0 ** 24 - 1.0)) * 2.0 ** -24                     # 2f - 1 + 2^-24, exact
-    w = -_xla_log1p(_round32(u * -u))
-    central = w < 5.0
-    z = torch.where(central, _round32(w - 2.5), _round32(_round32(torch.sqrt(w)) - 3.0))
-    p = torch.where(central, J.ERFINV_SMALL[0], J.ERFINV_LARGE[0])
-    for a, b in zip(J.ERFINV_SMALL[1:], J.ERFINV_LARGE[1:]):
-        p = _fma(p, z, torch.where(central, a, b))
-    return (_round32(u * p) * J.SQRT2).float()
+    return J.normal_of_u(_OPS, J.u_of_mantissa(m.double()), _xla_log).float()
 
 
 def _fma32_from_bits(f: torch.Tensor, span: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
