@@ -319,7 +319,7 @@ def _arrays_and_call(ev: Evidence) -> tuple[dict[str, np.ndarray], dict]:
     args = encode(list(ev.call.args), arrays)
     kwargs = encode(dict(ev.call.kwargs), arrays)
     arrays.update(reference=ev.reference, allowed=ev.allowed, port_during_check=ev.port)
-    return arrays, {"args": args, "kwargs": kwargs}
+    return arrays, {"method": ev.call.method, "path": list(ev.path), "args": args, "kwargs": kwargs}
 
 
 def _replay_arrays_and_call(ev: Replay) -> tuple[dict[str, np.ndarray], dict]:
@@ -344,28 +344,19 @@ def _statistic_arrays_and_call(ev: Statistic) -> tuple[dict[str, np.ndarray], di
                                   "interval": list(ev.interval), "alpha": ev.alpha}}
 
 
-def describe_replay(ev: Replay | Statistic, encoded: dict, recipe: Recipe, command: str, folder: Path) -> dict:
-    """call.json of a replay (the steps, what is compared) or of a statistic (the call, the test), and the commands."""
+def describe(ev: Evidence | Replay | Statistic, encoded: dict, recipe: Recipe, command: str, folder: Path) -> dict:
+    """call.json: what repro.py calls and how (a call, a replay's steps or a statistic's test: `encoded`), what is
+    compared, and the commands (the suite's and the script's)."""
     return {"check": ev.check, "case": ev.label, "allowed_why": ev.why, **encoded, "port": recipe._asdict(),
             "suite_command": command, "repro_command": f"python {folder / 'repro.py'}"}
 
 
-def describe(ev: Evidence, call: dict, recipe: Recipe, command: str, folder: Path) -> dict:
-    """call.json: what repro.py calls and how, and the commands (the suite's and the script's)."""
-    return {"check": ev.check, "case": ev.label, "method": ev.call.method, "path": list(ev.path),
-            "allowed_why": ev.why,
-            **call, "port": recipe._asdict(), "suite_command": command,
-            "repro_command": f"python {folder / 'repro.py'}"}
-
-
 def write_one(folder: Path, ev: Evidence | Replay | Statistic, recipe: Recipe, command: str) -> Path:
     """Write one repro folder atomically (a temporary sibling renamed into place)."""
-    if isinstance(ev, (Replay, Statistic)):
-        arrays, encoded = (_replay_arrays_and_call if isinstance(ev, Replay) else _statistic_arrays_and_call)(ev)
-        call = describe_replay(ev, encoded, recipe, command, folder)
-    else:
-        arrays, encoded = _arrays_and_call(ev)
-        call = describe(ev, encoded, recipe, command, folder)
+    encoder = (_replay_arrays_and_call if isinstance(ev, Replay) else
+               _statistic_arrays_and_call if isinstance(ev, Statistic) else _arrays_and_call)
+    arrays, encoded = encoder(ev)
+    call = describe(ev, encoded, recipe, command, folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
