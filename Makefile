@@ -15,20 +15,25 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup c-side test parity vectors int8 gap gap-paper gap-lm gap-int8 bench ports ports-install clean
+.PHONY: help setup c-side c-rng test parity vectors int8 gap gap-paper gap-lm gap-int8 bench ports ports-install clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  options: ARGS=\"...\" (passed to the command), RUNS=dir (output root, default runs), CONSTRAINTS=file"
 	@echo "           VECTORS=dir (make vectors' output, default \$$(RUNS)/vectors; VECTORS=vectors refreshes the committed bundles)"
 
-setup: $(STAMP) c-side  ## create .venv, install the project (pins from constraints.txt), build the C side
+setup: $(STAMP) c-side c-rng  ## create .venv, install the project (pins from constraints.txt), build the C sides
 
 # The integer EGGROLL's C side (c_int8/egg_int8.c -> build/c_int8/) with the system C compiler (cc, C99, -O2
 # -fwrapv). Optional: with no compiler it says so and the tests that need it skip; a compiler error is printed
 # (exit 2, ignored here), so neither ever fails setup or `make test`.
 c-side: $(STAMP)  ## build the int8 C side (c_int8) with the system C compiler, or say why not
 	-@$(PY) -m c_int8.build
+
+# JAX's generator in C (c_rng/jax_normal.c -> build/c_rng/), which torch_impl.random's CPU normals use when built;
+# optional as c-side: no compiler, and torch_impl.random keeps its torch paths (the same numbers, slower).
+c-rng: $(STAMP)  ## build the C generator (c_rng: JAX's threefry and normal) with the system C compiler, or say why not
+	-@$(PY) -m c_rng.build
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)

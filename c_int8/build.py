@@ -10,82 +10,28 @@ side is optional: `make setup` must never fail for it), 2 when the compiler fail
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+import cbuild
+from cbuild import BuildError, NoCompiler, find_compiler  # noqa: F401 - the C side's errors, re-exported
 
 SOURCE = Path(__file__).with_name("egg_int8.c")
 ROOT = Path(__file__).resolve().parent.parent
 LIB_DIR = ROOT / "build" / "c_int8"
 FLAGS = ("-std=c99", "-O2", "-fwrapv", "-shared", "-fPIC")
 LIBS = ("-lm",)
-CANDIDATES = ("cc", "gcc", "clang")
-
-
-class NoCompiler(RuntimeError):
-    """No C compiler: the C side is skipped (the message says which were looked for)."""
-
-
-class BuildError(RuntimeError):
-    """The compiler ran and failed: the message holds its command and error output."""
-
-
-def find_compiler(cc: str | None = None) -> str:
-    """The compiler's path: cc (or $CC) if given, which must exist; else cc, gcc or clang on PATH."""
-    cc = cc if cc is not None else os.environ.get("CC") or None
-    if cc:
-        found = shutil.which(cc)
-        if found is None:
-            raise NoCompiler(f"no C compiler: CC={cc} was not found (set CC to a C compiler, or unset it to look "
-                             f"for {', '.join(CANDIDATES)} on PATH)")
-        return found
-    for name in CANDIDATES:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise NoCompiler(f"no C compiler: none of {', '.join(CANDIDATES)} is on PATH (install one, e.g. gcc, or set "
-                     f"CC)")
-
-
-def source_hash(source: Path = SOURCE) -> str:
-    return hashlib.sha256(source.read_bytes() + " ".join(FLAGS + LIBS).encode()).hexdigest()[:16]
 
 
 def library_path(source: Path = SOURCE, lib_dir: Path = LIB_DIR) -> Path:
-    return Path(lib_dir) / f"libegg_int8-{source_hash(source)}.so"
+    return cbuild.library_path(source, lib_dir, FLAGS + LIBS)
 
 
 def build(cc: str | None = None, source: Path = SOURCE, lib_dir: Path = LIB_DIR, force: bool = False) -> Path:
     """Compile source into lib_dir (atomically; older builds removed); the library's path.
 
     NoCompiler when there is no compiler, BuildError (the compiler's error) when it fails."""
-    source, lib_dir = Path(source), Path(lib_dir)
-    target = library_path(source, lib_dir)
-    if target.exists() and not force:
-        return target
-    compiler = find_compiler(cc)
-    lib_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_dir)
-    os.close(fd)
-    command = [compiler, *FLAGS, "-o", tmp, str(source), *LIBS]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True)
-    except OSError as exc:
-        os.unlink(tmp)
-        raise BuildError(f"the C compiler {compiler} could not run: {exc}") from exc
-    if done.returncode != 0:
-        os.unlink(tmp)
-        raise BuildError(f"the C compiler failed (exit {done.returncode}): {' '.join(command)}\n"
-                         f"{(done.stderr or done.stdout).strip() or '(the compiler printed nothing)'}")
-    os.replace(tmp, target)
-    for old in lib_dir.glob("libegg_int8-*.so"):
-        if old != target:
-            old.unlink(missing_ok=True)
-    return target
+    return cbuild.build(source, lib_dir, FLAGS, LIBS, cc, force)
 
 
 def main(argv: list[str] | None = None) -> int:

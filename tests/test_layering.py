@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"spec", "reporting", "rollout", "torch_impl", "jax_reference", "c_int8", "parity", "gap", "bench", "ports",
+OURS = {"spec", "reporting", "cbuild", "rollout", "torch_impl", "jax_reference", "c_int8", "c_rng", "parity", "gap", "bench", "ports",
         "examples",
         "tests"}
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
@@ -21,11 +21,14 @@ STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 RULES: dict[str, tuple[set[str], set[str]]] = {
     "spec": ({"spec"}, set()),
     "reporting": (set(), {"numpy"}),
+    "cbuild": (set(), set()),                                      # the C sides' compiler call: stdlib only
     "rollout": ({"rollout"}, {"numpy", "gymnasium"}),
     "torch_impl": ({"torch_impl", "spec", "rollout"}, {"torch", "numpy"}),
     "jax_reference": ({"jax_reference", "spec", "rollout"}, {"jax", "optax", "numpy"}),
     # the C side: ctypes (stdlib) and numpy; its normal look-up is passed in, so neither jax nor torch
-    "c_int8": ({"c_int8", "spec", "rollout"}, {"numpy"}),
+    "c_int8": ({"c_int8", "spec", "rollout", "cbuild"}, {"numpy"}),
+    # JAX's generator in C: ctypes on raw addresses, its constants from spec; no numpy, torch or jax
+    "c_rng": ({"c_rng", "spec", "cbuild"}, set()),
     "parity": ({"parity", "spec", "rollout", "reporting"}, {"numpy", "scipy"}),
     "gap": ({"gap", "spec", "reporting"}, {"numpy", "scipy", "pandas", "matplotlib", "lifelines", "statsmodels", "pydoe"}),
     "bench": ({"bench", "spec", "reporting", "rollout", "torch_impl", "jax_reference"},
@@ -38,6 +41,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
 EXCEPTIONS: dict[str, set[str]] = {
     "parity/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
     "parity/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
+    "torch_impl/random_native.py": {"c_rng"},                      # the C generator behind random.normal/bits
     "parity/tree_reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
     "parity/tree_torch.py": {"torch_impl", "torch"},               # the torch side of the LM suite
     "parity/int8_reference.py": {"jax_reference", "jax"},          # the reference side of the int8 check

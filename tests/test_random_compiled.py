@@ -28,9 +28,11 @@ ENV = "TORCH_IMPL_RNG_COMPILE"
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled_always():
-    """Every draw of two or more values per key takes the compiled path in this module."""
+    """Every draw of two or more values per key takes the compiled path in this module (the C generator, which
+    random.py would try first on the CPU, is switched off: tests/test_random_native.py tests it)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(ENV, "always")
+        mp.setenv("TORCH_IMPL_RNG_NATIVE", "never")
         yield
 
 

@@ -7,8 +7,10 @@ takes a batch of keys (..., 2) and puts the batch dims first in its result. Word
 faster than masked int64. Normals reproduce XLA's CPU float32 code for `sqrt(2) * erf_inv(u)` (Giles'
 approximation, XLA's log1p, its fused multiply-adds) and were checked against JAX for all 2^23 inputs.
 No jax import anywhere: tests/test_random.py and the benchmark measure the agreement with JAX.
-This eager code is the definition; random_compiled runs the same arithmetic torch.compile'd for large draws
-(bit-identical, checked by tests/test_random_compiled.py) and falls back to it when it cannot compile.
+This eager code is the definition. On the CPU, bits and normals go through the project's C generator when it is
+built (random_native; bit-identical, tests/test_random_native.py); otherwise random_compiled runs the same
+arithmetic torch.compile'd for large draws (bit-identical, tests/test_random_compiled.py) and falls back to this
+code when it cannot compile.
 """
 from __future__ import annotations
 
@@ -219,6 +221,18 @@ def _draw(keys: torch.Tensor, shape, dtype: torch.dtype, finish) -> torch.Tensor
     return out.reshape(tuple(batch) + shape)
 
 
+def _native_draw(kind: str, keys: torch.Tensor, shape) -> torch.Tensor | None:
+    """The C generator's draws (*batch, *shape) when random_native takes these keys (CPU, library loaded), else None."""
+    from torch_impl import random_native  # noqa: PLC0415 - it imports this module
+
+    k0, _ = _key_words(keys)
+    if not random_native.wanted(keys):
+        return None
+    shape = _shape_tuple(shape)
+    out = getattr(random_native, kind)(keys.reshape(-1, 2), math.prod(shape))     # (B, n)
+    return out.reshape(tuple(k0.shape) + shape)
+
+
 def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = ()) -> torch.Tensor | None:
     """The compiled kernel's draws (*batch, *shape) when random_compiled takes this request, else None."""
     from torch_impl import random_compiled  # noqa: PLC0415 - it imports this module
@@ -246,9 +260,12 @@ def bits(keys: torch.Tensor, shape=()) -> torch.Tensor:
     """Random 32-bit words (*batch, *shape) as int64 holding uint32 values, as jax.random.bits (uint32).
 
     Element j (row-major) is y0 ^ y1 of threefry(key; hi32(j), lo32(j)). Compare with numpy via to_uint32.
-    Large requests run the compiled kernel (random_compiled), which gives the same words.
+    CPU keys go through the C generator when it is built (random_native); otherwise large requests run the
+    compiled kernel (random_compiled). Every path gives the same words.
     """
-    compiled = _compiled_draw("bits", keys, shape)
+    compiled = _native_draw("bits", keys, shape)
+    if compiled is None:
+        compiled = _compiled_draw("bits", keys, shape)
     return compiled if compiled is not None else _u32_to_int64(_draw(keys, shape, torch.int32, _xor_into))
 
 
@@ -357,14 +374,17 @@ def normal_table(device: str | torch.device = "cpu") -> torch.Tensor:
 def normal(keys: torch.Tensor, shape=(), table: bool | None = None) -> torch.Tensor:
     """Standard normals (*batch, *shape) float32, equal to jax.random.normal(key, shape) on JAX's CPU backend.
 
-    Requests of random_compiled.MIN_DRAWS values or more run compiled (threefry, then this formula, as two
+    CPU keys go through the project's C generator when it is built (random_native: the hash and this formula in
+    one vectorised pass). Otherwise requests of random_compiled.MIN_DRAWS values or more run compiled (threefry, then this formula, as two
     torch.compile'd kernels); otherwise large requests (or any, once the table exists) read the table of all
     2^23 values (built once, 32 MB per device) and small ones evaluate the formula directly. All paths give
     identical bits. table=True reads the table whatever the request's size (a caller that draws every epoch, such
     as the tree ES, pays its one-off build once and saves the formula's cost on every later call); None decides
     by size as above.
     """
-    compiled = _compiled_draw("normal", keys, shape)
+    compiled = _native_draw("normal", keys, shape)
+    if compiled is None:
+        compiled = _compiled_draw("normal", keys, shape)
     if compiled is not None:
         return compiled
     k0, _ = _key_words(keys)

@@ -1,0 +1,231 @@
+/* JAX's default generator on its CPU backend, in C: threefry2x32 bits and jax.random.normal's float32 normals.
+ *
+ * The project's own code (C11, no dependencies but libm and pthreads). The constants come from spec/jax_rng.py
+ * through the generated header jax_rng_constants.h (c_rng/build.py writes it), so they are written once.
+ * XLA's float32 steps (spec.jax_rng: the log polynomial, log1p, Giles' erf_inv) are float operations here: each
+ * plain step rounds once, as spec.jax_rng's double-carried step does, and each fused step is fmaf, XLA's FMA (all
+ * 2^23 inputs agree with the definition: tests/test_random_native.py). Needs -ffp-contract=off and no
+ * fast-math (c_rng/build.py's flags); every loop is straight-line code over a block, which the compiler
+ * vectorises, and the block's bits stay in L1 between the hash and the normal.
+ *
+ * A key is two uint32 words (held in int64, as torch_impl.random's keys); under key b, element j of a draw of n
+ * values hashes the counter (j >> 32, j mod 2^32) and keeps y0 ^ y1 (jax_threefry_partitionable=True).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "jax_rng_constants.h"
+
+#define BLOCK 256                            /* elements hashed and transformed together, kept in L1 */
+
+static inline uint32_t rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+
+/* y0 ^ y1 of threefry2x32 under (k0, k1) for counters lo + 0..m-1 (high word hi), into out[0..m). */
+static void hash_block(uint32_t k0, uint32_t k1, uint32_t hi, uint32_t lo, int m, uint32_t *out)
+{
+    static const int rot[2][4] = {{JR_ROT0_0, JR_ROT0_1, JR_ROT0_2, JR_ROT0_3},
+                                  {JR_ROT1_0, JR_ROT1_1, JR_ROT1_2, JR_ROT1_3}};
+    const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ JR_PARITY32};
+    uint32_t x0[BLOCK], x1[BLOCK];
+    for (int j = 0; j < BLOCK; j++) {
+        x0[j] = hi + k0;
+        x1[j] = lo + (uint32_t)j + k1;
+    }
+    for (int i = 0; i < 5; i++) {
+        for (int q = 0; q < 4; q++) {
+            const int r = rot[i & 1][q];
+            for (int j = 0; j < BLOCK; j++) {
+                x0[j] += x1[j];
+                x1[j] = rotl32(x1[j], r) ^ x0[j];
+            }
+        }
+        const uint32_t a = ks[(i + 1) % 3], b = ks[(i + 2) % 3] + (uint32_t)(i + 1);
+        for (int j = 0; j < BLOCK; j++) {
+            x0[j] += a;
+            x1[j] += b;
+        }
+    }
+    for (int j = 0; j < m; j++) out[j] = x0[j] ^ x1[j];
+}
+
+/* XLA's float32 steps. A single float operation equals the double-carried step of spec.jax_rng rounded once
+ * (double holds over twice float's precision, so the double rounding is innocuous); a fused step is fmaf. */
+#define F(x) ((float)(x))
+
+/* Each step below runs over a whole block as its own loop (the polynomials coefficient by coefficient), so that
+ * every loop is straight-line arithmetic the compiler vectorises; selections compute both sides, as XLA's do. */
+
+/* XLA CPU's float32 log of positive normal floats y (spec.jax_rng.log_of_parts), in place. */
+static void xla_log_block(float *y, int m)
+{
+    float t[BLOCK], e[BLOCK], t3[BLOCK], p0[BLOCK], p1[BLOCK], p2[BLOCK];
+    for (int i = 0; i < m; i++) {
+        uint32_t w;
+        memcpy(&w, &y[i], 4);
+        const uint32_t mw = (w & 0x807FFFFFu) | 0x3F000000u;               /* y = mant 2^e, mant in [0.5, 1) */
+        float mant;
+        memcpy(&mant, &mw, 4);
+        const float below = mant < F(JR_LOG_SQRTHF) ? 1.0f : 0.0f;
+        t[i] = (mant - 1.0f) + mant * below;                                /* exact: mant - 1, or 2 mant - 1 */
+        e[i] = (float)((int32_t)((w >> 23) & 0xFF) - 126) - below;
+        t3[i] = (t[i] * t[i]) * t[i];
+        p0[i] = F(JR_LOG_P[0]);
+        p1[i] = F(JR_LOG_P[3]);
+        p2[i] = F(JR_LOG_P[6]);
+    }
+    for (int c = 1; c < 3; c++) {
+        const float a0 = F(JR_LOG_P[c]), a1 = F(JR_LOG_P[3 + c]), a2 = F(JR_LOG_P[6 + c]);
+        for (int i = 0; i < m; i++) {
+            p0[i] = fmaf(p0[i], t[i], a0);
+            p1[i] = fmaf(p1[i], t[i], a1);
+            p2[i] = fmaf(p2[i], t[i], a2);
+        }
+    }
+    for (int i = 0; i < m; i++) {
+        const float t2 = t[i] * t[i];
+        const float yy = fmaf(fmaf(fmaf(p0[i], t3[i], p1[i]), t3[i], p2[i]), t3[i], e[i] * F(JR_LOG_Q1));
+        y[i] = fmaf(e[i], F(JR_LOG_Q2), (t[i] - 0.5f * t2) + yy);
+    }
+}
+
+/* XLA's float32 log1p for x in (-1, 0] (spec.jax_rng.log1p), x[0..m) -> out[0..m). */
+static void xla_log1p_block(const float *x, int m, float *out)
+{
+    float num[BLOCK], den[BLOCK], big[BLOCK];
+    for (int i = 0; i < m; i++) {
+        num[i] = fmaf(x[i], F(JR_LOG1P_NUM[0]), F(JR_LOG1P_NUM[1]));
+        den[i] = x[i] + F(JR_LOG1P_DEN[1]);
+        big[i] = x[i] + 1.0f;
+    }
+    for (int c = 2; c < JR_LOG1P_NUM_N; c++) {
+        const float a = F(JR_LOG1P_NUM[c]);
+        for (int i = 0; i < m; i++) num[i] = fmaf(num[i], x[i], a);
+    }
+    for (int c = 2; c < JR_LOG1P_DEN_N; c++) {
+        const float a = F(JR_LOG1P_DEN[c]);
+        for (int i = 0; i < m; i++) den[i] = fmaf(den[i], x[i], a);
+    }
+    xla_log_block(big, m);
+    for (int i = 0; i < m; i++) {
+        const float x2 = x[i] * x[i];
+        const float small = x[i] + (-0.5f * x2 + (x[i] * x2) * (num[i] / den[i]));
+        out[i] = fabsf(x[i]) < F(JR_LOG1P_SMALL) ? small : big[i];
+    }
+}
+
+/* The float32 normals of draws' bits (spec.jax_rng.normal_of_u of u_of_mantissa(bits >> 9)). */
+static void normal_block(const uint32_t *bits, int m, float *out)
+{
+    float u[BLOCK], x[BLOCK], w[BLOCK], z[BLOCK], p[BLOCK], central[BLOCK];
+    for (int i = 0; i < m; i++) {
+        u[i] = ((float)(bits[i] >> 9) * 4.0f - 16777215.0f) * 0x1p-24f;    /* 2f - 1 + 2^-24, exact */
+        x[i] = u[i] * -u[i];
+    }
+    xla_log1p_block(x, m, w);
+    for (int i = 0; i < m; i++) {
+        const float wi = -w[i], tail = sqrtf(wi) - 3.0f;
+        central[i] = wi < 5.0f ? 1.0f : 0.0f;
+        z[i] = wi < 5.0f ? wi - 2.5f : tail;
+        p[i] = wi < 5.0f ? F(JR_ERFINV_SMALL[0]) : F(JR_ERFINV_LARGE[0]);
+    }
+    for (int c = 1; c < JR_ERFINV_N; c++) {
+        const float a = F(JR_ERFINV_SMALL[c]), b = F(JR_ERFINV_LARGE[c]);
+        for (int i = 0; i < m; i++) p[i] = fmaf(p[i], z[i], central[i] != 0.0f ? a : b);
+    }
+    for (int i = 0; i < m; i++) out[i] = (u[i] * p[i]) * F(JR_SQRT2);
+}
+
+/* normals for the flat elements [start, stop) of a (n_keys, n) draw */
+static void normal_span(const int64_t *keys, int64_t n, int64_t start, int64_t stop, float *out)
+{
+    uint32_t bits[BLOCK];
+    while (start < stop) {
+        const int64_t b = start / n, j = start % n;
+        const int64_t row_left = n - j, left = stop - start;
+        const int m = (int)(row_left < left ? (row_left < BLOCK ? row_left : BLOCK) : (left < BLOCK ? left : BLOCK));
+        hash_block((uint32_t)keys[2 * b], (uint32_t)keys[2 * b + 1], (uint32_t)((uint64_t)j >> 32), (uint32_t)j, m,
+                   bits);
+        normal_block(bits, m, out + start);
+        start += m;
+    }
+}
+
+static void bits_span(const int64_t *keys, int64_t n, int64_t start, int64_t stop, uint32_t *out)
+{
+    while (start < stop) {
+        const int64_t b = start / n, j = start % n;
+        const int64_t row_left = n - j, left = stop - start;
+        const int m = (int)(row_left < left ? (row_left < BLOCK ? row_left : BLOCK) : (left < BLOCK ? left : BLOCK));
+        hash_block((uint32_t)keys[2 * b], (uint32_t)keys[2 * b + 1], (uint32_t)((uint64_t)j >> 32), (uint32_t)j, m,
+                   out + start);
+        start += m;
+    }
+}
+
+/* ----------------------------------------------------------------------------- threads over flat spans */
+typedef struct {
+    const int64_t *keys;
+    int64_t n, start, stop;
+    void *out;
+    int kind;                                /* 0: normals (float), 1: bits (uint32) */
+} Job;
+
+static void run_job(Job *job)
+{
+    if (job->kind == 0) normal_span(job->keys, job->n, job->start, job->stop, (float *)job->out);
+    else bits_span(job->keys, job->n, job->start, job->stop, (uint32_t *)job->out);
+}
+
+static void *thread_main(void *arg)
+{
+    run_job((Job *)arg);
+    return NULL;
+}
+
+#define MAX_THREADS 64
+#define MIN_PER_THREAD 65536                 /* below this many elements a thread costs more than it saves */
+
+static void run_parallel(const int64_t *keys, int64_t n_keys, int64_t n, void *out, int kind, int threads)
+{
+    const int64_t total = n_keys * n;
+    if (total <= 0) return;
+    int64_t t = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : threads);
+    if (t > total / MIN_PER_THREAD) t = total / MIN_PER_THREAD > 0 ? total / MIN_PER_THREAD : 1;
+    Job jobs[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (int64_t i = 0; i < t; i++) {
+        jobs[i] = (Job){keys, n, total * i / t, total * (i + 1) / t, out, kind};
+    }
+    for (int64_t i = 1; i < t; i++) started[i] = pthread_create(&ids[i], NULL, thread_main, &jobs[i]) == 0;
+    run_job(&jobs[0]);
+    for (int64_t i = 1; i < t; i++) {
+        if (started[i]) pthread_join(ids[i], NULL);
+        else run_job(&jobs[i]);              /* no thread to be had: this one does the span */
+    }
+}
+
+/* out (n_keys, n) float32: jax.random.normal(key_b, (n,)) for each key b; up to `threads` threads */
+void jr_normal(const int64_t *keys, int64_t n_keys, int64_t n, float *out, int threads)
+{
+    run_parallel(keys, n_keys, n, out, 0, threads);
+}
+
+/* out (n_keys, n) uint32: jax.random.bits(key_b, (n,)) for each key b */
+void jr_bits(const int64_t *keys, int64_t n_keys, int64_t n, uint32_t *out, int threads)
+{
+    run_parallel(keys, n_keys, n, out, 1, threads);
+}
+
+/* out[i] = the normal of mantissa bits start + i, for the exhaustive check against the definition */
+void jr_normal_of_mantissas(int64_t start, int64_t count, float *out)
+{
+    uint32_t bits[BLOCK];
+    for (int64_t s = 0; s < count; s += BLOCK) {
+        const int m = count - s < BLOCK ? (int)(count - s) : BLOCK;
+        for (int i = 0; i < m; i++) bits[i] = (uint32_t)(start + s + i) << 9;
+        normal_block(bits, m, out + s);
+    }
+}

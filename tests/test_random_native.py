@@ -1,0 +1,139 @@
+"""The C generator (c_rng, through torch_impl.random_native) against the definition: all 2^23 normals bit for bit,
+draws and bits equal to the eager path and to jax.random at several sizes (block edges, batches, shapes), the same
+at any thread count; the load-time check, the env switch and the build without a compiler.
+
+Skipped, with the reason, where no C compiler is found."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import c_rng
+from torch_impl import random as R
+from torch_impl import random_native as N
+
+ROOT = Path(__file__).resolve().parent.parent
+REASON = c_rng.unavailable_reason()
+needs_c = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+
+def random_keys(seed: int, n: int) -> torch.Tensor:
+    """n fresh keys (n, 2) with words anywhere in [0, 2^32)."""
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, 1 << 32, size=(n, 2), dtype=np.int64))
+
+
+def eager_normal(keys: torch.Tensor, shape) -> torch.Tensor:
+    return R._normal(keys, shape, False)
+
+
+def eager_bits(keys: torch.Tensor, shape) -> torch.Tensor:
+    return R._u32_to_int64(R._draw(keys, shape, torch.int32, R._xor_into))
+
+
+@needs_c
+def test_all_2_23_normals_equal_the_definitions_table():
+    got = torch.empty(R._N_MANTISSAS, dtype=torch.float32)
+    c_rng.load().jr_normal_of_mantissas(0, got.numel(), got.data_ptr())
+    table = R.normal_table()
+    same = got.view(torch.int32) == table.view(torch.int32)
+    assert bool(same.all()), f"{int((~same).sum())} of 2^23 normals differ, first at mantissa {int((~same).nonzero()[0])}"
+
+
+@needs_c
+@pytest.mark.parametrize("n_keys, shape", [(3, (1,)), (5, (255,)), (4, (256,)), (7, (257, 3)), (64, (260, 4)),
+                                           (2, (3, 1000))])
+def test_draws_equal_the_eager_path_at_block_edges_and_shapes(n_keys, shape):
+    keys = random_keys(sum(shape) + n_keys, n_keys)
+    assert N.wanted(keys)
+    normal = R.normal(keys, shape)
+    assert normal.shape == (n_keys, *shape) and normal.dtype == torch.float32
+    assert torch.equal(normal.view(torch.int32), eager_normal(keys, shape).view(torch.int32))
+    assert torch.equal(R.bits(keys, shape), eager_bits(keys, shape))
+
+
+@needs_c
+def test_batched_keys_and_jax_random_itself():
+    keys = random_keys(11, 6).view(2, 3, 2)                                # batch dims (2, 3)
+    ours = R.normal(keys, (9, 4))
+    assert ours.shape == (2, 3, 9, 4)
+    words = R.to_uint32(keys.reshape(-1, 2))
+    ref = jax.vmap(lambda k: jax.random.normal(jax.random.wrap_key_data(k), (9, 4)))(words)
+    assert np.array_equal(ours.reshape(6, 9, 4).numpy().view(np.uint32), np.asarray(ref).view(np.uint32))
+    bits = jax.vmap(lambda k: jax.random.bits(jax.random.wrap_key_data(k), (9, 4)))(words)
+    assert np.array_equal(R.to_uint32(R.bits(keys, (9, 4)).reshape(6, 9, 4)), np.asarray(bits))
+
+
+@needs_c
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_any_thread_count_gives_the_same_numbers(threads):
+    keys = random_keys(5, 300)
+    want = eager_normal(keys, (1031,))                                      # 309,300 draws: several threads' spans
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = N.normal(keys, 1031)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@needs_c
+def test_a_library_whose_normals_differ_is_refused_with_a_warning(monkeypatch):
+    real = c_rng.load()
+
+    class Wrong:
+        _name = real._name
+
+        @staticmethod
+        def jr_normal_of_mantissas(start, count, out):
+            real.jr_normal_of_mantissas(start, count, out)
+            ctypes.c_float.from_address(out).value += 1.0                   # the call's first normal, off by 1
+
+    monkeypatch.setattr(c_rng, "load", lambda *a, **k: Wrong())
+    N._library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="not used: .* differ from the eager formula"):
+            status = N.native_status()
+        assert not status.active and not N.wanted(random_keys(1, 2))
+        keys = random_keys(2, 3)
+        assert torch.equal(R.normal(keys, (7,)), eager_normal(keys, (7,)))   # the torch paths serve the draw
+    finally:
+        N._library.cache_clear()
+
+
+def test_env_never_keeps_the_torch_paths(monkeypatch):
+    monkeypatch.setenv(N.ENV, "never")
+    keys = random_keys(3, 4)
+    assert not N.wanted(keys) and not N.native_status().active and "never" in str(N.native_status())
+    assert torch.equal(R.normal(keys, (33,)), eager_normal(keys, (33,)))
+    monkeypatch.setenv(N.ENV, "sometimes")
+    with pytest.raises(ValueError, match="allowed: auto, never"):
+        N.wanted(keys)
+
+
+def test_no_compiler_skips_the_build_and_says_so(tmp_path):
+    env = {**os.environ, "CC": "no-such-compiler-here"}
+    done = subprocess.run([sys.executable, "-m", "c_rng.build", "--lib-dir", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0
+    assert "C generator skipped" in done.stderr and "CC=no-such-compiler-here was not found" in done.stderr
+    assert not list(tmp_path.glob("*.so"))
+    with pytest.raises(c_rng.CUnavailable, match="skipped: no C compiler"):
+        c_rng.load("no-such-compiler-here", tmp_path)
+
+
+@needs_c
+def test_the_build_writes_the_constants_from_spec_and_names_the_library_for_them(tmp_path):
+    from c_rng import build as B
+    path = B.build(lib_dir=tmp_path)
+    header = (tmp_path / B.HEADER).read_text()
+    assert header == B.constants_header() and "0x1BD11BDAu" in header
+    assert path == B.library_path(tmp_path) and path.exists()

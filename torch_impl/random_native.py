@@ -1,0 +1,103 @@
+"""JAX's normals and bits through the project's C generator (c_rng): threefry and XLA's float32 normal in one pass.
+
+Each block of counters is hashed and turned into normals while it sits in L1, so the bits never go through
+memory, and the normal's float32 steps run vectorised (c_rng/jax_normal.c). Bit-identical to torch_impl.random's
+eager definition: all 2^23 normals are compared in tests/test_random_native.py, and every process checks a
+spread sample of them against the eager formula before its first C draw, staying on the torch paths if they
+differ. No compiler, a failed build or env TORCH_IMPL_RNG_NATIVE=never: `wanted` says no and random.py keeps its
+torch paths (compiled, table, eager). CPU tensors only; the call runs on torch.get_num_threads() threads.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from typing import NamedTuple
+
+import torch
+
+from torch_impl import random as R
+
+__all__ = ["normal", "bits", "wanted", "native_status", "NativeStatus"]
+
+ENV = "TORCH_IMPL_RNG_NATIVE"                # auto (default: use the C generator when it loads) | never
+_MODES = ("auto", "never")
+_SAMPLE_STRIDE = 127                         # the load-time check's mantissas: every 127th, and the edges
+
+
+class NativeStatus(NamedTuple):
+    """Whether draws go through the C generator, and why not when they do not."""
+
+    active: bool
+    detail: str                              # the library's path, or the reason it is not used
+
+    def __str__(self) -> str:
+        return f"C generator ({self.detail})" if self.active else f"no C generator: {self.detail}"
+
+
+def _mode() -> str:
+    mode = os.environ.get(ENV, "auto")
+    if mode not in _MODES:
+        raise ValueError(f"{ENV}={mode!r}; allowed: {', '.join(_MODES)}")
+    return mode
+
+
+def _check_sample(lib) -> str | None:
+    """None when the library's normals equal the eager formula's on a spread sample of mantissas, else what differs."""
+    m = torch.cat([torch.arange(0, R._N_MANTISSAS, _SAMPLE_STRIDE), torch.tensor([R._N_MANTISSAS - 1])])
+    want = R.normal_from_mantissa(m)
+    got = torch.empty(R._N_MANTISSAS, dtype=torch.float32)
+    for start in (0, R._N_MANTISSAS // 2):                     # the whole range, in two calls
+        half = got[start:start + R._N_MANTISSAS // 2]
+        lib.jr_normal_of_mantissas(start, half.numel(), half.data_ptr())
+    bad = (got[m].view(torch.int32) != want.view(torch.int32)).nonzero()
+    if bad.numel():
+        first = int(m[bad[0, 0]])
+        return f"{bad.numel()} of {m.numel()} sampled normals differ from the eager formula (first at mantissa {first})"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _library():
+    """(the loaded library or None, NativeStatus), decided once per process."""
+    import c_rng                                              # noqa: PLC0415 - only where the C path is wanted
+    try:
+        lib = c_rng.load()
+    except c_rng.CUnavailable as exc:
+        return None, NativeStatus(False, str(exc))
+    problem = _check_sample(lib)
+    if problem is not None:
+        warnings.warn(f"torch_impl.random: the C generator is not used: {problem}", RuntimeWarning, stacklevel=3)
+        return None, NativeStatus(False, problem)
+    return lib, NativeStatus(True, lib._name)
+
+
+def native_status() -> NativeStatus:
+    """Whether this process's CPU draws run the C generator (loads and checks it on first call)."""
+    if _mode() == "never":
+        return NativeStatus(False, f"{ENV}=never")
+    return _library()[1]
+
+
+def wanted(keys: torch.Tensor) -> bool:
+    """True when these keys' draws go through the C generator: CPU keys, the library loaded and checked."""
+    return keys.device.type == "cpu" and _mode() != "never" and _library()[0] is not None
+
+
+def _draw(fn_name: str, keys: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, n) draws for keys (B, 2) int64 words (checked by the caller) through the library's fn_name."""
+    lib = _library()[0]
+    keys = keys.to(torch.int64).contiguous()
+    out = torch.empty(keys.shape[0], n, dtype=dtype)
+    getattr(lib, fn_name)(keys.data_ptr(), keys.shape[0], n, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def normal(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, n) float32: jax.random.normal(key_b, (n,)) for each of the keys (B, 2)."""
+    return _draw("jr_normal", keys, n, torch.float32)
+
+
+def bits(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, n) int64 words in [0, 2^32): jax.random.bits(key_b, (n,)) for each of the keys (B, 2)."""
+    return _draw("jr_bits", keys, n, torch.int32).to(torch.int64) & 0xFFFFFFFF
