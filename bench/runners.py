@@ -22,6 +22,7 @@ from spec.layout import param_shapes
 from torch_impl import es as es_mod
 from torch_impl import random as rnd
 from torch_impl.model import forward, make_forward
+from torch_impl.random_native import native_status
 from torch_impl.noise import Noise, per_member, sample_noise, seed_sources
 
 SIGMA, LR = PRESETS["paper"][0].sigma, PRESETS["paper"][0].lr
@@ -318,7 +319,7 @@ def normal_agreement(n: int, seed: int = 0, reference: Callable = _jax_normals) 
 
 def agreement_report(n: int) -> str:
     """One line for the summary: the JAX-compatible generator's agreement with jax.random.normal."""
-    return f"torch_impl.random.normal vs jax.random.normal: {normal_agreement(n)}"
+    return f"torch_impl.random.normal (CPU draws: {native_status()}) vs jax.random.normal: {normal_agreement(n)}"
 
 
 def pops_within(pops: Sequence[int], cap: int | None) -> list[int]:

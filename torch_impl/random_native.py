@@ -29,7 +29,7 @@ class NativeStatus(NamedTuple):
     """Whether draws go through the C generator, and why not when they do not."""
 
     active: bool
-    detail: str                              # the library's path, or the reason it is not used
+    detail: str                              # the library's file name, or the reason it is not used
 
     def __str__(self) -> str:
         return f"C generator ({self.detail})" if self.active else f"no C generator: {self.detail}"
@@ -69,7 +69,7 @@ def _library():
     if problem is not None:
         warnings.warn(f"torch_impl.random: the C generator is not used: {problem}", RuntimeWarning, stacklevel=3)
         return None, NativeStatus(False, problem)
-    return lib, NativeStatus(True, lib._name)
+    return lib, NativeStatus(True, os.path.basename(lib._name))
 
 
 def native_status() -> NativeStatus:
