@@ -83,30 +83,43 @@ def intra_op_threads(n: int | None):
         torch.set_num_threads(previous)
 
 
+Instrument = Callable[[str, Callable], Callable]   # (phase name, function) -> the function as the loop calls it
+
+
+def _as_is(name: str, fn: Callable) -> Callable:
+    return fn
+
+
 def train(cfg: Config, knobs: Knobs, seed: int, device: str | torch.device = "cpu", progress: bool = True,
-          stream: TextIO | None = None, threads: int | None = 1, compact: bool = True) -> TrainResult:
+          stream: TextIO | None = None, threads: int | None = 1, compact: bool = True,
+          instrument: Instrument | None = None) -> TrainResult:
     """Run ES epochs until the population's mean return reaches 475 or cfg.max_env_steps are spent.
 
     `threads`: torch intra-op threads while training (default 1: the rollout's kernels are tens of
     microseconds, where thread hand-offs cost more than they save; None leaves torch's setting).
     `compact`: compute only the members still alive at each step (the same numbers; False computes all).
+    `instrument(name, fn)`, when given, wraps each phase once before the loop: "ask", "rollout", "tell" and
+    "forward" (the population forward the rollout calls every env step); bench.solve times them so.
     """
     with intra_op_threads(threads):
-        return _train(cfg, knobs, seed, device, Progress(stream or sys.stdout, progress), compact)
+        return _train(cfg, knobs, seed, device, Progress(stream or sys.stdout, progress), compact,
+                      instrument or _as_is)
 
 
 def _train(cfg: Config, knobs: Knobs, seed: int, device: str | torch.device, progress: Progress,
-           compact: bool = True) -> TrainResult:
+           compact: bool = True, instrument: Instrument = _as_is) -> TrainResult:
     es = es_mod.make(cfg, knobs)
+    es = es._replace(forward=instrument("forward", es.forward))
+    ask, rollout, tell = instrument("ask", es_mod.ask), instrument("rollout", evaluate), instrument("tell", es_mod.tell)
     state = es_mod.init(es, seed, device)
     history: list[dict] = []
     env_steps, solved_at, start = 0, None, time.perf_counter()
     while env_steps < cfg.max_env_steps:
         epoch = state.epoch
-        noise, state = es_mod.ask(es, state)
-        returns = evaluate(es, state.params, noise, seed, epoch, device, compact)
+        noise, state = ask(es, state)
+        returns = rollout(es, state.params, noise, seed, epoch, device, compact)
         env_steps += int(returns.sum())
-        state, info = es_mod.tell(es, state, noise, torch.from_numpy(returns))
+        state, info = tell(es, state, noise, torch.from_numpy(returns))
         row = epoch_row(epoch, env_steps, returns.mean(), returns.max(), info["sigma"], info["lr"],
                         info["grad_norm"], time.perf_counter() - start)
         history.append(row)
