@@ -130,6 +130,7 @@ class Compaction:
         self.members = (groups[:, None] * self.group + np.arange(self.group)).reshape(-1)
         self.slot = np.full(self.pop, -1, dtype=np.int64)
         self.slot[self.members] = np.arange(self.members.size)
+        self.members.flags.writeable = False          # handed out by every update until the next shrink
 
     def _size(self, alive_groups: int) -> int:
         """How many groups to compute for this many alive ones (at least min_rows rows)."""
@@ -139,7 +140,8 @@ class Compaction:
         return min(n, self.pop // self.group)
 
     def update(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
-        """(members computed (sorted), the position of each of `rows` among them, whether the set changed)."""
+        """(members computed (sorted, read-only), the position of each of `rows` among them, whether the set
+        changed)."""
         groups = rows // self.group if self.group > 1 else rows
         n_alive = _count_unique(groups)
         size = self._size(n_alive)
