@@ -374,13 +374,17 @@ class Bench:
 
 
 def solve_rows(times: list[solve.SolveTime], device: str) -> list[Measurement]:
-    """Each training run as rows: its wall time, CPU time and env steps (model `solve:<preset>`, pop = its pop)."""
+    """Each training run as rows: its wall time, CPU time and env steps (model `solve:<preset>`, pop = its pop), and
+    torch_impl's phases' wall and CPU times."""
     rows = []
     for t in times:
         pop = solve._config(t.preset, False).pop
         for measure, value, unit in ((M.SOLVE_S, t.wall_s, "s"), (M.SOLVE_CPU_S, t.cpu_s, "s"),
                                      (M.SOLVE_STEPS, float(t.env_steps) if t.solved else float("nan"), "steps")):
             rows.append(Measurement(t.impl, f"solve:{t.preset}", pop, measure, value, value, value, unit, device))
+        for p in t.phases:
+            for measure, value in ((M.SOLVE_PHASE_S + p.phase, p.wall_s), (M.SOLVE_PHASE_CPU_S + p.phase, p.cpu_s)):
+                rows.append(Measurement(t.impl, f"solve:{t.preset}", pop, measure, value, value, value, "s", device))
     return rows
 
 

@@ -43,6 +43,8 @@ BUSY_MS = "busy_forward_ms"                      # ... the same beside cores + 1
 SOLVE_S = "time_to_solve_s"                      # one training run to a mean return of 475 (model = solve:<preset>)
 SOLVE_STEPS = "steps_to_solve"                   # its env steps (the budget if it did not solve)
 SOLVE_CPU_S = "time_to_solve_cpu_s"
+SOLVE_PHASE_S = "time_to_solve_s:"               # + a phase of bench.solve.PHASES: that phase's share of the run
+SOLVE_PHASE_CPU_S = "time_to_solve_cpu_s:"
 
 NORMAL_MS = "normal_ms"
 NORMALS = "normals_per_s"

@@ -9,6 +9,7 @@ from typing import Iterable, NamedTuple, Sequence
 from bench import names as M
 from bench.ceilings import Ceilings
 from bench.measure import Timing, median_ci, ms_summary, paired_ratio, rate_summary
+from bench.solve import PHASES
 from reporting import fmt as _fmt
 from reporting import markdown_table
 
@@ -595,12 +596,69 @@ def _solve_section(rows: Sequence[Measurement]) -> list[str]:
                       f"{get.get(('torch_impl', M.SOLVE_CPU_S), float('nan')):.1f}",
                       f"{get.get(('jax_reference', M.SOLVE_CPU_S), float('nan')):.1f}",
                       f"{j / t:.2f}x" if t and j else "-"])
-    return ["## Time to solve (one CartPole run per side, same seed)", "",
-            "Each side trains with its own defaults in this process, one after the other (compilation included). "
-            "Steps are the env steps to a population mean return of 475; with the JAX-compatible generator the two "
-            "sides usually need the very same steps, so the time ratio is the cost of the same work.", "",
-            markdown_table(["preset", "torch_impl steps", "jax_reference steps", "torch_impl s", "jax_reference s",
-                            "torch_impl cpu s", "jax_reference cpu s", "torch_impl speed-up"], table), ""]
+    return (["## Time to solve (one CartPole run per side, same seed)", "",
+             "Each side trains with its own defaults in this process, one after the other (compilation included). "
+             "Steps are the env steps to a population mean return of 475; with the JAX-compatible generator the two "
+             "sides usually need the very same steps, so the time ratio is the cost of the same work.", "",
+             markdown_table(["preset", "torch_impl steps", "jax_reference steps", "torch_impl s", "jax_reference s",
+                             "torch_impl cpu s", "jax_reference cpu s", "torch_impl speed-up"], table), ""]
+            + _solve_phase_lines(rows, presets) + _paper_solve_aim_lines(rows))
+
+
+PHASE_LABELS = {   # bench.solve.PHASES as the breakdown names them
+    "ask": "ask (the population's noise)",
+    "forward": "forward (the population forward, every env step of the rollout)",
+    "rollout": "rest of the rollout (env physics, compaction, numpy <-> torch, action choice)",
+    "tell": "tell (fitness shaping, gradient, optimizer)",
+    "other": "other (init, logging)",
+}
+
+
+def _solve_phases(rows: Sequence[Measurement], model: str) -> dict[str, tuple[float, float]]:
+    """torch_impl's phases of one solve run: phase -> (wall s, cpu s); {} when the run has no breakdown."""
+    get = {r.measure: r.median for r in rows if r.impl == "torch_impl" and r.model == model}
+    return {p: (get[M.SOLVE_PHASE_S + p], get[M.SOLVE_PHASE_CPU_S + p]) for p in PHASES
+            if M.SOLVE_PHASE_S + p in get and M.SOLVE_PHASE_CPU_S + p in get}
+
+
+def _solve_phase_lines(rows: Sequence[Measurement], presets: Sequence[str]) -> list[str]:
+    """Per preset, where torch_impl's run spends its time: each phase's CPU and wall seconds and CPU share."""
+    out = []
+    for model in presets:
+        phases = _solve_phases(rows, model)
+        if not phases:
+            continue
+        cpu = sum(c for _, c in phases.values())
+        table = [[PHASE_LABELS[p], f"{c:.1f}", f"{w:.1f}", f"{c / cpu:.0%}" if cpu > 0 else "-"]
+                 for p, (w, c) in phases.items()]
+        out += [f"torch_impl's {model.split(':', 1)[1]} run by phase (process CPU and wall time, one thread):", "",
+                markdown_table(["phase", "cpu s", "wall s", "share of cpu"], table), ""]
+    return out
+
+
+# issue 23: the paper preset's run (seed 42) within 60 s of one core, at the very steps it took before the cuts
+PAPER_SOLVE_AIM_S, PAPER_SOLVE_STEPS = 60.0, 16_293_911
+PAPER_SOLVE_CUT = ("cut outside model.forward: the rollout's per-step bookkeeping and the padded rows the "
+                   "forward computed for finished members")
+
+
+def _paper_solve_aim_lines(rows: Sequence[Measurement]) -> list[str]:
+    """The paper-preset time-to-solve aim: torch_impl's CPU seconds against PAPER_SOLVE_AIM_S, at the same steps."""
+    get = {r.measure: r.median for r in rows if r.impl == "torch_impl" and r.model == "solve:paper"}
+    cpu, wall, steps = get.get(M.SOLVE_CPU_S), get.get(M.SOLVE_S), get.get(M.SOLVE_STEPS)
+    if cpu is None:
+        return []
+    head = (f"- aim: torch_impl's paper-preset time to solve under {PAPER_SOLVE_AIM_S:.0f} s of one core at "
+            f"{PAPER_SOLVE_STEPS:,} steps: ")
+    if steps != PAPER_SOLVE_STEPS:
+        ran = "not solved" if steps is None or steps != steps else f"{steps:,.0f} steps"
+        return [head + f"{cpu:.1f} s cpu at {ran}: missed (the numbers changed, so the time is not comparable)", ""]
+    met = (f"met by {PAPER_SOLVE_AIM_S - cpu:.1f} s" if cpu < PAPER_SOLVE_AIM_S
+           else f"missed by {cpu - PAPER_SOLVE_AIM_S:.1f} s")
+    phases = _solve_phases(rows, "solve:paper")
+    where = "; cpu s by phase: " + ", ".join(f"{p} {c:.1f}" for p, (_, c) in phases.items()) if phases else ""
+    wall_text = "-" if wall is None else f"{wall:.1f}"
+    return [head + f"{cpu:.1f} s cpu (wall {wall_text} s{where}), {met}; {PAPER_SOLVE_CUT}", ""]
 
 
 LM_FORWARD_AIM, LM_RUN_AIM_S = 1.5, 60.0   # issue 20: torch's LM forward >= 1.5x JAX's; a cpu-preset run <= 60 s

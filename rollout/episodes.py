@@ -59,17 +59,42 @@ def run_episodes(
         raise ValueError(f"uniforms must have shape ({max_steps}, {n}), got {uniforms.shape}")
     if compact and watch is not None:
         raise ValueError("watch sees whole populations: use it with compact=False")
-    step = _compact_step if compact else _full_step
+    lengths = (_compact_lengths if compact else _full_lengths)(policy, init_state, uniforms, max_steps, choose, watch)
+    return Episodes(returns=lengths.astype(np.float32), steps=int(lengths.sum()))
+
+
+def _full_lengths(policy, init_state, uniforms, max_steps, choose, watch) -> np.ndarray:
+    """Episode lengths (n,) int64, every member computed and stepped at every step (finished ones masked)."""
+    n = init_state.shape[0]
     state = init_state
     alive = np.ones(n, dtype=bool)
     lengths = np.zeros(n, dtype=np.int64)
     for t in range(max_steps):
-        state, done = step(policy, state, alive, uniforms[t], choose, None if watch is None else (watch, t))
+        state, done = _full_step(policy, state, alive, uniforms[t], choose, None if watch is None else (watch, t))
         lengths += alive
         alive &= ~done
         if not alive.any():
             break
-    return Episodes(returns=lengths.astype(np.float32), steps=int(lengths.sum()))
+    return lengths
+
+
+def _compact_lengths(policy, init_state, uniforms, max_steps, choose, watch=None) -> np.ndarray:
+    """Episode lengths (n,) int64, only the alive members computed and stepped: their states are kept packed
+    (the alive rows, in order), so a step touches nothing of the finished ones."""
+    n = init_state.shape[0]
+    rows = np.arange(n)                               # the alive members, ascending
+    state = init_state                                # (rows.size, 4): their states
+    lengths = np.full(n, max_steps, dtype=np.int64)   # a member still alive at the end ran every step
+    for t in range(max_steps):
+        logits = policy(cartpole.observe(state), rows)
+        state, terminated = cartpole.step(state, choose(logits, uniforms[t, rows]))
+        if terminated.any():
+            lengths[rows[terminated]] = t + 1
+            alive = ~terminated
+            rows, state = rows[alive], state[alive]
+            if not rows.size:
+                break
+    return lengths
 
 
 def _full_step(policy, state, alive, u, choose, watched):
@@ -84,29 +109,28 @@ def _full_step(policy, state, alive, u, choose, watched):
     return np.where(alive[:, None], nxt, state), terminated
 
 
-def _compact_step(policy, state, alive, u, choose, watched):
-    """Only the alive members compute and step. Returns (state, terminated)."""
-    rows = np.flatnonzero(alive)
-    logits = policy(cartpole.observe(state[rows]), rows)
-    nxt, terminated = cartpole.step(state[rows], choose(logits, u[rows]))
-    state = state.copy()
-    state[rows] = nxt
-    done = np.zeros(alive.shape, dtype=bool)
-    done[rows] = terminated
-    return state, done
-
-
 class Compaction:
     """Which members a compact policy computes as members finish: whole groups of `group` members (the members
-    sharing a draw), never fewer than `min_rows`, shrunk only when fewer than half of the computed groups are
+    sharing a draw), never fewer than `min_rows`, shrunk only when fewer than `shrink` of the computed groups are
     still alive (so the policy re-gathers its noise a few times per episode, not every step), optionally to a
     power of two of rows (a few compiled shapes)."""
 
-    def __init__(self, pop: int, group: int = 1, min_rows: int = 8, pow2: bool = False):
+    def __init__(self, pop: int, group: int = 1, min_rows: int = 8, pow2: bool = False, shrink: float = 0.5):
         if pop % group:
             raise ValueError(f"pop {pop} is not a multiple of the group size {group}")
-        self.pop, self.group, self.min_rows, self.pow2 = pop, group, min_rows, pow2
+        if not 0.0 < shrink <= 1.0:
+            raise ValueError(f"shrink must be in (0, 1], got {shrink}")
+        self.pop, self.group, self.min_rows, self.pow2, self.shrink = pop, group, min_rows, pow2, shrink
         self.groups = np.arange(pop // group)          # the groups computed now, sorted
+        self._computed(self.groups)
+
+    def _computed(self, groups: np.ndarray) -> None:
+        """Set the computed groups; their members (sorted) and each member's position among them."""
+        self.groups = groups
+        self.members = (groups[:, None] * self.group + np.arange(self.group)).reshape(-1)
+        self.slot = np.full(self.pop, -1, dtype=np.int64)
+        self.slot[self.members] = np.arange(self.members.size)
+        self.members.flags.writeable = False          # handed out by every update until the next shrink
 
     def _size(self, alive_groups: int) -> int:
         """How many groups to compute for this many alive ones (at least min_rows rows)."""
@@ -116,11 +140,22 @@ class Compaction:
         return min(n, self.pop // self.group)
 
     def update(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
-        """(members computed (sorted), the position of each of `rows` among them, whether the set changed)."""
-        alive = np.unique(rows // self.group)
-        changed = 2 * len(alive) < len(self.groups) and self._size(len(alive)) < len(self.groups)
+        """(members computed (sorted, read-only), the position of each of `rows` among them, whether the set
+        changed)."""
+        groups = rows // self.group if self.group > 1 else rows
+        n_alive = _count_unique(groups)
+        size = self._size(n_alive)
+        changed = n_alive < self.shrink * len(self.groups) and size < len(self.groups)
         if changed:
-            spare = np.setdiff1d(self.groups, alive)[:self._size(len(alive)) - len(alive)]
-            self.groups = np.sort(np.concatenate([alive, spare]))
-        members = (self.groups[:, None] * self.group + np.arange(self.group)).reshape(-1)
-        return members, np.searchsorted(members, rows), changed
+            alive = np.unique(groups)
+            spare = np.setdiff1d(self.groups, alive)[:size - n_alive]
+            self._computed(np.sort(np.concatenate([alive, spare])))
+        return self.members, self.slot[rows], changed
+
+
+def _count_unique(a: np.ndarray) -> int:
+    """len(np.unique(a)), in one pass when `a` is sorted (the alive rows of a rollout are)."""
+    if a.size < 2:
+        return a.size
+    step = a[1:] != a[:-1]
+    return 1 + int(np.count_nonzero(step)) if (a[1:] >= a[:-1]).all() else len(np.unique(a))

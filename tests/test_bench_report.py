@@ -209,3 +209,50 @@ def test_the_generators_aims_are_stated_met_or_not_with_the_figure():
     missed = report._rng_aim_lines(row(2.4 * ref * 0.9), row(0.9 * ref), row(ref))
     assert "2.40x, not met (each JAX normal" in missed[0] and "0.90x, not met" in missed[1]
     assert report._rng_aim_lines(None, row(ref), row(ref)) == []
+
+
+def _solve_rows(cpu: float, steps: float, phases: bool = True) -> list[Measurement]:
+    """Synthetic time-to-solve rows of a paper run (torch_impl with its phases, and jax_reference)."""
+    row = lambda impl, measure, v, unit="s": Measurement(impl, "solve:paper", 2048, measure, v, v, v, unit, "cpu")  # noqa: E731
+    rows = [row("torch_impl", M.SOLVE_S, cpu + 2.0), row("torch_impl", M.SOLVE_CPU_S, cpu),
+            row("torch_impl", M.SOLVE_STEPS, steps, "steps"), row("jax_reference", M.SOLVE_S, 80.0),
+            row("jax_reference", M.SOLVE_CPU_S, 90.0), row("jax_reference", M.SOLVE_STEPS, steps, "steps")]
+    split = {"ask": 1.0, "forward": cpu - 6.0, "rollout": 4.0, "tell": 0.5, "other": 0.5}
+    if phases:
+        rows += [row("torch_impl", M.SOLVE_PHASE_S + p, v + 0.25) for p, v in split.items()]
+        rows += [row("torch_impl", M.SOLVE_PHASE_CPU_S + p, v) for p, v in split.items()]
+    return rows
+
+
+def test_solve_section_breaks_the_torch_run_into_phases_and_states_the_paper_aim():
+    text = "\n".join(report._solve_section(_solve_rows(50.0, 16_293_911)))
+    assert "| forward (the population forward, every env step of the rollout) | 44.0 | 44.2 | 88% |" in text
+    assert "| rest of the rollout (env physics, compaction, numpy <-> torch, action choice) | 4.0 | 4.2 | 8% |" in text
+    aim = next(line for line in text.splitlines() if line.startswith("- aim:"))
+    assert aim.startswith("- aim: torch_impl's paper-preset time to solve under 60 s of one core at 16,293,911 steps: "
+                          "50.0 s cpu (wall 52.0 s; cpu s by phase: ask 1.0, forward 44.0, rollout 4.0, tell 0.5, "
+                          "other 0.5), met by 10.0 s; cut ")
+    missed = "\n".join(report._solve_section(_solve_rows(72.5, 16_293_911, phases=False)))
+    assert "by phase" not in missed and "72.5 s cpu (wall 74.5 s), missed by 12.5 s" in missed
+
+
+def test_paper_aim_is_missed_when_the_steps_changed():
+    text = "\n".join(report._solve_section(_solve_rows(40.0, 16_000_000)))
+    assert "40.0 s cpu at 16,000,000 steps: missed (the numbers changed" in text
+    unsolved = "\n".join(report._solve_section(_solve_rows(40.0, float("nan"))))
+    assert "at not solved: missed" in unsolved
+
+
+def test_solve_breakdown_makes_the_phases_exclusive():
+    from bench.solve import PHASES, PhaseClock, breakdown
+
+    clock = PhaseClock()
+    assert clock("double", lambda x: 2 * x)(21) == 42 and clock.totals["double"][0] >= 0.0
+    totals = {"ask": [1.0, 0.9], "rollout": [10.0, 9.0], "forward": [7.0, 6.5], "tell": [0.5, 0.5]}
+    got = breakdown(totals, wall_s=12.0, cpu_s=11.0)
+    assert tuple(p.phase for p in got) == PHASES
+    assert [v for p in got for v in (p.wall_s, p.cpu_s)] == pytest.approx([1.0, 0.9, 7.0, 6.5, 3.0, 2.5, 0.5, 0.5,
+                                                                           0.5, 0.6])
+    rows = cli.solve_rows([cli.solve.SolveTime("paper", "torch_impl", 42, True, 16_293_911, 12.0, 11.0,
+                                               breakdown(totals, 12.0, 11.0))], "cpu")
+    assert {r.measure: r.median for r in rows}[M.SOLVE_PHASE_CPU_S + "rollout"] == pytest.approx(2.5)

@@ -60,3 +60,16 @@ def test_compaction_rounds_to_powers_of_two():
         members, position, _ = plan.update(np.arange(alive) * 2)
         assert len(members) & (len(members) - 1) == 0 and len(members) >= 8
         assert members[position].tolist() == (np.arange(alive) * 2).tolist()
+
+
+def test_compaction_shrinks_at_the_given_fraction_and_finds_unsorted_rows():
+    rows = np.array([r for r in range(16) if r // 2 != 3])                  # 7 of 8 groups alive
+    assert not Compaction(pop=16, group=2, min_rows=2).update(rows)[2]     # default: below half only
+    plan = Compaction(pop=16, group=2, min_rows=2, shrink=0.9)
+    members, position, changed = plan.update(rows)
+    assert changed and members.tolist() == rows.tolist() and position.tolist() == list(range(14))
+    shuffled = np.array([9, 2, 13, 1])
+    members, position, _ = plan.update(shuffled)
+    assert members[position].tolist() == shuffled.tolist()
+    with pytest.raises(ValueError, match="shrink"):
+        Compaction(pop=16, group=2, shrink=0.0)

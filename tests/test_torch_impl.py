@@ -524,6 +524,22 @@ def test_train_is_deterministic_and_logs_every_epoch(profile_knobs):
     assert len(lines) == r1.epochs + 1 and lines[0].startswith("epoch     0") and "not solved" in lines[-1]
 
 
+def test_train_instrument_wraps_each_phase_and_changes_no_number():
+    cfg = Config(pop=16, hidden=8, layers=2, max_env_steps=1500)
+    calls: list[str] = []
+
+    def instrument(name, fn):
+        def counted(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return counted
+
+    plain, seen = train(cfg, Knobs(), 3, progress=False), train(cfg, Knobs(), 3, progress=False, instrument=instrument)
+    assert [h["mean_return"] for h in seen.history] == [h["mean_return"] for h in plain.history]
+    assert calls.count("ask") == calls.count("rollout") == calls.count("tell") == seen.epochs
+    assert calls.count("forward") > seen.epochs            # one per env step of each epoch's rollout
+
+
 def test_cli_precedence_and_errors(capsys):
     p = build_parser()
     cfg, knobs = configure(p.parse_args(["--profile", "oop-port", "--lr-decay", "1.0", "--activation", "relu",
