@@ -256,3 +256,13 @@ def test_solve_breakdown_makes_the_phases_exclusive():
     rows = cli.solve_rows([cli.solve.SolveTime("paper", "torch_impl", 42, True, 16_293_911, 12.0, 11.0,
                                                breakdown(totals, 12.0, 11.0))], "cpu")
     assert {r.measure: r.median for r in rows}[M.SOLVE_PHASE_CPU_S + "rollout"] == pytest.approx(2.5)
+
+
+def test_a_missed_floor_aim_points_to_what_was_tried_and_a_met_one_does_not():
+    rows = [m for m in rows_fixture() if m.measure != M.FLOOR_FRACTION]
+    for fraction, pointer in ((0.31, True), (0.55, False)):
+        frac = Measurement("torch_impl", "cartpole", 2048, M.FLOOR_FRACTION, fraction, fraction - 0.05,
+                           fraction + 0.05, "fraction", "cpu")
+        (line,) = [x for x in report._goal_section(rows + [frac]) if "torch_impl forward reaches" in x]
+        assert f"{fraction:.0%} of the machine's floor" in line
+        assert (report.FLOOR_TRIED in line) == pointer, line
