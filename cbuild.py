@@ -7,13 +7,15 @@ NoCompiler (the C sides are optional), a failing compiler BuildError with its ow
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import importlib
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 CANDIDATES = ("cc", "gcc", "clang")
 
@@ -81,3 +83,46 @@ def build(source: Path, lib_dir: Path, flags: Sequence[str], libs: Sequence[str]
         if old != target:
             old.unlink(missing_ok=True)
     return target
+
+
+
+class Loader(NamedTuple):
+    """A C side's `load(cc=None, lib_dir=None)` (the library, built first if missing or stale, cached per folder)
+    and `unavailable_reason(cc=None, lib_dir=None)` (None when it loads, else why not: a skip message)."""
+
+    load: Callable[..., ctypes.CDLL]
+    unavailable_reason: Callable[..., str | None]
+
+
+def loader(build_module: str, signatures: Mapping[str, tuple], what: str, unavailable: type[Exception]) -> Loader:
+    """The Loader of the library `build_module` (a module with LIB_DIR and build(cc, lib_dir=...)) builds, each
+    function's restype and argtypes set from `signatures` (name -> (restype, argtypes)); load raises
+    `unavailable("{what} skipped: ...")` without a compiler and `unavailable("{what} not built: ...")` when the
+    build fails. The build module is imported on first load, so `python -m <build_module>` runs it fresh."""
+    cache: dict[str, ctypes.CDLL] = {}
+
+    def load(cc: str | None = None, lib_dir: Path | None = None) -> ctypes.CDLL:
+        build = importlib.import_module(build_module)
+        lib_dir = Path(build.LIB_DIR if lib_dir is None else lib_dir)
+        if str(lib_dir) not in cache:
+            try:
+                path = build.build(cc, lib_dir=lib_dir)
+            except NoCompiler as exc:
+                raise unavailable(f"{what} skipped: {exc}") from exc
+            except BuildError as exc:
+                raise unavailable(f"{what} not built: {exc}") from exc
+            lib = ctypes.CDLL(str(path))
+            for name, (restype, argtypes) in signatures.items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = restype, argtypes
+            cache[str(lib_dir)] = lib
+        return cache[str(lib_dir)]
+
+    def unavailable_reason(cc: str | None = None, lib_dir: Path | None = None) -> str | None:
+        try:
+            load(cc, lib_dir)
+        except unavailable as exc:
+            return str(exc)
+        return None
+
+    return Loader(load, unavailable_reason)

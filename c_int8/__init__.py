@@ -39,10 +39,11 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+import cbuild
 
 from spec.int8 import LUT_BITS, TABLE_SIZE, VOCAB, Int8Config, int8_tree
 from spec.int8_knobs import ALL_INT8_KNOBS, Int8Knobs, as_int8_knobs
@@ -89,7 +90,6 @@ class CUnavailable(RuntimeError):
     """The C side cannot be used here: no compiler, or the build failed (the message says which, and why)."""
 
 
-_LIB: dict[str, ctypes.CDLL] = {}
 
 _I8, _I32, _U32 = np.int8, np.int32, np.uint32
 _P = ctypes.c_void_p
@@ -143,35 +143,9 @@ _SIGNATURES = {
 }
 
 
-def load(cc: str | None = None, lib_dir: Path | None = None) -> ctypes.CDLL:
-    """The C library (built first if missing or stale); CUnavailable with the reason if it cannot be had."""
-    # imported here so that `python -m c_int8.build` runs a module the package has not imported yet
-    from c_int8.build import LIB_DIR, BuildError, NoCompiler, build
-    lib_dir = LIB_DIR if lib_dir is None else Path(lib_dir)
-    key = str(lib_dir)
-    if key in _LIB:
-        return _LIB[key]
-    try:
-        path = build(cc, lib_dir=lib_dir)
-    except NoCompiler as exc:
-        raise CUnavailable(f"C side skipped: {exc}") from exc
-    except BuildError as exc:
-        raise CUnavailable(f"C side not built: {exc}") from exc
-    lib = ctypes.CDLL(str(path))
-    for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    _LIB[key] = lib
-    return lib
-
-
-def unavailable_reason(cc: str | None = None, lib_dir: Path | None = None) -> str | None:
-    """None when the C side loads, else why not (for a skip message)."""
-    try:
-        load(cc, lib_dir)
-    except CUnavailable as exc:
-        return str(exc)
-    return None
+# load(cc=None, lib_dir=None): the library (built first if missing or stale), CUnavailable with the reason if it
+# cannot be had; unavailable_reason(cc=None, lib_dir=None): None when it loads, else why not (a skip message)
+load, unavailable_reason = cbuild.loader("c_int8.build", _SIGNATURES, "C side", CUnavailable)
 
 
 def _arr(value, dtype) -> np.ndarray:
