@@ -109,7 +109,7 @@ def loader(build_module: str, signatures: Mapping[str, tuple], what: str, unavai
                 path = build.build(cc, lib_dir=lib_dir)
             except NoCompiler as exc:
                 raise unavailable(f"{what} skipped: {exc}") from exc
-            except BuildError as exc:
+            except (BuildError, OSError) as exc:       # OSError: e.g. a build folder that cannot be written
                 raise unavailable(f"{what} not built: {exc}") from exc
             lib = ctypes.CDLL(str(path))
             for name, (restype, argtypes) in signatures.items():

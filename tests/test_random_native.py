@@ -137,3 +137,10 @@ def test_the_build_writes_the_constants_from_spec_and_names_the_library_for_them
     header = (tmp_path / B.HEADER).read_text()
     assert header == B.constants_header() and "0x1BD11BDAu" in header
     assert path == B.library_path(tmp_path) and path.exists()
+
+
+def test_a_build_folder_that_cannot_be_written_leaves_the_torch_paths(tmp_path):
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    with pytest.raises(c_rng.CUnavailable, match="C generator (not built|skipped)"):
+        c_rng.load(lib_dir=blocked / "lib")
