@@ -85,7 +85,6 @@ def build(source: Path, lib_dir: Path, flags: Sequence[str], libs: Sequence[str]
     return target
 
 
-
 class Loader(NamedTuple):
     """A C side's `load(cc=None, lib_dir=None)` (the library, built first if missing or stale, cached per folder)
     and `unavailable_reason(cc=None, lib_dir=None)` (None when it loads, else why not: a skip message)."""

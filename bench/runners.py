@@ -22,8 +22,8 @@ from spec.layout import param_shapes
 from torch_impl import es as es_mod
 from torch_impl import random as rnd
 from torch_impl.model import forward, make_forward
-from torch_impl.random_native import native_status
 from torch_impl.noise import Noise, per_member, sample_noise, seed_sources
+from torch_impl.random_native import native_status
 
 SIGMA, LR = PRESETS["paper"][0].sigma, PRESETS["paper"][0].lr
 

@@ -44,7 +44,6 @@ from typing import Callable
 import numpy as np
 
 import cbuild
-
 from spec.int8 import LUT_BITS, TABLE_SIZE, VOCAB, Int8Config, int8_tree
 from spec.int8_knobs import ALL_INT8_KNOBS, Int8Knobs, as_int8_knobs
 
@@ -88,7 +87,6 @@ def unpack(cfg: Int8Config, flat: np.ndarray) -> dict:
 
 class CUnavailable(RuntimeError):
     """The C side cannot be used here: no compiler, or the build failed (the message says which, and why)."""
-
 
 
 _I8, _I32, _U32 = np.int8, np.int32, np.uint32

@@ -48,8 +48,13 @@ def constants_header() -> str:
     return "".join(lines)
 
 
+def _flags(lib_dir: Path) -> tuple[str, ...]:
+    """FLAGS, and the folder of the generated header."""
+    return (*FLAGS, "-I", str(lib_dir))
+
+
 def library_path(lib_dir: Path = LIB_DIR) -> Path:
-    return cbuild.library_path(SOURCE, lib_dir, (*FLAGS, "-I", str(lib_dir), *LIBS), constants_header().encode())
+    return cbuild.library_path(SOURCE, lib_dir, (*_flags(lib_dir), *LIBS), constants_header().encode())
 
 
 def build(cc: str | None = None, lib_dir: Path = LIB_DIR, force: bool = False) -> Path:
@@ -62,7 +67,7 @@ def build(cc: str | None = None, lib_dir: Path = LIB_DIR, force: bool = False) -
         tmp = target.with_suffix(".tmp")
         tmp.write_text(header)
         tmp.replace(target)
-    return cbuild.build(SOURCE, lib_dir, (*FLAGS, "-I", str(lib_dir)), LIBS, cc, force, header.encode())
+    return cbuild.build(SOURCE, lib_dir, _flags(lib_dir), LIBS, cc, force, header.encode())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -137,33 +137,6 @@ static void normal_block(const uint32_t *bits, int m, float *out)
     for (int i = 0; i < m; i++) out[i] = (u[i] * p[i]) * F(JR_SQRT2);
 }
 
-/* normals for the flat elements [start, stop) of a (n_keys, n) draw */
-static void normal_span(const int64_t *keys, int64_t n, int64_t start, int64_t stop, float *out)
-{
-    uint32_t bits[BLOCK];
-    while (start < stop) {
-        const int64_t b = start / n, j = start % n;
-        const int64_t row_left = n - j, left = stop - start;
-        const int m = (int)(row_left < left ? (row_left < BLOCK ? row_left : BLOCK) : (left < BLOCK ? left : BLOCK));
-        hash_block((uint32_t)keys[2 * b], (uint32_t)keys[2 * b + 1], (uint32_t)((uint64_t)j >> 32), (uint32_t)j, m,
-                   bits);
-        normal_block(bits, m, out + start);
-        start += m;
-    }
-}
-
-static void bits_span(const int64_t *keys, int64_t n, int64_t start, int64_t stop, uint32_t *out)
-{
-    while (start < stop) {
-        const int64_t b = start / n, j = start % n;
-        const int64_t row_left = n - j, left = stop - start;
-        const int m = (int)(row_left < left ? (row_left < BLOCK ? row_left : BLOCK) : (left < BLOCK ? left : BLOCK));
-        hash_block((uint32_t)keys[2 * b], (uint32_t)keys[2 * b + 1], (uint32_t)((uint64_t)j >> 32), (uint32_t)j, m,
-                   out + start);
-        start += m;
-    }
-}
-
 /* ----------------------------------------------------------------------------- threads over flat spans */
 typedef struct {
     const int64_t *keys;
@@ -172,10 +145,23 @@ typedef struct {
     int kind;                                /* 0: normals (float), 1: bits (uint32) */
 } Job;
 
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* the flat elements [start, stop) of a (n_keys, n) draw, a block at a time: never past a row's end, nor across a
+ * 2^32 boundary of the counter (where its high word steps) */
 static void run_job(Job *job)
 {
-    if (job->kind == 0) normal_span(job->keys, job->n, job->start, job->stop, (float *)job->out);
-    else bits_span(job->keys, job->n, job->start, job->stop, (uint32_t *)job->out);
+    uint32_t bits[BLOCK];
+    for (int64_t start = job->start; start < job->stop;) {
+        const int64_t b = start / job->n, j = start % job->n;
+        const int m = (int)min64(min64(job->n - j, job->stop - start),
+                                 min64(BLOCK, ((int64_t)1 << 32) - (int64_t)(uint32_t)j));
+        uint32_t *dst = job->kind == 0 ? bits : (uint32_t *)job->out + start;
+        hash_block((uint32_t)job->keys[2 * b], (uint32_t)job->keys[2 * b + 1], (uint32_t)((uint64_t)j >> 32),
+                   (uint32_t)j, m, dst);
+        if (job->kind == 0) normal_block(bits, m, (float *)job->out + start);
+        start += m;
+    }
 }
 
 static void *thread_main(void *arg)

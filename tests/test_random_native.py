@@ -91,6 +91,7 @@ def test_a_library_whose_normals_differ_is_refused_with_a_warning(monkeypatch):
 
     class Wrong:
         _name = real._name
+        jr_normal = staticmethod(real.jr_normal)
 
         @staticmethod
         def jr_normal_of_mantissas(start, count, out):
@@ -105,6 +106,28 @@ def test_a_library_whose_normals_differ_is_refused_with_a_warning(monkeypatch):
         assert not status.active and not N.wanted(random_keys(1, 2))
         keys = random_keys(2, 3)
         assert torch.equal(R.normal(keys, (7,)), eager_normal(keys, (7,)))   # the torch paths serve the draw
+    finally:
+        N._library.cache_clear()
+
+
+@needs_c
+def test_a_library_whose_hash_differs_is_refused_with_a_warning(monkeypatch):
+    real = c_rng.load()
+
+    class WrongHash:
+        _name = real._name
+        jr_normal_of_mantissas = staticmethod(real.jr_normal_of_mantissas)
+
+        @staticmethod
+        def jr_normal(keys, n_keys, n, out, threads):
+            real.jr_normal(keys, n_keys, n, out, threads)
+            ctypes.c_float.from_address(out + 4 * (n_keys * n - 1)).value *= -1.0     # the last draw's sign
+
+    monkeypatch.setattr(c_rng, "load", lambda *a, **k: WrongHash())
+    N._library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="not used: 1 of 65536 sampled draws differ from the eager formula"):
+            assert not N.native_status().active
     finally:
         N._library.cache_clear()
 

@@ -375,8 +375,8 @@ def normal(keys: torch.Tensor, shape=(), table: bool | None = None) -> torch.Ten
     """Standard normals (*batch, *shape) float32, equal to jax.random.normal(key, shape) on JAX's CPU backend.
 
     CPU keys go through the project's C generator when it is built (random_native: the hash and this formula in
-    one vectorised pass). Otherwise requests of random_compiled.MIN_DRAWS values or more run compiled (threefry, then this formula, as two
-    torch.compile'd kernels); otherwise large requests (or any, once the table exists) read the table of all
+    one vectorised pass). Otherwise requests of random_compiled.MIN_DRAWS values or more run compiled (threefry,
+    then this formula, as two torch.compile'd kernels); otherwise large requests (or any, once the table exists) read the table of all
     2^23 values (built once, 32 MB per device) and small ones evaluate the formula directly. All paths give
     identical bits. table=True reads the table whatever the request's size (a caller that draws every epoch, such
     as the tree ES, pays its one-off build once and saves the formula's cost on every later call); None decides

@@ -2,9 +2,9 @@
 
 Each block of counters is hashed and turned into normals while it sits in L1, so the bits never go through
 memory, and the normal's float32 steps run vectorised (c_rng/jax_normal.c). Bit-identical to torch_impl.random's
-eager definition: all 2^23 normals are compared in tests/test_random_native.py, and every process checks a
-spread sample of them against the eager formula before its first C draw, staying on the torch paths if they
-differ. No compiler, a failed build or env TORCH_IMPL_RNG_NATIVE=never: `wanted` says no and random.py keeps its
+eager definition: all 2^23 normals are compared in tests/test_random_native.py, and every process checks a sample
+of draws and the extreme mantissas against the eager formula before its first C draw, staying on the torch paths
+if they differ. No compiler, a failed build or env TORCH_IMPL_RNG_NATIVE=never: `wanted` says no and random.py keeps its
 torch paths (compiled, table, eager). CPU tensors only; the call runs on torch.get_num_threads() threads.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ __all__ = ["normal", "bits", "wanted", "native_status", "NativeStatus"]
 
 ENV = "TORCH_IMPL_RNG_NATIVE"                # auto (default: use the C generator when it loads) | never
 _MODES = ("auto", "never")
-_SAMPLE_STRIDE = 127                         # the load-time check's mantissas: every 127th, and the edges
+_SAMPLE_DRAWS, _EDGE = 1 << 16, 256          # the load-time check: draws from fresh keys, mantissas at each end
 
 
 class NativeStatus(NamedTuple):
@@ -43,17 +43,22 @@ def _mode() -> str:
 
 
 def _check_sample(lib) -> str | None:
-    """None when the library's normals equal the eager formula's on a spread sample of mantissas, else what differs."""
-    m = torch.cat([torch.arange(0, R._N_MANTISSAS, _SAMPLE_STRIDE), torch.tensor([R._N_MANTISSAS - 1])])
-    want = R.normal_from_mantissa(m)
-    got = torch.empty(R._N_MANTISSAS, dtype=torch.float32)
-    for start in (0, R._N_MANTISSAS // 2):                     # the whole range, in two calls
-        half = got[start:start + R._N_MANTISSAS // 2]
-        lib.jr_normal_of_mantissas(start, half.numel(), half.data_ptr())
-    bad = (got[m].view(torch.int32) != want.view(torch.int32)).nonzero()
-    if bad.numel():
-        first = int(m[bad[0, 0]])
-        return f"{bad.numel()} of {m.numel()} sampled normals differ from the eager formula (first at mantissa {first})"
+    """None when the library agrees with the eager definition, else what differs: _SAMPLE_DRAWS normals drawn from
+    fresh keys (the hash and both of erf_inv's branches) and the _EDGE lowest and highest mantissas (the far tails)."""
+    keys = R.fold_in(R.key(0), torch.arange(16))                             # (16, 2)
+    n = _SAMPLE_DRAWS // 16
+    got = torch.empty(16, n, dtype=torch.float32)
+    lib.jr_normal(keys.data_ptr(), 16, n, got.data_ptr(), 1)
+    want = R._normal(keys, (n,), False)
+    differ = int((got.view(torch.int32) != want.view(torch.int32)).sum())
+    if differ:
+        return f"{differ} of {got.numel()} sampled draws differ from the eager formula"
+    for start in (0, R._N_MANTISSAS - _EDGE):
+        edge = torch.empty(_EDGE, dtype=torch.float32)
+        lib.jr_normal_of_mantissas(start, _EDGE, edge.data_ptr())
+        want = R.normal_from_mantissa(torch.arange(start, start + _EDGE))
+        if not torch.equal(edge.view(torch.int32), want.view(torch.int32)):
+            return f"the normals of mantissas {start}..{start + _EDGE - 1} differ from the eager formula"
     return None
 
 
