@@ -85,49 +85,42 @@ def test_any_thread_count_gives_the_same_numbers(threads):
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
+def _off_by_one_first(fn):
+    """jr_normal_of_mantissas with the call's first normal off by 1."""
+    def wrong(start, count, out):
+        fn(start, count, out)
+        ctypes.c_float.from_address(out).value += 1.0
+    return staticmethod(wrong)
+
+
+def _negate_last(fn):
+    """jr_normal with the sign of the call's last draw flipped."""
+    def wrong(keys, n_keys, n, out, threads):
+        fn(keys, n_keys, n, out, threads)
+        ctypes.c_float.from_address(out + 4 * (n_keys * n - 1)).value *= -1.0
+    return staticmethod(wrong)
+
+
 @needs_c
-def test_a_library_whose_normals_differ_is_refused_with_a_warning(monkeypatch):
+@pytest.mark.parametrize("broken, message", [
+    ("jr_normal_of_mantissas", "the normals of mantissas 0..255 differ from the eager formula"),
+    ("jr_normal", "1 of 65536 sampled draws differ from the eager formula"),
+])
+def test_a_library_that_differs_is_refused_with_a_warning(monkeypatch, broken, message):
+    """A wrong normal (the first of the low mantissas) or a wrong draw (the last one's sign): the torch paths serve."""
     real = c_rng.load()
-
-    class Wrong:
-        _name = real._name
-        jr_normal = staticmethod(real.jr_normal)
-
-        @staticmethod
-        def jr_normal_of_mantissas(start, count, out):
-            real.jr_normal_of_mantissas(start, count, out)
-            ctypes.c_float.from_address(out).value += 1.0                   # the call's first normal, off by 1
-
-    monkeypatch.setattr(c_rng, "load", lambda *a, **k: Wrong())
+    fake = type("Wrong", (), {"_name": real._name, "jr_normal": staticmethod(real.jr_normal),
+                              "jr_normal_of_mantissas": staticmethod(real.jr_normal_of_mantissas)})
+    wreck = _off_by_one_first if broken == "jr_normal_of_mantissas" else _negate_last
+    setattr(fake, broken, wreck(getattr(real, broken)))
+    monkeypatch.setattr(c_rng, "load", lambda *a, **k: fake())
     N._library.cache_clear()
     try:
-        with pytest.warns(RuntimeWarning, match="not used: .* differ from the eager formula"):
+        with pytest.warns(RuntimeWarning, match=f"not used: {message}"):
             status = N.native_status()
         assert not status.active and not N.wanted(random_keys(1, 2))
         keys = random_keys(2, 3)
         assert torch.equal(R.normal(keys, (7,)), eager_normal(keys, (7,)))   # the torch paths serve the draw
-    finally:
-        N._library.cache_clear()
-
-
-@needs_c
-def test_a_library_whose_hash_differs_is_refused_with_a_warning(monkeypatch):
-    real = c_rng.load()
-
-    class WrongHash:
-        _name = real._name
-        jr_normal_of_mantissas = staticmethod(real.jr_normal_of_mantissas)
-
-        @staticmethod
-        def jr_normal(keys, n_keys, n, out, threads):
-            real.jr_normal(keys, n_keys, n, out, threads)
-            ctypes.c_float.from_address(out + 4 * (n_keys * n - 1)).value *= -1.0     # the last draw's sign
-
-    monkeypatch.setattr(c_rng, "load", lambda *a, **k: WrongHash())
-    N._library.cache_clear()
-    try:
-        with pytest.warns(RuntimeWarning, match="not used: 1 of 65536 sampled draws differ from the eager formula"):
-            assert not N.native_status().active
     finally:
         N._library.cache_clear()
 
