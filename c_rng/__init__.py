@@ -8,10 +8,14 @@ take raw addresses (ctypes), so this package needs neither numpy nor torch: torc
 from __future__ import annotations
 
 import ctypes
+import os
 
 import cbuild
 
-__all__ = ["CUnavailable", "load", "unavailable_reason"]
+__all__ = ["CUnavailable", "load", "unavailable_reason", "SWITCH", "switch"]
+
+SWITCH = "TORCH_IMPL_RNG_NATIVE"             # env: auto (default: draws use the C generator when it loads) | never
+SWITCH_VALUES = ("auto", "never")
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 # name -> (restype, argtypes)
@@ -20,6 +24,14 @@ _SIGNATURES = {
     "jr_bits": (None, [_P, _I64, _I64, _P, _INT]),          # keys (B, 2) int64, B, n, out (B, n) uint32, threads
     "jr_normal_of_mantissas": (None, [_I64, _I64, _P]),     # start, count, out (count,) float32
 }
+
+
+def switch() -> str:
+    """The env switch's value; a ValueError naming the allowed ones for any other (a CLI checks it before work)."""
+    value = os.environ.get(SWITCH, "auto")
+    if value not in SWITCH_VALUES:
+        raise ValueError(f"{SWITCH}={value!r}; allowed: {', '.join(SWITCH_VALUES)}")
+    return value
 
 
 class CUnavailable(RuntimeError):

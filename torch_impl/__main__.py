@@ -12,6 +12,7 @@ import argparse
 import math
 import sys
 
+import c_rng
 from spec.cli import add_override_arguments, apply_overrides
 from spec.config import PRESETS, check_pairing, for_profile
 from spec.int8 import INT8_ONLY, INT8_PRESETS, add_int8_arguments, int8_config
@@ -138,6 +139,10 @@ def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        c_rng.switch()           # the C generator's env switch, read at the first draw: a bad value stops here
+    except ValueError as err:
+        parser.error(str(err))   # exits 2
     if args.task == "lm":
         return main_lm(parser, args)
     if args.task == "int8":

@@ -16,12 +16,12 @@ from typing import NamedTuple
 
 import torch
 
+import c_rng
 from torch_impl import random as R
 
 __all__ = ["normal", "bits", "wanted", "native_status", "NativeStatus"]
 
-ENV = "TORCH_IMPL_RNG_NATIVE"                # auto (default: use the C generator when it loads) | never
-_MODES = ("auto", "never")
+ENV = c_rng.SWITCH                           # auto (default: use the C generator when it loads) | never
 _SAMPLE_DRAWS, _EDGE = 1 << 16, 256          # the load-time check: draws from fresh keys, mantissas at each end
 
 
@@ -33,13 +33,6 @@ class NativeStatus(NamedTuple):
 
     def __str__(self) -> str:
         return f"C generator ({self.detail})" if self.active else f"no C generator: {self.detail}"
-
-
-def _mode() -> str:
-    mode = os.environ.get(ENV, "auto")
-    if mode not in _MODES:
-        raise ValueError(f"{ENV}={mode!r}; allowed: {', '.join(_MODES)}")
-    return mode
 
 
 def _check_sample(lib) -> str | None:
@@ -65,7 +58,6 @@ def _check_sample(lib) -> str | None:
 @functools.lru_cache(maxsize=1)
 def _library():
     """(the loaded library or None, NativeStatus), decided once per process."""
-    import c_rng                                              # noqa: PLC0415 - only where the C path is wanted
     try:
         lib = c_rng.load()
     except c_rng.CUnavailable as exc:
@@ -79,14 +71,14 @@ def _library():
 
 def native_status() -> NativeStatus:
     """Whether this process's CPU draws run the C generator (loads and checks it on first call)."""
-    if _mode() == "never":
+    if c_rng.switch() == "never":
         return NativeStatus(False, f"{ENV}=never")
     return _library()[1]
 
 
 def wanted(keys: torch.Tensor) -> bool:
     """True when these keys' draws go through the C generator: CPU keys, the library loaded and checked."""
-    return keys.device.type == "cpu" and _mode() != "never" and _library()[0] is not None
+    return keys.device.type == "cpu" and c_rng.switch() != "never" and _library()[0] is not None
 
 
 def _draw(fn_name: str, keys: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
