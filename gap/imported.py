@@ -117,7 +117,10 @@ def _header(path: str) -> list[dict]:
 def _store_row(r: dict, what: str, cfg: Config, reference: RunSettings | None, where: Provenance,
                source: str) -> dict:
     """One checked file row as a store row under the study's identity (config, reference knobs)."""
-    arm = imported_arm(r["arm"], reference)
+    try:
+        arm = imported_arm(r["arm"], reference)
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from None
     precision = parse_arm(arm.name)[1]
     if r["matmul_precision"] != precision:
         raise ValueError(f"{what}: matmul_precision {r['matmul_precision']!r} but the arm {arm.name!r} is at "
