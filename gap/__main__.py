@@ -221,6 +221,17 @@ def print_plan(args, p: StudyPlan, n_runs: int) -> None:
               f"cores ({per_run:.0f} s of one core per solving run; a run censored at the budget costs more)")
 
 
+def print_imported(args, p: StudyPlan) -> None:
+    """--plan: the imported arms the report will include (from --from or --out), which no study trains."""
+    for folder in dict.fromkeys(f for f in (args.from_dir, args.out) if f):
+        if os.path.isfile(os.path.join(folder, "runs.csv")):
+            counts: dict[str, int] = {}
+            for s in imported_specs(args, p, RunStore(folder, readonly=True)):
+                counts[s.arm.name] = counts.get(s.arm.name, 0) + 1
+            for name, n in counts.items():
+                print(f"  {name:48s} jax   {n} runs imported in {folder} (trained elsewhere, never here)")
+
+
 def notes_of(args) -> list[str]:
     """What the report should say about how this invocation departs from the defaults."""
     notes = []
@@ -293,6 +304,7 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
                  args.device)
     if args.plan:
         print_plan(args, p, len(specs))
+        print_imported(args, p)
         return 0
     out = args.out or f"runs/{args.study}"
     if args.import_runs:

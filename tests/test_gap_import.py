@@ -167,6 +167,8 @@ def test_the_report_puts_the_gpu_arm_first_for_tf32_on_the_jax_side(tmp_path, ca
     capsys.readouterr()
     assert cli.main(STUDY + ["--out", str(out), "--seeds", "6"], trainer=untrained_gpu) == 0    # nothing to retrain
     assert "0 runs to do, 36 already done" in capsys.readouterr().err
+    assert cli.main(STUDY + ["--out", str(out), "--seeds", "6", "--plan"]) == 0
+    assert "jax   6 runs imported in" in capsys.readouterr().out
     copy = tmp_path / "copy"                                         # --from carries the imported runs along
     assert cli.main(STUDY + ["--out", str(copy), "--seeds", "6", "--from", str(out)], trainer=untrained_gpu) == 0
     text = (copy / "summary.md").read_text()
