@@ -169,6 +169,11 @@ def read_runs(path: str, cfg: Config, where: Provenance, reference: RunSettings 
     return list(out.values())
 
 
+def _n(value) -> str:
+    """A stored count with thousands separators ('unsolved' for a blank)."""
+    return f"{int(value):,}" if str(value).strip() else "unsolved"
+
+
 def new_runs(rows: list[dict], stored: list[dict]) -> list[dict]:
     """The rows the store lacks; ValueError when the store holds one of these runs with another outcome."""
     have = {r["run_id"]: r for r in stored}
@@ -176,9 +181,9 @@ def new_runs(rows: list[dict], stored: list[dict]) -> list[dict]:
         old = have.get(r["run_id"])
         if old is not None and not _same(old, r):
             raise ValueError(f"{r['arm']} seed {r['seed']} is already in the store with another outcome "
-                             f"({old['steps_to_solve']} steps in {old['epochs']} epochs there, {r['steps_to_solve']} "
-                             f"in {r['epochs']} in the file); a run is imported once: fix the file, or import into "
-                             "another --out")
+                             f"({_n(old['steps_to_solve'])} steps in {old['epochs']} epochs there, "
+                             f"{_n(r['steps_to_solve'])} in {r['epochs']} in the file); a run is imported once: fix "
+                             "the file, or import into another --out")
     return [r for r in rows if r["run_id"] not in have]
 
 
