@@ -2,6 +2,8 @@
 
 Exit status: 0 the study and its report are complete, 1 some runs failed (rerun to retry
 them), 2 bad usage or input, 130 interrupted (rerun the same command to resume).
+`--import-runs FILE` instead brings runs trained elsewhere (the JAX reference on a GPU) into --out's store and
+exits (gap/imported.py); the report then includes them and no study ever retrains them.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import sys
 import time
 from typing import NamedTuple
 
-from gap import executors, report, stats
+from gap import executors, imported, report, stats
 from gap.arms import Arm, dedupe, profile_arm
 from gap.attribution import DESIGNS
 from gap.attribution import study as build_study
@@ -110,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a line for the report's header, e.g. where imported runs came from (repeatable)")
     p.add_argument("--plan", action="store_true", help="print the arms and run count, train nothing")
     p.add_argument("--report-only", action="store_true", help="write the report from the runs on disk, train nothing")
+    g = p.add_argument_group("importing runs trained elsewhere (the JAX reference on a GPU); trains nothing, "
+                             "writes no report")
+    g.add_argument("--import-runs", metavar="FILE", default=None,
+                   help=f"a CSV with columns {', '.join(imported.COLUMNS)}; arms {imported.EXAMPLE}; its runs go "
+                        "into --out's store once (a run already there with the same outcome is skipped)")
+    g.add_argument("--import-host", default="", help="where they ran, e.g. 'a lent GPU machine'")
+    g.add_argument("--import-device", default="", help="the device they ran on, e.g. 'gpu: one NVIDIA H100 80GB HBM3'")
+    g.add_argument("--import-versions", default="", help="e.g. 'jax 0.11.2 (CUDA 13 plugin), torch 2.11.0+cu130'")
+    g.add_argument("--import-note", default="", help="the measurer's note, stored with each run")
     return p
 
 
@@ -146,8 +157,22 @@ class StudyPlan(NamedTuple):
     extra_arms: list[Arm]
 
 
+def _check_import_args(args) -> None:
+    given = [f"--import-{k}" for k in ("host", "device", "versions", "note") if getattr(args, f"import_{k}")]
+    if args.import_runs is None:
+        if given:
+            raise ValueError(f"{', '.join(given)} describe(s) the runs of --import-runs FILE, which is missing")
+        return
+    clash = [flag for flag, on in (("--from", args.from_dir), ("--plan", args.plan), ("--report-only",
+                                   args.report_only), ("--arms", args.arms), ("--port", args.port)) if on]
+    if clash:
+        raise ValueError(f"--import-runs only imports (it trains nothing and writes no report); drop "
+                         f"{', '.join(clash)}, then write the report with --report-only")
+
+
 def plan_study(args) -> StudyPlan:
     """The study the arguments describe; raises ValueError / KnobError for bad input."""
+    _check_import_args(args)
     for flag, value, least in (("--max-steps", args.max_steps, 1), ("--workers", args.workers, 1),
                                ("--seeds", args.seeds, 1), ("--attribution-seeds", args.attribution_seeds, 1),
                                ("--resamples", args.resamples, 100)):
@@ -196,6 +221,17 @@ def print_plan(args, p: StudyPlan, n_runs: int) -> None:
               f"cores ({per_run:.0f} s of one core per solving run; a run censored at the budget costs more)")
 
 
+def print_imported(args, p: StudyPlan) -> None:
+    """--plan: the imported arms the report will include (from --from or --out), which no study trains."""
+    for folder in dict.fromkeys(f for f in (args.from_dir, args.out) if f):
+        if os.path.isfile(os.path.join(folder, "runs.csv")):
+            counts: dict[str, int] = {}
+            for s in imported_specs(args, p, RunStore(folder, readonly=True)):
+                counts[s.arm.name] = counts.get(s.arm.name, 0) + 1
+            for name, n in counts.items():
+                print(f"  {name:48s} jax   {n} runs imported in {folder} (trained elsewhere, never here)")
+
+
 def notes_of(args) -> list[str]:
     """What the report should say about how this invocation departs from the defaults."""
     notes = []
@@ -213,6 +249,25 @@ def notes_of(args) -> list[str]:
     if args.from_dir:
         notes.append(f"finished runs taken from {args.from_dir} (not retrained)")
     return notes + list(args.note)
+
+
+def imported_specs(args, p: StudyPlan, store: RunStore) -> list:
+    """The runs trained elsewhere that `store` holds for this study (none when --arms picks a subset)."""
+    return [] if args.arms else imported.specs_in(store, p.cfg, p.study.reference.knobs)
+
+
+def import_into(args, p: StudyPlan, out: str) -> int:
+    """--import-runs: check the whole file, then commit the runs --out's store lacks; 2 (nothing written) if bad."""
+    where = imported.Provenance(args.import_host, args.import_device, args.import_versions, args.import_note)
+    try:
+        rows = imported.read_runs(args.import_runs, p.cfg, where, p.study.reference.knobs)
+        added, already = imported.import_runs(out, rows)
+    except (RuntimeError, ValueError) as err:
+        print(f"gap: {err}", file=sys.stderr)
+        return 2
+    print(f"imported {added} run(s) into {os.path.join(out, 'runs.csv')} ({already} already there); the report: "
+          f"python -m gap --study {args.study} --out {out} --report-only")
+    return 0
 
 
 def _task_of(argv: list[str]) -> str:
@@ -249,8 +304,11 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
                  args.device)
     if args.plan:
         print_plan(args, p, len(specs))
+        print_imported(args, p)
         return 0
     out = args.out or f"runs/{args.study}"
+    if args.import_runs:
+        return import_into(args, p, out)
     workers = args.workers or (1 if args.device.startswith("cuda") else os.cpu_count() or 1)
     t0 = time.perf_counter()
     failed: list[str] = []
@@ -258,7 +316,8 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
         executor = executors.make(args.executor, workers, args.address)
         store = RunStore(out)
         if args.from_dir and os.path.abspath(args.from_dir) != os.path.abspath(out):
-            copied = store.import_from(RunStore(args.from_dir, readonly=True), {s.key for s in specs})
+            source = RunStore(args.from_dir, readonly=True)
+            copied = store.import_from(source, {s.key for s in specs + imported_specs(args, p, source)})
             print(f"{copied} finished runs taken from {args.from_dir}", file=sys.stderr)
         if not args.report_only:
             failed = run_all(specs, store, trainer, executor).failed
@@ -273,7 +332,9 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
         command="python -m gap " + shlex.join(argv), preset=args.preset or STUDIES[args.study].preset, config=p.cfg,
         seeds=p.seeds, attribution_seeds=p.attribution_seeds, workers=workers, device=args.device,
         wall_s=time.perf_counter() - t0, failed=failed, notes=notes_of(args), executor=executor.describe())
-    print(f"report: {report.write(out, store, specs, p.study, info, n_resamples=args.resamples)}")
+    shown = imported_specs(args, p, store)
+    st = p.study._replace(imported=tuple(dedupe(s.arm for s in shown)))
+    print(f"report: {report.write(out, store, specs + shown, st, info, n_resamples=args.resamples)}")
     return 1 if failed else 0
 
 

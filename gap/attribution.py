@@ -28,7 +28,8 @@ class Rung(NamedTuple):
 
 class Study(NamedTuple):
     """The arms of one study: the main comparison (and other profiles to compare), then the attribution arms:
-    a ladder and single drifts, or the points of a fractional factorial design (`gap.factorial.Design`)."""
+    a ladder and single drifts, or the points of a fractional factorial design (`gap.factorial.Design`); and the
+    arms whose runs were imported from elsewhere."""
 
     profile: str
     reference: Arm             # jax_reference
@@ -38,6 +39,7 @@ class Study(NamedTuple):
     singles: tuple[tuple[str, Arm], ...]   # (knob, torch:jax + that drift alone)
     others: tuple[Arm, ...] = ()           # further main arms, e.g. torch:functional-port
     design: object = None                  # gap.factorial.Design, or None
+    imported: tuple[Arm, ...] = ()         # JAX-side arms trained elsewhere (gap.imported): reported, never trained
 
     @property
     def main_arms(self) -> list[Arm]:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from gap import attribution as attr
-from gap import factorial, factorial_report, plots, precision_report, published, results, stats
+from gap import factorial, factorial_report, imported, plots, precision_report, published, results, stats
 from gap.runs import RunSpec
 from gap.store import RunStore
 from reporting import atomic_write, machine, markdown_table, versions
@@ -48,6 +48,10 @@ def _p(x: float) -> str:
 def _ratio(c: stats.Comparison) -> str:
     kind = "" if c.ratio_kind == "estimate" else f" ({c.ratio_kind})"
     return f"{c.ratio:.3f} [{c.ratio_lo:.3f}, {c.ratio_hi:.3f}]{kind}"
+
+
+def _seconds(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.1f}"
 
 
 def _pi(c: stats.Comparison) -> str:
@@ -151,8 +155,11 @@ def _gap_line(ref: str, drift: str, gap: stats.Comparison | None, published_cmp:
                 "cannot be bounded; raise the budget (`--max-steps`)."]
     overlap = gap.ratio_lo <= published_cmp.ratio_hi and published_cmp.ratio_lo <= gap.ratio_hi
     if _covers_one(gap):
-        answer = ("**Not reproduced**: no gap detected" + (", though the interval also covers the published ratio"
-                                                          if overlap else ", and the interval excludes the published ratio"))
+        covers = gap.ratio_lo <= published_cmp.ratio <= gap.ratio_hi
+        answer = "**Not reproduced**: no gap detected" + (
+            ", though the interval also covers the published ratio" if covers else
+            ", though the interval overlaps the published interval (not the published ratio)" if overlap else
+            ", and the interval excludes the published ratio and its interval")
     elif overlap:
         answer = "**Reproduced**: a gap, of a size consistent with the published one"
     else:
@@ -277,7 +284,7 @@ def write(out: str, store: RunStore, specs: list[RunSpec], st: attr.Study, info:
     runs = results.run_table(store, specs)
     samples = results.samples(runs) if not runs.empty else {}
     epochs = results.epoch_table(store, runs["run_id"] if not runs.empty else [])
-    order = [a.name for a in st.main_arms + st.attribution_arms]
+    order = [a.name for a in st.main_arms + list(st.imported) + st.attribution_arms]
 
     arms_df = arm_table(runs, samples, order)
     arms_df.to_csv(os.path.join(out, "arms.csv"), index=False)
@@ -321,7 +328,7 @@ def write(out: str, store: RunStore, specs: list[RunSpec], st: attr.Study, info:
     if not nothing_solved(runs):
         cpu_s = runs.groupby("arm")["cpu_s"].mean().to_dict() if "cpu_s" in runs else {}
         verdict += precision_report.verdict_lines(st, cmps, samples, published_cmp, chance_rows, published_cmp.n_a,
-                                                  _gap_line, cpu_s)
+                                                  _gap_line, cpu_s, runs)
     text = _markdown(st, info, arms_df, cmp_rows, steps, verdict, figures, n_resamples, seed, runs, fit,
                      precision_report.section(chance_rows))
     path = os.path.join(out, "summary.md")
@@ -330,12 +337,20 @@ def write(out: str, store: RunStore, specs: list[RunSpec], st: attr.Study, info:
 
 
 def where_runs_ran(runs: pd.DataFrame) -> list[str]:
-    """One line per (host, versions, device) with its run count: a study's runs may come from many machines."""
+    """One line per (host, versions, device) with its run count: a study's runs may come from many machines; then
+    the runs imported from elsewhere, with where they ran and their measurer's note."""
     if runs.empty or "host" not in runs:
         return []
-    g = runs.fillna("").groupby(["host", "versions", "device"], sort=True).size()
-    return [f"- runs trained on: {host or 'unrecorded host'}, {vers or 'unrecorded versions'}, torch device "
-            f"`{dev}`: {n} run(s)" for (host, vers, dev), n in g.items()]
+    mine = runs[[imported.is_imported(a) for a in runs["arm"]]].fillna("")
+    g = runs.drop(mine.index).fillna("").groupby(["host", "versions", "device"], sort=True).size()
+    lines = [f"- runs trained on: {host or 'unrecorded host'}, {vers or 'unrecorded versions'}, torch device "
+             f"`{dev}`: {n} run(s)" for (host, vers, dev), n in g.items()]
+    for (host, vers, dev, note), rows in mine.groupby(["host", "versions", "device", "note"], sort=True):
+        arms = rows.groupby("arm", sort=False)
+        lines.append("- runs imported (trained elsewhere; no study retrains them): " + ", ".join(
+            f"`{arm}` {len(a)} run(s) at matmul precision {a['matmul_precision'].iloc[0]}" for arm, a in arms)
+            + f"; on {host}, device {dev}, {vers}; {note}")
+    return lines
 
 
 def _header(st, info, runs: pd.DataFrame | None = None) -> list[str]:
@@ -367,7 +382,7 @@ def _arms_section(arms_df) -> list[str]:
         ["arm", "side", "seeds", "solved", "mean steps", "median", "IQM", "CV", "wall s/run", "cpu s/run",
          "env steps/s"],
         [[f"`{r.arm}`", r.side, r.seeds, r.solved, _steps(r.mean_steps), _steps(r.median_steps),
-          _steps(r.iqm_steps), f"{r.cv:.3f}", f"{r.mean_wall_s:.1f}", f"{r.mean_cpu_s:.1f}", _steps(r.steps_per_s)]
+          _steps(r.iqm_steps), f"{r.cv:.3f}", f"{r.mean_wall_s:.1f}", _seconds(r.mean_cpu_s), _steps(r.steps_per_s)]
          for r in arms_df.itertuples()]))
     return lines + ["", "A run that did not solve enters with the steps it reached (a lower bound): its arm's "
                     "mean, median and IQM are then lower bounds too."]
@@ -437,8 +452,9 @@ METHOD_FILES = [
     "that solved keeps its last value after it stopped; median and interquartile band over seeds.",
     "", "## Files", "",
     "- `runs.csv`: one row per finished run (arm, side, seed, solved, steps_to_solve, epochs, env_steps, wall_s, "
-    "cpu_s, device, config, knobs, run_id); the study resumes from it. cpu_s is the run's own CPU time (one thread "
-    "per worker), the cost of a run on an idle core.",
+    "cpu_s, device, config, knobs, run_id, host, versions; for a run imported from elsewhere also matmul_precision "
+    "and note); the study resumes from it. cpu_s is the run's own CPU time (one thread per worker), the cost of a "
+    "run on an idle core (not recorded for imported runs).",
     "- `epochs.csv`: one row per epoch (run_id, arm, seed, epoch, env_steps, mean_return, max_return, sigma, lr, "
     "wall_s, grad_norms as JSON).",
     "- `arms.csv`, `comparisons.csv`, `attribution.csv` (ladder studies) or `factorial.csv` (factorial studies), "

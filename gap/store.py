@@ -2,7 +2,8 @@
 
 - `runs.csv`: one row per finished run: its identity (arm, seed, config, knobs; `run_id` hashes them), the
   outcome (solved, steps_to_solve, epochs, env_steps), the cost (wall_s; cpu_s, the run's own CPU time) and
-  where it ran (device, host, versions).
+  where it ran (device, host, versions); for a run trained elsewhere and imported (`gap.imported`), the matmul
+  precision its measurer gave and a note saying where it came from (both blank for a run the study trained).
 - `epochs.csv`: one row per epoch of those runs (the trainer's history).
 
 A run is committed by appending its epoch rows, then its run row, each as one write followed by fsync, so an
@@ -27,8 +28,9 @@ from reporting import atomic_write
 from spec.config import Config
 
 RUN_COLUMNS = ("run_id", "arm", "side", "seed", "solved", "steps_to_solve", "epochs", "env_steps",
-               "wall_s", "cpu_s", "device", "config", "knobs", "host", "versions")
-OLD_RUN_COLUMNS = RUN_COLUMNS[:-2]     # before host and versions were recorded
+               "wall_s", "cpu_s", "device", "config", "knobs", "host", "versions", "matmul_precision", "note")
+# earlier stores' columns, converted on open: before host and versions, then before imported runs' precision and note
+OLD_RUN_COLUMNS = (RUN_COLUMNS[:-4], RUN_COLUMNS[:-2])
 EPOCH_COLUMNS = ("run_id", "arm", "seed", "epoch", "env_steps", "mean_return", "max_return", "sigma", "lr",
                  "wall_s", "grad_norms")
 Key = tuple[str, int, str, str]
@@ -121,7 +123,8 @@ class RunStore:
             self.repair()
 
     def _check_headers(self) -> None:
-        for path, headers in ((self.runs_path, (RUN_COLUMNS, OLD_RUN_COLUMNS)), (self.epochs_path, (EPOCH_COLUMNS,))):
+        runs_headers = (RUN_COLUMNS, *OLD_RUN_COLUMNS)
+        for path, headers in ((self.runs_path, runs_headers), (self.epochs_path, (EPOCH_COLUMNS,))):
             if not os.path.exists(path) or os.path.getsize(path) == 0:
                 _write(path, headers[0], [])
                 continue

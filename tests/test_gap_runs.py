@@ -188,7 +188,7 @@ def test_a_store_of_an_older_version_is_converted_and_resumes(tmp_path):
         old_ids[r["run_id"]] = r["run_id"] = "old" + r["run_id"][3:]
     for e in epochs:
         e["run_id"] = "old" + e["run_id"][3:]
-    old_columns = RUN_COLUMNS[:-2]
+    old_columns = RUN_COLUMNS[:-4]      # before host, versions, matmul_precision and note
     with open(store.runs_path, "w", newline="") as f:
         w = csv.DictWriter(f, old_columns, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
