@@ -120,16 +120,9 @@ def normal_of_mantissa(m: np.ndarray, backend: str = "cpu") -> np.ndarray:
     float32(sqrt 2) * erf_inv(2f - 1 + 2^-24)."""
     m = np.asarray(m, np.int64)
     u = J.u_of_mantissa(m.astype(np.float64))
-    if check_backend(backend) == "gpu":
+    if J.check_backend(backend) == "gpu":
         return J.normal_of_u_gpu(_OPS, u, _nv_parts, _gpu_sqrt(m)).astype(np.float32)
     return J.normal_of_u(_OPS, u, _xla_log).astype(np.float32)
-
-
-def check_backend(backend: str) -> str:
-    """backend itself when it is one of spec.jax_rng.BACKENDS, else a ValueError naming them."""
-    if backend not in J.BACKENDS:
-        raise ValueError(f"backend {backend!r}: JAX's normals are known for {', '.join(J.BACKENDS)}")
-    return backend
 
 
 def normal(keys: np.ndarray, shape, backend: str = "cpu") -> np.ndarray:

@@ -127,6 +127,13 @@ GPU_TAIL = 14155
 GPU_SQRT_FILE = Path(__file__).with_name("data") / "jax_gpu_sqrt.txt"
 
 
+def check_backend(backend: str) -> str:
+    """backend itself when it is one of BACKENDS, else a ValueError naming them."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: JAX's normals are known for {', '.join(map(repr, BACKENDS))}")
+    return backend
+
+
 def nv_log1p_of_parts(ops: Float32Ops, x, k, scale):
     """libdevice's float32 log1pf for x in (-1, 0], from its range reduction: k with (1 + x) 2^-k in [0.75, 1.5) and
     scale = 2^-k (integer-valued floats; each side finds them its own way). libdevice reads k off the bits of 1 + x
