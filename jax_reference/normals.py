@@ -45,7 +45,7 @@ def _nv_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _gpu_sqrt(m: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """The GPU's sqrt.approx.f32 for mantissas m: the correctly rounded sqrt moved by spec.jax_rng's measured offsets."""
+    """The GPU's sqrt.approx.f32 for mantissas m: the correctly rounded sqrt moved by spec.jax_rng's offsets."""
     offsets = np.array(J.gpu_sqrt_offsets(), np.int32)
     moved = offsets[np.where(m < J.GPU_TAIL, m, np.maximum(m - (J.N_MANTISSAS - 2 * J.GPU_TAIL), 0))]
 

@@ -1,8 +1,8 @@
 """torch_impl.random_compiled against the eager path, bit for bit: bits, uniforms and normals (both backends) over
 shapes and key batches, the normal's finish over all 2^23 mantissas (the GPU's against the table measured on an
-H100), sample_noise with rng=jax, the size policy and the fallback. Compiling costs tens of seconds on the first run on a 2-core machine (inductor caches it on disk after),
-so the module compiles each stage once (TORCH_IMPL_RNG_COMPILE=always for the whole module) and the eager
-reference runs with the mode switched to "never".
+H100), sample_noise with rng=jax, the size policy and the fallback. Compiling costs tens of seconds on the first
+run on a 2-core machine (inductor caches it on disk after), so the module compiles each stage once
+(TORCH_IMPL_RNG_COMPILE=always for the whole module) and the eager reference runs with the mode switched to "never".
 """
 from __future__ import annotations
 

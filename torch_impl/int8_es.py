@@ -61,7 +61,8 @@ def init(es: Int8ES, seed: int, device: str | torch.device = "cpu", params: Para
 def ask(es: Int8ES, state: Int8State) -> tuple[PairNoise, Int8State]:
     """The population's noise at state.epoch, one PairNoise for the pop / 2 pairs."""
     return population_noise(es.tree, state.keys, state.seed, state.epoch, es.cfg.pairs, es.cfg.noise_reuse,
-                            es.cfg.rank, normal_lut(next(iter(state.keys.values())).device, es.backend), es.knobs), state
+                            es.cfg.rank, normal_lut(next(iter(state.keys.values())).device, es.backend),
+                            es.knobs), state
 
 
 def threshold(es: Int8ES, epoch: int) -> int:

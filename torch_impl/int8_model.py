@@ -327,7 +327,8 @@ def init_params(cfg: Int8Config, seed: int, device: str | torch.device = "cpu",
     att_mlp = rnd.split(layer_keys, 2)                                    # (L, 2, 2)
     att = rnd.split(att_mlp[:, 0], 4)                                     # (L, 4, 2): Wf, Uf, Wh, Uh
     mlp = rnd.split(att_mlp[:, 1], 2)                                     # (L, 2, 2): 0, 1
-    p = {f"blocks.att.{name}": _int8_normal(att[:, i], (d, d), backend) for i, name in enumerate(("Wf", "Uf", "Wh", "Uh"))}
+    p = {f"blocks.att.{name}": _int8_normal(att[:, i], (d, d), backend)
+         for i, name in enumerate(("Wf", "Uf", "Wh", "Uh"))}
     p["blocks.mlp.0.weight"] = _int8_normal(mlp[:, 0], (4 * d, d), backend)
     p["blocks.mlp.1.weight"] = _int8_normal(mlp[:, 1], (d, 4 * d), backend)
     for name in ("bf", "bh"):

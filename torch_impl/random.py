@@ -236,7 +236,8 @@ def _native_draw(kind: str, keys: torch.Tensor, shape, *extra) -> torch.Tensor |
     return out.reshape(tuple(k0.shape) + shape)
 
 
-def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = (), backend: str = "cpu") -> torch.Tensor | None:
+def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = (),
+                   backend: str = "cpu") -> torch.Tensor | None:
     """The compiled kernel's draws (*batch, *shape) when random_compiled takes this request, else None (backend: the
     normal's)."""
     from torch_impl import random_compiled  # noqa: PLC0415 - it imports this module

@@ -5,8 +5,9 @@ Each block of counters is hashed and turned into normals while it sits in L1, so
 memory, and the normal's float32 steps run vectorised (c_rng/jax_normal.c). Bit-identical to torch_impl.random's
 eager definition: all 2^23 normals of each backend are compared in tests/test_random_native.py, and every process
 checks a sample of draws and the extreme mantissas of both backends against the eager formula before its first C
-draw, staying on the torch paths if they differ. No compiler, a failed build or env TORCH_IMPL_RNG_NATIVE=never: `wanted` says no and random.py keeps its
-torch paths (compiled, table, eager). CPU tensors only; the call runs on torch.get_num_threads() threads.
+draw, staying on the torch paths if they differ. No compiler, a failed build or env TORCH_IMPL_RNG_NATIVE=never:
+`wanted` says no and random.py keeps its torch paths (compiled, table, eager). CPU tensors only; the call runs on
+torch.get_num_threads() threads.
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def _draw(fn_name: str, keys: torch.Tensor, n: int, dtype: torch.dtype, *extra: 
 
 
 def normal(keys: torch.Tensor, n: int, backend: str = "cpu") -> torch.Tensor:
-    """(B, n) float32: jax.random.normal(key_b, (n,)) on JAX's `backend` ("cpu" or "gpu") for each of the keys (B, 2)."""
+    """(B, n) float32: jax.random.normal(key_b, (n,)) on JAX's `backend` ("cpu" or "gpu") for each key of (B, 2)."""
     return _draw("jr_normal", keys, n, torch.float32, BACKENDS.index(check_backend(backend)))
 
 
