@@ -1,4 +1,5 @@
-"""JAX's default generator in C (jax_normal.c): threefry2x32 bits and jax.random.normal's float32 normals.
+"""JAX's default generator in C (jax_normal.c): threefry2x32 bits and jax.random.normal's float32 normals (as JAX's
+CPU or its GPU backend computes them).
 
 The project's own C11 code, built by `make setup` (`python -m c_rng.build`) with the system C compiler into
 build/c_rng/; `load()` builds it on first use when the library is missing or stale and raises CUnavailable (with
@@ -20,9 +21,10 @@ SWITCH_VALUES = ("auto", "never")
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 # name -> (restype, argtypes)
 _SIGNATURES = {
-    "jr_normal": (None, [_P, _I64, _I64, _P, _INT]),        # keys (B, 2) int64, B, n, out (B, n) float32, threads
+    "jr_normal": (None, [_P, _I64, _I64, _P, _INT, _INT]),  # keys (B, 2) int64, B, n, out (B, n) float32, threads,
+                                                            # backend (0: JAX's CPU normals, 1: its GPU normals)
     "jr_bits": (None, [_P, _I64, _I64, _P, _INT]),          # keys (B, 2) int64, B, n, out (B, n) uint32, threads
-    "jr_normal_of_mantissas": (None, [_I64, _I64, _P]),     # start, count, out (count,) float32
+    "jr_normal_of_mantissas": (None, [_I64, _I64, _P, _INT]),   # start, count, out (count,) float32, backend
 }
 
 

@@ -1,10 +1,13 @@
-/* JAX's default generator on its CPU backend, in C: threefry2x32 bits and jax.random.normal's float32 normals.
+/* JAX's default generator in C: threefry2x32 bits and jax.random.normal's float32 normals as XLA computes them on
+ * its CPU backend, or (backend 1) on an NVIDIA GPU.
  *
  * The project's own code (C11, no dependencies but libm and pthreads). The constants come from spec/jax_rng.py
  * through the generated header jax_rng_constants.h (c_rng/build.py writes it), so they are written once.
  * XLA's float32 steps (spec.jax_rng: the log polynomial, log1p, Giles' erf_inv) are float operations here: each
  * plain step rounds once, as spec.jax_rng's double-carried step does, and each fused step is fmaf, XLA's FMA (all
- * 2^23 inputs agree with the definition: tests/test_random_native.py). Needs -ffp-contract=off and no
+ * 2^23 inputs agree with the definition: tests/test_random_native.py). The GPU's steps (spec.jax_rng.normal_of_u_gpu:
+ * libdevice's log1pf, Giles' polynomial unfused, sqrt.approx.f32 as measured offsets) follow the CPU's. Needs
+ * -ffp-contract=off and no
  * fast-math (c_rng/build.py's flags); every loop is straight-line code over a block, which the compiler
  * vectorises, and the block's bits stay in L1 between the hash and the normal.
  *
@@ -137,12 +140,75 @@ static void normal_block(const uint32_t *bits, int m, float *out)
     for (int i = 0; i < m; i++) out[i] = (u[i] * p[i]) * F(JR_SQRT2);
 }
 
+/* ----------------------------------------------------------------------------- XLA's CUDA normal */
+/* libdevice's log1pf of x[0..m) in (-1, 0] (spec.jax_rng.nv_log1p_of_parts), into out. k, with (1 + x) 2^-k in
+ * [0.75, 1.5), is the exponent of the double 1 + x plus its first fraction bit (1 + x is exact in double, or for
+ * |x| < 2^-29 rounded to a double that is still in [0.75, 1.5)); r = x 2^-k + (2^-k - 1) rounded once. */
+static void nv_log1p_block(const float *x, int m, float *out)
+{
+    float r[BLOCK], k[BLOCK], q[BLOCK];
+    for (int i = 0; i < m; i++) {
+        const double y = (double)x[i] + 1.0;
+        uint64_t b;
+        memcpy(&b, &y, 8);
+        const int32_t kk = (int32_t)((b >> 52) & 0x7FF) - 1023 + (int32_t)((b >> 51) & 1);
+        const uint32_t sw = (uint32_t)(127 - kk) << 23;                     /* 2^-k, k in [-23, 0] */
+        float scale;
+        memcpy(&scale, &sw, 4);
+        r[i] = x[i] * scale + (scale - 1.0f);
+        k[i] = (float)kk;
+        q[i] = F(JR_NV_LOG1P[0]);
+    }
+    for (int c = 1; c < JR_NV_LOG1P_N; c++) {
+        const float a = F(JR_NV_LOG1P[c]);
+        for (int i = 0; i < m; i++) q[i] = fmaf(q[i], r[i], a);
+    }
+    for (int i = 0; i < m; i++) out[i] = fmaf(k[i], F(JR_NV_LN2), fmaf(q[i] * r[i], r[i], r[i]));
+}
+
+/* The GPU's sqrt.approx.f32 of the tail's w (w >= 5) for mantissa mant: the correctly rounded sqrtf moved by the
+ * measured offset (spec.jax_rng.gpu_sqrt_offsets); central mantissas read entry 0, unused. */
+static float gpu_sqrt(float w, uint32_t mant)
+{
+    const uint32_t hi = JR_N_MANTISSAS - 2 * JR_GPU_TAIL;
+    const uint32_t at = mant < JR_GPU_TAIL ? mant : (mant >= hi ? mant - hi : 0);
+    const float s = sqrtf(w);
+    uint32_t sb;
+    memcpy(&sb, &s, 4);
+    sb += (uint32_t)(int32_t)JR_GPU_SQRT_OFFSETS[at];
+    float out;
+    memcpy(&out, &sb, 4);
+    return out;
+}
+
+/* The normals XLA's CUDA code draws for bits (spec.jax_rng.normal_of_u_gpu of u_of_mantissa(bits >> 9)). */
+static void normal_block_gpu(const uint32_t *bits, int m, float *out)
+{
+    float u[BLOCK], x[BLOCK], w[BLOCK], z[BLOCK], p[BLOCK], central[BLOCK];
+    for (int i = 0; i < m; i++) {
+        u[i] = ((float)(bits[i] >> 9) * 4.0f - 16777215.0f) * 0x1p-24f;    /* 2f - 1 + 2^-24, exact */
+        x[i] = u[i] * -u[i];
+    }
+    nv_log1p_block(x, m, w);
+    for (int i = 0; i < m; i++) {
+        const float wi = -w[i], tail = gpu_sqrt(wi, bits[i] >> 9) - 3.0f;
+        central[i] = wi < 5.0f ? 1.0f : 0.0f;
+        z[i] = wi < 5.0f ? wi - 2.5f : tail;
+        p[i] = wi < 5.0f ? F(JR_ERFINV_SMALL[0]) : F(JR_ERFINV_LARGE[0]);
+    }
+    for (int c = 1; c < JR_ERFINV_N; c++) {
+        const float a = F(JR_ERFINV_SMALL[c]), b = F(JR_ERFINV_LARGE[c]);
+        for (int i = 0; i < m; i++) p[i] = p[i] * z[i] + (central[i] != 0.0f ? a : b);    /* two roundings */
+    }
+    for (int i = 0; i < m; i++) out[i] = (u[i] * p[i]) * F(JR_SQRT2);
+}
+
 /* ----------------------------------------------------------------------------- threads over flat spans */
 typedef struct {
     const int64_t *keys;
     int64_t n, start, stop;
     void *out;
-    int kind;                                /* 0: normals (float), 1: bits (uint32) */
+    int kind;                                /* 0: CPU normals (float), 1: bits (uint32), 2: GPU normals (float) */
 } Job;
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -156,10 +222,11 @@ static void run_job(Job *job)
         const int64_t b = start / job->n, j = start % job->n;
         const int m = (int)min64(min64(job->n - j, job->stop - start),
                                  min64(BLOCK, ((int64_t)1 << 32) - (int64_t)(uint32_t)j));
-        uint32_t *dst = job->kind == 0 ? bits : (uint32_t *)job->out + start;
+        uint32_t *dst = job->kind == 1 ? (uint32_t *)job->out + start : bits;
         hash_block((uint32_t)job->keys[2 * b], (uint32_t)job->keys[2 * b + 1], (uint32_t)((uint64_t)j >> 32),
                    (uint32_t)j, m, dst);
         if (job->kind == 0) normal_block(bits, m, (float *)job->out + start);
+        if (job->kind == 2) normal_block_gpu(bits, m, (float *)job->out + start);
         start += m;
     }
 }
@@ -193,10 +260,11 @@ static void run_parallel(const int64_t *keys, int64_t n_keys, int64_t n, void *o
     }
 }
 
-/* out (n_keys, n) float32: jax.random.normal(key_b, (n,)) for each key b; up to `threads` threads */
-void jr_normal(const int64_t *keys, int64_t n_keys, int64_t n, float *out, int threads)
+/* out (n_keys, n) float32: jax.random.normal(key_b, (n,)) for each key b on JAX's CPU (backend 0) or an NVIDIA GPU
+ * (backend 1); up to `threads` threads */
+void jr_normal(const int64_t *keys, int64_t n_keys, int64_t n, float *out, int threads, int backend)
 {
-    run_parallel(keys, n_keys, n, out, 0, threads);
+    run_parallel(keys, n_keys, n, out, backend == 1 ? 2 : 0, threads);
 }
 
 /* out (n_keys, n) uint32: jax.random.bits(key_b, (n,)) for each key b */
@@ -205,13 +273,15 @@ void jr_bits(const int64_t *keys, int64_t n_keys, int64_t n, uint32_t *out, int 
     run_parallel(keys, n_keys, n, out, 1, threads);
 }
 
-/* out[i] = the normal of mantissa bits start + i, for the exhaustive check against the definition */
-void jr_normal_of_mantissas(int64_t start, int64_t count, float *out)
+/* out[i] = the normal (backend 0: CPU, 1: GPU) of mantissa bits start + i, for the exhaustive check against the
+ * definition */
+void jr_normal_of_mantissas(int64_t start, int64_t count, float *out, int backend)
 {
     uint32_t bits[BLOCK];
     for (int64_t s = 0; s < count; s += BLOCK) {
         const int m = count - s < BLOCK ? (int)(count - s) : BLOCK;
         for (int i = 0; i < m; i++) bits[i] = (uint32_t)(start + s + i) << 9;
-        normal_block(bits, m, out + s);
+        if (backend == 1) normal_block_gpu(bits, m, out + s);
+        else normal_block(bits, m, out + s);
     }
 }

@@ -52,7 +52,7 @@ class TorchPort:
         changed = drifts(self.knobs)
         label = ", ".join(f"{k}={v[1]}" for k, v in changed.items()) or "faithful"
         self.name = f"torch_impl ({label})"
-        self.jax_compatible_rng = self.knobs.rng == "jax"
+        self.jax_compatible_rng = self.knobs.rng != "torch"            # jax, jax-cpu, jax-gpu: JAX's keys and draws
         self.es = es.make(cfg, self.knobs)
 
     # ---- conversions

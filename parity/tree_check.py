@@ -516,7 +516,7 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
         side = TorchTree(cfg, knobs)
         if repro is not None:
             side = repro.recorded(side)
-        exact = knobs.rng == "jax"
+        exact = knobs.rng != "torch"                 # jax, jax-cpu, jax-gpu: JAX's keys and draws
     else:
         exact = side.port.jax_compatible_rng
     rng = np.random.default_rng([seed, 20])

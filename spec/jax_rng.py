@@ -1,13 +1,20 @@
-"""The constants of JAX's default generator as its CPU backend computes it, for every side that redraws it.
+"""The constants of JAX's default generator as XLA computes it on its CPU and on its CUDA backend, for every side
+that redraws it.
 
-threefry2x32's key-schedule constant and rotations, and the float32 constants of XLA's log, log1p and Giles' erf_inv
-that turn a draw's 23 mantissa bits into a normal. Pure data: torch_impl.random (and its compiled kernels) and
-parity.numpy_random (the replay without JAX) each evaluate them in their own array library; DESIGN.md's float32
-facts say how. Both are checked bit for bit against jax.random (tests/test_random.py, tests/test_numpy_reference.py).
+threefry2x32's key-schedule constant and rotations, and the float32 constants and steps that turn a draw's 23
+mantissa bits into a normal: XLA's CPU code (its log, log1p and Giles' erf_inv with fused multiply-adds) and XLA's
+CUDA code (libdevice's log1pf, the same erf_inv unfused, sqrt.approx.f32: `normal_of_u_gpu`). Pure data and steps:
+torch_impl.random (and its compiled kernels), c_rng and parity.numpy_random each evaluate them in their own array
+library; DESIGN.md's float32 facts say how. The CPU steps are checked bit for bit against jax.random
+(tests/test_random.py, tests/test_numpy_reference.py), the GPU steps against JAX's GPU table measured on an H100
+(tests/data/jax-gpu-normal/, tests/test_random_gpu.py).
 """
 from __future__ import annotations
 
+import functools
+import math
 import struct
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 
@@ -104,3 +111,75 @@ def normal_of_u(ops: Float32Ops, u, log: Callable):
 def u_of_mantissa(m):
     """u = 2f - 1 + 2^-24 for a float64 carrier of mantissa bits m (f = m 2^-23): exact."""
     return (m * 4.0 - (2.0 ** 24 - 1.0)) * 2.0 ** -24
+
+
+# ----------------------------------------------------------------------------- XLA's CUDA normal
+BACKENDS = ("cpu", "gpu")                    # whose float32 normal: XLA's CPU code or its CUDA code
+# libdevice's log1pf (__nv_log1pf, the non-ftz branch): 1 + x = 2^k (1 + r) with (1 + x) 2^-k in [0.75, 1.5), so r in
+# [-0.25, 0.5); log1p(r) = r + r^2 q(r), q by Horner in FMAs (its last coefficient -0.5); + k ln 2 (float32 ln 2).
+NV_LOG1P = tuple(float32_of_bits(w) for w in (0xBD39BF78, 0x3DD80012, 0xBE0778E0, 0x3E146475, 0xBE2A68DD, 0x3E4CAF9E,
+                                              0xBE800042, 0x3EAAAAE6, 0xBF000000))
+NV_LN2 = float32_of_bits(0x3F317218)
+ERFINV_TAIL = 5.0                            # Giles' erf_inv takes its second polynomial from w = 5 on
+N_MANTISSAS = 1 << 23
+# The GPU's tail (w >= 5, where sqrt runs) is mantissas m < GPU_TAIL and m >= 2^23 - GPU_TAIL + 1 (u near -1, +1).
+GPU_TAIL = 14155
+GPU_SQRT_FILE = Path(__file__).with_name("data") / "jax_gpu_sqrt.txt"
+
+
+def check_backend(backend: str) -> str:
+    """backend itself when it is one of BACKENDS, else a ValueError naming them."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: JAX's normals are known for {', '.join(map(repr, BACKENDS))}")
+    return backend
+
+
+def nv_log1p_of_parts(ops: Float32Ops, x, k, scale):
+    """libdevice's float32 log1pf for x in (-1, 0], from its range reduction: k with (1 + x) 2^-k in [0.75, 1.5) and
+    scale = 2^-k (integer-valued floats; each side finds them its own way). libdevice reads k off the bits of 1 + x
+    rounded toward zero, which lies on the same side of every 0.75 2^j as the exact sum, so k is the exact sum's."""
+    r = ops.round(x * scale + (scale - 1.0))           # float(bits(x) - k 2^23) + fma(0.25, 4 2^-k, -1): one rounding
+    q = NV_LOG1P[0]
+    for c in NV_LOG1P[1:]:
+        q = fma(ops, q, r, c)
+    q = fma(ops, ops.round(q * r), r, r)
+    return fma(ops, k, NV_LN2, q)
+
+
+def normal_of_u_gpu(ops: Float32Ops, u, parts: Callable, sqrt_approx: Callable):
+    """float32(sqrt 2) * erf_inv(u) as XLA's CUDA code computes it, in the float64 carrier (the caller casts it to
+    float32): x = u * -u, w = -log1pf(x) (libdevice, `nv_log1p_of_parts`; `parts(x)` -> (k, 2^-k), the side's),
+    Giles' polynomial with each multiply and add rounded (no FMA), `sqrt_approx(w)`: the side's sqrt.approx.f32 for
+    w >= 5 (the correctly rounded sqrt moved by `gpu_sqrt_offsets`)."""
+    x = ops.round(u * -u)
+    k, scale = parts(x)
+    w = -nv_log1p_of_parts(ops, x, k, scale)
+    central = w < ERFINV_TAIL
+    z = ops.where(central, ops.round(w - 2.5), ops.round(sqrt_approx(w) - 3.0))
+    p = ops.where(central, ERFINV_SMALL[0], ERFINV_LARGE[0])
+    for a, b in zip(ERFINV_SMALL[1:], ERFINV_LARGE[1:]):
+        p = ops.round(ops.round(p * z) + ops.where(central, a, b))
+    return ops.round(u * p) * SQRT2
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_sqrt_fixes() -> tuple[tuple[int, int, int], ...]:
+    """(m, w, s): the tail mantissas where sqrt.approx.f32(w) is not the correctly rounded sqrt(w) and the GPU's normal
+    shows it, with w and s as float32 bit patterns (data: spec/data/jax_gpu_sqrt.txt says where it was measured)."""
+    rows = []
+    for line in GPU_SQRT_FILE.read_text().splitlines():
+        if line and not line.startswith("#"):
+            m, w, s = line.split()
+            rows.append((int(m), int(w, 16), int(s, 16)))
+    return tuple(rows)
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_sqrt_offsets() -> tuple[int, ...]:
+    """sqrt.approx.f32(w) - sqrt(w) correctly rounded, in float32 steps (-1, 0, +1), for the tail: entry i is
+    mantissa i for i < GPU_TAIL, else mantissa i + 2^23 - 2 GPU_TAIL; 0 where no fix is listed."""
+    offsets = [0] * (2 * GPU_TAIL)
+    for m, w, s in gpu_sqrt_fixes():
+        rounded = struct.unpack("<I", struct.pack("<f", math.sqrt(float32_of_bits(w))))[0]
+        offsets[m if m < GPU_TAIL else m - (N_MANTISSAS - 2 * GPU_TAIL)] = s - rounded
+    return tuple(offsets)

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 # knob -> allowed values; the first is the reference's behaviour.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "rng": ("jax", "torch"),
+    "rng": ("jax", "torch", "jax-cpu", "jax-gpu"),
     "antithetic": ("interleaved", "halves", "off"),
     "fitness": ("jax", "std", "std_unbiased", "rank"),
     "bias_noise": ("jax", "fresh", "update_only", "off"),
@@ -34,7 +34,8 @@ NUMERIC: dict[str, tuple[type, str]] = {
 }
 # What each knob means, in the words the verdicts use.
 DESCRIPTIONS: dict[str, str] = {
-    "rng": "noise generator (JAX threefry keys vs torch's own generator)",
+    "rng": "noise generator (JAX threefry keys vs torch's own generator, or JAX's normals as another JAX backend "
+           "rounds them: jax-cpu, jax-gpu)",
     "antithetic": "antithetic pairing layout",
     "fitness": "fitness shaping",
     "bias_noise": "bias noise",

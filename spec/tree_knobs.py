@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from spec.knobs import KnobError
 
 TREE_CHOICES: dict[str, tuple[str, ...]] = {
-    "rng": ("jax", "torch"),
+    "rng": ("jax", "torch", "jax-cpu", "jax-gpu"),
     "stack_keys": ("split", "shared"),
     "tmm_layout": ("stored", "transposed"),
     "frozen_leaves": ("frozen", "perturbed"),
@@ -22,7 +22,8 @@ TREE_CHOICES: dict[str, tuple[str, ...]] = {
 }
 # In the words the verdicts use.
 TREE_DESCRIPTIONS: dict[str, str] = {
-    "rng": "noise generator (JAX threefry keys vs torch's own generator)",
+    "rng": "noise generator (JAX threefry keys vs torch's own generator, or JAX's normals as another JAX backend "
+           "rounds them: jax-cpu, jax-gpu)",
     "stack_keys": "keys of stacked slices (one key per slice, split along the scan axis)",
     "tmm_layout": "layout of (in, out) weights (factored on the stored shape)",
     "frozen_leaves": "full-rank leaves under freeze_nonlora (neither perturbed nor updated)",

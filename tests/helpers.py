@@ -1,6 +1,9 @@
 """Small conveniences the tests share (no assertions here)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from spec.config import Config
@@ -14,3 +17,15 @@ def noise_of(params: dict[str, torch.Tensor], cfg: Config, knobs: Knobs, seed: i
     plan = noise_mod.make_plan(cfg.pop, cfg.rank, knobs)
     shapes = noise_mod.shapes_of(params)
     return noise_mod.sample_noise(plan, noise_mod.seed_sources(plan, seed, shapes), shapes, epoch, sigma, device)
+
+
+GPU_NORMALS = Path(__file__).resolve().parent / "data" / "jax-gpu-normal"
+
+
+def measured_gpu_table(cpu_table: np.ndarray) -> np.ndarray:
+    """JAX's (2^23,) float32 normals measured on an H100: the CPU table with delta.npz's bit differences applied
+    (tests/data/jax-gpu-normal/README.md)."""
+    delta = np.load(GPU_NORMALS / "delta.npz")
+    bits = np.asarray(cpu_table, np.float32).view(np.int32).copy()
+    bits[delta["mantissa"].astype(np.int64)] += delta["bits_delta"].astype(np.int32)
+    return bits.view(np.float32)

@@ -1,7 +1,7 @@
 """The suite tests itself: every drift knob is caught and named, the faithful profiles never flagged.
 
 Runs the whole suite in-process at the tiny `selftest` size (parity.suite.SELFTEST). Every drift
-value of DESIGN.md's knob table (rng=torch excepted: it is not a drift and must pass) must make
+value of DESIGN.md's knob table (rng=torch and rng=jax-cpu excepted: they are no drift here and must pass) must make
 `check` exit 1 with that knob named in the summary's table; the oop-port and functional-port
 profiles must list each of their drifts; the jax profile must pass at 20 seeds, jax-torchrng too.
 """
@@ -35,7 +35,8 @@ DOCUMENTED = design_knob_table()
 # Values of the numeric knobs that depart from the reference (0, 1.0 and 0.999).
 NUMERIC_DRIFTS = {"noise_reuse": ("1", "3", "1000"), "lr_decay": ("0.9995", "0.9"), "sigma_decay": ("0.99", "1.0")}
 # Every documented value but the reference's (the first), rng=torch excepted: it is not a drift in the math.
-NOT_DRIFTS = {("rng", "torch"), ("compile", "on")}    # must pass: the same math
+NOT_DRIFTS = {("rng", "torch"), ("compile", "on"),    # must pass: the same math
+              ("rng", "jax-cpu")}                    # JAX's CPU normals, as the reference here (on the CPU) draws them
 DRIFTS = [(k, v) for k, values in DOCUMENTED.items() for v in values[1:] if (k, v) not in NOT_DRIFTS]
 DRIFTS += [(k, v) for k, values in NUMERIC_DRIFTS.items() for v in values]
 # What each published port departs in (DESIGN.md's profile table, REFERENCE's ports), rng aside.

@@ -1,8 +1,8 @@
-"""torch_impl.random_compiled against the eager path, bit for bit: bits, uniforms and normals over shapes and key
-batches, the normal's finish over all 2^23 mantissas, sample_noise with rng=jax, the size policy and the
-fallback. Compiling costs tens of seconds on the first run on a 2-core machine (inductor caches it on disk after),
-so the module compiles each stage once (TORCH_IMPL_RNG_COMPILE=always for the whole module) and the eager
-reference runs with the mode switched to "never".
+"""torch_impl.random_compiled against the eager path, bit for bit: bits, uniforms and normals (both backends) over
+shapes and key batches, the normal's finish over all 2^23 mantissas (the GPU's against the table measured on an
+H100), sample_noise with rng=jax, the size policy and the fallback. Compiling costs tens of seconds on the first
+run on a 2-core machine (inductor caches it on disk after), so the module compiles each stage once
+(TORCH_IMPL_RNG_COMPILE=always for the whole module) and the eager reference runs with the mode switched to "never".
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from torch_impl import random as R
 from torch_impl import random_compiled as C
 from spec.config import Config
 from spec.knobs import Knobs
-from tests.helpers import noise_of
+from tests.helpers import measured_gpu_table, noise_of
 from reporting import agreement
 from torch_impl.model import init_params
 
@@ -105,6 +105,22 @@ def test_normal_finish_exhaustive_over_all_2_23_mantissas():
     assert result.draws == 1 << 23 and result.identical_fraction == 1.0, result
 
 
+def test_normal_gpu_finish_exhaustive_over_all_2_23_mantissas():
+    # JAX's GPU normals (backend="gpu") through the compiled finish, against the table measured on an H100.
+    words = torch.arange(1 << 23, dtype=torch.int32) << 9
+    got = C._compiled("normal_gpu")(words, R._gpu_sqrt_offsets("cpu"))
+    result = agreement(got.numpy(), measured_gpu_table(R.normal_table().numpy()))
+    print(f"compiled GPU finish, all 2^23 mantissas vs the measured GPU table: {result}")
+    assert result.draws == 1 << 23 and result.identical_fraction == 1.0, result
+
+
+@pytest.mark.parametrize("keys,shape", CASES[:7])
+def test_normal_gpu_compiled_equal_eager(keys, shape):
+    got, ref = both(R.normal, keys, shape, None, "gpu")
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    assert torch.equal(got, ref), agreement(got.numpy(), ref.numpy())
+
+
 def test_compiled_normal_matches_jax_random_normal():
     keys = keys_for(8, seed=5)
     ours = with_mode("always", R.normal, keys, (1040, 4))
@@ -172,7 +188,7 @@ def test_a_wrong_compiled_result_is_caught_by_the_self_check(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_compiled_equal_cpu_eager():
     for keys, shape in CASES[:7]:
-        for fn, args in [(R.bits, ()), (R.normal, ()), (R.uniform, (-3.7, 11.3))]:
+        for fn, args in [(R.bits, ()), (R.normal, ()), (R.normal, (None, "gpu")), (R.uniform, (-3.7, 11.3))]:
             got = with_mode("always", fn, keys.cuda(), shape, *args)
             assert got.device.type == "cuda"
             assert torch.equal(got.cpu(), with_mode("never", fn, keys, shape, *args)), (fn.__name__, shape)
@@ -180,4 +196,8 @@ def test_cuda_compiled_equal_cpu_eager():
     words = torch.arange(1 << 23, dtype=torch.int32, device="cuda") << 9
     result = agreement(C._compiled("normal")(words).cpu().numpy(), R.normal_table().numpy())
     print(f"compiled finish on CUDA, all 2^23 mantissas vs CPU eager: {result}")
+    assert result.identical_fraction == 1.0, result
+    got = C._compiled("normal_gpu")(words, R._gpu_sqrt_offsets(str(words.device)))
+    result = agreement(got.cpu().numpy(), measured_gpu_table(R.normal_table().numpy()))
+    print(f"compiled GPU finish on CUDA, all 2^23 mantissas vs the measured GPU table: {result}")
     assert result.identical_fraction == 1.0, result

@@ -41,7 +41,7 @@ def eager_bits(keys: torch.Tensor, shape) -> torch.Tensor:
 @needs_c
 def test_all_2_23_normals_equal_the_definitions_table():
     got = torch.empty(R._N_MANTISSAS, dtype=torch.float32)
-    c_rng.load().jr_normal_of_mantissas(0, got.numel(), got.data_ptr())
+    c_rng.load().jr_normal_of_mantissas(0, got.numel(), got.data_ptr(), 0)
     table = R.normal_table()
     same = got.view(torch.int32) == table.view(torch.int32)
     assert bool(same.all()), f"{int((~same).sum())} of 2^23 normals differ, first at mantissa {int((~same).nonzero()[0])}"
@@ -72,6 +72,16 @@ def test_batched_keys_and_jax_random_itself():
 
 
 @needs_c
+@pytest.mark.parametrize("n_keys, shape", [(5, (255,)), (7, (257, 3)), (2, (3, 1000))])
+def test_gpu_draws_equal_the_eager_path(n_keys, shape):
+    keys = random_keys(sum(shape) + 3 * n_keys, n_keys)
+    got = R.normal(keys, shape, backend="gpu")
+    want = R._normal(keys, shape, False, "gpu")
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert not torch.equal(got, R.normal(keys, shape))                     # 4.7% of the normals differ
+
+
+@needs_c
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_any_thread_count_gives_the_same_numbers(threads):
     keys = random_keys(5, 300)
@@ -87,24 +97,24 @@ def test_any_thread_count_gives_the_same_numbers(threads):
 
 def _off_by_one_first(fn):
     """jr_normal_of_mantissas with the call's first normal off by 1."""
-    def wrong(start, count, out):
-        fn(start, count, out)
+    def wrong(start, count, out, backend):
+        fn(start, count, out, backend)
         ctypes.c_float.from_address(out).value += 1.0
     return staticmethod(wrong)
 
 
 def _negate_last(fn):
     """jr_normal with the sign of the call's last draw flipped."""
-    def wrong(keys, n_keys, n, out, threads):
-        fn(keys, n_keys, n, out, threads)
+    def wrong(keys, n_keys, n, out, threads, backend):
+        fn(keys, n_keys, n, out, threads, backend)
         ctypes.c_float.from_address(out + 4 * (n_keys * n - 1)).value *= -1.0
     return staticmethod(wrong)
 
 
 @needs_c
 @pytest.mark.parametrize("broken, message", [
-    ("jr_normal_of_mantissas", "the normals of mantissas 0..255 differ from the eager formula"),
-    ("jr_normal", "1 of 65536 sampled draws differ from the eager formula"),
+    ("jr_normal_of_mantissas", "the cpu normals of mantissas 0..255 differ from the eager formula"),
+    ("jr_normal", "1 of 65536 sampled cpu draws differ from the eager formula"),
 ])
 def test_a_library_that_differs_is_refused_with_a_warning(monkeypatch, broken, message):
     """A wrong normal (the first of the low mantissas) or a wrong draw (the last one's sign): the torch paths serve."""

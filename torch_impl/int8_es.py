@@ -23,6 +23,7 @@ import torch
 
 from spec.int8 import FIXED_POINT, Int8Config, int8_tree, threshold_at, thresholds
 from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves
+from spec.jax_rng import check_backend
 from spec.tree import Tree
 from torch_impl.int8_model import I32, I64, clip8, init_params, int_matmul
 from torch_impl.int8_noise import PairNoise, leaf_keys, normal_lut, population_noise
@@ -35,6 +36,7 @@ class Int8ES(NamedTuple):
     tree: Tree
     thresholds: tuple[int, ...]          # thr_e for e = 0..epochs-1 (spec.int8.thresholds)
     knobs: Int8Knobs = NANO_EGG          # egg.c's departures (spec/int8_knobs.py); nano-egg's by default
+    backend: str = "cpu"                 # whose float32 normals the table and the init read: JAX's CPU's or GPU's
 
 
 class Int8State(NamedTuple):
@@ -44,22 +46,23 @@ class Int8State(NamedTuple):
     seed: int                            # the noise table's key: key(seed)
 
 
-def make(cfg: Int8Config, knobs: Int8Knobs = NANO_EGG) -> Int8ES:
-    return Int8ES(cfg, int8_tree(cfg), thresholds(cfg), knobs)
+def make(cfg: Int8Config, knobs: Int8Knobs = NANO_EGG, backend: str = "cpu") -> Int8ES:
+    return Int8ES(cfg, int8_tree(cfg), thresholds(cfg), knobs, check_backend(backend))
 
 
 def init(es: Int8ES, seed: int, device: str | torch.device = "cpu", params: Params | None = None) -> Int8State:
     """Epoch 0: nano-egg's init (or the given params) and the ES leaf keys."""
-    params = init_params(es.cfg, seed, device) if params is None else params
+    params = init_params(es.cfg, seed, device, es.backend) if params is None else params
     keys = {k: v.to(device) for k, v in leaf_keys(es.cfg, seed).items()}
-    normal_lut(device)                                                    # build the 8 MiB LUT up front
+    normal_lut(device, es.backend)                                        # build the 8 MiB LUT up front
     return Int8State(params, 0, keys, int(seed))
 
 
 def ask(es: Int8ES, state: Int8State) -> tuple[PairNoise, Int8State]:
     """The population's noise at state.epoch, one PairNoise for the pop / 2 pairs."""
     return population_noise(es.tree, state.keys, state.seed, state.epoch, es.cfg.pairs, es.cfg.noise_reuse,
-                            es.cfg.rank, normal_lut(next(iter(state.keys.values())).device), es.knobs), state
+                            es.cfg.rank, normal_lut(next(iter(state.keys.values())).device, es.backend),
+                            es.knobs), state
 
 
 def threshold(es: Int8ES, epoch: int) -> int:

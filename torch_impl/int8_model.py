@@ -312,28 +312,31 @@ def scores(params: dict, noise: PairNoise | None, tokens: torch.Tensor, state: t
 
 
 # ----------------------------------------------------------------------------- init
-def _int8_normal(key: torch.Tensor, shape) -> torch.Tensor:
+def _int8_normal(key: torch.Tensor, shape, backend: str = "cpu") -> torch.Tensor:
     """round(normal(key, shape) * 16) as int8 (torch.round: half to even, as jnp.round)."""
-    return torch.round(rnd.normal(key, shape) * (2 ** FIXED_POINT)).to(I8)
+    return torch.round(rnd.normal(key, shape, backend=backend) * (2 ** FIXED_POINT)).to(I8)
 
 
-def init_params(cfg: Int8Config, seed: int, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """nano-egg's init from model_key = fold_in(key(seed), 0): {path: int8 tensor at the tree's stacked shape}."""
+def init_params(cfg: Int8Config, seed: int, device: str | torch.device = "cpu",
+                backend: str = "cpu") -> dict[str, torch.Tensor]:
+    """nano-egg's init from model_key = fold_in(key(seed), 0): {path: int8 tensor at the tree's stacked shape}, with
+    the normals JAX draws on `backend` ("cpu" or "gpu")."""
     d, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab
     k_emb, k_blocks, k_head = rnd.split(run_keys(seed).model, 3)
     layer_keys = rnd.split(k_blocks, L)                                   # (L, 2)
     att_mlp = rnd.split(layer_keys, 2)                                    # (L, 2, 2)
     att = rnd.split(att_mlp[:, 0], 4)                                     # (L, 4, 2): Wf, Uf, Wh, Uh
     mlp = rnd.split(att_mlp[:, 1], 2)                                     # (L, 2, 2): 0, 1
-    p = {f"blocks.att.{name}": _int8_normal(att[:, i], (d, d)) for i, name in enumerate(("Wf", "Uf", "Wh", "Uh"))}
-    p["blocks.mlp.0.weight"] = _int8_normal(mlp[:, 0], (4 * d, d))
-    p["blocks.mlp.1.weight"] = _int8_normal(mlp[:, 1], (d, 4 * d))
+    p = {f"blocks.att.{name}": _int8_normal(att[:, i], (d, d), backend)
+         for i, name in enumerate(("Wf", "Uf", "Wh", "Uh"))}
+    p["blocks.mlp.0.weight"] = _int8_normal(mlp[:, 0], (4 * d, d), backend)
+    p["blocks.mlp.1.weight"] = _int8_normal(mlp[:, 1], (d, 4 * d), backend)
     for name in ("bf", "bh"):
         p[f"blocks.att.{name}"] = torch.zeros((L, d), dtype=I8)
     for name in ("ln1", "ln2"):
         p[f"blocks.{name}.weight"] = torch.full((L, d), 2 ** FIXED_POINT, dtype=I8)
-    p["emb"] = _int8_normal(k_emb, (V, d))
-    p["head"] = _int8_normal(k_head, (V, d))
+    p["emb"] = _int8_normal(k_emb, (V, d), backend)
+    p["head"] = _int8_normal(k_head, (V, d), backend)
     p["ln_out.weight"] = torch.full((d,), 2 ** FIXED_POINT, dtype=I8)
     return {k: v.contiguous().to(device) for k, v in sorted(p.items())}
 

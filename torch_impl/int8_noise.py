@@ -59,13 +59,14 @@ def leaf_keys(cfg: Int8Config, seed: int) -> dict[str, torch.Tensor]:
 
 # ----------------------------------------------------------------------------- the table, entry by entry
 @functools.lru_cache(maxsize=None)
-def _lut(device: str) -> torch.Tensor:
-    return (rnd.normal_table(device) * (2 ** FIXED_POINT)).to(torch.int8)
+def _lut(device: str, backend: str) -> torch.Tensor:
+    return (rnd.normal_table(device, backend) * (2 ** FIXED_POINT)).to(torch.int8)
 
 
-def normal_lut(device: str | torch.device = "cpu") -> torch.Tensor:
-    """(2^23,) int8: int8(normal * 16) of every 23-bit pattern bits >> 9 (8 MiB; the normals table is built once)."""
-    return _lut(str(torch.device(device)))
+def normal_lut(device: str | torch.device = "cpu", backend: str = "cpu") -> torch.Tensor:
+    """(2^23,) int8: int8(normal * 16) of every 23-bit pattern bits >> 9, with the normals JAX draws on `backend`
+    ("cpu" or "gpu"; 8 MiB; the normals table is built once)."""
+    return _lut(str(torch.device(device)), backend)
 
 
 def table_bits(seed: int, counters: torch.Tensor) -> torch.Tensor:

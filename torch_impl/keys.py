@@ -7,10 +7,12 @@
     init of layer t: normal(split(model_key, n_layers)[t], (out, in))
     action uniforms of an epoch: uniform(fold_in(action_key, epoch), (MAX_STEPS, pop))
 `rng=torch` keeps the layout and replaces each draw by a fresh torch generator seeded from
-(seed, purpose, leaf index, generation), never torch's global state.
+(seed, purpose, leaf index, generation), never torch's global state. `rng=jax-cpu` and `rng=jax-gpu` are JAX's scheme
+with the normals of JAX's CPU or NVIDIA GPU backend (torch_impl.random's `backend`); plain `jax` is the CPU's.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -48,17 +50,17 @@ def es_tree_keys(seed: int, names: Sequence[str]) -> dict[str, torch.Tensor]:
 
 
 def _jax_draws(source: torch.Tensor, generation: int, n_draws: int, shape: tuple[int, ...],
-               device: str | torch.device) -> torch.Tensor:
+               device: str | torch.device, backend: str = "cpu") -> torch.Tensor:
     """normal(fold_in(fold_in(k, generation), p), shape) for p = 0..n_draws-1 in one batched call, computed on
     `device` (on CUDA the compiled kernel runs there: drawing on the CPU and copying was 300x slower)."""
     keys = rnd.fold_in(rnd.fold_in(source, generation), torch.arange(n_draws))   # (n_draws, 2)
-    return rnd.normal(keys.to(device), shape)                                      # (n_draws, *shape)
+    return rnd.normal(keys.to(device), shape, backend=backend)                     # (n_draws, *shape)
 
 
-def _jax_init_normals(seed: int, dims: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+def _jax_init_normals(seed: int, dims: Sequence[tuple[int, int]], backend: str = "cpu") -> list[torch.Tensor]:
     """normal(split(model_key, n_layers)[t], (out, in)) for each layer (MLP.rand_init's draws)."""
     layer_keys = rnd.split(run_keys(seed).model, len(dims))                          # (L, 2)
-    return [rnd.normal(layer_keys[t], dim) for t, dim in enumerate(dims)]
+    return [rnd.normal(layer_keys[t], dim, backend=backend) for t, dim in enumerate(dims)]
 
 
 def _jax_action_uniforms(seed: int, epoch: int, pop: int) -> np.ndarray:
@@ -121,7 +123,15 @@ class Generator(NamedTuple):
         return tuple(source.tolist()) if isinstance(source, torch.Tensor) else tuple(source)
 
 
+def _jax_generator(name: str, backend: str) -> Generator:
+    """JAX's scheme with the normals of JAX's `backend` (the uniforms are the same on every backend)."""
+    return Generator(name, es_tree_keys, functools.partial(_jax_draws, backend=backend),
+                     functools.partial(_jax_init_normals, backend=backend), _jax_action_uniforms)
+
+
 GENERATORS: dict[str, Generator] = {
-    "jax": Generator("jax", es_tree_keys, _jax_draws, _jax_init_normals, _jax_action_uniforms),
+    "jax": _jax_generator("jax", "cpu"),
     "torch": Generator("torch", _torch_sources, _torch_draws, _torch_init_normals, _torch_action_uniforms),
+    "jax-cpu": _jax_generator("jax-cpu", "cpu"),
+    "jax-gpu": _jax_generator("jax-gpu", "gpu"),
 }

@@ -5,7 +5,9 @@ shape (2,) holding the two uint32 words of `jax.random.key_data(jax.random.key(s
 takes a batch of keys (..., 2) and puts the batch dims first in its result. Words travel as int64 (values in
 [0, 2^32)); the hash itself runs in int32 wrap-around arithmetic, which is exact mod 2^32 and several times
 faster than masked int64. Normals reproduce XLA's CPU float32 code for `sqrt(2) * erf_inv(u)` (Giles'
-approximation, XLA's log1p, its fused multiply-adds) and were checked against JAX for all 2^23 inputs.
+approximation, XLA's log1p, its fused multiply-adds) and were checked against JAX for all 2^23 inputs; with
+backend="gpu" they reproduce XLA's CUDA code instead (libdevice's log1pf, unfused steps, the GPU's approximate
+sqrt; spec.jax_rng.normal_of_u_gpu), checked against JAX's GPU table measured on an H100 (tests/test_random_gpu.py).
 No jax import anywhere: tests/test_random.py and the benchmark measure the agreement with JAX.
 This eager code is the definition. On the CPU, bits and normals go through the project's C generator when it is
 built (random_native; bit-identical, tests/test_random_native.py); otherwise random_compiled runs the same
@@ -221,20 +223,23 @@ def _draw(keys: torch.Tensor, shape, dtype: torch.dtype, finish) -> torch.Tensor
     return out.reshape(tuple(batch) + shape)
 
 
-def _native_draw(kind: str, keys: torch.Tensor, shape) -> torch.Tensor | None:
-    """The C generator's draws (*batch, *shape) when random_native takes these keys (CPU, library loaded), else None."""
+def _native_draw(kind: str, keys: torch.Tensor, shape, *extra) -> torch.Tensor | None:
+    """The C generator's draws (*batch, *shape) when random_native takes these keys (CPU, library loaded), else None;
+    extra: the normal's backend."""
     from torch_impl import random_native  # noqa: PLC0415 - it imports this module
 
     k0, _ = _key_words(keys)
     if not random_native.wanted(keys):
         return None
     shape = _shape_tuple(shape)
-    out = getattr(random_native, kind)(keys.reshape(-1, 2), math.prod(shape))     # (B, n)
+    out = getattr(random_native, kind)(keys.reshape(-1, 2), math.prod(shape), *extra)     # (B, n)
     return out.reshape(tuple(k0.shape) + shape)
 
 
-def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = ()) -> torch.Tensor | None:
-    """The compiled kernel's draws (*batch, *shape) when random_compiled takes this request, else None."""
+def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = (),
+                   backend: str = "cpu") -> torch.Tensor | None:
+    """The compiled kernel's draws (*batch, *shape) when random_compiled takes this request, else None (backend: the
+    normal's)."""
     from torch_impl import random_compiled  # noqa: PLC0415 - it imports this module
 
     k0, _ = _key_words(keys)
@@ -242,7 +247,7 @@ def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = ()) -> t
     n = math.prod(shape)
     if not random_compiled.wanted(k0.numel(), n, keys.device):
         return None
-    out = random_compiled.draw(kind, keys, n, extra)                     # (B, n) or None
+    out = random_compiled.draw(kind, keys, n, extra, backend)             # (B, n) or None
     return None if out is None else out.reshape(tuple(k0.shape) + shape)
 
 
@@ -341,38 +346,73 @@ def _xla_log(y: torch.Tensor) -> torch.Tensor:
     return J.log_of_parts(_OPS, t, e.double() - below)
 
 
-def normal_from_mantissa(m: torch.Tensor) -> torch.Tensor:
-    """The float32 normal JAX draws for mantissa bits m = bits >> 9 (int tensor, values in [0, 2^23)).
+def _nv_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """libdevice log1pf's reduction of 1 + x (float64 carrier): k with (1 + x) 2^-k in [0.75, 1.5), and 2^-k."""
+    mant, ex = torch.frexp(1.0 + x)
+    k = ex - (mant < 0.75).to(ex.dtype)
+    return k.double(), torch.ldexp(torch.ones_like(x), -k)
 
-    u = 2f - 1 + 2^-24 (exact), then float32(sqrt 2) * erf_inv(u) evaluated step by step as XLA's CPU code
-    does (spec.jax_rng): each float32 operation rounded, polynomial steps fused, sqrt and division correctly rounded.
+
+@functools.lru_cache(maxsize=None)
+def _gpu_sqrt_offsets(device: str) -> torch.Tensor:
+    """spec.jax_rng.gpu_sqrt_offsets as an int32 tensor on `device` (2 GPU_TAIL entries)."""
+    return torch.tensor(J.gpu_sqrt_offsets(), dtype=torch.int32, device=device)
+
+
+def _gpu_sqrt(m: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The GPU's sqrt.approx.f32 for mantissas m (int64): the correctly rounded sqrt moved by spec.jax_rng's offsets."""
+    index = torch.where(m < J.GPU_TAIL, m, (m - (_N_MANTISSAS - 2 * J.GPU_TAIL)).clamp_min(0))
+    moved = _gpu_sqrt_offsets(str(m.device)).index_select(0, index.reshape(-1)).view(index.shape)
+
+    def sqrt_approx(w: torch.Tensor) -> torch.Tensor:
+        return (_sqrt(w).float().view(torch.int32) + moved).view(torch.float32).double()
+    return sqrt_approx
+
+
+def normal_from_mantissa(m: torch.Tensor, backend: str = "cpu") -> torch.Tensor:
+    """The float32 normal JAX draws on `backend` for mantissa bits m = bits >> 9 (int tensor, values in [0, 2^23)).
+
+    u = 2f - 1 + 2^-24 (exact), then float32(sqrt 2) * erf_inv(u) evaluated step by step as XLA's code does on the
+    CPU ("cpu": spec.jax_rng.normal_of_u, FMAs) or on an NVIDIA GPU ("gpu": normal_of_u_gpu, libdevice's log1pf,
+    unfused steps, sqrt.approx.f32): each float32 operation rounded, sqrt and division correctly rounded.
     """
-    return J.normal_of_u(_OPS, J.u_of_mantissa(m.to(torch.float64)), _xla_log).float()
+    m = m.to(torch.int64)
+    u = J.u_of_mantissa(m.to(torch.float64))
+    if J.check_backend(backend) == "gpu":
+        return J.normal_of_u_gpu(_OPS, u, _nv_parts, _gpu_sqrt(m)).float()
+    return J.normal_of_u(_OPS, u, _xla_log).float()
+
+
+_CPU_TABLES: dict[str, torch.Tensor] = {}                     # backend -> its table, once built
+
+
+def _cpu_table(backend: str = "cpu") -> torch.Tensor:
+    """All 2^23 float32 normals of `backend` indexed by bits >> 9 (32 MB), computed once in blocks."""
+    if backend not in _CPU_TABLES:
+        table = torch.empty(_N_MANTISSAS, dtype=torch.float32)
+        step = 1 << 14                                        # stays on one thread, in cache
+        for s in range(0, _N_MANTISSAS, step):
+            table[s:s + step] = normal_from_mantissa(torch.arange(s, s + step, dtype=torch.int64), backend)
+        _CPU_TABLES[backend] = table
+    return _CPU_TABLES[backend]
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_table() -> torch.Tensor:
-    """All 2^23 float32 normals indexed by bits >> 9 (32 MB), computed once in blocks."""
-    table = torch.empty(_N_MANTISSAS, dtype=torch.float32)
-    step = 1 << 14                                            # stays on one thread, in cache
-    for s in range(0, _N_MANTISSAS, step):
-        table[s:s + step] = normal_from_mantissa(torch.arange(s, s + step, dtype=torch.int64))
-    return table
+def _device_table(device: str, backend: str = "cpu") -> torch.Tensor:
+    return _cpu_table(backend).to(device)
 
 
-@functools.lru_cache(maxsize=None)
-def _device_table(device: str) -> torch.Tensor:
-    return _cpu_table().to(device)
-
-
-def normal_table(device: str | torch.device = "cpu") -> torch.Tensor:
-    """The (2^23,) float32 table of every normal JAX can draw, indexed by bits >> 9; built on first use."""
+def normal_table(device: str | torch.device = "cpu", backend: str = "cpu") -> torch.Tensor:
+    """The (2^23,) float32 table of every normal JAX draws on `backend` ("cpu" or "gpu"), indexed by bits >> 9;
+    built on first use."""
     device = torch.device(device)
-    return _cpu_table() if device.type == "cpu" else _device_table(str(device))
+    backend = J.check_backend(backend)
+    return _cpu_table(backend) if device.type == "cpu" else _device_table(str(device), backend)
 
 
-def normal(keys: torch.Tensor, shape=(), table: bool | None = None) -> torch.Tensor:
-    """Standard normals (*batch, *shape) float32, equal to jax.random.normal(key, shape) on JAX's CPU backend.
+def normal(keys: torch.Tensor, shape=(), table: bool | None = None, backend: str = "cpu") -> torch.Tensor:
+    """Standard normals (*batch, *shape) float32, equal to jax.random.normal(key, shape) on JAX's `backend`: "cpu"
+    (XLA's CPU code) or "gpu" (XLA's CUDA code on an NVIDIA GPU: the same draws, 4.7% of the normals 1-3 ULP apart).
 
     CPU keys go through the project's C generator when it is built (random_native: the hash and this formula in
     one vectorised pass). Otherwise requests of random_compiled.MIN_DRAWS values or more run compiled (threefry,
@@ -382,28 +422,29 @@ def normal(keys: torch.Tensor, shape=(), table: bool | None = None) -> torch.Ten
     as the tree ES, pays its one-off build once and saves the formula's cost on every later call); None decides
     by size as above.
     """
-    compiled = _native_draw("normal", keys, shape)
+    backend = J.check_backend(backend)
+    compiled = _native_draw("normal", keys, shape, backend)
     if compiled is None:
-        compiled = _compiled_draw("normal", keys, shape)
+        compiled = _compiled_draw("normal", keys, shape, (), backend)
     if compiled is not None:
         return compiled
     k0, _ = _key_words(keys)
     draws = k0.numel() * math.prod(_shape_tuple(shape))
-    use_table = table if table is not None else (draws >= _TABLE_MIN_DRAWS or _cpu_table.cache_info().currsize > 0)
-    return _normal(keys, shape, use_table)
+    use_table = table if table is not None else (draws >= _TABLE_MIN_DRAWS or backend in _CPU_TABLES)
+    return _normal(keys, shape, use_table, backend)
 
 
-def _normal(keys: torch.Tensor, shape, use_table: bool) -> torch.Tensor:
+def _normal(keys: torch.Tensor, shape, use_table: bool, backend: str = "cpu") -> torch.Tensor:
     """normal() with the path chosen by the caller: table lookup or direct formula."""
     _key_words(keys)
     if use_table:
-        table = normal_table(keys.device)
+        table = normal_table(keys.device, backend)
 
         def finish(y0, y1, dst):
             m = _mantissa_(y0, y1)                                           # (R, C) int32 in [0, 2^23)
             dst.copy_(torch.index_select(table, 0, m.reshape(-1)).view(m.shape))
     else:
         def finish(y0, y1, dst):
-            dst.copy_(normal_from_mantissa(_mantissa_(y0, y1)))
+            dst.copy_(normal_from_mantissa(_mantissa_(y0, y1), backend))
 
     return _draw(keys, shape, torch.float32, finish)

@@ -120,6 +120,24 @@ def normal_of_mantissa(m: torch.Tensor) -> torch.Tensor:
     return J.normal_of_u(_OPS, J.u_of_mantissa(m.double()), _xla_log).float()
 
 
+def _nv_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """random._nv_parts on float64 bits: k = the exponent of 1 + x plus its first fraction bit, and 2^-k."""
+    b = (1.0 + x).view(torch.int64)
+    k = ((b >> 52) & 0x7FF) - 1023 + ((b >> 51) & 1)
+    return k.double(), ((1023 - k) << 52).view(torch.float64)
+
+
+def normal_of_mantissa_gpu(m: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """random.normal_from_mantissa(m, "gpu") as one fusable expression; offsets: random._gpu_sqrt_offsets. A float32
+    step of a float32 value in float64 is 2^29 in its float64 bits (carries into the exponent as float32's would)."""
+    index = torch.where(m < J.GPU_TAIL, m, (m - (J.N_MANTISSAS - 2 * J.GPU_TAIL)).clamp_min(0))
+    moved = offsets[index].to(torch.int64) << 29
+
+    def sqrt_approx(w: torch.Tensor) -> torch.Tensor:
+        return (_round32(torch.sqrt(w)).view(torch.int64) + moved).view(torch.float64)
+    return J.normal_of_u_gpu(_OPS, J.u_of_mantissa(m.double()), _nv_parts, sqrt_approx).float()
+
+
 def _fma32_from_bits(f: torch.Tensor, span: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     """random._fma32: float32 f * span + lo rounded once (round to odd in float64, TwoSum), then to float32."""
     p = f.double() * span
@@ -137,6 +155,11 @@ def normal_of_words(words: torch.Tensor) -> torch.Tensor:
     return normal_of_mantissa(_mantissa(words))
 
 
+def normal_gpu_of_words(words: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """float32 normals from int32 words (any shape), as random.normal(..., backend="gpu")."""
+    return normal_of_mantissa_gpu(_mantissa(words), offsets)
+
+
 def uniform_of_words(words: torch.Tensor, lo: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
     """float32 uniforms max(lo, fma(f, span, lo)) from int32 words, as random.uniform; lo, span: 0-d float64."""
     f = (_mantissa(words) | 0x3F800000).view(torch.float32) - 1.0
@@ -146,7 +169,8 @@ def uniform_of_words(words: torch.Tensor, lo: torch.Tensor, span: torch.Tensor) 
 # Two compiled stages per draw: the hash over (keys, counters), then the elementwise finish on the flat words.
 # One graph for both would make inductor split the loops anyway (the finish flattens to 1-d) and compile the
 # hash once per kind; this way the hash compiles once and the int32 words make one trip through memory.
-_KERNELS = {"words": words_kernel, "normal": normal_of_words, "uniform": uniform_of_words}
+_KERNELS = {"words": words_kernel, "normal": normal_of_words, "normal_gpu": normal_gpu_of_words,
+            "uniform": uniform_of_words}
 
 
 # ------------------------------------------------------------------------------------------- policy
@@ -202,8 +226,8 @@ def _probe(kind: str, device: torch.device, extra: tuple) -> str | None:
         got = _run(kind, keys, n, extra)                                                  # (3, n)
         if kind == "bits":
             ref = R._u32_to_int64(R._draw(keys, (n,), torch.int32, R._xor_into))
-        elif kind == "normal":
-            ref = R._normal(keys, (n,), use_table=False)
+        elif kind in ("normal", "normal_gpu"):
+            ref = R._normal(keys, (n,), False, "gpu" if kind == "normal_gpu" else "cpu")
         else:
             ref = R._uniform_eager(keys, (n,), *extra)
         if not torch.equal(got, ref):
@@ -228,6 +252,8 @@ def _run(kind: str, keys: torch.Tensor, n: int, extra: tuple) -> torch.Tensor:
     else:
         if kind == "uniform":   # bounds as 0-d tensors: new bounds do not recompile
             extra = tuple(torch.tensor(v, dtype=torch.float64, device=keys.device) for v in extra)
+        elif kind == "normal_gpu":
+            extra = (R._gpu_sqrt_offsets(str(keys.device)),)
         out = _compiled(kind)(words, *extra)                                    # flat: never a dim of 1
     return out.reshape(-1, n)
 
@@ -238,10 +264,11 @@ def _fail(tag: str, why: str) -> None:
                   RuntimeWarning, stacklevel=4)
 
 
-def draw(kind: str, keys: torch.Tensor, n: int, extra: tuple = ()) -> torch.Tensor | None:
-    """(B, n) draws of `kind` ("bits", "uniform" with extra (lo, span), "normal") from the compiled kernel,
-    or None when it is unavailable here (the caller then draws eagerly). The first call per kind and device
+def draw(kind: str, keys: torch.Tensor, n: int, extra: tuple = (), backend: str = "cpu") -> torch.Tensor | None:
+    """(B, n) draws of `kind` ("bits", "uniform" with extra (lo, span), "normal" of JAX's `backend`) from the compiled
+    kernel, or None when it is unavailable here (the caller then draws eagerly). The first call per kind and device
     type compiles (timed in compiled_status) and checks itself against the eager path."""
+    kind = "normal_gpu" if kind == "normal" and J.check_backend(backend) == "gpu" else kind
     tag = f"{kind}/{keys.device.type}"
     if tag in _failures:
         return None

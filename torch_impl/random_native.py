@@ -1,11 +1,13 @@
-"""JAX's normals and bits through the project's C generator (c_rng): threefry and XLA's float32 normal in one pass.
+"""JAX's normals and bits through the project's C generator (c_rng): threefry and XLA's float32 normal (as JAX's CPU
+or its GPU backend computes it) in one pass.
 
 Each block of counters is hashed and turned into normals while it sits in L1, so the bits never go through
 memory, and the normal's float32 steps run vectorised (c_rng/jax_normal.c). Bit-identical to torch_impl.random's
-eager definition: all 2^23 normals are compared in tests/test_random_native.py, and every process checks a sample
-of draws and the extreme mantissas against the eager formula before its first C draw, staying on the torch paths
-if they differ. No compiler, a failed build or env TORCH_IMPL_RNG_NATIVE=never: `wanted` says no and random.py keeps its
-torch paths (compiled, table, eager). CPU tensors only; the call runs on torch.get_num_threads() threads.
+eager definition: all 2^23 normals of each backend are compared in tests/test_random_native.py, and every process
+checks a sample of draws and the extreme mantissas of both backends against the eager formula before its first C
+draw, staying on the torch paths if they differ. No compiler, a failed build or env TORCH_IMPL_RNG_NATIVE=never:
+`wanted` says no and random.py keeps its torch paths (compiled, table, eager). CPU tensors only; the call runs on
+torch.get_num_threads() threads.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 import c_rng
+from spec.jax_rng import BACKENDS, check_backend
 from torch_impl import random as R
 
 __all__ = ["normal", "bits", "wanted", "native_status", "NativeStatus"]
@@ -36,22 +39,24 @@ class NativeStatus(NamedTuple):
 
 
 def _check_sample(lib) -> str | None:
-    """None when the library agrees with the eager definition, else what differs: _SAMPLE_DRAWS normals drawn from
-    fresh keys (the hash and both of erf_inv's branches) and the _EDGE lowest and highest mantissas (the far tails)."""
+    """None when the library agrees with the eager definition, else what differs: for each backend, _SAMPLE_DRAWS
+    normals drawn from fresh keys (the hash and both of erf_inv's branches) and the _EDGE lowest and highest mantissas
+    (the far tails)."""
     keys = R.fold_in(R.key(0), torch.arange(16))                             # (16, 2)
     n = _SAMPLE_DRAWS // 16
-    got = torch.empty(16, n, dtype=torch.float32)
-    lib.jr_normal(keys.data_ptr(), 16, n, got.data_ptr(), 1)
-    want = R._normal(keys, (n,), False)
-    differ = int((got.view(torch.int32) != want.view(torch.int32)).sum())
-    if differ:
-        return f"{differ} of {got.numel()} sampled draws differ from the eager formula"
-    for start in (0, R._N_MANTISSAS - _EDGE):
-        edge = torch.empty(_EDGE, dtype=torch.float32)
-        lib.jr_normal_of_mantissas(start, _EDGE, edge.data_ptr())
-        want = R.normal_from_mantissa(torch.arange(start, start + _EDGE))
-        if not torch.equal(edge.view(torch.int32), want.view(torch.int32)):
-            return f"the normals of mantissas {start}..{start + _EDGE - 1} differ from the eager formula"
+    for code, backend in enumerate(BACKENDS):
+        got = torch.empty(16, n, dtype=torch.float32)
+        lib.jr_normal(keys.data_ptr(), 16, n, got.data_ptr(), 1, code)
+        want = R._normal(keys, (n,), False, backend)
+        differ = int((got.view(torch.int32) != want.view(torch.int32)).sum())
+        if differ:
+            return f"{differ} of {got.numel()} sampled {backend} draws differ from the eager formula"
+        for start in (0, R._N_MANTISSAS - _EDGE):
+            edge = torch.empty(_EDGE, dtype=torch.float32)
+            lib.jr_normal_of_mantissas(start, _EDGE, edge.data_ptr(), code)
+            want = R.normal_from_mantissa(torch.arange(start, start + _EDGE), backend)
+            if not torch.equal(edge.view(torch.int32), want.view(torch.int32)):
+                return f"the {backend} normals of mantissas {start}..{start + _EDGE - 1} differ from the eager formula"
     return None
 
 
@@ -81,18 +86,18 @@ def wanted(keys: torch.Tensor) -> bool:
     return keys.device.type == "cpu" and c_rng.switch() != "never" and _library()[0] is not None
 
 
-def _draw(fn_name: str, keys: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+def _draw(fn_name: str, keys: torch.Tensor, n: int, dtype: torch.dtype, *extra: int) -> torch.Tensor:
     """(B, n) draws for keys (B, 2) int64 words (checked by the caller) through the library's fn_name."""
     lib = _library()[0]
     keys = keys.to(torch.int64).contiguous()
     out = torch.empty(keys.shape[0], n, dtype=dtype)
-    getattr(lib, fn_name)(keys.data_ptr(), keys.shape[0], n, out.data_ptr(), torch.get_num_threads())
+    getattr(lib, fn_name)(keys.data_ptr(), keys.shape[0], n, out.data_ptr(), torch.get_num_threads(), *extra)
     return out
 
 
-def normal(keys: torch.Tensor, n: int) -> torch.Tensor:
-    """(B, n) float32: jax.random.normal(key_b, (n,)) for each of the keys (B, 2)."""
-    return _draw("jr_normal", keys, n, torch.float32)
+def normal(keys: torch.Tensor, n: int, backend: str = "cpu") -> torch.Tensor:
+    """(B, n) float32: jax.random.normal(key_b, (n,)) on JAX's `backend` ("cpu" or "gpu") for each key of (B, 2)."""
+    return _draw("jr_normal", keys, n, torch.float32, BACKENDS.index(check_backend(backend)))
 
 
 def bits(keys: torch.Tensor, n: int) -> torch.Tensor:

@@ -9,10 +9,12 @@ rng=torch keeps the layout and replaces each draw by a fresh torch generator see
 (seed, purpose, leaf index, generation) that draws every slice of the leaf at once (slice-major, one
 batched call; stack_keys=shared draws one slice and repeats it); never torch's global state.
 Init (`init_lm`): spec.lm.init_plan's keys and scales (rng=jax), or a generator per (seed, PURPOSE_INIT,
-declared leaf index) (rng=torch).
+declared leaf index) (rng=torch). rng=jax-cpu and rng=jax-gpu are rng=jax with the normals of JAX's CPU or NVIDIA
+GPU backend (plain jax: the CPU's).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Mapping, NamedTuple, Sequence
 
@@ -80,13 +82,13 @@ def torch_leaf_sources(tree: Tree, seed: int, leaf_order: str = "sorted",
 
 # ----------------------------------------------------------------------------- the draws of one leaf
 def jax_member_normals(slice_keys: torch.Tensor, generation: int, n_draws: int, shape: Sequence[int],
-                       device: str | torch.device = "cpu") -> torch.Tensor:
+                       device: str | torch.device = "cpu", backend: str = "cpu") -> torch.Tensor:
     """normal(fold_in(fold_in(k_s, generation), p), shape) for draw p and every slice key k_s, in one call:
     (n_draws, *stack_shape, *shape) from slice keys (*stack_shape, 2)."""
     stack = tuple(slice_keys.shape[:-1])
     flat = rnd.fold_in(slice_keys.reshape(-1, 2), generation)                              # (S, 2)
     keys = rnd.fold_in(flat.unsqueeze(0), torch.arange(n_draws).unsqueeze(1))              # (P, S, 2)
-    z = rnd.normal(keys.to(device), tuple(shape), table=True)     # (P, S, *shape); read every epoch: the table pays
+    z = rnd.normal(keys.to(device), tuple(shape), table=True, backend=backend)    # (P, S, *shape); the table pays
     return z.reshape(n_draws, *stack, *shape)
 
 
@@ -112,8 +114,8 @@ def _jax_sources(tree: Tree, seed: int, leaf_order: str, stack_keys: str) -> dic
     return es_leaf_keys(tree, run_keys(seed).es, leaf_order, stack_keys)
 
 
-def _jax_draws(source, leaf: Leaf, generation: int, n_draws: int, shape, device) -> torch.Tensor:
-    return jax_member_normals(source, generation, n_draws, shape, device)
+def _jax_draws(source, leaf: Leaf, generation: int, n_draws: int, shape, device, backend: str = "cpu") -> torch.Tensor:
+    return jax_member_normals(source, generation, n_draws, shape, device, backend)
 
 
 def _torch_draws(source, leaf: Leaf, generation: int, n_draws: int, shape, device) -> torch.Tensor:
@@ -121,7 +123,7 @@ def _torch_draws(source, leaf: Leaf, generation: int, n_draws: int, shape, devic
 
 
 # ----------------------------------------------------------------------------- the LM's init
-def jax_init_normals(cfg: LMConfig, seed: int) -> dict[str, torch.Tensor]:
+def jax_init_normals(cfg: LMConfig, seed: int, backend: str = "cpu") -> dict[str, torch.Tensor]:
     """path -> the unscaled normal each "normal"/"h0" leaf of init_plan draws (stacked leaves: (L, *slice))."""
     tree, plan = lm_tree(cfg), init_plan(cfg)
     top = rnd.split(run_keys(seed).model, len(TOP))                                   # (4, 2)
@@ -132,7 +134,7 @@ def jax_init_normals(cfg: LMConfig, seed: int) -> dict[str, torch.Tensor]:
             continue
         leaf = tree.leaf(path)
         k = top[rule.top] if rule.block is None else block_keys[:, rule.block]
-        out[path] = rnd.normal(k, leaf.slice_shape)
+        out[path] = rnd.normal(k, leaf.slice_shape, backend=backend)
     return out
 
 
@@ -168,9 +170,17 @@ def init_lm(cfg: LMConfig, seed: int, rng: str = "jax", device: str | torch.devi
 
 
 # knob rng -> the tree generator
+def _jax_tree_generator(name: str, backend: str) -> TreeGenerator:
+    """JAX's keys with the normals of JAX's `backend` (knob rng: jax and jax-cpu the CPU's, jax-gpu an NVIDIA GPU's)."""
+    return TreeGenerator(name, _jax_sources, functools.partial(_jax_draws, backend=backend),
+                         functools.partial(jax_init_normals, backend=backend))
+
+
 TREE_GENERATORS: dict[str, TreeGenerator] = {
-    "jax": TreeGenerator("jax", _jax_sources, _jax_draws, jax_init_normals),
+    "jax": _jax_tree_generator("jax", "cpu"),
     "torch": TreeGenerator("torch", torch_leaf_sources, _torch_draws, torch_init_normals),
+    "jax-cpu": _jax_tree_generator("jax-cpu", "cpu"),
+    "jax-gpu": _jax_tree_generator("jax-gpu", "gpu"),
 }
 
 
