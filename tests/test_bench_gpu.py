@@ -111,3 +111,13 @@ def test_the_section_writes_its_csv_and_a_report_with_every_aim(tmp_path):
                  "JAX backend: cpu, default matmul precision", "seed: 0", "Quick run (tiny sizes): not a measurement",
                  "`python -m bench --device cuda --quick`", "torch_impl_compiled (compile=on) at pop 64: skipped"):
         assert part in text, part
+
+
+def test_the_gpu_check_exits_2_without_cuda_before_any_work(tmp_path, capsys):
+    from bench import gpu_check
+
+    assert gpu_check.main(["--out", str(tmp_path / "c")]) == 2
+    assert "needs a CUDA device, and torch sees none" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    assert gpu_check.missing_packages(("torch", "surely_not_a_package_here")) == ["surely_not_a_package_here"]
+    text = gpu_check.readme([("tests", "-m pytest -m gpu", 0, 12.0, "5 passed")], "NVIDIA H100", 300.0)
+    assert "| tests | `-m pytest -m gpu` | 0 | 12 | 5 passed |" in text and "NVIDIA H100" in text

@@ -12,9 +12,9 @@ import torch
 
 from spec.config import Config
 from spec.knobs import Knobs
+from tests.helpers import on_gpu
 from torch_impl import cuda_graphs as G
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (python -m bench.gpu_check)")
 
 
 def _rows(history, drop=("wall_s", "tokens_per_s", "step_s")) -> list[tuple]:
@@ -277,7 +277,7 @@ def test_int8_runs_with_captured_scores_equal_the_eager_runs(preset, epochs):
 
 
 # ----------------------------------------------------------------------------- on a GPU (bench.gpu_check)
-@CUDA
+@on_gpu
 def test_cuda_cartpole_training_with_graphs_equals_the_eager_cuda_run(monkeypatch):
     from torch_impl.train import train
 
@@ -289,7 +289,7 @@ def test_cuda_cartpole_training_with_graphs_equals_the_eager_cuda_run(monkeypatc
     assert eager.epochs > 1 and _rows(graphed.history) == _rows(eager.history)
 
 
-@CUDA
+@on_gpu
 def test_cuda_lm_training_with_graphs_equals_the_eager_cuda_run(monkeypatch):
     from spec.lm import LM_PRESETS
     from torch_impl.lm_train import train_lm
@@ -303,7 +303,7 @@ def test_cuda_lm_training_with_graphs_equals_the_eager_cuda_run(monkeypatch):
     assert all(torch.equal(graphed.params[k], eager.params[k]) for k in eager.params)
 
 
-@CUDA
+@on_gpu
 @pytest.mark.parametrize("preset", ["quick", "cpu"])
 def test_cuda_int8_training_with_graphs_and_int_mm_equals_the_cpu_run(preset):
     from spec.int8 import INT8_PRESETS
@@ -318,7 +318,7 @@ def test_cuda_int8_training_with_graphs_and_int_mm_equals_the_cpu_run(preset):
     assert all(torch.equal(cuda.params[k].cpu(), cpu.params[k]) for k in cpu.params)
 
 
-@CUDA
+@on_gpu
 def test_cuda_int_mm_padded_equals_the_exact_product_on_the_device():
     from torch_impl.int8_model import int_mm_padded
 

@@ -169,6 +169,7 @@ def test_a_wrong_compiled_result_is_caught_by_the_self_check(monkeypatch):
     assert torch.equal(got, with_mode("never", R.bits, keys_for(3), (11,)))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_compiled_equal_cpu_eager():
     for keys, shape in CASES[:7]:
