@@ -1,7 +1,6 @@
 """Small conveniences the tests share (no assertions here)."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from spec.config import Config
@@ -15,9 +14,3 @@ def noise_of(params: dict[str, torch.Tensor], cfg: Config, knobs: Knobs, seed: i
     plan = noise_mod.make_plan(cfg.pop, cfg.rank, knobs)
     shapes = noise_mod.shapes_of(params)
     return noise_mod.sample_noise(plan, noise_mod.seed_sources(plan, seed, shapes), shapes, epoch, sigma, device)
-
-
-def on_gpu(test):
-    """Mark a test as needing CUDA: marker `gpu` (python -m bench.gpu_check runs `-m gpu`), skipped without a device."""
-    needs = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (python -m bench.gpu_check)")
-    return pytest.mark.gpu(needs(test))

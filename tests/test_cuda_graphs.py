@@ -12,7 +12,7 @@ import torch
 
 from spec.config import Config
 from spec.knobs import Knobs
-from tests.helpers import on_gpu
+from tests.marks import on_gpu
 from torch_impl import cuda_graphs as G
 
 
@@ -41,14 +41,16 @@ def test_on_the_cpu_nothing_is_captured(monkeypatch):
     assert policy_graphs(es_mod.make(Config(pop=8, hidden=4), Knobs()), "cpu") is None
 
 
-def test_python_m_torch_impl_refuses_a_bad_switch_on_cuda_before_any_work(monkeypatch, capsys):
-    from torch_impl.__main__ import check_graph_switch
+@pytest.mark.parametrize("switch", ["TORCH_IMPL_CUDA_GRAPHS", "TORCH_IMPL_RNG_TRITON"])
+def test_python_m_torch_impl_refuses_a_bad_switch_on_cuda_before_any_work(switch, monkeypatch, capsys):
     import argparse
-    monkeypatch.setenv(G.SWITCH, "yes")
+
+    from torch_impl.__main__ import check_cuda_switches
+    monkeypatch.setenv(switch, "yes")
     with pytest.raises(SystemExit) as exit_:
-        check_graph_switch(argparse.ArgumentParser(prog="python -m torch_impl"), "cuda")
-    assert exit_.value.code == 2 and "TORCH_IMPL_CUDA_GRAPHS='yes'; allowed: auto, never" in capsys.readouterr().err
-    check_graph_switch(argparse.ArgumentParser(), "cpu")                       # read only on CUDA
+        check_cuda_switches(argparse.ArgumentParser(prog="python -m torch_impl"), "cuda")
+    assert exit_.value.code == 2 and f"{switch}='yes'; allowed: auto, never" in capsys.readouterr().err
+    check_cuda_switches(argparse.ArgumentParser(), "cpu")                      # read only on CUDA
 
 
 # ----------------------------------------------------------------------------- static buffers and the emulation

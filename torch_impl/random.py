@@ -8,7 +8,8 @@ faster than masked int64. Normals reproduce XLA's CPU float32 code for `sqrt(2) 
 approximation, XLA's log1p, its fused multiply-adds) and were checked against JAX for all 2^23 inputs.
 No jax import anywhere: tests/test_random.py and the benchmark measure the agreement with JAX.
 This eager code is the definition. On the CPU, bits and normals go through the project's C generator when it is
-built (random_native; bit-identical, tests/test_random_native.py); otherwise random_compiled runs the same
+built (random_native; bit-identical, tests/test_random_native.py), and on CUDA through one fused Triton kernel when
+Triton is installed (triton_rng; bit-identical, tests/test_triton_rng.py); otherwise random_compiled runs the same
 arithmetic torch.compile'd for large draws (bit-identical, tests/test_random_compiled.py) and falls back to this
 code when it cannot compile.
 """
@@ -222,15 +223,28 @@ def _draw(keys: torch.Tensor, shape, dtype: torch.dtype, finish) -> torch.Tensor
 
 
 def _native_draw(kind: str, keys: torch.Tensor, shape) -> torch.Tensor | None:
-    """The C generator's draws (*batch, *shape) when random_native takes these keys (CPU, library loaded), else None."""
+    """The project's own kernels' draws (*batch, *shape): the C generator for CPU keys (random_native, library loaded),
+    the fused Triton kernel for CUDA keys (triton_rng); None when neither takes these keys."""
     from torch_impl import random_native  # noqa: PLC0415 - it imports this module
 
+    if keys.device.type == "cuda":
+        return _triton_draw(kind, keys, shape)
     k0, _ = _key_words(keys)
     if not random_native.wanted(keys):
         return None
     shape = _shape_tuple(shape)
     out = getattr(random_native, kind)(keys.reshape(-1, 2), math.prod(shape))     # (B, n)
     return out.reshape(tuple(k0.shape) + shape)
+
+
+def _triton_draw(kind: str, keys: torch.Tensor, shape) -> torch.Tensor | None:
+    """The fused Triton kernel's draws (*batch, *shape) for CUDA keys (torch_impl.triton_rng), else None."""
+    from torch_impl import triton_rng  # noqa: PLC0415 - it imports this module lazily too
+
+    k0, _ = _key_words(keys)
+    shape = _shape_tuple(shape)
+    out = triton_rng.draw(kind, keys.reshape(-1, 2), math.prod(shape))          # (B, n) or None
+    return None if out is None else out.reshape(tuple(k0.shape) + shape)
 
 
 def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = ()) -> torch.Tensor | None:
