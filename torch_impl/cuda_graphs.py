@@ -33,7 +33,7 @@ __all__ = ["SWITCH", "SWITCH_VALUES", "switch", "wanted", "Graphs", "CudaBackend
 
 SWITCH = "TORCH_IMPL_CUDA_GRAPHS"            # env: auto (default: the CUDA forwards are captured) | never
 SWITCH_VALUES = ("auto", "never")
-MAX_GRAPHS = 4096                            # captured shapes kept per cache; past it new shapes run eagerly
+MAX_GRAPHS = 2048                            # captured shapes kept per cache; past it new shapes run eagerly
 
 
 def switch() -> str:

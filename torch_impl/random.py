@@ -227,9 +227,9 @@ def _native_draw(kind: str, keys: torch.Tensor, shape) -> torch.Tensor | None:
     the fused Triton kernel for CUDA keys (triton_rng); None when neither takes these keys."""
     from torch_impl import random_native  # noqa: PLC0415 - it imports this module
 
+    k0, _ = _key_words(keys)
     if keys.device.type == "cuda":
         return _triton_draw(kind, keys, shape)
-    k0, _ = _key_words(keys)
     if not random_native.wanted(keys):
         return None
     shape = _shape_tuple(shape)
