@@ -75,8 +75,8 @@ def cartpole_section(rows: Sequence[Measurement], pops: Sequence[int]) -> list[s
 
 
 def step_section(rows: Sequence[Measurement], presets: dict[str, str]) -> list[str]:
-    table = [[f"{model} ({preset})", _cell(rows, GRAPHED, model, 0, STEP_TOKENS), _cell(rows, EAGER, model, 0, STEP_TOKENS),
-              _cell(rows, JAX, model, 0, STEP_TOKENS), _ratio(rows, GRAPHED, model, 0), _ratio(rows, EAGER, model, 0)]
+    table = [[f"{model} ({preset})", *(_cell(rows, impl, model, 0, STEP_TOKENS) for impl in (GRAPHED, EAGER, JAX)),
+              _ratio(rows, GRAPHED, model, 0), _ratio(rows, EAGER, model, 0)]
              for model, preset in presets.items()]
     return ["## Training steps (tokens/s: median, p10-p90)", "",
             "One step per call: epoch 0's noise, the population's scores, the update (torch_impl: ask, forward, tell; "
@@ -106,7 +106,8 @@ def summary_markdown(rows: Sequence[Measurement], info: GpuInfo, plan_aims: Sequ
              *(["**Quick run (tiny sizes): not a measurement.**", ""] if info.quick else []),
              f"- command: `{info.command}` (wall time {info.wall_s:.0f} s of a {info.deadline_s:.0f} s budget)",
              f"- device: {info.device}; JAX backend: {info.jax_backend}, default matmul precision "
-             f"{info.jax_precision} (on NVIDIA GPUs JAX's default runs float32 matmuls as TF32; torch_impl's are float32)",
+             f"{info.jax_precision} (on NVIDIA GPUs JAX's default runs float32 matmuls as TF32; torch_impl's are "
+             f"float32)",
              f"- versions: {versions}", f"- seed: {info.seed}",
              "- every case is timed in turns with the others of its group (the order rotating), so each ratio compares "
              "calls made under the same conditions", "",

@@ -110,6 +110,8 @@ def test_cpu_keys_never_take_the_kernel():
 
 @on_gpu
 def test_on_the_gpu_all_mantissas_and_routed_draws_equal_the_definition():
+    from torch_impl.keys import _jax_draws
+    from torch_impl.tree_keys import jax_member_normals
     m = torch.arange(_M)
     got = T.launch("normal_of_words", torch.zeros(1, 2, dtype=torch.int64, device="cuda"), 0,
                    counters=(m << 9).cuda()).cpu()
@@ -117,4 +119,18 @@ def test_on_the_gpu_all_mantissas_and_routed_draws_equal_the_definition():
     keys = R.fold_in(R.key(9), torch.arange(300))
     assert torch.equal(R.normal(keys.cuda(), (4, 257)).cpu(), R.normal(keys, (4, 257)))
     assert torch.equal(R.bits(keys.cuda(), (1000,)).cpu(), R.bits(keys, (1000,)))
-    assert T.status().get("normal/cpu/cuda", "unused") is None, T.status()
+    slices = R.fold_in(R.key(4), torch.arange(6)).view(2, 3, 2)                  # the LM's and CartPole's draws
+    assert torch.equal(jax_member_normals(slices, 3, 64, (40, 4), "cuda").cpu(),
+                       jax_member_normals(slices, 3, 64, (40, 4)))
+    assert torch.equal(_jax_draws(slices[0, 0], 0, 1024, (516, 4), "cuda").cpu(),
+                       _jax_draws(slices[0, 0], 0, 1024, (516, 4), "cpu"))
+    used = {k: T.status().get(f"{k}/cpu/cuda", "unused") for k in ("normal", "bits", "member_normal")}
+    assert all(why is None for why in used.values()), used
+
+
+@pytest.mark.parametrize("slices,draws,n,generation", [(1, 4, 263, 0), (6, 9, 13, 5), (2, 3, 1, 2 ** 32 - 1)])
+def test_member_normals_fold_the_keys_in_the_kernel_as_the_eager_draws_do(slices, draws, n, generation, interpreted):
+    keys = R.fold_in(R.key(slices * 100 + n), torch.arange(slices))
+    got = T.launch("member_normal", keys, n, generation=generation, n_draws=draws)
+    folded = R.fold_in(R.fold_in(keys, generation).unsqueeze(0), torch.arange(draws).unsqueeze(1))   # (P, S, 2)
+    assert got.shape == (draws, slices, n) and torch.equal(got, R._normal(folded, (n,), False))

@@ -28,7 +28,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
-__all__ = ["SWITCH", "SWITCH_VALUES", "switch", "wanted", "Graphs", "CudaBackend", "Emulated", "GraphedCall", "graphed", "signature",
+__all__ = ["SWITCH", "SWITCH_VALUES", "switch", "wanted", "Graphs", "CudaBackend", "Emulated", "GraphedCall", "graphed",
+           "signature",
            "static_like", "capture_hazards", "CaptureError"]
 
 SWITCH = "TORCH_IMPL_CUDA_GRAPHS"            # env: auto (default: the CUDA forwards are captured) | never

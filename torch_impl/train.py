@@ -103,8 +103,11 @@ class PolicyGraphs:
         """logits (m, 2) of inputs x (m, in) on the full noise (gathered None) or on the first `gathered` groups'."""
         m = x.shape[0]
         self.x[:m].copy_(torch.from_numpy(x))
-        noise = lambda: self.noise if gathered is None else subset_noise(self.noise, self.groups[:gathered])  # noqa: E731
-        return self.graphs.run((m, gathered), lambda: self.forward(self.params, self.x[:m], noise())).cpu().numpy()
+        def call():
+            noise = self.noise if gathered is None else subset_noise(self.noise, self.groups[:gathered])
+            return self.forward(self.params, self.x[:m], noise)
+
+        return self.graphs.run((m, gathered), call).cpu().numpy()
 
 
 def graphed_policy(graphs: PolicyGraphs, params: dict[str, torch.Tensor], noise: Noise):

@@ -11,7 +11,9 @@ float64 anyway, so a fused one rounds alike), float64 division and sqrt IEEE-rou
 constants passed in as float64 (a float literal in a Triton kernel is a float32).
 Kinds: "bits" (y0 ^ y1 of threefry(key; hi32(j), lo32(j)) for j < n per key), "normal", "lut_at" (the integer
 port's noise table: LUT[bits(j) >> 9] at given counters j under one key) and "normal_of_words" (the normal of given
-words, no hash: the tests read all 2^23 mantissas through it). `draw` is what callers use: None when
+words, no hash: the tests read all 2^23 mantissas through it), and "member_normal" (the ES noise's draws: member p of
+slice s draws normal(fold_in(fold_in(k_s, g), p), n), its two key folds in the kernel too, so an epoch's noise of a
+leaf is one launch and no key work on the host). `draw` is what callers use: None when
 Triton is missing, the request is not on CUDA, or the first call's check against the eager path fails (then it warns
 once, as random_compiled does); env TORCH_IMPL_RNG_TRITON=never turns it off. TRITON_INTERPRET=1 runs the same
 kernels on a CPU (tests/test_triton_rng.py).
@@ -31,9 +33,10 @@ import torch
 
 from spec import jax_rng as J
 
-__all__ = ["available", "unavailable_reason", "kernel_source", "launch", "draw", "lut_at", "status", "KINDS", "BACKENDS"]
+__all__ = ["available", "unavailable_reason", "kernel_source", "launch", "draw", "member_normals", "lut_at", "status",
+           "KINDS", "BACKENDS"]
 
-KINDS = {"bits": 0, "normal": 1, "lut_at": 2, "normal_of_words": 3}
+KINDS = {"bits": 0, "normal": 1, "lut_at": 2, "normal_of_words": 3, "member_normal": 4}
 BACKENDS = ("cpu", "gpu")                 # whose normal: XLA's CPU steps, or its CUDA steps (needs spec.jax_rng's)
 BLOCK = 1024
 _MASK32 = 0xFFFFFFFF
@@ -139,7 +142,8 @@ def _nv_parts(code: _Code) -> Callable[[_Var], tuple[_Var, _Var]]:
         s = code.emit(f"({x._of(1.0)} + {x.name}).to(tl.int64, bitcast=True)")
         mant = code.emit(f"(({s.name} & 0x000FFFFFFFFFFFFF) | 0x3FE0000000000000).to(tl.float64, bitcast=True)")
         k = code.emit(f"(({s.name} >> 52) - 1022 - ({mant.name} < {x._of(0.75)}).to(tl.int64))")
-        return code.emit(f"{k.name}.to(tl.float64)"), code.emit(f"((1023 - {k.name}) << 52).to(tl.float64, bitcast=True)")
+        scale = code.emit(f"((1023 - {k.name}) << 52).to(tl.float64, bitcast=True)")
+        return code.emit(f"{k.name}.to(tl.float64)"), scale
     return parts
 
 
@@ -190,7 +194,7 @@ def _threefry_lines() -> list[str]:
         for r in J.ROTATIONS[i % 2]:
             lines += ["x0 = x0 + x1", f"x1 = ((x1 << {r}) | (x1 >> {32 - r})) ^ x0"]
         lines += [f"x0 = x0 + {ks[(i + 1) % 3]}", f"x1 = x1 + {ks[(i + 2) % 3]} + {i + 1}"]
-    return lines
+    return lines + ["return x0, x1"]
 
 
 def kernel_source(backend: str = "cpu") -> tuple[str, tuple[float, ...]]:
@@ -204,7 +208,13 @@ import triton.language as tl
 {_R32}
 
 @triton.jit
-def kernel(keys_ptr, counters_ptr, table_ptr, consts_ptr, out_ptr, total, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
+def _threefry(k0, k1, x0, x1):
+{ind(_threefry_lines(), 4)}
+
+
+@triton.jit
+def kernel(keys_ptr, counters_ptr, table_ptr, consts_ptr, out_ptr, total, n, slices, generation, KIND: tl.constexpr,
+           BLOCK: tl.constexpr):
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     mask = idx < total
     if KIND == 2:
@@ -213,11 +223,18 @@ def kernel(keys_ptr, counters_ptr, table_ptr, consts_ptr, out_ptr, total, n, KIN
     else:
         row = idx // n
         col = idx - row * n
-    k0 = tl.load(keys_ptr + 2 * row, mask=mask, other=0).to(tl.uint32)
-    k1 = tl.load(keys_ptr + 2 * row + 1, mask=mask, other=0).to(tl.uint32)
-    x0 = (col >> 32).to(tl.uint32)
-    x1 = col.to(tl.uint32)
-{ind(_threefry_lines(), 4)}
+    if KIND == 4:
+        s = row % slices
+        p = row // slices
+        k0 = tl.load(keys_ptr + 2 * s, mask=mask, other=0).to(tl.uint32)
+        k1 = tl.load(keys_ptr + 2 * s + 1, mask=mask, other=0).to(tl.uint32)
+        zero = (p * 0).to(tl.uint32)
+        k0, k1 = _threefry(k0, k1, zero, (p * 0 + generation).to(tl.uint32))
+        k0, k1 = _threefry(k0, k1, zero, p.to(tl.uint32))
+    else:
+        k0 = tl.load(keys_ptr + 2 * row, mask=mask, other=0).to(tl.uint32)
+        k1 = tl.load(keys_ptr + 2 * row + 1, mask=mask, other=0).to(tl.uint32)
+    x0, x1 = _threefry(k0, k1, (col >> 32).to(tl.uint32), col.to(tl.uint32))
     words = x0 ^ x1
     if KIND == 3:
         words = tl.load(counters_ptr + idx, mask=mask, other=0).to(tl.uint32)
@@ -237,7 +254,8 @@ def kernel(keys_ptr, counters_ptr, table_ptr, consts_ptr, out_ptr, total, n, KIN
 
 @functools.lru_cache(maxsize=None)
 def _kernel(backend: str):
-    """The compiled kernel module for `backend` (its source registered with linecache: Triton reads a kernel's source)."""
+    """The kernel for `backend`, and its constants (the source registered with linecache: Triton reads a kernel's
+    source)."""
     source, consts = kernel_source(backend)
     name = f"<torch_impl.triton_rng {backend} {hashlib.sha256(source.encode()).hexdigest()[:12]}>"
     linecache.cache[name] = (len(source), None, source.splitlines(True), name)
@@ -256,31 +274,34 @@ def _gpu_table(device: str) -> torch.Tensor:
 
 
 def launch(kind: str, keys: torch.Tensor, n: int, backend: str = "cpu", counters: torch.Tensor | None = None,
-           lut: torch.Tensor | None = None) -> torch.Tensor:
-    """One kernel launch: (B, n) int32 words ("bits") or float32 normals ("normal") for keys (B, 2) int64 words; or
-    ("lut_at") lut[bits(j) >> 9] for counters j (any shape, int64) under one key (1, 2), in lut's dtype; or
-    ("normal_of_words") the normals of the words in `counters` (int64 holding uint32 values; keys unused)."""
+           lut: torch.Tensor | None = None, generation: int = 0, n_draws: int = 0) -> torch.Tensor:
+    """One kernel launch: (B, n) int32 words ("bits") or float32 normals ("normal") for keys (B, 2) int64 words;
+    ("lut_at") lut[bits(j) >> 9] for counters j (any shape, int64) under one key (1, 2), in lut's dtype;
+    ("normal_of_words") the normals of the words in `counters` (int64 holding uint32 values; keys unused);
+    ("member_normal") (n_draws, B, n) normals of fold_in(fold_in(keys[s], generation), p) for draw p and slice s."""
     import triton
 
     kernel, _ = _kernel(backend)
     device = keys.device
     keys = keys.reshape(-1, 2).to(torch.int64).contiguous()
     dummy = torch.zeros(1, dtype=torch.int32, device=device)
-    if kind == "lut_at":
+    flat, table, rows = dummy, dummy, keys.shape[0] * max(n_draws, 1)
+    if kind in ("lut_at", "normal_of_words"):
         flat = counters.reshape(-1).to(torch.int64).contiguous()
-        out, total, table = torch.empty(flat.shape, dtype=lut.dtype, device=device), flat.numel(), lut
-    elif kind == "normal_of_words":
-        flat = counters.reshape(-1).to(torch.int64).contiguous()
-        out, total = torch.empty(flat.shape, dtype=torch.float32, device=device), flat.numel()
-        table = _gpu_table(str(device)) if backend == "gpu" else dummy
+        out = torch.empty(flat.shape, dtype=lut.dtype if kind == "lut_at" else torch.float32, device=device)
     else:
-        flat, total = dummy, keys.shape[0] * n
-        out = torch.empty(keys.shape[0], n, dtype=torch.int32 if kind == "bits" else torch.float32, device=device)
-        table = _gpu_table(str(device)) if kind == "normal" and backend == "gpu" else dummy
-    if total:
-        kernel[(triton.cdiv(total, BLOCK),)](keys, flat, table, _consts(backend, str(device)), out, total, max(n, 1),
-                                            KIND=KINDS[kind], BLOCK=BLOCK)
-    return out.reshape(counters.shape) if kind in ("lut_at", "normal_of_words") else out
+        out = torch.empty(rows, n, dtype=torch.int32 if kind == "bits" else torch.float32, device=device)
+    if kind == "lut_at":
+        table = lut
+    elif kind != "bits" and backend == "gpu":
+        table = _gpu_table(str(device))
+    if out.numel():
+        kernel[(triton.cdiv(out.numel(), BLOCK),)](keys, flat, table, _consts(backend, str(device)), out, out.numel(),
+                                                   max(n, 1), keys.shape[0], generation, KIND=KINDS[kind],
+                                                   BLOCK=BLOCK)
+    if kind in ("lut_at", "normal_of_words"):
+        return out.reshape(counters.shape)
+    return out.view(n_draws, keys.shape[0], n) if kind == "member_normal" else out
 
 
 # ----------------------------------------------------------------------------- policy
@@ -294,8 +315,13 @@ def _probe(kind: str, device: torch.device, backend: str) -> str | None:
 
     keys = R.fold_in(R.key(20240601, device=device), torch.arange(3, device=device))
     for n in (4099, 2):
-        got = launch(kind, keys, n, backend)
-        want = R._draw(keys, (n,), torch.int32, R._xor_into) if kind == "bits" else _eager_normal(keys, n, backend)
+        if kind == "member_normal":
+            got = launch(kind, keys, n, backend, generation=7, n_draws=5)
+            folded = R.fold_in(R.fold_in(keys, 7).unsqueeze(0), torch.arange(5, device=device).unsqueeze(1))
+            want = _eager_normal(folded.reshape(-1, 2), n, backend).view(5, 3, n)
+        else:
+            got = launch(kind, keys, n, backend)
+            want = R._draw(keys, (n,), torch.int32, R._xor_into) if kind == "bits" else _eager_normal(keys, n, backend)
         if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
             return f"{kind} ({backend}) differs from the eager path in a self-check ({n} values per key)"
     return None
@@ -336,6 +362,18 @@ def draw(kind: str, keys: torch.Tensor, n: int, backend: str = "cpu") -> torch.T
         return None
     out = launch(kind, keys, n, backend)
     return (out.to(torch.int64) & _MASK32) if kind == "bits" else out
+
+
+def member_normals(slice_keys: torch.Tensor, generation: int, n_draws: int, n: int, device: str | torch.device,
+                   backend: str = "cpu") -> torch.Tensor | None:
+    """(n_draws, S, n) float32: normal(fold_in(fold_in(k_s, generation), p), n) for draw p and slice key k_s of
+    slice_keys (S, 2) (keys.py's and tree_keys.py's member draws), in one launch on a CUDA device, the keys folded
+    in the kernel; None when the kernel is not used there."""
+    device = torch.device(device)
+    if not (1 <= n < (1 << 31) and 0 <= generation < (1 << 32) and 1 <= n_draws < (1 << 32)) or \
+            not _usable("member_normal", device, backend):
+        return None
+    return launch("member_normal", slice_keys.to(device), n, backend, generation=generation, n_draws=n_draws)
 
 
 def lut_at(key: torch.Tensor, counters: torch.Tensor, lut: torch.Tensor) -> torch.Tensor | None:
