@@ -39,35 +39,52 @@ def subset_noise(noise: Noise, draws: torch.Tensor) -> Noise:
                           bias={n: pick(v) for n, v in noise.bias.items()})
 
 
-def compact_policy(params: dict[str, torch.Tensor], noise: Noise, forward: Callable, device: str | torch.device):
+class EagerForwards:
+    """The compact rollout's forwards called directly: the noise of the computed groups gathered when they change."""
+
+    def __init__(self, params: dict[str, torch.Tensor], noise: Noise, forward: Callable, device: str | torch.device):
+        self.params, self.noise, self.forward, self.device = params, noise, forward, device
+
+    def gather(self, groups: np.ndarray) -> Noise:
+        return subset_noise(self.noise, torch.from_numpy(groups).to(self.device))
+
+    def logits(self, x: np.ndarray, current: Noise | None) -> np.ndarray:
+        noise = self.noise if current is None else current
+        return self.forward(self.params, torch.from_numpy(x).to(self.device), noise).cpu().numpy()
+
+
+def compact_policy(params: dict[str, torch.Tensor], noise: Noise, forward: Callable, device: str | torch.device,
+                   graphs: PolicyGraphs | None = None):
     """policy(obs (m, 4), rows (m,)) -> logits (m, 2) computing only the draws that alive rows use (rollout's
     Compaction: whole antithetic pairs, re-gathered a few times per episode as members finish).
 
     A finished partner runs on a zero input; a row's logits depend only on its own input and noise, so the
-    values are those of the whole-population forward.
+    values are those of the whole-population forward. `graphs`: the same calls replayed from CUDA graphs.
     """
     k, pop = group_size(noise), population_of(noise)
     plan = Compaction(pop, k, MIN_ROWS, shrink=SHRINK)
-    current = {"noise": noise}
+    engine = EagerForwards(params, noise, forward, device) if graphs is None else graphs.load(params, noise)
+    current = {"gathered": None}
 
     def policy(obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
         members, position, changed = plan.update(rows)
         if changed:
-            current["noise"] = subset_noise(noise, torch.from_numpy(plan.groups).to(device))
+            current["gathered"] = engine.gather(plan.groups)
         # every computed member alive, in order (run_episodes passes rows ascending): obs is the input as it is
         padded = position.size < members.size or not (np.diff(position) > 0).all()
         x = obs
         if padded:
             x = np.zeros((members.size, obs.shape[1]), dtype=obs.dtype)
             x[position] = obs
-        logits = forward(params, torch.from_numpy(x).to(device), current["noise"]).cpu().numpy()
+        logits = engine.logits(x, current["gathered"])
         return logits[position] if padded else logits
 
     return policy
 
 
 class PolicyGraphs:
-    """The population forward captured once per compacted size (torch_impl.cuda_graphs), for CUDA rollouts.
+    """The population forward captured once per compacted size (torch_impl.cuda_graphs), for CUDA rollouts: what
+    EagerForwards calls, replayed.
 
     Static full-population params, noise, inputs and group indices are refreshed in place (params and noise once per
     epoch, the groups when the compaction shrinks, the inputs every step); the graph for m rows runs the eager
@@ -80,7 +97,7 @@ class PolicyGraphs:
         self.params = self.noise = self.x = self.groups = None
         self.layout: tuple = ()
 
-    def load(self, params: dict[str, torch.Tensor], noise: Noise) -> None:
+    def load(self, params: dict[str, torch.Tensor], noise: Noise) -> "PolicyGraphs":
         """Copy the epoch's params and noise into the static buffers (made, and the graphs dropped, on a new layout)."""
         new = tuple(map(cuda_graphs.signature, tree_leaves((params, noise))))
         if self.params is None or new != self.layout:
@@ -93,6 +110,7 @@ class PolicyGraphs:
         for dst, src in zip(tree_leaves((self.params, self.noise)), tree_leaves((params, noise))):
             if isinstance(src, torch.Tensor):
                 dst.copy_(src)
+        return self
 
     def gather(self, groups: np.ndarray) -> int:
         """The computed groups (the compaction's) into the static index; returns their count."""
@@ -103,33 +121,12 @@ class PolicyGraphs:
         """logits (m, 2) of inputs x (m, in) on the full noise (gathered None) or on the first `gathered` groups'."""
         m = x.shape[0]
         self.x[:m].copy_(torch.from_numpy(x))
+
         def call():
             noise = self.noise if gathered is None else subset_noise(self.noise, self.groups[:gathered])
             return self.forward(self.params, self.x[:m], noise)
 
         return self.graphs.run((m, gathered), call).cpu().numpy()
-
-
-def graphed_policy(graphs: PolicyGraphs, params: dict[str, torch.Tensor], noise: Noise):
-    """compact_policy's policy through the captured forwards: the same rows, the same values."""
-    k, pop = group_size(noise), population_of(noise)
-    plan = Compaction(pop, k, MIN_ROWS, shrink=SHRINK)
-    graphs.load(params, noise)
-    current = {"gathered": None}
-
-    def policy(obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        members, position, changed = plan.update(rows)
-        if changed:
-            current["gathered"] = graphs.gather(plan.groups)
-        padded = position.size < members.size or not (np.diff(position) > 0).all()
-        x = obs
-        if padded:
-            x = np.zeros((members.size, obs.shape[1]), dtype=obs.dtype)
-            x[position] = obs
-        logits = graphs.logits(x, current["gathered"])
-        return logits[position] if padded else logits
-
-    return policy
 
 
 def policy_graphs(es: es_mod.ES, device: str | torch.device, backend=None) -> PolicyGraphs | None:
@@ -151,8 +148,7 @@ def evaluate(es: es_mod.ES, params: dict[str, torch.Tensor], noise: Noise, seed:
     choose = ACTIONS[es.knobs.actions]
     with torch.inference_mode():
         if compact:
-            policy = (compact_policy(params, noise, es.forward, device) if graphs is None
-                      else graphed_policy(graphs, params, noise))
+            policy = compact_policy(params, noise, es.forward, device, graphs)
             return run_episodes(policy, init_state, uniforms, choose=choose, compact=True).returns
         policy = lambda obs: es.forward(params, torch.from_numpy(obs).to(device), noise).cpu().numpy()  # noqa: E731
         return run_episodes(policy, init_state, uniforms, choose=choose).returns
