@@ -64,11 +64,6 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
-def interpreted() -> bool:
-    """Whether Triton runs its kernels in its CPU interpreter (TRITON_INTERPRET=1: tests on any machine)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 # ----------------------------------------------------------------------------- the normal's steps, traced
 class _Code:
     """The kernel lines being written while spec.jax_rng's steps run on `_Var`s, and the constants they use."""
