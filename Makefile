@@ -15,7 +15,7 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup c-side c-rng test parity vectors int8 gap gap-paper gap-lm gap-int8 bench ports ports-install clean
+.PHONY: help setup c-side c-rng test parity vectors int8 gap gap-paper gap-lm gap-int8 bench bench-gpu ports ports-install clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -71,6 +71,9 @@ gap-int8: setup  ## the integer study: does egg.c learn the byte LM as fast as n
 
 bench: setup  ## throughput and time to solve, torch_impl against JAX -> runs/bench
 	$(PY) -m bench --out $(RUNS)/bench $(ARGS)
+
+bench-gpu: setup  ## on a machine with a GPU: the GPU paths' tests and the bench's GPU section (under 10 min) -> runs/bench-gpu
+	$(PY) -m bench.gpu_check --out $(RUNS)/bench-gpu $(ARGS)
 
 ports: $(PORTS_STAMP)  ## the EGGROLL ports on PyPI (pinned extra) through the suite -> runs/ports
 	$(PY) -m ports --out $(RUNS)/ports $(ARGS)

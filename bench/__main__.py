@@ -1,7 +1,9 @@
 """`python -m bench`: population-forward and ES-step throughput, against the machine's floor.
 
 Writes `bench.csv` (impl, model, pop, measure, median, p10, p90, unit, device), `summary.md`
-(ratio tables, floors, environment) and `throughput.png` under --out.
+(ratio tables, floors, environment) and `throughput.png` under --out. `--device cuda` runs the GPU section instead
+(bench.gpu: torch against JAX on one GPU, the issue's aims, bounded by --deadline, default 300 s) and writes
+`bench.csv` and `summary.md`.
 """
 from __future__ import annotations
 
@@ -539,7 +541,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--busy-seconds", type=float, default=None,
                     help="busy-machine section: seconds timed per probe (default 5, quick 0.5; 0 skips the section)")
     ap.add_argument("--deadline", type=float, default=None,
-                    help="seconds after which remaining groups are skipped (default: 360, quick 120)")
+                    help="seconds after which remaining groups are skipped (default: 360, quick 120); with --device "
+                         "cuda the whole section's bound (default 300)")
     return ap.parse_args(argv)
 
 
@@ -563,6 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
+    if args.device == "cuda":
+        return main_gpu(args, argv)
     plan = QUICK if args.quick else FULL
     if args.deadline is not None:
         plan = plan._replace(deadline_s=args.deadline)
@@ -592,6 +597,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.plot_throughput(rows, [m.name for m in plan.models], out / "throughput.png")
     (out / "summary.md").write_text(report.summary_markdown(rows, ctx))
     print(f"wrote {out / 'bench.csv'}, {out / 'summary.md'}, {out / 'throughput.png'} in {ctx.wall_s:.0f} s")
+    return 0
+
+
+CPU_ONLY_FLAGS = {"solve": "--solve", "busy_seconds": "--busy-seconds", "models": "--models"}
+
+
+def main_gpu(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """--device cuda: the GPU section (bench.gpu), its input checked before any work."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX beside torch on one GPU: allocate as used
+    from bench import gpu
+
+    given = [flag for dest, flag in CPU_ONLY_FLAGS.items() if getattr(args, dest) is not None]
+    plan = gpu.GPU_QUICK if args.quick else gpu.GPU_FULL
+    try:
+        if given:
+            raise ValueError(f"{', '.join(given)} belong to the CPU bench; the GPU section (--device cuda) takes "
+                             f"--pops, --deadline, --seed, --quick, --threads and --out")
+        if args.pops is not None:
+            plan = plan._replace(cartpole_pops=restrict(FULL, None, args.pops).pops)
+        if args.deadline is not None:
+            plan = plan._replace(deadline_s=args.deadline)
+        check_out_dir(args.out)
+        check_bench_memory(FULL._replace(pops=plan.cartpole_pops, models=(CARTPOLE,)), "cuda")
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    command = ("python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    r = gpu.write_section(plan, torch.device("cuda"), args.seed, args.out, command, lambda m: print(m, flush=True))
+    print(f"wrote {Path(args.out) / 'bench.csv'}, {Path(args.out) / 'summary.md'} in "
+          f"{time.perf_counter() - r.start:.0f} s")
     return 0
 
 

@@ -42,6 +42,7 @@ EXCEPTIONS: dict[str, set[str]] = {
     "parity/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
     "parity/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
     "torch_impl/random_native.py": {"c_rng"},                      # the C generator behind random.normal/bits
+    "torch_impl/triton_rng.py": {"triton"},                        # the fused Triton kernel behind CUDA draws
     "torch_impl/__main__.py": {"c_rng"},                           # its env switch, checked before any work
     "parity/tree_reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
     "parity/tree_torch.py": {"torch_impl", "torch"},               # the torch side of the LM suite

@@ -329,6 +329,7 @@ def test_ulp_distance_counts_float32_steps_across_zero():
         ulp_distance(np.zeros(3, np.float32), np.zeros(4, np.float32))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_keys_give_the_cpu_results_on_the_device():
     keys = R.fold_in(R.key(1), torch.arange(33))

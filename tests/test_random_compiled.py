@@ -185,8 +185,10 @@ def test_a_wrong_compiled_result_is_caught_by_the_self_check(monkeypatch):
     assert torch.equal(got, with_mode("never", R.bits, keys_for(3), (11,)))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_compiled_equal_cpu_eager():
+def test_cuda_compiled_equal_cpu_eager(monkeypatch):
+    monkeypatch.setenv("TORCH_IMPL_RNG_TRITON", "never")            # the compiled path, not the fused Triton kernel
     for keys, shape in CASES[:7]:
         for fn, args in [(R.bits, ()), (R.normal, ()), (R.normal, (None, "gpu")), (R.uniform, (-3.7, 11.3))]:
             got = with_mode("always", fn, keys.cuda(), shape, *args)

@@ -84,6 +84,20 @@ def check_cuda(parser: argparse.ArgumentParser, device: str) -> None:
 
         if not torch.cuda.is_available():
             parser.error(f"--device {device} asked for, but torch sees no CUDA device; use --device cpu")
+    check_cuda_switches(parser, device)
+
+
+def check_cuda_switches(parser: argparse.ArgumentParser, device: str) -> None:
+    """Exit 2 when env TORCH_IMPL_CUDA_GRAPHS or TORCH_IMPL_RNG_TRITON holds a bad value and a CUDA device is asked
+    for (they are read only there)."""
+    if device.startswith("cuda"):
+        from torch_impl import cuda_graphs, triton_rng
+
+        try:
+            cuda_graphs.switch()
+            triton_rng.switch()
+        except ValueError as err:
+            parser.error(str(err))
 
 
 def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

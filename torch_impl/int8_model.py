@@ -2,14 +2,17 @@
 
 Storage is int8, arithmetic int32, as spec.int8 states. How each rule is kept in torch:
 - Matrix products (x W^T, the votes): torch's int8 @ int8 would wrap in int8, so no product is taken in int8.
-  On a CPU where it is exact (probed once per shape: `_int8_gemm_exact`), int8 operands go to torch._int_mm, int8 x
-  int8 with int32 accumulation (4-10x faster than the int64 GEMM here). Otherwise operands are cast to int64 and the
-  int64 product is reduced to int32. Both are exact: every term is an integer of magnitude <= 127 * 127 (the votes:
-  86 * 86), so an int64 sum of fewer than 2^40 of them never overflows, and an int32 sum of fewer than 133,000 never
-  wraps; reducing the exact sum mod 2^32 (int64 -> int32 keeps the low 32 bits) gives what XLA's wrapping int32
-  accumulation gives, whatever the order of summation (integer sums are associative). No float is involved (a
-  float32 product would round above 2^24). CUDA has no general integer GEMM, so on CUDA the products run as float64
-  GEMMs: exact too, since every partial sum is an integer below 127^2 * in < 2^53 (asserted by `_check_exact_f64`).
+  Where it is exact (probed once per shape and device: `_int8_gemm_exact`), int8 operands go to torch._int_mm, int8 x
+  int8 with int32 accumulation: on a CPU directly (4-10x faster than the int64 GEMM here), on CUDA (tensor cores)
+  through `int_mm_padded`, which meets cuBLASLt's shape rules with zero padding (rows > 16, sizes multiples of 8,
+  the weight column-major). Otherwise operands are cast to int64 and the int64 product is reduced to int32 (CPU).
+  All are exact: every term is an integer of magnitude <= 127 * 127 (the votes: 86 * 86), so an int64 sum of fewer
+  than 2^40 of them never overflows, and an int32 sum of fewer than 133,000 never wraps; reducing the exact sum mod
+  2^32 (int64 -> int32 keeps the low 32 bits) gives what XLA's wrapping int32 accumulation gives, whatever the order
+  of summation (integer sums are associative). No float32 is involved (a float32 product would round above 2^24).
+  CUDA has no int64 GEMM, so there the other products (the votes, a shape the probe refuses) run as float64 GEMMs:
+  exact too, since every partial sum is an integer below 127^2 * in < 2^53 (for int8 operands whatever in < 2^39;
+  other operands are checked by `_check_exact_f64`, which reads their largest value on the host).
   mm's divisor 16 isqrt(in) is a power of 2 for in a power of 4 (the config insists), and there floor division is
   the arithmetic shift by its log2.
 - The rank-1 noise term ((x . B_m) A_m) and every elementwise step run in torch int32, whose products and sums wrap
@@ -23,6 +26,7 @@ the member's low-rank noise (rank 1) adds ((x . B_m) A_m) >> (4 + ss) row by row
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -61,24 +65,49 @@ def _check_exact_f64(a: torch.Tensor, b: torch.Tensor) -> None:
         raise ValueError(f"a float64 product of these integers could round (bound {bound} >= 2^53)")
 
 
-_INT8_GEMM_EXACT: dict[tuple[int, int, int], bool] = {}
+INT_MM_MIN_ROWS, INT_MM_MULTIPLE = 17, 8      # CUDA's torch._int_mm: rows > 16, inner and output sizes multiples of 8
 
 
-def _int8_gemm_exact(m: int, k: int, n: int) -> bool:
-    """Whether torch._int_mm (int8 x int8 -> int32) is exact for (m, k) @ (k, n) on this CPU, probed once per shape
-    with extreme operands (+-127 everywhere, and mixed signs). A kernel that saturates an int16 pair sum (AVX2
-    vpmaddubsw without VNNI) fails the probe; one that accumulates in int32 (VNNI) is exact (module docstring)."""
-    shape = (m, k, n)
+def int_mm_padded(a: torch.Tensor, b: torch.Tensor, mm=None) -> torch.Tensor:
+    """a @ b, int8 (m, k) @ (k, n) -> int32 (m, n), through torch._int_mm under CUDA's shape rules: rows padded to
+    at least 17, k and n to multiples of 8, with zero rows and columns (a zero term changes no integer sum), and b
+    handed column-major (cuBLASLt's int8 layout). `mm`: the product (default torch._int_mm; tests pass a stand-in
+    that checks the rules)."""
+    mm = torch._int_mm if mm is None else mm
+    (m, k), n = a.shape, b.shape[1]
+    rows, inner, cols = max(m, INT_MM_MIN_ROWS), -(-k // INT_MM_MULTIPLE) * INT_MM_MULTIPLE, \
+        -(-n // INT_MM_MULTIPLE) * INT_MM_MULTIPLE
+    if (rows, inner) != (m, k) or not a.is_contiguous():
+        a = torch.nn.functional.pad(a, (0, inner - k, 0, rows - m)).contiguous()
+    if (inner, cols) != (k, n) or b.stride() != (1, k):
+        b = torch.nn.functional.pad(b.T, (0, inner - k, 0, cols - n)).contiguous().T     # (inner, cols), column-major
+    out = mm(a, b)
+    return out if (rows, cols) == (m, n) else out[:m, :n]
+
+
+# device type -> the int8 GEMM tried there (each shape probed once before use: `_int8_gemm_exact`)
+INT8_GEMMS = {"cpu": lambda a, b: torch._int_mm(a, b), "cuda": int_mm_padded}
+_INT8_GEMM_EXACT: dict[tuple[str, int, int, int], bool] = {}
+
+
+def _int8_gemm_exact(m: int, k: int, n: int, device: torch.device = torch.device("cpu")) -> bool:
+    """Whether the device's int8 GEMM (INT8_GEMMS) is exact for (m, k) @ (k, n), probed once per shape and device
+    with extreme operands (+-127 everywhere, and mixed signs) against an exact product (int64 on a CPU, float64
+    elsewhere: below 2^53). A kernel that saturates an int16 pair sum (AVX2 vpmaddubsw without VNNI) fails the probe;
+    one that accumulates in int32 (VNNI, tensor cores) is exact (module docstring)."""
+    shape = (device.type, m, k, n)
     if shape not in _INT8_GEMM_EXACT:
-        ok = hasattr(torch, "_int_mm") and k < 133_000
-        pattern = torch.tensor([127, -127, 127, 127, -127, -127, 127, -127], dtype=I8)
+        gemm = INT8_GEMMS.get(device.type)
+        ok = gemm is not None and hasattr(torch, "_int_mm") and k < 133_000
+        wide = I64 if device.type == "cpu" else torch.float64
+        pattern = torch.tensor([127, -127, 127, 127, -127, -127, 127, -127], dtype=I8, device=device)
         mixed = (pattern.repeat(m * k // 8 + 1)[:m * k].view(m, k),
                  pattern.flip(0).repeat(k * n // 8 + 1)[:k * n].view(n, k).T)
-        cases = [(torch.full((m, k), u, dtype=I8), torch.full((n, k), v, dtype=I8).T)
+        cases = [(torch.full((m, k), u, dtype=I8, device=device), torch.full((n, k), v, dtype=I8, device=device).T)
                  for u, v in ((127, 127), (127, -127), (-127, -127))] + [mixed]
         for a, b in cases if ok else []:
             try:
-                ok = ok and torch.equal(torch._int_mm(a, b).to(I64), a.to(I64) @ b.to(I64))
+                ok = ok and torch.equal(gemm(a, b).to(wide), a.to(wide) @ b.to(wide))
             except RuntimeError:
                 ok = False
         _INT8_GEMM_EXACT[shape] = ok
@@ -87,11 +116,13 @@ def _int8_gemm_exact(m: int, k: int, n: int) -> bool:
 
 def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for integer tensors, exact, wrapped to int32 as XLA's int32 dot (see the module docstring)."""
+    if a.dtype == I8 and b.dtype == I8 and a.dim() == 2 and _int8_gemm_exact(a.shape[0], a.shape[1], b.shape[1],
+                                                                             a.device):
+        return INT8_GEMMS[a.device.type](a, b)
     if a.device.type == "cpu":
-        if a.dtype == I8 and b.dtype == I8 and a.dim() == 2 and _int8_gemm_exact(a.shape[0], a.shape[1], b.shape[1]):
-            return torch._int_mm(a, b)
         return torch.matmul(a.to(I64), b.to(I64)).to(I32)
-    _check_exact_f64(a, b)
+    if not (a.dtype == I8 and b.dtype == I8):       # int8 sums stay below 2^53 for any k < 2^39: no check needed
+        _check_exact_f64(a, b)
     return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(I64).to(I32)
 
 
@@ -108,11 +139,17 @@ EXP2 = torch.tensor(exp2_table(), dtype=I64)
 _LOG2_T = torch.tensor(LOG2_THRESHOLDS, dtype=I64)                  # (29, 16)
 
 
+@functools.lru_cache(maxsize=16)
+def _table(name: str, device: torch.device) -> torch.Tensor:
+    """EXP2 or _LOG2_T on `device`, copied once (no host-to-device copy per token, so a CUDA graph can capture it)."""
+    return {"exp2": EXP2, "log2": _LOG2_T}[name].to(device)
+
+
 def log2_entries(k: torch.Tensor) -> torch.Tensor:
     """LOG2[k] = int32(log2((k + 1) / 16) * 16) for k in [0, 2^28), exactly (integer thresholds; spec.log2_entry)."""
     n = k.to(I64) + 1
     e = torch.frexp(n.to(torch.float64))[1].to(I64) - 1         # floor(log2 n), exact for n < 2^53
-    thr = _LOG2_T.to(n.device)[e]                               # (..., 16)
+    thr = _table("log2", n.device)[e]                           # (..., 16)
     m = 16 * e + (n.unsqueeze(-1) >= thr[..., 1:]).sum(-1)
     exact = (n & (n - 1)) == 0
     return torch.where((n >= 16) | exact, m - 64, m - 63).to(I32)
@@ -131,7 +168,7 @@ def log_likelihood(logits: torch.Tensor, targets: torch.Tensor, knobs: Int8Knobs
     """ll = z[target] - LOG2[sum_v EXP2[z_v] - 1], z = logits + 128 (1/16 bit), rows of logits (..., 256): int32.
     log2=mitchell: z[target] - log2_mitchell(sum_v EXP2[z_v])."""
     z = logits.to(I64) + 128
-    total = torch.take(EXP2.to(z.device), z).sum(-1)
+    total = torch.take(_table("exp2", z.device), z).sum(-1)
     picked = torch.gather(z, -1, targets.to(I64).unsqueeze(-1)).squeeze(-1)
     log2 = log2_mitchell(total) if knobs.log2 == "mitchell" else log2_entries(total - 1).to(I64)
     return (picked - log2).to(I32)

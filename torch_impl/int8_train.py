@@ -21,7 +21,7 @@ from spec.int8 import Int8Config, bits_per_byte
 from spec.int8_knobs import NANO_EGG, Int8Knobs
 from spec.lm_run import LMProgress, LMTrainResult, lm_epoch_row
 from spec.tree import Tree
-from torch_impl import int8_es
+from torch_impl import cuda_graphs, int8_es
 from torch_impl.int8_model import default_state, scores as model_scores
 from torch_impl.int8_noise import member_view
 from torch_impl.train import intra_op_threads
@@ -36,27 +36,31 @@ def changed_fractions(tree: Tree, old: dict, new: dict) -> dict:
     return {"changed": moved / total, "changed_lowrank": mean("mm"), "changed_fullrank": mean("param")}
 
 
-def validation_scores(params: dict, rows: torch.Tensor, cfg: Int8Config, knobs: Int8Knobs = NANO_EGG
-                      ) -> torch.Tensor:
-    """(val_rows,) int32: every row scored from a zero state with noise off, all rows at once."""
-    return model_scores(params, None, rows, default_state(cfg, rows.shape[0], rows.device), cfg.sigma_shift,
-                        knobs=knobs)[0]
+def validation_scores(params: dict, rows: torch.Tensor, cfg: Int8Config, knobs: Int8Knobs = NANO_EGG,
+                      score=model_scores) -> torch.Tensor:
+    """(val_rows,) int32: every row scored from a zero state with noise off, all rows at once (`score`: the model's
+    scores or their captured form, torch_impl.cuda_graphs.graphed)."""
+    return score(params, None, rows, default_state(cfg, rows.shape[0], rows.device), cfg.sigma_shift,
+                 knobs=knobs)[0]
 
 
 def train_int8(cfg: Int8Config, seed: int, corpus=None, progress: bool = True, stream: TextIO | None = None,
                observe: Callable | None = None, device: str | torch.device = "cpu",
-               threads: int | None = 1, knobs: Int8Knobs = NANO_EGG) -> LMTrainResult:
+               threads: int | None = 1, knobs: Int8Knobs = NANO_EGG, graph_backend=None) -> LMTrainResult:
     """Train cfg.epochs epochs from seed (default corpus: the shipped one); LMTrainResult with int8 params.
 
     observe(epoch, scores (pop,) int32, params after the update, info) sees every epoch (lockstep checks);
-    threads: torch intra-op threads (default 1; None leaves torch's); knobs: egg.c's departures (spec/int8_knobs.py)."""
+    threads: torch intra-op threads (default 1; None leaves torch's); knobs: egg.c's departures (spec/int8_knobs.py).
+    On CUDA the population's and the validation's scores are captured as CUDA graphs (torch_impl.cuda_graphs; env
+    TORCH_IMPL_CUDA_GRAPHS=never: eager), the same integers; `graph_backend` (tests) captures on any device."""
     corpus = load_corpus() if corpus is None else corpus
     with intra_op_threads(threads), torch.inference_mode():
         return _train(cfg, seed, corpus, LMProgress(stream or sys.stdout, cfg.epochs, progress), observe, device,
-                      knobs)
+                      knobs, cuda_graphs.graphed(model_scores, device, graph_backend))
 
 
-def _train(cfg: Int8Config, seed: int, corpus, show: LMProgress, observe, device, knobs: Int8Knobs) -> LMTrainResult:
+def _train(cfg: Int8Config, seed: int, corpus, show: LMProgress, observe, device, knobs: Int8Knobs,
+           score=model_scores) -> LMTrainResult:
     train_stream, val_stream = int8_streams(corpus)
     layout = stream_layout(len(train_stream), cfg)              # ValueError: the corpus is too short
     rows = train_rows(train_stream, layout.n_sequences, layout.segments, cfg.tokens_per_update)
@@ -72,15 +76,16 @@ def _train(cfg: Int8Config, seed: int, corpus, show: LMProgress, observe, device
                                                cfg.tokens_per_update, cfg.pop, cfg.group_size).astype(np.int64))
         step_start = time.perf_counter()
         noise, state = int8_es.ask(es, state)
-        scores, states = model_scores(state.params, member_view(noise, cfg.pop), tokens.to(device), states,
-                                      cfg.sigma_shift, knobs=knobs)
+        scores, states = score(state.params, member_view(noise, cfg.pop), tokens.to(device), states,
+                               cfg.sigma_shift, knobs=knobs)
         old = state.params
         state, info = int8_es.tell(es, state, noise, scores)
         step_s = time.perf_counter() - step_start
         if observe is not None:
             observe(epoch, scores, state.params, info)
         measured = (epoch + 1) % cfg.validate_every == 0 or epoch == cfg.epochs - 1
-        val_e = bits_per_byte(int(validation_scores(state.params, val, cfg, knobs).to(torch.int64).sum()), val_tokens) \
+        val_e = bits_per_byte(int(validation_scores(state.params, val, cfg, knobs, score).to(torch.int64).sum()),
+                              val_tokens) \
             if measured else math.nan
         val_bpb = val_e if measured else val_bpb
         total = int(scores.to(torch.int64).sum())

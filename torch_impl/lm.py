@@ -24,6 +24,7 @@ each entry named after the leaf whose op produced it, with the member axis first
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -33,6 +34,15 @@ from torch_impl.tree_noise import TreeNoise
 
 LN2 = torch.tensor(math.log(2.0), dtype=torch.float32)   # the score divides by float32(ln 2)
 Params = dict[str, torch.Tensor]
+
+
+@functools.lru_cache(maxsize=16)
+def _on_device(name: str, device: torch.device, signs: tuple[float, ...] = ()) -> torch.Tensor:
+    """A constant made once per device (no host-to-device copy per forward, so a CUDA graph can capture it):
+    "ln2" (LN2) or "signs" (the antithetic signs, (1, k, 1, 1))."""
+    if name == "ln2":
+        return LN2.to(device)
+    return torch.tensor(signs, dtype=torch.float32, device=device).view(1, len(signs), 1, 1)
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +59,7 @@ class Member:
         if m % self.k:
             raise ValueError(f"{m} members do not fill whole antithetic groups of {self.k}")
         self.signs = None if noise is None or noise.signs is None else \
-            torch.tensor(noise.signs, dtype=torch.float32, device=device).view(1, self.k, 1, 1)
+            _on_device("signs", torch.device(device), tuple(noise.signs))
 
     def factors(self, path: str, l: int | None):
         """(A, B) of slice l (rows, a, r), (rows, b, r), or None when the leaf is not perturbed."""
@@ -154,7 +164,7 @@ def logits_of(params: Params, x: torch.Tensor, noise: TreeNoise | None = None,
 def score_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """mean_t log_softmax(logits_t)[x_{t+1}] / float32(ln 2): (m, T, V), (m, T) -> (m,)."""
     logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean(dim=-1) / LN2.to(logits.device)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean(dim=-1) / _on_device("ln2", logits.device)
 
 
 def forward(params: Params, tokens: torch.Tensor, noise: TreeNoise | None = None, intermediates: bool = False):
@@ -173,7 +183,8 @@ def forward(params: Params, tokens: torch.Tensor, noise: TreeNoise | None = None
     return scores, inter
 
 
-def bits_per_byte(params: Params, windows: torch.Tensor) -> float:
-    """Mean bits per byte (-score) of the unperturbed model over windows (n, T + 1): noise off."""
+def bits_per_byte(params: Params, windows: torch.Tensor, score=forward) -> float:
+    """Mean bits per byte (-score) of the unperturbed model over windows (n, T + 1): noise off. `score`: forward or
+    its captured form (torch_impl.cuda_graphs.graphed)."""
     with torch.inference_mode():
-        return float(-forward(params, windows).mean())
+        return float(-score(params, windows).mean())

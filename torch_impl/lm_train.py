@@ -18,7 +18,7 @@ from rollout.corpus import check_corpus_fits, load_corpus, member_tokens, train_
 from spec.lm import LMConfig
 from spec.lm_run import LMProgress, LMTrainResult, lm_epoch_row
 from spec.tree_knobs import TreeKnobs
-from torch_impl import lm, lm_es
+from torch_impl import cuda_graphs, lm, lm_es
 from torch_impl.train import intra_op_threads
 
 
@@ -29,25 +29,30 @@ def epoch_tokens(corpus, cfg: LMConfig, seed: int, epoch: int, device) -> torch.
 
 
 def train_lm(cfg: LMConfig, seed: int, knobs: TreeKnobs = TreeKnobs(), corpus=None, progress: bool = True,
-             stream: TextIO | None = None, device: str | torch.device = "cpu", threads: int | None = 1) -> LMTrainResult:
-    """Train cfg.epochs epochs from seed; `threads`: torch intra-op threads (default 1; None leaves torch's)."""
+             stream: TextIO | None = None, device: str | torch.device = "cpu", threads: int | None = 1,
+             graph_backend=None) -> LMTrainResult:
+    """Train cfg.epochs epochs from seed; `threads`: torch intra-op threads (default 1; None leaves torch's).
+    On CUDA the population and validation forwards are captured as CUDA graphs (torch_impl.cuda_graphs; env
+    TORCH_IMPL_CUDA_GRAPHS=never: eager), the same numbers; `graph_backend` (tests) captures on any device."""
     corpus = load_corpus() if corpus is None else corpus
     check_corpus_fits(corpus, cfg.seq_len)
     with intra_op_threads(threads), torch.inference_mode():
-        return _train(cfg, seed, knobs, corpus, LMProgress(stream or sys.stdout, cfg.epochs, progress), device)
+        return _train(cfg, seed, knobs, corpus, LMProgress(stream or sys.stdout, cfg.epochs, progress), device,
+                      cuda_graphs.graphed(lm.forward, device, graph_backend))
 
 
-def _train(cfg: LMConfig, seed: int, knobs: TreeKnobs, corpus, show: LMProgress, device) -> LMTrainResult:
+def _train(cfg: LMConfig, seed: int, knobs: TreeKnobs, corpus, show: LMProgress, device,
+           forward=lm.forward) -> LMTrainResult:
     es = lm_es.make(cfg, knobs)
     state = lm_es.init(es, seed, device)
     val = torch.from_numpy(val_windows(corpus, cfg.val_windows, cfg.seq_len).astype(np.int64)).to(device)
     history, val_bpb, start = [], math.nan, time.perf_counter()
     for epoch in range(cfg.epochs):
         noise, state = lm_es.ask(es, state)
-        scores = lm.forward(state.params, epoch_tokens(corpus, cfg, seed, epoch, device), noise)
+        scores = forward(state.params, epoch_tokens(corpus, cfg, seed, epoch, device), noise)
         state, _ = lm_es.tell(es, state, noise, scores)
         measured = (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1
-        val_bpb_e = lm.bits_per_byte(state.params, val) if measured else math.nan
+        val_bpb_e = lm.bits_per_byte(state.params, val, forward) if measured else math.nan
         val_bpb = val_bpb_e if measured else val_bpb
         row = lm_epoch_row(epoch, -float(scores.mean()), val_bpb_e, (epoch + 1) * cfg.pop * cfg.seq_len,
                            time.perf_counter() - start)

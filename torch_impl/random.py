@@ -10,7 +10,8 @@ backend="gpu" they reproduce XLA's CUDA code instead (libdevice's log1pf, unfuse
 sqrt; spec.jax_rng.normal_of_u_gpu), checked against JAX's GPU table measured on an H100 (tests/test_random_gpu.py).
 No jax import anywhere: tests/test_random.py and the benchmark measure the agreement with JAX.
 This eager code is the definition. On the CPU, bits and normals go through the project's C generator when it is
-built (random_native; bit-identical, tests/test_random_native.py); otherwise random_compiled runs the same
+built (random_native; bit-identical, tests/test_random_native.py), and on CUDA through one fused Triton kernel when
+Triton is installed (triton_rng; bit-identical, tests/test_triton_rng.py); otherwise random_compiled runs the same
 arithmetic torch.compile'd for large draws (bit-identical, tests/test_random_compiled.py) and falls back to this
 code when it cannot compile.
 """
@@ -224,16 +225,30 @@ def _draw(keys: torch.Tensor, shape, dtype: torch.dtype, finish) -> torch.Tensor
 
 
 def _native_draw(kind: str, keys: torch.Tensor, shape, *extra) -> torch.Tensor | None:
-    """The C generator's draws (*batch, *shape) when random_native takes these keys (CPU, library loaded), else None;
-    extra: the normal's backend."""
+    """The project's own kernels' draws (*batch, *shape): the C generator for CPU keys (random_native, library loaded),
+    the fused Triton kernel for CUDA keys (triton_rng); None when neither takes these keys. extra: the normal's
+    backend."""
     from torch_impl import random_native  # noqa: PLC0415 - it imports this module
 
     k0, _ = _key_words(keys)
+    if keys.device.type == "cuda":
+        return _triton_draw(kind, keys, shape, *extra)
     if not random_native.wanted(keys):
         return None
     shape = _shape_tuple(shape)
     out = getattr(random_native, kind)(keys.reshape(-1, 2), math.prod(shape), *extra)     # (B, n)
     return out.reshape(tuple(k0.shape) + shape)
+
+
+def _triton_draw(kind: str, keys: torch.Tensor, shape, *extra) -> torch.Tensor | None:
+    """The fused Triton kernel's draws (*batch, *shape) for CUDA keys (torch_impl.triton_rng), else None; extra: the
+    normal's backend."""
+    from torch_impl import triton_rng  # noqa: PLC0415 - it imports this module lazily too
+
+    k0, _ = _key_words(keys)
+    shape = _shape_tuple(shape)
+    out = triton_rng.draw(kind, keys.reshape(-1, 2), math.prod(shape), *extra)  # (B, n) or None
+    return None if out is None else out.reshape(tuple(k0.shape) + shape)
 
 
 def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = (),
