@@ -164,7 +164,7 @@ def section(err: NonFinite, answer: Answer) -> str:
         *[f"- {where_words(p, a)}" for p, a in err.where[:SHOWN_ROWS]],
         *([f"- and {more} more arrays"] if more > 0 else []),
         f"- the reference's answer to the same call: {answer.note}", "",
-        "The repro folder named below holds this call's input (inputs.npz) and makes the call alone.",
+        "The repro folder, where one is named below, holds this call's input (inputs.npz) and makes the call alone.",
     ])
 
 

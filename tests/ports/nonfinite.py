@@ -119,8 +119,8 @@ class LMNaNForward(LMAdapter):
         return (scores, out[1]) if intermediates else scores
 
 
-class LMRaisingGradient(LMAdapter):
-    """gradient that raises: a protocol break (exit 2), not a numerical failure."""
+class LMRaisingProduct(LMAdapter):
+    """perturbed_mm that raises: a protocol break (exit 2), not a numerical failure."""
 
-    def gradient(self, noise, shaped, sigma):
-        raise FloatingPointError("division by zero in the port's gradient")
+    def perturbed_mm(self, W, A, B, x):
+        raise FloatingPointError("division by zero in the port's product")
