@@ -251,3 +251,28 @@ def test_the_faithful_lm_port_is_never_flagged_by_the_finite_outputs(monkeypatch
                               side=PortSide(CheckedTreePort(LMAdapter(cfg), cfg), cfg))
         assert rows and all(r.verdict == "pass" for r in rows), rows
 
+
+
+def test_a_tree_port_s_nan_the_lm_reference_gives_too_is_not_judged_here():
+    """nonfinite.tree_rows: rows where the LM reference's product on the same call is finite, None (the caller raises
+    the protocol error) where it is NaN too."""
+    from parity import nonfinite
+    from parity.tree_adapter import CheckedTreePort
+    from tests.ports.nonfinite import LMNaNProduct
+
+    cfg = tree_check.sizes()["selftest"]
+    rng = np.random.default_rng(7)
+    W, A, B, x = (rng.standard_normal(s).astype(np.float32) for s in ((4, 6), (2, 4, 2), (2, 6, 2), (2, 3, 6)))
+    with pytest.raises(NonFinite) as err:
+        CheckedTreePort(LMNaNProduct(cfg), cfg).perturbed_mm(W, A, B, x)
+
+    class Reference:
+        def __init__(self, value):
+            self.value = value
+
+        def product(self, W, A, B, x, form):
+            return np.full((2, 3, 4), self.value, np.float32)
+
+    rows = nonfinite.tree_rows("products", err.value, Reference(1.0), cfg, None, tree_check.Row)
+    assert [r.verdict for r in rows] == ["fail"] and "the reference's answer to the same call: finite" in rows[0].cause
+    assert nonfinite.tree_rows("products", err.value, Reference(np.nan), cfg, None, tree_check.Row) is None
