@@ -88,10 +88,13 @@ Loading: `--port package.module:attr`. attr is an adapter object, or a class/fac
 run's `spec.config.Config` (pop, rank, sigma, lr, hidden, layers, group_size) that returns one.
 `CheckedPort` wraps an adapter so that a missing method, a wrong shape or dtype, or an exception
 inside the port becomes a `PortError` naming the method and what was expected (and, for an exception,
-the port's own frames).
+the port's own frames). An output of the right form holding NaN or inf is a `NonFinite` (a PortError carrying
+the output and the call): the check that made the call fails with it where the reference's answer to the same call
+is finite (parity.nonfinite), a numerical failure and not a protocol break.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -144,6 +147,54 @@ class PortError(RuntimeError):
         super().__init__(f"port method `{method}`: {message}")
         self.method = method
         self.original = original
+
+
+class NonFinite(PortError):
+    """`method` returned an output of the right form holding NaN or inf: `where` [(path in the output, array)] for each
+    array that does; `args`, `kwargs` the call as the wrapper (`source`) was given it. parity.nonfinite turns it into
+    the failure of the check that made the call; anywhere else it is a PortError (exit 2), as before."""
+
+    def __init__(self, method: str, output: Any, where: list, args: tuple, kwargs: dict, source: Any,
+                 port_call: tuple | None = None):
+        shown = ", ".join(f"'{'/'.join(map(str, p))}'" if p else "the result" for p, _ in where[:4])
+        super().__init__(method, f"returned NaN or inf in {shown}" + (" ..." if len(where) > 4 else ""))
+        self.output, self.where, self.args, self.kwargs, self.source = output, where, args, kwargs, source
+        self.port_call = port_call      # (method, args, kwargs) as the port itself was called (its inputs, uncopied)
+
+
+def nonfinite_arrays(value: Any, path: tuple = ()) -> list[tuple[tuple, np.ndarray]]:
+    """[(path, array)] of the float arrays in a validated output (dicts, a SplitNoise's parts, tuples) holding NaN
+    or inf; other objects (an optimizer's opaque state) are not looked into."""
+    if isinstance(value, SplitNoise):
+        return nonfinite_arrays(value.forward, path + ("forward",)) + nonfinite_arrays(value.update, path + ("update",))
+    if isinstance(value, Mapping):
+        return [found for k, v in value.items() for found in nonfinite_arrays(v, path + (k,))]
+    if isinstance(value, (tuple, list)):
+        return [found for i, v in enumerate(value) for found in nonfinite_arrays(v, path + (i,))]
+    if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating) and not np.all(np.isfinite(value)):
+        return [(path, value)]
+    return []
+
+
+def finite_outputs(*methods: str, parts: Mapping[str, int] | None = None):
+    """Class decorator for a checked wrapper: each of `methods` raises NonFinite when its validated output (or item
+    `parts[method]` of it: an optimizer step's params, not its opaque state) holds NaN or inf."""
+    def decorate(cls):
+        for name in methods:
+            setattr(cls, name, _finite_method(getattr(cls, name), name, (parts or {}).get(name)))
+        return cls
+    return decorate
+
+
+def _finite_method(fn: Callable, name: str, part: int | None) -> Callable:
+    @functools.wraps(fn)
+    def checked(self, *args, **kwargs):
+        output = fn(self, *args, **kwargs)
+        where = nonfinite_arrays(output if part is None else output[part], () if part is None else (part,))
+        if where:
+            raise NonFinite(name, output, where, args, kwargs, self, getattr(self, "last_call", None))
+        return output
+    return checked
 
 
 def load_port(spec: str, cfg: Any) -> Any:
@@ -289,9 +340,7 @@ def _array(method: str, what: str, value: Any, shape: tuple | None, dtype=np.flo
         raise PortError(method, f"{what} has dtype {arr.dtype}; expected {np.dtype(dtype).name}")
     if shape is not None and tuple(arr.shape) != tuple(shape):
         raise PortError(method, f"{what} has shape {tuple(arr.shape)}; expected {tuple(shape)}")
-    if dtype is not None and np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
-        raise PortError(method, f"{what} contains NaN or inf")
-    return arr
+    return arr          # NaN and inf are judged by the wrapper's finite_outputs, which knows the call
 
 
 def _params(method: str, value: Any, shapes: Shapes) -> dict[str, np.ndarray]:
@@ -374,6 +423,8 @@ def call_port(port: Any, method: str, signatures: Mapping[str, str], *args, **kw
         raise PortError(method, f"raised {type(err).__name__}: {err}", err) from err
 
 
+@finite_outputs("noise", "perturbed_linear", "shape_fitness", "gradient", "forward", "init_params", "optimizer_step",
+                "es_ask", "es_params", "action_uniforms", parts={"optimizer_step": 0})
 class CheckedPort:
     """An adapter wrapped so that every call is validated; `has(method)` tells whether an optional one exists."""
 
@@ -412,6 +463,7 @@ class CheckedPort:
     def _call(self, method: str, *args, **kwargs):
         if self.tape is not None and self.tape.wants(method):
             self._pending = self.tape.before(method, args, kwargs)
+        self.last_call = (method, args, kwargs)          # a NonFinite's repro when the tape does not keep the call
         return call_port(self.port, method, SIGNATURES, *args, **kwargs)
 
     def _taped(self, output):
@@ -478,8 +530,9 @@ class CheckedPort:
                        self._call("action_uniforms", int(seed), int(epoch), int(pop)), None)
         if value.ndim != 2 or value.shape[1] != pop or value.shape[0] < max_steps:
             raise PortError("action_uniforms", f"the uniforms have shape {value.shape}; expected ({max_steps}, {pop})")
-        if value.min() < 0 or value.max() >= 1:
-            raise PortError("action_uniforms", f"the uniforms lie in [{value.min()}, {value.max()}]; expected [0, 1)")
+        finite = value[np.isfinite(value)]             # NaN or inf: finite_outputs' NonFinite
+        if finite.size and (finite.min() < 0 or finite.max() >= 1):
+            raise PortError("action_uniforms", f"the uniforms lie in [{finite.min()}, {finite.max()}]; expected [0, 1)")
         return value
 
     def actions(self, logits: np.ndarray, u: np.ndarray) -> np.ndarray:

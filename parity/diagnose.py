@@ -180,15 +180,16 @@ def _grouped(f: np.ndarray, group_size: int) -> np.ndarray:
     return (g - g.mean(1, keepdims=True)).ravel()
 
 
-def _safe_div(a: np.ndarray, s: float) -> np.ndarray:
-    return np.zeros_like(a) if s == 0 else a / s
+def _over_spread(centred: np.ndarray, spread: float) -> np.ndarray:
+    """centred / spread with no epsilon: NaN (0/0, undefined) where the spread is zero (below 1e-8)."""
+    return np.full_like(centred, np.nan) if spread < 1e-8 else centred / spread
 
 
-# name -> (words, float64 formula (f, group_size) -> shaped, knob value it corresponds to or None)
+# name -> (words, float64 formula (f, group_size) -> shaped, knob value it corresponds to or None); NaN where the
+# formula is 0/0 (a zero spread): matches_candidate takes a port's NaN (no guard) or zeros (a guard) there
 FITNESS_CANDIDATES: dict[str, tuple[str, Callable[[np.ndarray, int], np.ndarray], str | None]] = {
     "jax": ("(f - mean) / sqrt(var + 1e-5)", lambda f, g: _grouped(f, g) / math.sqrt(f.var() + 1e-5), "jax"),
-    "std": ("(f - mean) / std (ddof 0, no epsilon)",
-            lambda f, g: np.zeros_like(f) if f.std() < 1e-8 else _grouped(f, g) / f.std(), "std"),
+    "std": ("(f - mean) / std (ddof 0, no epsilon)", lambda f, g: _over_spread(_grouped(f, g), f.std()), "std"),
     "std_unbiased": ("(f - mean) / (std(ddof 1) + 1e-8)",
                      lambda f, g: _grouped(f, g) / ((f.std(ddof=1) if f.size > 1 else 0.0) + 1e-8), "std_unbiased"),
     "rank": ("centred ranks in [-0.5, 0.5]", lambda f, g: _centred_ranks(f), "rank"),
@@ -198,21 +199,136 @@ FITNESS_CANDIDATES: dict[str, tuple[str, Callable[[np.ndarray, int], np.ndarray]
 }
 
 
-def fitness_cause(matches: dict[str, int], n_shaped: int, n_cases: int, failing: int, worst: str) -> Cause:
-    """matches: candidate -> in how many of the n_shaped vectors the port shaped (of n_cases) it equals the port."""
+def matches_candidate(port: np.ndarray, cand: np.ndarray, allowed: np.ndarray) -> bool:
+    """Whether a port's shaped vector is a candidate's within `allowed`; where the candidate is 0/0 (NaN: a zero
+    spread), a port that divides anyway gives NaN and one that guards the division zeros: either matches."""
+    with np.errstate(invalid="ignore"):
+        close = np.abs(port - cand) <= allowed + 1e-6 * np.abs(cand)
+    return bool(np.all(close | (np.isnan(cand) & (np.isnan(port) | (port == 0)))))
+
+
+UNGROUPED = "; it ignores group_size (grouped fitness centred by the population's mean; CartPole runs use no groups)"
+
+
+def fitness_cause(matches: dict[str, int], n_shaped: int, n_cases: int, failing: int, worst: str,
+                  ungrouped: frozenset = frozenset(), also: str = "") -> Cause:
+    """matches: candidate -> in how many of the n_shaped vectors the port shaped (of n_cases) it equals the port;
+    ungrouped: the candidates it equals on some grouped vector only with group_size ignored; also: a sentence added
+    (zero_spread_sentence)."""
+    also = f"; {also}" if also else ""
     full = [name for name, count in matches.items() if n_shaped and count == n_shaped and name != "jax"]
     if full:
         name = full[0]
         words, _, knob_value = FITNESS_CANDIDATES[name]
         extra = f" (as fitness={knob_value})" if knob_value else ""
         return cause("fitness", f"the port's shaped fitness is {words}{extra}, the reference's "
-                                f"{FITNESS_CANDIDATES['jax'][0]}; {failing} of {n_cases} vectors differ, worst {worst}")
+                                f"{FITNESS_CANDIDATES['jax'][0]}; {failing} of {n_cases} vectors differ, worst {worst}"
+                                + (UNGROUPED if name in ungrouped else "") + also)
+    if n_shaped and matches.get("jax") == n_shaped and "jax" in ungrouped:
+        return other("fitness shaping", f"the port's shaped fitness is the reference's {FITNESS_CANDIDATES['jax'][0]} "
+                                        f"but for groups{UNGROUPED}; {failing} of {n_cases} vectors differ{also}")
     best = max((n for n in matches if n != "jax"), key=lambda n: matches[n], default=None)
     hint = ""
     if best is not None and matches[best] > 0:
         hint = f"; closest known shaping: {FITNESS_CANDIDATES[best][0]} ({matches[best]} of {n_shaped} vectors)"
     return cause("fitness", f"the port's shaped fitness differs on {failing} of {n_cases} vectors (worst {worst}) "
-                            f"and is none of the known shapings{hint}")
+                            f"and is none of the known shapings{hint}{also}")
+
+
+def nonfinite_count(x: np.ndarray) -> str:
+    """Where an array holds NaN or inf, in words: 'NaN at 64 of 64 values', 'NaN at 3 and +inf at 1 of 64 values'."""
+    x = np.asarray(x)
+    kinds = [(int(np.isnan(x).sum()), "NaN"), (int(np.isposinf(x).sum()), "+inf"), (int(np.isneginf(x).sum()), "-inf")]
+    return " and ".join(f"{word} at {n}" for n, word in kinds if n) + f" of {x.size} values"
+
+
+def zero_spread(f: np.ndarray, group_size: int = 0) -> str:
+    """In words, where a fitness vector has no spread to divide by ('' where it has): the whole vector, or a group."""
+    f = np.asarray(f, np.float64).ravel()
+    if f.size and np.all(np.isfinite(f)) and f.std() == 0:
+        return f"every value is {fmt(f[0])}: spread 0"
+    if group_size and f.size % group_size == 0 and np.all(np.isfinite(f)):
+        flat = np.nonzero(f.reshape(-1, group_size).std(1) == 0)[0]
+        if flat.size:
+            return (f"group {int(flat[0])} (of size {group_size}) holds {fmt(f[flat[0] * group_size])} only: "
+                    f"spread 0" + (f", and {flat.size - 1} more groups" if flat.size > 1 else ""))
+    return ""
+
+
+def zero_spread_sentence(case: str, spread: str, returned: str) -> str:
+    """The sentence for a shaping that divides by a zero spread: on which input, what it returned, what would fix it."""
+    return (f"the port divides by a zero spread: on {case} ({spread}) it returns {returned} (0/0, no epsilon), where "
+            "the reference's sqrt(var + 1e-5) gives zeros: add an epsilon to the spread, or return zeros where it is 0")
+
+
+# ----------------------------------------------------------------------------- NaN or inf out of finite input
+_DRAW = ("a draw at u = 0 or 1 (log(0) in a Box-Muller normal, an inverse CDF at 0 or 1), or a scale such as "
+         "sigma / sqrt(rank) that divides by zero")
+_PRODUCT = "an overflow, or a buffer read before it is written (torch.empty, np.empty)"
+_STEP = ("a division by zero in the step, such as adam's m / (sqrt(v) + eps) with eps = 0 where a gradient entry is "
+         "zero (0/0)")
+NONFINITE_HINTS = {
+    "shape_fitness": "a division by the fitness' spread without an epsilon",
+    "noise": _DRAW, "es_ask": _DRAW,
+    "perturbed_linear": _PRODUCT, "perturbed_mm": _PRODUCT, "perturbed_tmm": _PRODUCT,
+    "forward": ("a normalisation dividing by a zero variance without an epsilon, a log or exp of extreme values, "
+                "or " + _PRODUCT),
+    "gradient": "a division by zero (by N, by sigma, by a spread), or a buffer read before it is written",
+    "optimizer_step": _STEP, "update": _STEP,
+    "es_params": ("the port's own step: its shaping of the returns (0/0 where they are equal), its gradient or "
+                  "its optimizer (" + _STEP + ")"),
+    "init_params": "a scale with a zero denominator (1/sqrt(fan_in)), or a buffer read before it is written",
+    "action_uniforms": "a division by zero turning random bits into uniforms",
+}
+SPREAD_ARGS = ("f", "shaped", "fitness", "scores")
+
+
+def _input_finding(named: Sequence[tuple[str, object]]) -> str:
+    """What in the call's input explains a NaN: a fitness-like argument with no spread, or an all-zero one."""
+    group = next((int(v) for k, v in named if k == "group_size" and isinstance(v, (int, np.integer))), 0)
+    for name, value in named:
+        if name not in SPREAD_ARGS or not isinstance(value, np.ndarray) or value.ndim != 1:
+            continue
+        if value.size and not np.any(value):
+            return f"the `{name}` it was given is all zero: a division by its spread or norm without an epsilon is 0/0"
+        spread = zero_spread(value, group if name == "f" else 0)
+        if spread:
+            return (f"the port divides by a zero spread: the `{name}` it was given has none ({spread}), and a "
+                    "division by it without an epsilon is 0/0")
+    return ""
+
+
+def nonfinite_cause(method: str, named: Sequence[tuple[str, object]], where: Sequence, reference: str) -> Cause:
+    """Why a port's `method` returned NaN or inf (where: [(path, array)]) on finite input (named: its arguments),
+    the reference's answer being `reference` ('finite' or why it was not asked): the input's finding, else the
+    method's usual suspects, with what the output shows (only inf: an overflow or x / 0)."""
+    arrays = [a for _, a in where]
+    only_inf = not any(np.isnan(a).any() for a in arrays)
+    everywhere = all(not np.isfinite(a).any() for a in arrays)
+    likely = _input_finding(named) or NONFINITE_HINTS.get(method, "a division by zero, an overflow, or a buffer "
+                                                                  "read before it is written")
+    if only_inf:
+        likely += "; only inf, no NaN: an overflow or a division x / 0"
+    seen = "; ".join(f"{nonfinite_count(a)} of {path_words(p)}" for p, a in list(where)[:3])
+    if everywhere and not only_inf:
+        seen += ": every value (one NaN early on spreads through every sum)"
+    return Cause(None, f"numerical failure: the port's `{method}` returns NaN or inf on finite input ({seen}); the "
+                       f"reference's answer to the same call: {reference}; likely {likely}")
+
+
+def path_words(path: Sequence) -> str:
+    """An array's place in a port's output in words: "'0.weight' A" (a pair's factors), "'0.bias'" (an optimizer
+    step's params: the leading index dropped), 'the result'."""
+    parts = list(path)
+    if parts and isinstance(parts[0], (int, np.integer)):
+        parts = parts[1:]
+    words = []
+    for part in parts:
+        if isinstance(part, (int, np.integer)) and words:
+            words.append("AB"[part] if part in (0, 1) else str(part))
+        else:
+            words.append(f"'{part}'")
+    return " ".join(words) or "the result"
 
 
 # ----------------------------------------------------------------------------- forward / activation

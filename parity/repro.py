@@ -33,12 +33,13 @@ FOLDER = "repro"
 MARKER = "call.json"          # a folder under <out>/repro holding it is ours to replace
 SCRIPT = Path(__file__).with_name("repro_script.py")
 TAPED = frozenset({"noise", "perturbed_linear", "shape_fitness", "gradient", "forward", "init_params", "actions"})
-TAPED_TREE = frozenset({"shape_fitness", "perturbed_mm", "perturbed_tmm", "gradient", "init_params"})   # a tree port
+TAPED_TREE = frozenset({"shape_fitness", "perturbed_mm", "perturbed_tmm", "gradient", "init_params", "noise",
+                        "forward"})      # a tree port (noise and forward: the repro of a NaN or inf they return)
 TAPED_TREE_TORCH = frozenset({"shape", "products", "grads", "init"})     # parity.tree_torch.TorchTree
 KEEP = 16                     # calls kept on the tape: a check compares right after the calls it makes
 # The checks that witness comparisons (both suites' names): the tape copies inputs only while one of them runs, so a
 # trajectory's thousands of forward calls cost nothing.
-WITNESSING = frozenset({"fitness", "products", "gradients", "actions", "init", "noise"})
+WITNESSING = frozenset({"fitness", "products", "gradients", "actions", "init", "noise", "forward"})
 
 
 class Call(NamedTuple):
@@ -240,6 +241,11 @@ class Collector:
                                              np.array(reference, np.float64),
                                              np.broadcast_to(np.asarray(allowed, np.float64), np.shape(port)).copy(),
                                              why, ratio)
+
+    def keep(self, evidence: Evidence) -> None:
+        """Make `evidence` the running check's, in place of any comparison it kept: a failure that stopped the check
+        (a port output holding NaN or inf, parity.nonfinite)."""
+        self.evidence[self.check] = evidence
 
     def replay(self, label: str, steps: Sequence[Step], result: str, port: Mapping, reference: Mapping,
                allowed: Mapping, why: str, paths: Mapping | None = None) -> None:

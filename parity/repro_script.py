@@ -89,6 +89,17 @@ def as_float64(value):
     return np.asarray(value.detach().cpu() if hasattr(value, "detach") else value, np.float64)
 
 
+def largest(diff):
+    """max |port - reference| (NaN where the port gave NaN; 0 for no elements)."""
+    return float(np.max(diff)) if diff.size else 0.0
+
+
+def nonfinite(out):
+    """'' for a finite output, else how many of its values are NaN or inf (the failure this repro shows)."""
+    bad = int(np.sum(~np.isfinite(out)))
+    return f" (the port's output holds NaN or inf at {bad} of {out.size} values)" if bad else ""
+
+
 def run_steps(port, steps, arrays):
     """Call the port's methods in order; an argument {"t": "var"} is an earlier step's output by name.
     Returns {name: output}."""
@@ -140,13 +151,13 @@ def replay(call, arrays):
         diff = np.abs(out - ref[key])
         beyond = ~(diff <= allowed[key])
         beyond_total, size = beyond_total + int(beyond.sum()), size + beyond.size
-        moved = moved or not np.array_equal(out, during[key].astype(np.float64))
+        moved = moved or not np.array_equal(out, during[key].astype(np.float64), equal_nan=True)
         if diff.size:
             ratio = np.where(np.isnan(diff), np.inf, diff / np.maximum(allowed[key], 1e-300))
             at = np.unravel_index(int(np.argmax(ratio)), diff.shape)
             if worst is None or ratio[at] > worst[0]:
                 worst = (ratio[at], key, at, out[at], ref[key][at], diff[at], allowed[key][at])
-        print(f"  {key}: max |port - reference| {np.nanmax(diff) if diff.size else 0.0:.6g}, "
+        print(f"  {key}: max |port - reference| {largest(diff):.6g}{nonfinite(out)}, "
               f"{int(beyond.sum())} of {beyond.size} beyond")
     if worst is not None:
         _, key, at, o, r, d, a = worst
@@ -181,7 +192,7 @@ def recompute(call, arrays):
     print(f"  inputs (inputs.npz): {', '.join(shown(a) for a in args)}")
     print(f"  {test['kind']} of {values.size} values: {value:.6g}; allowed [{lo:.6g}, {hi:.6g}] "
           f"({call['allowed_why']}); during the check {test['value']:.6g}")
-    if not np.array_equal(out, arrays["port_during_check"].astype(np.float64)):
+    if not np.array_equal(out, arrays["port_during_check"].astype(np.float64), equal_nan=True):
         print("  note: the port's draws differ from those during the check (edited, or drawn afresh)")
     ok = lo <= value <= hi
     print("PASS: the statistic is within its interval" if ok else "FAIL: the statistic is still outside its interval")
@@ -213,13 +224,13 @@ def main():
     what = call["method"] + "()" + "".join(f"[{key!r}]" for key in call["path"])
     print(f"check {call['check']}, case {call['case']}: port {what}, output shape {out.shape}")
     print(f"  inputs (inputs.npz): {', '.join(shown(a) for a in args)}")
-    print(f"  max |port - reference|  {np.nanmax(diff) if diff.size else 0.0:.6g}")
+    print(f"  max |port - reference|  {largest(diff):.6g}{nonfinite(out)}")
     if diff.size:
         print(f"  worst element {tuple(int(i) for i in worst)}: port {out[worst]:.9g}, reference {ref[worst]:.9g}, "
               f"|diff| {diff[worst]:.6g}, allowed {allowed[worst]:.6g}")
     print(f"  elements beyond the allowed difference: {int(beyond.sum())} of {beyond.size} "
           f"(allowed: {call['allowed_why']})")
-    if not np.array_equal(out, arrays["port_during_check"].astype(np.float64)):
+    if not np.array_equal(out, arrays["port_during_check"].astype(np.float64), equal_nan=True):
         print("  note: the port's output differs from what it returned during the check (edited, or not deterministic)")
     print("FAIL: the port still differs from the reference" if beyond.any() else "PASS: within the allowed difference")
     return 1 if beyond.any() else 0

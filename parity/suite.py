@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from parity.adapter import CheckedPort, PortError, declared_config, port_trace
+from parity.adapter import CheckedPort, NonFinite, PortError, declared_config, port_trace
 from parity.tape import Bundle, NotRecorded
 from parity.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_status_row
 from spec.config import PRESETS, Config
@@ -155,13 +155,18 @@ def not_recorded(name: str, err: NotRecorded) -> CheckResult:
 
 
 def run_check(name: str, ctx: Context) -> CheckResult:
-    """Run one check; a PortError becomes an `error` verdict that names the method, what was expected and where."""
+    """Run one check; a PortError becomes an `error` verdict that names the method, what was expected and where; the
+    port's NaN or inf where the reference's answer is finite a `fail` (parity.nonfinite)."""
     module = importlib.import_module(f"parity.checks.{name}")
     start = time.perf_counter()
     try:
         result = module.run(ctx)
     except NotRecorded as err:
         result = not_recorded(name, err)
+    except NonFinite as err:
+        from parity import nonfinite
+        result = (nonfinite.check_result(name, err, ctx) if err.source is ctx.port else None) \
+            or protocol_error(name, err, ctx.port.port)
     except PortError as err:
         missing = err.original if isinstance(err.original, NotRecorded) else None
         result = not_recorded(name, missing) if missing is not None else protocol_error(name, err, ctx.port.port)

@@ -63,7 +63,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from parity.adapter import PortError, UsageError, _array, call_port, has_methods
+from parity.adapter import PortError, UsageError, _array, call_port, finite_outputs, has_methods
 from spec.lm import LMConfig, lm_tree
 from spec.tree import CLASSES, Leaf, Tree, TreeError, check_params, tree_from_maps
 
@@ -181,8 +181,11 @@ def _leaf_noise(method: str, leaf: Leaf, value: Any, m: int, rank: int):
     return _array(method, f"eps of '{leaf.path}'", value, (m, *leaf.shape))
 
 
+@finite_outputs("noise", "perturbed_mm", "perturbed_tmm", "shape_fitness", "gradient", "init_params", "forward",
+                "update", "es_ask", "es_params")
 class CheckedTreePort:
-    """A tree adapter wrapped so that every call is validated against the LM's tree (PortError when broken)."""
+    """A tree adapter wrapped so that every call is validated against the LM's tree (PortError when broken; NaN or
+    inf in an output: parity.adapter.NonFinite, a failed check where the reference is finite, parity.tree_check)."""
 
     def __init__(self, port: Any, cfg: LMConfig):
         self.port, self.cfg, self.tree = port, cfg, lm_tree(cfg)
@@ -193,6 +196,7 @@ class CheckedTreePort:
         return has_methods(self.port, method, GROUPS)
 
     def _call(self, method: str, *args, **kwargs):
+        self.last_call = (method, args, kwargs)          # a NonFinite's repro when the tape does not keep the call
         return call_port(self.port, method, SIGNATURES, *args, **kwargs)
 
     def _params(self, method: str, value: Any) -> dict[str, np.ndarray]:

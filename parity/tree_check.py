@@ -504,6 +504,7 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     replay_reference: a bundle); a check needing a call the bundle cannot answer is skipped with the reason.
     `against`: a bundle folder in place of `reference` (UsageError, before any work, for one that does not hold
     this configuration and seed)."""
+    from parity.adapter import NonFinite
     from parity.tape import NotRecorded
     if against is not None:
         from parity.tree_vectors import bundle_reference
@@ -532,10 +533,22 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
         except NotRecorded as err:
             got = [Row(name, "-", float("nan"), "-", "skip", f"the bundle cannot answer the reference's "
                                                                f"`{err.method}` here: {err.why}")]
+        except NonFinite as err:              # the port's NaN or inf: a failure where the reference's is finite
+            got = _nonfinite_rows(name, err, R, cfg, side, repro)
         rows += got
         fails = [r for r in got if r.verdict == "fail"]
         log(f"{name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "
             f"({len(got)} rows, {time.perf_counter() - t0:.1f} s)" + (f"  {fails[0].cause}" if fails else ""))
+    return rows
+
+
+def _nonfinite_rows(name: str, err, R, cfg: LMConfig, side, repro) -> list[Row]:
+    """parity.nonfinite's failing rows for the port's NaN or inf; raised on (a protocol break) where it is not the
+    port's, or the reference's answer to the same call is non-finite too."""
+    from parity import nonfinite
+    rows = nonfinite.tree_rows(name, err, R, cfg, repro, Row) if err.source is getattr(side, "port", None) else None
+    if rows is None:
+        raise err
     return rows
 
 

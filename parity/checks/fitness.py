@@ -8,16 +8,22 @@ parity.tolerances.shaping_bound on each side, summed (deterministic).
 NaN or infinite fitness: upstream EggRoll validates neither, and neither does the reference, so a
 port that accepts them behaves like upstream: an `info` row with advice (a warning), never a drift
 and never a change of the exit code. A port that rejects them is reported the same way.
+
+NaN or inf shaped out of finite fitness (the reference's is finite on every vector here) fails the vector; where
+the vector has no spread (the constant one) the cause says the port divides by a zero spread, and the diagnosis'
+candidates match it (parity.diagnose.matches_candidate: `std`'s 0/0 there is a NaN or, guarded, zeros). A port that
+ignores group_size is matched with groups left out, and the cause says so.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from parity import diagnose
-from parity.adapter import PortError
+from parity.adapter import NonFinite, PortError
 from parity.tolerances import shaping_bound
 from parity.verdict import Recorder, fmt, summarize
 
@@ -46,8 +52,10 @@ class Shaped(NamedTuple):
     """One vector's outcome: the port's shaping against the reference's."""
 
     label: str
-    ratio: float | None      # max |port - ref| / (both sides' float32 bound); None when the port raised
-    note: str                # "max |diff| ..." or what the port raised
+    ratio: float | None      # max |port - ref| / (both sides' float32 bound); None when the port raised; NaN or inf
+    note: str                # "max |diff| ..." or what the port raised or its NaN / inf
+    finite: bool = True      # False: the port returned NaN or inf (note: where), the reference a finite vector
+    spread: str = ""         # its NaN / inf on a vector with no spread: that vector's zero spread in words
 
 
 class Rejection(NamedTuple):
@@ -65,13 +73,34 @@ class Measured(NamedTuple):
     matches: dict[str, int]           # diagnosis candidate -> vectors it reproduces
     cases: int
     rejections: tuple[Rejection, ...]
+    ungrouped: frozenset = frozenset()   # candidates that reproduce a grouped vector only with group_size ignored
 
 
-def _shape_one(ctx, label: str, f: np.ndarray, group: int, matches: dict[str, int]) -> Shaped | str:
-    """Shape one vector on both sides; a str when the port does not implement this case."""
+def _count_matches(port, f: np.ndarray, group: int, allowed, matches: dict[str, int], ungrouped: set) -> None:
+    """Add the candidates that reproduce the port's vector (with its groups, else without: `ungrouped`)."""
+    f64 = f.astype(np.float64)
+    for name, (_, formula, _) in diagnose.FITNESS_CANDIDATES.items():
+        for g in dict.fromkeys((group, 0)):
+            try:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    cand = formula(f64, g)
+            except Exception:      # a candidate that does not apply to this vector
+                continue
+            if diagnose.matches_candidate(port, cand, allowed):
+                matches[name] += 1
+                if g != group:
+                    ungrouped.add(name)
+                break
+
+
+def _shape_one(ctx, label: str, f: np.ndarray, group: int, matches: dict[str, int], ungrouped: set) -> Shaped | str:
+    """Shape one vector on both sides; a str when the port does not implement this case. The reference's output is
+    validated finite first, so a NaN or inf of the port's is its own (judged, not a protocol break)."""
     ref = ctx.ref.shape_fitness(f, group)
     try:
         port = ctx.port.shape_fitness(f, group)
+    except NonFinite as err:
+        port = err.output
     except PortError as err:
         if err.original is None:
             raise
@@ -81,16 +110,11 @@ def _shape_one(ctx, label: str, f: np.ndarray, group: int, matches: dict[str, in
     allowed = 2 * shaping_bound(f)                                          # (N,) both sides
     ctx.witness(label, port, port, ref, allowed,
                 "the float32 shaping bound of both sides (parity.tolerances.shaping_bound)")
-    f64 = f.astype(np.float64)
-    for name, (_, formula, _) in diagnose.FITNESS_CANDIDATES.items():
-        try:
-            cand = formula(f64, group)
-        except Exception:          # a candidate that does not apply to this vector
-            continue
-        if np.all(np.abs(port - cand) <= allowed + 1e-6 * np.abs(cand)):
-            matches[name] += 1
+    _count_matches(port, f, group, allowed, matches, ungrouped)
     ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / allowed))
-    return Shaped(label, ratio, f"max |diff| {fmt(float(np.max(np.abs(port - ref))))}")
+    if np.all(np.isfinite(port)):
+        return Shaped(label, ratio, f"max |diff| {fmt(float(np.max(np.abs(port - ref))))}")
+    return Shaped(label, ratio, diagnose.nonfinite_count(port), False, diagnose.zero_spread(f, group))
 
 
 NONFINITE = (("NaN", np.nan), ("+inf", np.inf), ("-inf", -np.inf))
@@ -127,20 +151,28 @@ def _rejections(ctx) -> tuple[Rejection, ...]:
 
 def measure(ctx) -> Measured:
     cases = vectors(ctx)
-    matches = {name: 0 for name in diagnose.FITNESS_CANDIDATES}
-    outcomes = [_shape_one(ctx, label, f, group, matches) for label, f, group in cases]
+    matches, ungrouped = {name: 0 for name in diagnose.FITNESS_CANDIDATES}, set()
+    outcomes = [_shape_one(ctx, label, f, group, matches, ungrouped) for label, f, group in cases]
     return Measured(tuple(o for o in outcomes if isinstance(o, Shaped)),
-                    tuple(o for o in outcomes if isinstance(o, str)), matches, len(cases), _rejections(ctx))
+                    tuple(o for o in outcomes if isinstance(o, str)), matches, len(cases), _rejections(ctx),
+                    frozenset(ungrouped))
+
+
+def _cause(m: Measured, bad: list[Shaped]):
+    """The fitness cause of the failing vectors (the worst: a raise, a NaN or inf, else the largest ratio)."""
+    worst = max(bad, key=lambda s: s.ratio if s.ratio is not None and math.isfinite(s.ratio) else math.inf)
+    produced = sum(s.ratio is not None for s in m.shaped)
+    spread = next((s for s in m.shaped if s.spread), None)
+    kinds = " and ".join(k for k in ("NaN", "+inf", "-inf") if spread and k in spread.note)
+    also = diagnose.zero_spread_sentence(spread.label, spread.spread, kinds) if spread else ""
+    return diagnose.fitness_cause(m.matches, produced, m.cases, len(bad), f"{worst.label}: {worst.note}", m.ungrouped,
+                                  also)
 
 
 def judge(m: Measured) -> Recorder:
     rec = Recorder(NAME)
-    bad = [s for s in m.shaped if s.ratio is None or s.ratio > 1.0]
-    found = None
-    if bad:
-        worst = max(bad, key=lambda s: np.inf if s.ratio is None else s.ratio)
-        produced = sum(s.ratio is not None for s in m.shaped)
-        found = diagnose.fitness_cause(m.matches, produced, m.cases, len(bad), f"{worst.label}: {worst.note}")
+    bad = [s for s in m.shaped if s.ratio is None or not s.ratio <= 1.0]
+    found = _cause(m, bad) if bad else None
     for s in m.shaped:
         if s.ratio is None:
             rec.fail("shaped fitness", "port", s.label, float("nan"), "returns a shaped vector", found)
@@ -177,6 +209,9 @@ def section(m: Measured) -> str:
         "Candidates the diagnosis tries when a vector differs: " + "; ".join(
             f"{k}: {v[0]}" for k, v in diagnose.FITNESS_CANDIDATES.items()) + ".",
         "",
+        *(["NaN or inf shaped out of finite fitness (the reference's shaping of each is finite; a failure):",
+           *[f"- {s.label}: the port returns {s.note}" + (f" ({s.spread})" if s.spread else "")
+             for s in m.shaped if not s.finite], ""] if not all(s.finite for s in m.shaped) else []),
         "Non-finite fitness (reported, never a drift: upstream EggRoll validates none):",
         *[f"- {r.label}: port says `{r.port_error}`; reference says `{r.reference_error}`" for r in m.rejections],
         *([f"- warning: the port accepts non-finite fitness, as upstream EggRoll does; {ADVICE}."]

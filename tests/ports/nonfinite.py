@@ -1,0 +1,126 @@
+"""Ports that return NaN or inf on finite input, each a faithful example adapter with one method overridden: the suite
+must fail the check that makes the call (exit 1), with the input and the likely cause, never call it a protocol break.
+
+`NoEpsilonStd` is the commonest shaping written by hand, (f - f.mean()) / f.std(): NaN on a constant fitness vector.
+The others put a NaN or an inf into one output of a faithful port, where a real port's bug would (a product, the
+noise, a gradient, a forward, the optimizer's step)."""
+from __future__ import annotations
+
+import numpy as np
+
+from examples.hooks_adapter import HooksAdapter
+from examples.minimal_adapter import MinimalAdapter
+
+
+class NoEpsilonStd(MinimalAdapter):
+    """The minimal adapter shaping by (f - mean) / std with no epsilon (and no groups): NaN where f is constant."""
+
+    name = "minimal adapter, (f - f.mean()) / f.std()"
+
+    def shape_fitness(self, f, group_size=0):
+        with np.errstate(invalid="ignore"):          # 0/0 on a constant vector: the NaN this port returns
+            return (f - f.mean()) / f.std()
+
+
+class NaNProduct(MinimalAdapter):
+    """perturbed_linear with a NaN in member 1's first output (as a buffer read before it is written)."""
+
+    def perturbed_linear(self, W, A, B, x):
+        out = super().perturbed_linear(W, A, B, x)
+        out[1, 0, 0] = np.nan
+        return out
+
+
+class InfNoise(MinimalAdapter):
+    """noise whose last member's first A entry is +inf (a log(0) of a Box-Muller draw)."""
+
+    def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
+        out = super().noise(shapes, seed, epoch, members, pop, sigma, rank)
+        A, B = out["0.weight"]
+        A = A.copy()
+        A[-1, 0, 0] = np.inf
+        out["0.weight"] = (A, B)
+        return out
+
+
+class NaNGradient(MinimalAdapter):
+    """gradient with its '1.weight' all NaN."""
+
+    def gradient(self, noise, shaped, sigma):
+        out = super().gradient(noise, shaped, sigma)
+        out["1.weight"] = np.full_like(out["1.weight"], np.nan)
+        return out
+
+
+class NaNForward(HooksAdapter):
+    """The hooks example whose forward returns NaN logits for its first member."""
+
+    def forward(self, params, noise, x):
+        out = np.array(super().forward(params, noise, x))
+        out[0] = np.nan
+        return out
+
+
+class NaNStep(HooksAdapter):
+    """The hooks example whose optimizer step returns NaN biases of layer 0 (as adam with eps = 0 on a zero gradient)."""
+
+    def optimizer_step(self, params, state, noise, shaped, sigma, epoch):
+        new, state = super().optimizer_step(params, state, noise, shaped, sigma, epoch)
+        new = dict(new)
+        new["0.bias"] = np.full_like(new["0.bias"], np.nan)
+        return new, state
+
+
+# --port takes an object or a class called with the run's config; the minimal adapter's classes take none
+no_epsilon_std, nan_product, inf_noise, nan_gradient = NoEpsilonStd(), NaNProduct(), InfNoise(), NaNGradient()
+
+
+# ----------------------------------------------------------------------------- the LM suite's tree protocol
+from examples.lm_adapter import LMAdapter  # noqa: E402
+
+
+class LMNaNProduct(LMAdapter):
+    """perturbed_mm with a NaN in member 0's first output."""
+
+    def perturbed_mm(self, W, A, B, x):
+        out = super().perturbed_mm(W, A, B, x)
+        out[0, 0, 0] = np.nan
+        return out
+
+
+class LMInfNoise(LMAdapter):
+    """noise whose first low-rank leaf has a +inf in its last member's A."""
+
+    def noise(self, seed, epoch, members, pop, sigma, rank):
+        out = super().noise(seed, epoch, members, pop, sigma, rank)
+        path = next(p for p, v in out.items() if isinstance(v, tuple))
+        A = out[path][0].copy()
+        A[-1].flat[0] = np.inf
+        out[path] = (A, out[path][1])
+        return out
+
+
+class LMNaNGradient(LMAdapter):
+    """gradient with its head leaf all NaN."""
+
+    def gradient(self, noise, shaped, sigma):
+        out = super().gradient(noise, shaped, sigma)
+        out["head"] = np.full_like(out["head"], np.nan)
+        return out
+
+
+class LMNaNForward(LMAdapter):
+    """forward whose member 1 scores NaN (its intermediates as they are)."""
+
+    def forward(self, params, noise, tokens, intermediates=False):
+        out = super().forward(params, noise, tokens, intermediates)
+        scores = np.array(out[0] if intermediates else out)
+        scores[1] = np.nan
+        return (scores, out[1]) if intermediates else scores
+
+
+class LMRaisingProduct(LMAdapter):
+    """perturbed_mm that raises: a protocol break (exit 2), not a numerical failure."""
+
+    def perturbed_mm(self, W, A, B, x):
+        raise FloatingPointError("division by zero in the port's product")
