@@ -45,14 +45,13 @@ def _t(a) -> torch.Tensor:
 class GPTAdapter:
     """examples/gpt_port.py's GPT and its EGGROLL behind the tree protocol."""
 
-    jax_compatible_rng = True          # the port draws JAX's numbers (torch_impl.random): compared element by element
-
-    def __init__(self, knobs: TreeKnobs = TreeKnobs(), **settings):
+    def __init__(self, knobs: TreeKnobs = TreeKnobs(), model: GPTConfig = GPTConfig(), **settings):
         es = dataclasses.replace(ESConfig(), **settings)       # e.g. GPTAdapter(pop=8, freeze_nonlora=False)
-        self.port = EggrollGPT(GPTConfig(), es, knobs)
+        self.port = EggrollGPT(model, es, knobs)
         self.tree = self.port.tree
         self.init_laws = gpt_port.init_laws(self.port.model)
         self.name = "examples.gpt_adapter (nanoGPT-style GPT)" + ("" if knobs == TreeKnobs() else f" {knobs}")
+        self.jax_compatible_rng = knobs.rng == "jax"      # JAX's numbers (torch_impl.random): compared draw by draw
         for setting in ("pop", "rank", "sigma", "lr", "group_size", "noise_reuse", "freeze_nonlora"):
             setattr(self, setting, getattr(es, setting))
 

@@ -112,7 +112,12 @@ def load_tree_port(spec: str, cfg: LMConfig | None) -> Any:
         raise UsageError(f"--port {spec}: importing module {module_name!r} raised {type(err).__name__}: {err}") from err
     if not hasattr(module, attr):
         raise UsageError(f"--port {spec}: module {module_name!r} has no attribute {attr!r}")
-    obj = getattr(module, attr)
+    return built_tree_port(getattr(module, attr), cfg, spec, attr)
+
+
+def built_tree_port(obj: Any, cfg: LMConfig | None, spec: str, attr: str = "adapter") -> Any:
+    """`obj`, or what it builds when it is a class or factory (a callable without `noise`): obj(cfg), or obj() when
+    cfg is None (--task tree); UsageError if that raises or the adapter lacks a required method."""
     if inspect.isclass(obj) or (callable(obj) and not hasattr(obj, "noise")):
         try:
             obj = obj(cfg) if cfg is not None else obj()

@@ -210,12 +210,13 @@ def fitness_text(f: np.ndarray, port: np.ndarray, g: int) -> str:
     if np.allclose(port, _group_var(f, g), rtol=1e-4, atol=1e-5):
         return cause("group_fitness", "each group is divided by its own spread, not by the global variance")
     f64 = f.astype(np.float64)
-    for name, (words, formula, knob_value) in diagnose.FITNESS_CANDIDATES.items():
-        if name != "jax" and np.allclose(port, formula(f64, g), rtol=1e-4, atol=1e-5):
-            return diagnose.cause("fitness", f"the port's shaped fitness is {words}"
-                                             + (f" (as fitness={knob_value})" if knob_value else "")
-                                             + f", the reference's {diagnose.FITNESS_CANDIDATES['jax'][0]} with group "
-                                               f"means").text
+    for groups, note in ((g, " with group means"), (0, " over the whole population (its groups ignored)")):
+        for name, (words, formula, knob_value) in diagnose.FITNESS_CANDIDATES.items():
+            if name != "jax" and np.allclose(port, formula(f64, groups), rtol=1e-4, atol=1e-5):
+                return diagnose.cause("fitness", f"the port's shaped fitness is {words}{note}"
+                                                 + (f" (as fitness={knob_value})" if knob_value else "")
+                                                 + f", the reference's {diagnose.FITNESS_CANDIDATES['jax'][0]} with "
+                                                   f"group means and the global variance").text
     return "fitness shaping differs"
 
 
@@ -451,8 +452,8 @@ def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
     fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
                                cfg.sigma)
     fit = optscale.best_match(fits, MATCH)
-    if fit is None:
-        return diagnose.optimizer_cause(None, "sgd", worst).text
+    if fit is None or (fit.name == "1" and fit.optimizer != "sgd"):
+        return diagnose.optimizer_cause(fit and fit.optimizer, "sgd", worst).text
     return diagnose.scaled_optimizer_cause(fit, "sgd", optscale.words(fit, cfg.sigma, cfg.pop), worst).text
 
 

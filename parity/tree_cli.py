@@ -115,8 +115,6 @@ def main(argv: list[str]) -> int:
               f"{tree_check.FORWARD_ULPS} ulps of scale for the forward); a side without JAX's draws is checked in "
               f"distribution: parity/tree_dist.py's docstring (each test's alpha, {tree_dist.FALSE_ALARM:.2g} per run "
               "in all)"]
-    if args.task == "tree":
-        header.append(f"- forward: {tree_check.FOREIGN_FORWARD}")
     unseen = [f"{r.quantity}: {r.cause}" for r in rows if r.verdict == "skip" and r.quantity.startswith("knob `")]
     header += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
     tree_check.write(args.out, rows, header, repro_lines(args, argv, rows, collector, recipe))
@@ -151,7 +149,7 @@ def load_port(args, cfg, bundle, reference):
     if bundle is not None:
         from parity.tree_vectors import tree_bundle_reference
         reference = tree_bundle_reference(bundle, run)
-    return port, run, lines, reference
+    return port, run, lines + [f"forward: {tree_check.FOREIGN_FORWARD}"], reference
 
 
 def repro_setup(args, cfg):

@@ -261,8 +261,8 @@ def _antithetic_row(leaf: Leaf, value, q: str) -> Row:
     worst = float(np.max(gap - bound))
     return exact_row("noise", f"{q}: antithetic pairs, max (|E_2k + E_2k+1| - bound)", worst,
                      "<= 0 (member 2k+1 = -member 2k; float64 rounding of the products)", worst <= 0,
-                     "" if worst <= 0 else pairing_text(leaf, d) or
-                     f"{leaf.path}: member 2k+1 is not the negation of member 2k (interleaved antithetic pairs)")
+                     "; ".join(filter(None, [f"{leaf.path}: member 2k+1 is not the negation of member 2k "
+                                             f"(interleaved antithetic pairs)", worst > 0 and pairing_text(leaf, d)])))
 
 
 def _slices_row(leaf: Leaf, value, q: str) -> Row:

@@ -139,6 +139,8 @@ def check_fits(cfg: Config | None = None, available: int | None = None, where: s
     if available is not None and est.total > available:
         largest = int(available / (est.total / pop)) // 2 * 2
         top = ", ".join(f"{k} {gib(v)}" for k, v in sorted(est.parts.items(), key=lambda kv: -kv[1])[:3])
+        fits = (f"use a population of at most about {largest:,}" if largest >= 2 else
+                "not even a population of 2 fits: give a smaller model or a machine with more memory")
         raise ValueError(f"pop {pop:,} needs at least {gib(est.total)} ({top}); {where} has {gib(available)} "
-                         f"available: use a population of at most about {largest:,}")
+                         f"available: {fits}")
     return est

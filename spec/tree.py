@@ -58,7 +58,8 @@ class Leaf:
             raise TreeError(f"leaf {self.path!r}: scan axes {self.scan_axes} repeat an axis")
         if self.cls in LOWRANK and len(self.slice_shape) != 2:
             raise TreeError(f"leaf {self.path!r}: a {self.cls} slice must be a matrix, got slice shape "
-                            f"{self.slice_shape} (shape {self.shape}, scan axes {self.scan_axes})")
+                            f"{self.slice_shape} (shape {self.shape}, scan axes {self.scan_axes}); declare a stack's "
+                            f"axes as scan axes (e.g. (0,)), or class a leaf that is no weight matrix param")
 
     @property
     def slice_shape(self) -> tuple[int, ...]:
@@ -166,7 +167,8 @@ def check_params(tree: Tree, shapes: Mapping[str, Sequence[int]], who: str = "pa
                ([f"not in the tree {', '.join(extra)}"] if extra else []) + \
                ([f"shapes differ: {'; '.join(wrong)}"] if wrong else [])
     if problems:
-        raise TreeError(f"{who} do not match the declared tree: {'; '.join(problems)}")
+        raise TreeError(f"{who} do not match the declared tree: {'; '.join(problems)} (declare every parameter in "
+                        f"the tree at its shape, and only those)")
 
 
 def slice_index(leaf: Leaf) -> list[tuple[int, ...]]:
