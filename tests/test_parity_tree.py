@@ -5,6 +5,9 @@ before any work; vectors (`record --task tree`, `--against`) and parity.testing 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,8 @@ from parity.__main__ import main
 from parity.tree_adapter import CheckedTreePort, PortSide, declared_run
 from spec.tree_knobs import TREE_CHOICES, TreeKnobs
 import tests.ports.gpt_ports as ports
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # Two sizes: a narrower GPT of three blocks at population 8, and the worked example's own at population 16.
 SIZES = {"small": dict(model=GPTConfig(vocab=32, block_size=6, n_layer=3, n_head=2, n_embd=8), pop=8),
@@ -95,13 +100,17 @@ def test_a_drift_made_by_overriding_one_method_is_caught_and_named(attr, check, 
 
 
 def test_the_cli_names_a_drift_and_says_what_it_did_not_check(tmp_path, capsys):
-    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:FitnessStd", "--size", "selftest",
-                 "--out", str(tmp_path), "--quiet"]) == 1
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:FitnessStdSmall", "--out", str(tmp_path),
+                 "--quiet"]) == 1
     assert "knob `fitness`" in capsys.readouterr().out
     summary = (tmp_path / "summary.md").read_text()
     assert "# Parity check, the port's declared tree: FAIL" in summary
     assert "- forward: the model's forward is the port's own: it is not checked on a declared tree" in summary
-    assert "- settings: pop 16, rank 2, sigma 0.05, lr 0.02, group_size 4, noise_reuse 2, freeze_nonlora True" in summary
+    assert "- settings: pop 8, rank 2, sigma 0.05, lr 0.02, group_size 4, noise_reuse 2, freeze_nonlora True" in summary
+    repro = tmp_path / "repro" / "fitness" / "repro.py"      # the failing call, replayed by the port alone
+    done = subprocess.run([sys.executable, str(repro)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1 and "FAIL: the port still differs" in done.stdout, done.stdout + done.stderr
 
 
 # ----------------------------------------------------------------------------- in distribution
@@ -192,22 +201,19 @@ def test_a_port_that_breaks_the_protocol_mid_run_exits_2_naming_the_method(tmp_p
 # ----------------------------------------------------------------------------- the pytest plugin's assert
 def test_assert_port_parity_takes_a_declared_tree():
     from parity.adapter import UsageError
-    from parity.testing import assert_port_parity
-    outcomes = assert_port_parity(ports.Small, task="tree", seed=3)
+    from parity.testing import SuiteCache, assert_port_parity
+    runs = SuiteCache()           # one suite run per port, as the plugin shares them
+    outcomes = assert_port_parity(ports.Small, task="tree", seed=3, cache=runs)
     assert {o.name: o.verdict for o in outcomes}["forward"] == "skip"
     with pytest.raises(AssertionError, match="knob `fitness`"):
-        assert_port_parity(lambda: ports.FitnessStd(pop=8), task="tree", seed=3)
-    assert_port_parity(lambda: ports.FitnessStd(pop=8), task="tree", seed=3, expect={"fitness": "std"})
+        assert_port_parity(ports.FitnessStdSmall, task="tree", seed=3, cache=runs)
+    assert_port_parity(ports.FitnessStdSmall, task="tree", seed=3, expect={"fitness": "std"}, cache=runs)
+    assert len(runs) == 2
     with pytest.raises(UsageError, match="unknown knob 'activation' for task 'tree'"):
         assert_port_parity(ports.Small, task="tree", expect={"activation": "relu"})
 
 
 # ----------------------------------------------------------------------------- vectors for any tree
-import subprocess                                              # noqa: E402
-import sys                                                     # noqa: E402
-from pathlib import Path                                       # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 SMALL_PORT = "tests.ports.gpt_ports:Small"
 
 
