@@ -9,6 +9,7 @@ own; each epoch is judged on its own against one reference step from the port's 
   low-rank leaf's entries, the epochs pooled, at check_alpha("trajectory")). Named: `noise_reuse` (another
   generation's draws, or fresh draws where the reference reuses them and the reverse), `sigma_decay` (the same
   draws at a scale that moves with the epoch, parity.diagnose.sigma_schedule_cause).
+- shaping: the port's shape_fitness of the epoch's scores within the fitness check's bound (its step would follow it).
 - step: es_params after es_tell against the reference's optax-sgd step (R.update) from the params before it, on the
   reference's estimate from the same scores (shaped by the reference; its own draws, or the port's es_ask noise),
   within lr sqrt(N) times the gradient's bound (both sides' einsum bounds, 2 gamma_n |f| |noise| averaged, plus the
@@ -26,8 +27,8 @@ import numpy as np
 
 from parity import diagnose
 from parity.tolerances import gamma, update_bound
-from parity.tree_check import (Row, _unchanged_cause, fresh_params, pairing_text, ref_perturbs, shaping_pair_bound,
-                               step_text)
+from parity.tree_check import (Row, _unchanged_cause, fitness_text, fresh_params, pairing_text, ref_perturbs,
+                               shaping_pair_bound, step_text)
 from parity.tree_dist import _asked_rows, _unperturbed_row, dense64, estimate, magnitude
 from parity.tree_numpy_reference import true_epoch
 
@@ -148,6 +149,17 @@ def _reuse_row(cfg, leaf, e: int, prev: np.ndarray, cur: np.ndarray, same_gen: b
 
 
 # ----------------------------------------------------------------------------- the step
+def _shaping_row(R, side, cfg, step: dict) -> Row:
+    """The port's shape_fitness of the epoch's scores against the reference's (the fitness check's bound): a loop
+    whose step differs because its shaping does is named by the shaping (tree_check.fitness_text)."""
+    f = step["scores"]
+    port, ref = side.shape(f), R.shape(cfg, f)
+    ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / shaping_pair_bound(f, cfg.group_size)))
+    return Row("trajectory", f"epoch {step['epoch']}: shaped fitness of the scores, max |port - ref| / bound", ratio,
+               "<= 1 (both sides' float32 shaping bounds)", "pass" if ratio <= 1 else "fail",
+               "" if ratio <= 1 else fitness_text(f, port, cfg.group_size))
+
+
 def _reference_step(R, cfg, seed: int, step: dict, exact: bool) -> tuple[dict, dict, dict]:
     """(the reference's gradient per leaf, its new params, {path: (|noise| per member, float32 roundings)}) for one
     epoch: its own draws (exact) or the port's es_ask noise, on the port's params before the step."""
@@ -225,6 +237,8 @@ def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
     for step in run:
         got = _exact_noise_rows(R, cfg, seed, step) if exact else _dist_noise_rows(cfg, step, previous)
         previous = step["noise"]
+        if not any(r.verdict == "fail" for r in got):
+            got.append(_shaping_row(R, side, cfg, step))
         if not any(r.verdict == "fail" for r in got):
             got += _step_rows(R, cfg, seed, step, exact)
         rows += got

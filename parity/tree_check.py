@@ -1,5 +1,10 @@
 """`python -m parity check --task lm`: the torch tree ES against the JAX reference on the byte-level LM, leaf by
-leaf and class by class, with each tree drift named in the knob table's words (spec.tree_knobs).
+leaf and class by class, with each tree drift named in the knob table's words (spec.tree_knobs). `--task tree`: the
+same checks and bounds on a port's own declared tree (cfg a spec.tree.TreeRun; _tree_plan): init on the laws the port
+states (tree_dist.check_init_laws), every mm/tmm leaf's product with rows (batch, seq) as a transformer layer's, one
+more fitness vector of tiny spread, the forward reported as the port's own, the trajectory as the port's es_* loop on
+synthetic fitness (parity/es_lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
+a gradient scale: parity.optscale) and the noise and gradient scales.
 
 Two modes. A side that draws JAX's numbers (rng=jax, or a port with jax_compatible_rng True) is checked draw by draw
 (below). A side on its own generator (`--torch rng=torch`, or jax_compatible_rng False: most real torch ports) is
@@ -452,8 +457,11 @@ def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
     fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
                                cfg.sigma)
     fit = optscale.best_match(fits, MATCH)
-    if fit is None or (fit.name == "1" and fit.optimizer != "sgd"):
-        return diagnose.optimizer_cause(fit and fit.optimizer, "sgd", worst).text
+    if fit is None:                 # no optimizer explains it: no knob is named
+        return diagnose.other("optimizer step", f"the port's step matches none of optax sgd, adam, adamw at the "
+                                                f"reference's learning rate, at any gradient scale ({worst})").text
+    if fit.name == "1" and fit.optimizer != "sgd":
+        return diagnose.optimizer_cause(fit.optimizer, "sgd", worst).text
     return diagnose.scaled_optimizer_cause(fit, "sgd", optscale.words(fit, cfg.sigma, cfg.pop), worst).text
 
 

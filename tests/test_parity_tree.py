@@ -298,3 +298,58 @@ def test_assert_port_parity_takes_a_tree_bundle(tree_bundle):
     assert_port_parity(ports.Small, task="tree", against=tree_bundle, seed=4)
     with pytest.raises(AssertionError, match="knob `antithetic`"):
         assert_port_parity(ports.HalvesPairingSmall, task="tree", against=tree_bundle, seed=4)
+
+
+# ----------------------------------------------------------------------------- the reference on any stack
+def test_the_reference_draws_a_two_axis_stack_as_torch_impl_and_its_numpy_replay_do():
+    """A declared tree with a stack on two leading axes (experts per layer): JAX's noise (recursive_scan_split per
+    axis), torch_impl's (rng=jax) and the numpy replay's on JAX's draws agree within the noise check's bound, full-rank
+    leaves bit for bit, and the numpy gradient is within the gradients check's bound of JAX's."""
+    import numpy as np
+    import torch
+    from parity import tree_reference as R
+    from parity.tolerances import gamma
+    from parity.tree_numpy_reference import NumpyTreeReference
+    from spec.tree import Leaf, TreeRun, make_tree
+    from torch_impl.tree_noise import dense, make_plan, sample
+    tree = make_tree([Leaf("experts.w", (2, 3, 5, 4), "mm", (0, 1)), Leaf("experts.b", (2, 3, 5), "param", (0, 1)),
+                      Leaf("out", (4, 6), "tmm")])
+    run = TreeRun(tree, pop=8, rank=2, sigma=0.1, freeze_nonlora=False)
+    plan = make_plan(tree, TreeKnobs(), run.pop, run.rank, run.noise_reuse, run.freeze_nonlora)
+    with torch.inference_mode():
+        noise = sample(plan, plan.generator.sources(tree, 3, "sorted", "split"), 1, run.sigma)
+        torch_side = {leaf.path: dense(noise, leaf).numpy() for leaf in tree.leaves}
+    NR = NumpyTreeReference(R.draws)
+    for leaf in tree.leaves:
+        ref = R.dense_noise(run, 3, 1, leaf)
+        bound = 0.0 if leaf.cls == "param" else 2 * gamma(run.rank) * R.factors_abs_product(run, 3, 1, leaf)
+        for got in (NR.dense_noise(run, 3, 1, leaf), torch_side[leaf.path]):
+            assert got.shape == ref.shape == (run.pop, *leaf.shape)
+            assert np.all(np.abs(got.astype(float) - ref) <= bound), leaf.path
+    assert not np.array_equal(torch_side["experts.w"][:, 0, 1], torch_side["experts.w"][:, 1, 0])   # a key per slice
+    shaped = R.shape(run, np.random.default_rng(5).standard_normal(run.pop).astype(np.float32))
+    ref_g, got_g = R.grads(run, 3, 1, shaped), NR.grads(run, 3, 1, shaped)
+    w = np.abs(shaped).astype(float)
+    for leaf in tree.leaves:
+        mag, n = ((R.factors_abs_product(run, 3, 1, leaf), run.pop * run.rank + 3) if leaf.cls != "param" else
+                  (np.abs(R.dense_noise(run, 3, 1, leaf)), run.pop + 2))
+        bound = 2 * gamma(n) * np.tensordot(w, mag, axes=1) / run.pop
+        assert np.all(np.abs(got_g[leaf.path].astype(float) - ref_g[leaf.path]) <= bound), leaf.path
+
+
+def test_the_settings_and_the_memory_estimate():
+    from spec.limits import check_fits, estimate_tree_check_bytes
+    from spec.tree import TreeError, TreeRun
+    tree = GPTAdapter().tree
+    for bad, says in [(dict(pop=6, group_size=4), "does not divide the population 6"),
+                      (dict(noise_reuse=-1), "noise_reuse must be an integer >= 0"),
+                      (dict(freeze_nonlora="yes"), "freeze_nonlora must be True or False"),
+                      (dict(init_laws=(("wte", "uniform", 1.0),)), "give 'zeros', 'ones' or ('normal', std)"),
+                      (dict(init_laws=(("nope", "zeros", 0.0),)), "no leaf 'nope' in the tree")]:
+        with pytest.raises((ValueError, TreeError), match=re.escape(says)):
+            TreeRun(tree, **bad)
+    small, big = estimate_tree_check_bytes(tree, 8, 2), estimate_tree_check_bytes(tree, 80, 2)
+    assert big.total == 10 * small.total and len(small.parts) == 2
+    assert check_fits(estimate=small, pop=8, available=1 << 30).total < 1 << 20      # the example: well under 1 MiB
+    with pytest.raises(ValueError, match="not even a population of 2 fits"):
+        check_fits(estimate=small, pop=8, available=small.total // 8)
