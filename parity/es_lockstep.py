@@ -27,9 +27,9 @@ import numpy as np
 
 from parity import diagnose
 from parity.tolerances import gamma, update_bound
-from parity.tree_check import (Row, _unchanged_cause, fitness_text, fresh_params, pairing_text, ref_perturbs,
-                               shaping_pair_bound, step_text)
-from parity.tree_dist import _asked_rows, _unperturbed_row, dense64, estimate, magnitude
+from parity.tree_check import (Row, fitness_text, fresh_params, pairing_text, ref_perturbs, shaping_pair_bound,
+                               step_text, unchanged_cause)
+from parity.tree_dist import asked_rows, dense64, estimate, magnitude, unperturbed_row
 from parity.tree_numpy_reference import true_epoch
 
 MAX_EPOCHS = 7
@@ -101,7 +101,7 @@ def _exact_noise_rows(R, cfg, seed: int, step: dict) -> list[Row]:
     for leaf in cfg.tree.leaves:
         value, q = noise.get(leaf.path), f"epoch {e}: es_ask noise, {leaf.path} ({leaf.cls})"
         if not ref_perturbs(cfg, leaf):
-            rows.append(_unperturbed_row(leaf, value, q)._replace(check="trajectory"))
+            rows.append(unperturbed_row(leaf, value, q)._replace(check="trajectory"))
             continue
         if value is None:
             rows.append(Row("trajectory", f"{q}: perturbed", 0.0, "perturbed as the reference", "fail",
@@ -126,7 +126,7 @@ def _dist_noise_rows(cfg, step: dict, before: dict | None) -> list[Row]:
     for leaf in cfg.tree.leaves:
         value, q = noise.get(leaf.path), f"epoch {e}: es_ask noise, {leaf.path} ({leaf.cls})"
         if not ref_perturbs(cfg, leaf):
-            rows.append(_unperturbed_row(leaf, value, q)._replace(check="trajectory"))
+            rows.append(unperturbed_row(leaf, value, q)._replace(check="trajectory"))
         elif value is None:
             rows.append(Row("trajectory", f"{q}: perturbed", 0.0, "perturbed as the reference", "fail",
                             f"{leaf.path}: the port's training loop (es_ask) does not perturb it"))
@@ -191,8 +191,8 @@ def _step_rows(R, cfg, seed: int, step: dict, exact: bool) -> list[Row]:
         if p not in mags:
             moved = float(np.max(np.abs(after.astype(np.float64) - before)))
             rows.append(Row("trajectory", f"epoch {e}: {p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
-                            "pass" if moved == 0 else "fail", "" if moved == 0 else _unchanged_cause(cfg, leaf,
-                                                                                                   "updated")))
+                            "pass" if moved == 0 else "fail",
+                            "" if moved == 0 else unchanged_cause(cfg, leaf, "updated")))
             continue
         mag, n_round = mags[p]
         g_bound = np.mean((2 * gamma(n_round) * f_abs + f_err).reshape((-1,) + (1,) * len(leaf.shape)) * mag, 0)
@@ -245,7 +245,7 @@ def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
         if any(r.verdict == "fail" for r in rows):
             break
     if not exact:
-        rows += _asked_rows(cfg, [step["noise"] for step in run])
+        rows += asked_rows(cfg, [step["noise"] for step in run])
     return rows
 
 

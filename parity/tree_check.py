@@ -411,7 +411,7 @@ def _product_row(R, side, case: ProductCase, inputs, witness) -> Row:
                "<= 1 (gamma_{in + r + 1} |x| (|W| + |A||B|^T))", "pass" if ok else "fail", why)
 
 
-def _unchanged_cause(cfg: LMConfig, leaf, what: str) -> str:
+def unchanged_cause(cfg: LMConfig, leaf, what: str) -> str:
     if leaf.cls == "embedding":
         return cause("embedding", f"{leaf.path} is {what}; the reference never updates embedding leaves")
     if leaf.cls == "param":
@@ -482,7 +482,7 @@ def check_updates(R, side, cfg, seed, rng) -> list[Row]:
         if not ref_perturbs(cfg, leaf):
             ok = not np.any(moved)
             rows.append(Row("updates", f"{p} ({leaf.cls}): max |new - old|", float(moved.max()), "== 0 (not updated)",
-                            "pass" if ok else "fail", "" if ok else _unchanged_cause(cfg, leaf, "updated")))
+                            "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated")))
             continue
         bound = 2 * update_bound(ref[p], step * g[p].astype(np.float64))
         ratio = float(np.max(np.abs(new[p].astype(np.float64) - ref[p]) / np.maximum(bound, 1e-30)))
@@ -538,7 +538,7 @@ def _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, mag, n_round) -> l
         moved = float(np.max(np.abs(port["params"][p].astype(np.float64) - params[p])))
         ok = moved == 0 and not np.any(port["grads"][p])
         return [Row("trajectory", f"{at}: {p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
-                    "pass" if ok else "fail", "" if ok else _unchanged_cause(cfg, leaf, "updated"))]
+                    "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated"))]
     if mag is None:
         return [Row("trajectory", f"{at}: {p} ({leaf.cls})", float("nan"), "perturbed as the reference", "fail",
                     f"{p}: the port's training loop (es_ask) does not perturb it; the reference perturbs {leaf.cls} "

@@ -238,7 +238,7 @@ def check_init_laws(side, cfg, seed: int) -> list[Row]:
 
 
 # ----------------------------------------------------------------------------- noise
-def _unperturbed_row(leaf: Leaf, value, q: str) -> Row:
+def unperturbed_row(leaf: Leaf, value, q: str) -> Row:
     """A leaf the reference never perturbs: the side's noise must be absent or zero; else name the knob."""
     worst = 0.0 if value is None else float(np.max(np.abs(dense64(leaf, value))))
     knob = "embedding" if leaf.cls == "embedding" else "frozen_leaves"
@@ -326,7 +326,7 @@ def check_noise(R, side, cfg: LMConfig, seed: int) -> tuple[list[Row], set[str]]
             value = side.leaf_noise(seed, epoch, leaf)
             q = f"{leaf.path} ({leaf.cls}) epoch {epoch}"
             if not ref_perturbs(cfg, leaf):
-                rows.append(_unperturbed_row(leaf, value, q))
+                rows.append(unperturbed_row(leaf, value, q))
                 parted.update([leaf.path] if rows[-1].verdict == "fail" else [])
             elif value is None:
                 parted.add(leaf.path)
@@ -406,7 +406,7 @@ def trajectory_step(R, side, cfg: LMConfig, seed: int, asked: list | None = None
     return step
 
 
-def _asked_rows(cfg: LMConfig, asked: list) -> list[Row]:
+def asked_rows(cfg: LMConfig, asked: list) -> list[Row]:
     """The training loop's own noise (es_ask): antithetic pairs per perturbed leaf and epoch (exact), and one KS of
     every low-rank leaf's independent entries over sigma, the epochs pooled (576 entries at the selftest size: power
     against a loop at twice the scale), at check_alpha("trajectory")."""
@@ -430,4 +430,4 @@ def check_trajectory(R, side, cfg: LMConfig, seed: int, parted: set[str]) -> lis
     from parity.tree_check import check_trajectory as lockstep
     asked: list = []
     rows = lockstep(R, side, cfg, seed, parted, step=trajectory_step(R, side, cfg, seed, asked))
-    return rows + _asked_rows(cfg, asked)
+    return rows + asked_rows(cfg, asked)
