@@ -129,6 +129,10 @@ def bundle_lines(bundle, reference) -> list[str]:
     """The report's lines on a replayed reference: which bundle, what recorded it, what numpy answered."""
     from parity.tape import recording_of
     misses = reference.misses
+    if bundle.manifest.get("task") == "tree":
+        return [f"- reference: the {recording_of(bundle)}",
+                "- JAX's draws replayed from the bundle; the rest of the reference (the noise from them, shaping, "
+                "gradients, the step, the products) is numpy arithmetic on them (parity/tree_numpy_reference.py)"]
     return [f"- reference: the {recording_of(bundle)}",
             "- answered by the reference's math in numpy (inputs from the port, parity/tree_numpy_reference.py): "
             + (", ".join(f"{k} x{misses.count(k)}" for k in dict.fromkeys(misses)) or "none")
