@@ -200,8 +200,8 @@ def _step_rows(R, cfg, seed: int, step: dict, exact: bool) -> list[Row]:
         ratio = float(np.max(np.abs(after.astype(np.float64) - expected[p]) / np.maximum(bound, 1e-30)))
         rows.append(Row("trajectory", f"epoch {e}: {p} ({leaf.cls}) params after es_tell, max |port - ref| / bound",
                         ratio, "<= 1 (lr sqrt(N) x the gradient's bound + update_bound, both sides)",
-                        "pass" if ratio <= 1 else "fail", "" if ratio <= 1 else f"{p}: the step of es_tell at epoch {e} "
-                                                                               f"differs from optax.sgd(lr)"))
+                        "pass" if ratio <= 1 else "fail",
+                        "" if ratio <= 1 else f"{p}: the step of es_tell at epoch {e} differs from optax.sgd(lr)"))
     failed = [r for r in rows if r.verdict == "fail" and "the step of es_tell" in r.cause]
     if failed:
         why = _step_cause(cfg, step, grads, expected, list(mags), f"{failed[0].value:.3g} x bound")

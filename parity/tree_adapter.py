@@ -221,8 +221,9 @@ def declared_run(port: Any, defaults: Mapping[str, Any]) -> tuple[TreeRun, list[
     tree = declared_tree(port)
     odd = [f"{leaf.path} {leaf.scan_axes} (shape {leaf.shape})" for leaf in tree.leaves if not leading_scan(leaf)]
     if odd:
-        raise UsageError(f"the adapter's tree: scan axes must be a leaf's leading axes in order ((0,), (0, 1), ...), as "
-                         f"upstream's noiser scans a stack; not so for {'; '.join(odd)}: store the stacked axes first")
+        raise UsageError(f"the adapter's tree: scan axes must be a leaf's leading axes in order ((0,), (0, 1), ...), "
+                         f"as upstream's noiser scans a stack; not so for {'; '.join(odd)}: store the stacked axes "
+                         f"first")
     given = {k: getattr(port, k) for k in SETTINGS if getattr(port, k, None) is not None}
     try:
         run = TreeRun(tree, **{**dict(defaults), **given}, init_laws=_init_laws(port))

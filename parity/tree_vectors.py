@@ -200,13 +200,12 @@ def open_tree_bundle(folder: str | Path, size: str | None, seed: int | None) -> 
 def tree_bundle_reference(bundle: Bundle, run) -> LMReference:
     """The replayed reference of a --task tree bundle for this run (the port's declared tree and settings); UsageError
     when the bundle was recorded for another tree or other settings."""
-    recorded = bundle.manifest.get("run")
-    if recorded != config_record(run):
-        if not isinstance(recorded, dict):
-            recorded = {}
-        differ = sorted(k for k in set(recorded) | set(config_record(run)) if recorded.get(k) != config_record(run).get(k))
+    m, declared = bundle.manifest, config_record(run)
+    recorded = m.get("run") if isinstance(m.get("run"), dict) else {}
+    if recorded != declared:
+        differ = sorted(k for k in set(recorded) | set(declared) if recorded.get(k) != declared.get(k))
         raise UsageError(f"bundle {bundle.folder} was recorded for another tree or other settings ({', '.join(differ)} "
                          f"differ from the port's declaration): record this port's with "
-                         f"`{regenerate_tree(bundle.manifest.get('port', 'PORT'), bundle.manifest['size'], bundle.manifest['seed'])}`")
+                         f"`{regenerate_tree(m.get('port', 'PORT'), m['size'], m['seed'])}`")
     numpy = NumpyTreeReference(Replay(bundle.store, TREE_RECORDED).draws)
     return LMReference(Replay(bundle.store, TREE_RECORDED, fallback=numpy), numpy, TREE_RECORDED)
