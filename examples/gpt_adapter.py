@@ -51,7 +51,7 @@ class GPTAdapter:
         self.tree = self.port.tree
         self.init_laws = gpt_port.init_laws(self.port.model)
         self.name = "examples.gpt_adapter (nanoGPT-style GPT)" + ("" if knobs == TreeKnobs() else f" {knobs}")
-        self.jax_compatible_rng = knobs.rng == "jax"      # JAX's numbers (torch_impl.random): compared draw by draw
+        self.jax_compatible_rng = knobs.rng != "torch"    # JAX's numbers (torch_impl.random): compared draw by draw
         for setting in ("pop", "rank", "sigma", "lr", "group_size", "noise_reuse", "freeze_nonlora"):
             setattr(self, setting, getattr(es, setting))
 
