@@ -86,12 +86,16 @@ class LMAdapter:
     def perturbed_mm(self, W, A, B, x):
         with torch.inference_mode():
             W, A, B, x = map(_t, (W, A, B, x))
-            return _np(x @ W.T + lm.Member(None, x.shape[0], "cpu").lowrank(x, B, A))
+            rows = x.reshape(x.shape[0], -1, x.shape[-1])             # (m, *rows, in): the LM's op takes (m, T, in)
+            return _np((rows @ W.T + lm.Member(None, x.shape[0], "cpu").lowrank(rows, B, A)).reshape(
+                *x.shape[:-1], W.shape[0]))
 
     def perturbed_tmm(self, W, A, B, x):
         with torch.inference_mode():
             W, A, B, x = map(_t, (W, A, B, x))
-            return _np(x @ W + lm.Member(None, x.shape[0], "cpu").lowrank(x, A, B))
+            rows = x.reshape(x.shape[0], -1, x.shape[-1])
+            return _np((rows @ W + lm.Member(None, x.shape[0], "cpu").lowrank(rows, A, B)).reshape(
+                *x.shape[:-1], W.shape[1]))
 
     def shape_fitness(self, f, group_size):
         with torch.inference_mode():

@@ -102,10 +102,10 @@ def device_description(device: str, bundle=None) -> str:
 
 
 def split_task(argv: list[str]) -> tuple[str, list[str]]:
-    """(--task's value, default cartpole; argv without it for cartpole, whole for lm's own parser)."""
+    """(--task's value, default cartpole; argv without it for cartpole, whole for the tree suite's own parser)."""
     task = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--task"),
                 next((a.split("=", 1)[1] for a in argv if a.startswith("--task=")), "cartpole"))
-    if task == "lm":
+    if task in ("lm", "tree"):
         return task, argv
     return task, [a for i, a in enumerate(argv) if not (a == "--task" or a.startswith("--task=")
                                                          or (i and argv[i - 1] == "--task"))]
@@ -134,13 +134,13 @@ def _lm(argv: list[str]) -> int:
 
 
 def _unknown_task(task: str) -> int:
-    print(f"parity check: unknown --task {task!r}; known tasks: cartpole, lm (and `python -m parity int8`)",
+    print(f"parity check: unknown --task {task!r}; known tasks: cartpole, lm, tree (and `python -m parity int8`)",
           file=sys.stderr)
     return EXIT_USAGE
 
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"int8": _int8, "record": _record, **{name: _moved(name) for name in MOVED}}
-TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm}
+TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm, "tree": _lm}     # one parser: parity/tree_cli.py
 
 
 def main(argv: Sequence[str] | None = None, stream=None) -> int:

@@ -303,7 +303,8 @@ def module_root(module_name: str) -> str:
 
 
 def port_recipe(spec: str, cfg: Any) -> Recipe:
-    return Recipe("port", spec, (), dataclasses.asdict(cfg), module_root(spec.split(":", 1)[0]))
+    """A --port's recipe: built with the run's config (cfg), or with no arguments when cfg is None (--task tree)."""
+    return Recipe("port", spec, (), {} if cfg is None else dataclasses.asdict(cfg), module_root(spec.split(":", 1)[0]))
 
 
 def torch_recipe(profile: str, knobs: Sequence[str], device: str, cfg: Any) -> Recipe:

@@ -69,7 +69,7 @@ def build_port(recipe):
         return factory(config_class_(**recipe["config"]), resolve(recipe["spec"], recipe["knobs"]), *recipe["extra"])
     obj = load(recipe["spec"])
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "noise")):
-        obj = obj(config_class(recipe["config"])())
+        obj = obj(config_class(recipe["config"])()) if recipe["config"] else obj()     # --task tree: no arguments
     return obj
 
 

@@ -3,7 +3,8 @@ plugin (parity/pytest_plugin.py) builds one item per check from.
 
 A run is described by a `ParityRequest` (validated before any work: task, size, seed, bundle folder and `expect=`),
 run once per port by a `SuiteCache`, and read as one `Outcome` per check, whatever the task. `expect` declares the
-drifts a port has on purpose, as knobs of the knob table (spec/knobs.py; spec/tree_knobs.py for task="lm"): a
+drifts a port has on purpose, as knobs of the knob table (spec/knobs.py; spec/tree_knobs.py for task="lm", and for
+task="tree" those with the MLP suite's knobs its checks name, TREE_MLP_KNOBS): a
 failing check passes when every cause it gives names an expected knob, and the run fails when an expected knob is
 named by no check. The suite names knobs, not values: the value is checked against the table (so the declaration
 reads as the port's configuration) but not against what the port does. Nothing here imports jax or torch until a
@@ -20,11 +21,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from parity.adapter import UsageError
 
-TASKS = ("cartpole", "lm")
+TASKS = ("cartpole", "lm", "tree")
 EXPECT_ITEM = "expect"          # the run-level item: every expected knob named by some check
 # Values the suite never names, so expecting them could never be met: a port on its own generator is checked in
 # distribution, and a compiled forward is the same math (tests/test_parity_selftest.py holds both to a pass).
-NOT_DRIFTS = {"cartpole": {("rng", "torch"), ("compile", "on")}, "lm": {("rng", "torch")}}
+NOT_DRIFTS = {"cartpole": {("rng", "torch"), ("compile", "on")}, "lm": {("rng", "torch")}, "tree": {("rng", "torch")}}
+# The MLP suite's knobs the tree suite names on a declared tree (pairing, fitness, optimizer; the trajectory's
+# schedules): task="tree" takes them in expect= beside the tree knobs.
+TREE_MLP_KNOBS = ("antithetic", "fitness", "optimizer", "noise_reuse", "lr_decay", "sigma_decay")
 KNOB_IN_CAUSE = re.compile(r"knob `(\w+)`")     # how both suites name a knob in a cause (parity.diagnose.cause)
 LOG = logging.getLogger("parity.testing")
 
@@ -75,7 +79,7 @@ class ParityRequest:
 
 def check_names(task: str) -> tuple[str, ...]:
     """The task's checks in the order its suite runs them (importing neither jax nor torch)."""
-    if task == "lm":
+    if task in ("lm", "tree"):
         from parity.tree_check import CHECKS
     else:
         from parity.suite import CHECKS
@@ -83,6 +87,9 @@ def check_names(task: str) -> tuple[str, ...]:
 
 
 def size_names(task: str) -> tuple[str, ...]:
+    if task == "tree":
+        from parity.tree_check import TREE_SIZES
+        return tuple(TREE_SIZES)
     if task == "lm":
         from parity.tree_check import sizes
         return tuple(sizes())
@@ -108,12 +115,27 @@ def checked_expect(task: str, expect: Mapping[str, Any] | None) -> tuple[tuple[s
     return tuple(sorted(pairs))
 
 
-def _knob_value(task: str, knob: str, value: Any) -> Any:
-    """The value of one expected knob, parsed and checked against the task's table (UsageError otherwise)."""
-    from spec.knobs import CHOICES, NUMERIC, KnobError, Knobs, parse_value
+def _knob_table(task: str) -> tuple[dict, dict, dict]:
+    """(choices, numeric knobs, the reference's value of each) of the task's knob table; a declared tree's noise_reuse
+    is the port's own declaration, so it has no reference value here (None)."""
+    from spec.knobs import CHOICES, NUMERIC, Knobs
     from spec.tree_knobs import TREE_CHOICES, TreeKnobs
 
-    choices, numeric, reference = (TREE_CHOICES, {}, TreeKnobs()) if task == "lm" else (CHOICES, NUMERIC, Knobs())
+    if task == "cartpole":
+        return CHOICES, NUMERIC, {k: getattr(Knobs(), k) for k in [*CHOICES, *NUMERIC]}
+    if task == "lm":
+        return TREE_CHOICES, {}, {k: getattr(TreeKnobs(), k) for k in TREE_CHOICES}
+    choices = {**TREE_CHOICES, **{k: CHOICES[k] for k in TREE_MLP_KNOBS if k in CHOICES}}
+    numeric = {k: NUMERIC[k] for k in TREE_MLP_KNOBS if k in NUMERIC}
+    reference = {k: v[0] for k, v in choices.items()} | {k: getattr(Knobs(), k) for k in numeric}
+    return choices, numeric, reference | {"noise_reuse": None}
+
+
+def _knob_value(task: str, knob: str, value: Any) -> Any:
+    """The value of one expected knob, parsed and checked against the task's table (UsageError otherwise)."""
+    from spec.knobs import KnobError, Knobs, parse_value
+
+    choices, numeric, reference = _knob_table(task)
     known = [*choices, *numeric]
     if knob not in known:
         raise UsageError(f"expect= names unknown knob {knob!r} for task {task!r}; known knobs: {', '.join(known)}")
@@ -122,10 +144,10 @@ def _knob_value(task: str, knob: str, value: Any) -> Any:
                          f"{', '.join(map(repr, choices[knob][1:]))} (the reference's is {choices[knob][0]!r})")
     if knob in numeric:
         try:        # the text a command line would give, so 1.5 is no noise_reuse and True no number
-            value = getattr(reference.replace(**{knob: parse_value(knob, str(value))}), knob)
+            value = getattr(Knobs().replace(**{knob: parse_value(knob, str(value))}), knob)
         except KnobError:
             raise UsageError(f"expect={{{knob!r}: {value!r}}}: knob {knob!r} takes {numeric[knob][1]}") from None
-    if value == getattr(reference, knob):
+    if value == reference[knob]:
         raise UsageError(f"expect={{{knob!r}: {value!r}}}: {value!r} is the reference's own value, no drift; "
                          f"name the value the port departs to, or leave {knob!r} out")
     return value
@@ -289,12 +311,39 @@ def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome
     return outcomes_of_rows(rows, tree_check.CHECKS)
 
 
+def _run_tree(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
+    """The tree suite on the port's own declared tree (its settings, the size's defaults for the rest)."""
+    from parity import tree_check
+    from parity.adapter import PortError
+    from parity.tree_adapter import CheckedTreePort, PortSide, built_tree_port, declared_run, load_tree_port
+    from spec.tree_knobs import TreeKnobs
+
+    if isinstance(request.adapter, str):
+        port = load_tree_port(request.adapter, None)
+    else:
+        port = built_tree_port(request.adapter, None, request.label)
+    run, _ = declared_run(port, tree_check.TREE_SIZES[request.size])
+    reference = None
+    if request.against is not None:
+        from parity.tree_vectors import open_tree_bundle, tree_bundle_reference
+        reference = tree_bundle_reference(open_tree_bundle(request.against, request.size, request.seed), run)
+    try:
+        rows = tree_check.run(run, TreeKnobs(), request.seed, log, side=PortSide(CheckedTreePort(port, run), run),
+                              reference=reference)
+    except PortError as err:
+        raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree_adapter.py)") from err
+    return outcomes_of_rows(rows, tree_check.CHECKS)
+
+
+RUNNERS = {"cartpole": _run_cartpole, "lm": _run_lm, "tree": _run_tree}
+
+
 def run_request(request: ParityRequest) -> tuple[Outcome, ...]:
     """Run the task's suite on the port once; its progress goes to the `parity.testing` logger."""
     log = lambda line: LOG.info("%s", line)   # noqa: E731
     log(f"parity: {request.label}, task {request.task}, size {request.size}, seed {request.seed}"
         + (f", against {request.against}" if request.against else ""))
-    return (_run_lm if request.task == "lm" else _run_cartpole)(request, log)
+    return RUNNERS[request.task](request, log)
 
 
 class SuiteCache:

@@ -1,5 +1,10 @@
 """`python -m parity check --task lm`: the torch tree ES against the JAX reference on the byte-level LM, leaf by
-leaf and class by class, with each tree drift named in the knob table's words (spec.tree_knobs).
+leaf and class by class, with each tree drift named in the knob table's words (spec.tree_knobs). `--task tree`: the
+same checks and bounds on a port's own declared tree (cfg a spec.tree.TreeRun; _tree_plan): init on the laws the port
+states (tree_dist.check_init_laws), every mm/tmm leaf's product with rows (batch, seq) as a transformer layer's, one
+more fitness vector of tiny spread, the forward reported as the port's own, the trajectory as the port's es_* loop on
+synthetic fitness (parity/es_lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
+a gradient scale: parity.optscale) and the noise and gradient scales.
 
 Two modes. A side that draws JAX's numbers (rng=jax, or a port with jax_compatible_rng True) is checked draw by draw
 (below). A side on its own generator (`--torch rng=torch`, or jax_compatible_rng False: most real torch ports) is
@@ -51,15 +56,19 @@ from typing import NamedTuple
 
 import numpy as np
 
+from parity import diagnose
 from parity.tolerances import U32, gamma, linear_bound, linear_exact, shaping_bound, update_bound
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
+from spec.tree import slice_index
 from spec.tree_knobs import TREE_DESCRIPTIONS, TreeKnobs
 
 FORWARD_ULPS = 64
 EPOCHS = (0, 1)
 PRODUCT_MEMBERS, PRODUCT_BATCH = 3, 5
 EXTRA_PRODUCT_SHAPES = ((5, 7), (33, 17), (12, 12))   # beside the LM's own slices: wide, tall and square
+TREE_PRODUCT_ROWS = (2, 3)      # a declared tree's products: (batch, seq) rows per member, as a transformer layer's
+PRODUCT_SLICES = 3              # slices of a stacked leaf fed to the products check (first, middle, last)
 TRAJECTORY_EPOCHS = 2
 # The checks in the order run() runs them (_plan): what the pytest plugin parametrizes its items over.
 CHECKS = ("init", "noise", "products", "fitness", "gradients", "updates", "forward", "trajectory")
@@ -90,7 +99,7 @@ def ref_perturbs(cfg: LMConfig, leaf) -> bool:
 def check_init(R, side, cfg, seed, witness=no_witness) -> list[Row]:
     ref, port = R.init(cfg, seed), side.init(seed)
     rows = []
-    for path in lm_tree(cfg).paths:
+    for path in cfg.tree.paths:
         witness(f"seed {seed} {path}", port, port[path], ref[path], 0.0, "exact: the same keys and float32 scaling",
                 (path,))
         diff = float(np.max(np.abs(ref[path] - port[path])))
@@ -110,13 +119,37 @@ def _noise_cause(R, cfg, seed, epoch, leaf, port) -> str:
         alt = R.dense_noise(cfg, seed, epoch, leaf, variant)
         if np.allclose(alt, port, rtol=0, atol=1e-6 * max(1.0, float(np.abs(alt).max()))):
             return cause(knob, f"{leaf.path}'s noise equals the reference's draw when {detail}")
-    return f"{leaf.path}: noise differs and matches no known tree drift (rng or key scheme)"
+    ref = R.dense_noise(cfg, seed, epoch, leaf)
+    return pairing_text(leaf, port) or scale_text(leaf, port, ref, cfg) or \
+        f"{leaf.path}: noise differs and matches no known tree drift (rng or key scheme)"
+
+
+def pairing_text(leaf, dense: np.ndarray) -> str:
+    """The pairing cause (the MLP's knob `antithetic`) when the members' mirrors are not (2k, 2k+1), else ''."""
+    mirror = diagnose.mirror_map(np.asarray(dense, np.float64).reshape(dense.shape[0], -1))
+    found = diagnose.pairing_cause(mirror, np.arange(dense.shape[0]) ^ 1)
+    return f"{leaf.path}: {found.text}" if found is not None else ""
+
+
+def scale_text(leaf, port: np.ndarray, ref: np.ndarray, cfg) -> str:
+    """'noise scaling differs' when the port's noise is the reference's times one factor c != 1 (named when it is
+    sqrt(r), 1/sqrt(r), sigma or 1/sigma), else ''."""
+    p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
+    c = float(p @ r / max(float(r @ r), 1e-300))
+    if not (np.allclose(p, c * r, rtol=1e-4, atol=1e-6 * float(np.abs(p).max() + 1e-300)) and abs(c - 1) > 1e-3):
+        return ""
+    names = {"sqrt(r)": math.sqrt(cfg.rank), "1/sqrt(r)": 1 / math.sqrt(cfg.rank), "sigma": cfg.sigma,
+             "1/sigma": 1 / cfg.sigma}
+    named = [n for n, v in names.items() if abs(c / v - 1) < 1e-3]
+    return (f"noise scaling differs: {leaf.path}'s noise is {c:.6g} x the reference's" +
+            (f" (= {named[0]}: sigma/sqrt(r) on A is the reference's, r={cfg.rank}, sigma={cfg.sigma:g})" if named
+             else " (the same draws at another scale)"))
 
 
 def check_noise(R, side, cfg, seed) -> tuple[list[Row], set[str]]:
     rows, parted = [], set()
     for epoch in EPOCHS:
-        for leaf in lm_tree(cfg).leaves:
+        for leaf in cfg.tree.leaves:
             port = side.dense_noise(seed, epoch, leaf)
             q = f"{leaf.path} ({leaf.cls}) epoch {epoch}"
             if not ref_perturbs(cfg, leaf):
@@ -162,23 +195,48 @@ def shaping_pair_bound(f: np.ndarray, g: int) -> np.ndarray:
                 math.sqrt(f.astype(np.float64).var() + 1e-5))
 
 
-def check_fitness(R, side, cfg, rng, witness=no_witness) -> list[Row]:
+def fitness_trials(cfg, rng, spread_rng=None) -> list[tuple[str, np.ndarray]]:
+    """(label, f (pop,) float32): three fresh fitness vectors with group offsets; with spread_rng (the tree task)
+    one more of tiny spread (variance about 1e-6, where the reference's + 1e-5 inside the root dominates, so a
+    shaping by the plain standard deviation shows)."""
+    g = cfg.group_size
+    out = [(f"trial {trial}, groups of {g}",
+            (rng.standard_normal(cfg.pop) * 2.0 + rng.standard_normal(cfg.pop // (g or cfg.pop)).repeat(g or cfg.pop)
+             * 3.0).astype(np.float32)) for trial in range(3)]
+    if spread_rng is not None:
+        out.append((f"tiny spread (variance ~1e-6), groups of {g}",
+                    (1e-3 * spread_rng.standard_normal(cfg.pop)).astype(np.float32)))
+    return out
+
+
+def fitness_text(f: np.ndarray, port: np.ndarray, g: int) -> str:
+    """The cause of a shaping that differs: `group_fitness` (each group by its own spread), else the MLP suite's
+    knob `fitness` when one of its known shapings (parity.diagnose.FITNESS_CANDIDATES) reproduces the port's."""
+    if np.allclose(port, _group_var(f, g), rtol=1e-4, atol=1e-5):
+        return cause("group_fitness", "each group is divided by its own spread, not by the global variance")
+    f64 = f.astype(np.float64)
+    for groups, note in ((g, " with group means"), (0, " over the whole population (its groups ignored)")):
+        for name, (words, formula, knob_value) in diagnose.FITNESS_CANDIDATES.items():
+            if name != "jax" and np.allclose(port, formula(f64, groups), rtol=1e-4, atol=1e-5):
+                return diagnose.cause("fitness", f"the port's shaped fitness is {words}{note}"
+                                                 + (f" (as fitness={knob_value})" if knob_value else "")
+                                                 + f", the reference's {diagnose.FITNESS_CANDIDATES['jax'][0]} with "
+                                                   f"group means and the global variance").text
+    return "fitness shaping differs"
+
+
+def check_fitness(R, side, cfg, rng, witness=no_witness, spread_rng=None) -> list[Row]:
     rows = []
     g = cfg.group_size
-    for trial in range(3):
-        f = (rng.standard_normal(cfg.pop) * 2.0 + rng.standard_normal(cfg.pop // g).repeat(g) * 3.0).astype(np.float32)
+    for label, f in fitness_trials(cfg, rng, spread_rng):
         ref, port = R.shape(cfg, f), side.shape(f)
         bound = shaping_pair_bound(f, g)
-        witness(f"trial {trial}, groups of {g}", port, port, ref, bound, "both sides' float32 shaping bounds")
+        witness(label, port, port, ref, bound, "both sides' float32 shaping bounds")
         ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / bound))
         ok = ratio <= 1
-        why = ""
-        if not ok and np.allclose(port, _group_var(f, g), rtol=1e-4, atol=1e-5):
-            why = cause("group_fitness", "each group is divided by its own spread, not by the global variance")
-        elif not ok:
-            why = "fitness shaping differs"
-        rows.append(Row("fitness", f"trial {trial}, groups of {g}: max |port - ref| / bound", ratio,
-                        "<= 1 (both sides' float32 shaping bounds)", "pass" if ok else "fail", why))
+        rows.append(Row("fitness", f"{label}: max |port - ref| / bound", ratio,
+                        "<= 1 (both sides' float32 shaping bounds)", "pass" if ok else "fail",
+                        "" if ok else fitness_text(f, port, g)))
     return rows
 
 
@@ -186,7 +244,7 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     ref, port = R.grads(cfg, seed, 0, shaped), side.grads(seed, 0, shaped)
     rows = []
-    for leaf in lm_tree(cfg).leaves:
+    for leaf in cfg.tree.leaves:
         q = f"{leaf.path} ({leaf.cls}): max |port - ref|"
         if leaf.path in parted:
             rows.append(Row("gradients", q, float("nan"), "-", "skip", f"{leaf.path}'s noise already differs"))
@@ -210,8 +268,20 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
         ok = ratio <= 1
         rows.append(Row("gradients", f"{leaf.path} ({leaf.cls}): max |port - ref| / bound", ratio,
                         "<= 1 (both sides' float32 einsum/mean bounds)", "pass" if ok else "fail",
-                        "" if ok else f"{leaf.path}: the gradient differs"))
+                        "" if ok else gradient_text(leaf, port[leaf.path], ref[leaf.path], cfg.sigma)))
     return rows
+
+
+def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float) -> str:
+    """Why one leaf's gradient differs, in the MLP suite's words (parity.diagnose.gradient_cause): zero, a pure scale
+    (1/sigma named), the opposite sign, or another direction (its cosine and norm ratio)."""
+    p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
+    norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
+    if norm_r == 0:
+        return f"{leaf.path}: the gradient differs (the reference's is zero)"
+    cosine = float(p @ r) / (norm_p * norm_r) if norm_p else 0.0
+    # the leaf's class after its path, so a path ending in ".bias" is not read as the MLP's bias knobs
+    return diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", norm_p / norm_r, cosine, None, sigma, None).text
 
 
 def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str) -> Row:
@@ -257,9 +327,36 @@ def check_forward(R, side, cfg, seed, rng, with_noise: bool = True, noisy_refere
     return rows
 
 
-def _product_cases(cfg: LMConfig) -> list[tuple[str, tuple[int, int]]]:
+class ProductCase(NamedTuple):
+    """One product the products check feeds both sides: a label, the form (mm, tmm), the stored slice (a, b) and the
+    input's row axes between the members and the features."""
+
+    label: str
+    form: str
+    shape: tuple[int, int]
+    rows: tuple[int, ...]
+
+
+def slices_shown(leaf) -> list[tuple[int, ...]]:
+    """The slices of a stacked leaf the products check feeds: all of them up to PRODUCT_SLICES, else that many
+    spread over the stack from the first to the last ([()] for an unstacked leaf)."""
+    every = slice_index(leaf)
+    if len(every) <= PRODUCT_SLICES:
+        return every
+    return [every[round(i * (len(every) - 1) / (PRODUCT_SLICES - 1))] for i in range(PRODUCT_SLICES)]
+
+
+def product_cases(cfg) -> list[ProductCase]:
+    """The LM (--task lm): its slice shapes and three more (wide, tall, square), rows (batch,). A declared tree
+    (--task tree): every mm and tmm leaf at its class and slice shape, stacked slices included, rows (batch, seq) as
+    a transformer layer sees them."""
+    if not isinstance(cfg, LMConfig):
+        return [ProductCase(f"{leaf.path}{list(idx) if idx else ''} ({leaf.cls} {leaf.slice_shape[0]}x"
+                            f"{leaf.slice_shape[1]})", leaf.cls, leaf.slice_shape, TREE_PRODUCT_ROWS)
+                for leaf in cfg.tree.of_class("mm", "tmm") for idx in slices_shown(leaf)]
     cases = list(dict.fromkeys((leaf.cls, leaf.slice_shape) for leaf in lm_tree(cfg).of_class("mm", "tmm")))
-    return cases + [(form, s) for form in ("mm", "tmm") for s in EXTRA_PRODUCT_SHAPES if (form, s) not in cases]
+    cases += [(form, s) for form in ("mm", "tmm") for s in EXTRA_PRODUCT_SHAPES if (form, s) not in cases]
+    return [ProductCase(f"{form} {a}x{b}", form, (a, b), (PRODUCT_BATCH,)) for form, (a, b) in cases]
 
 
 def check_products(R, side, cfg, rng, witness=no_witness) -> list[Row]:
@@ -267,42 +364,54 @@ def check_products(R, side, cfg, rng, witness=no_witness) -> list[Row]:
     one side's float32 bound (linear_bound: gamma_{in + r + 1} of the expression in absolute values); the
     reference's own jitted product is held to the same bound, so the bound is shown to be met by the reference."""
     rows = []
-    m, n, r = PRODUCT_MEMBERS, PRODUCT_BATCH, cfg.rank
-    for form, (a, b) in _product_cases(cfg):
+    m, r = PRODUCT_MEMBERS, cfg.rank
+    for case in product_cases(cfg):
+        (a, b), form = case.shape, case.form
         W = (rng.standard_normal((a, b)) / math.sqrt(b)).astype(np.float32)
         A = (rng.standard_normal((m, a, r)) * 0.3).astype(np.float32)
         B = rng.standard_normal((m, b, r)).astype(np.float32)
-        x = rng.standard_normal((m, n, b if form == "mm" else a)).astype(np.float32)
-        # tmm x @ W + (x @ A) @ B^T is linear_exact's x @ V^T + (x @ B') @ A'^T with V = W^T, A' = B, B' = A
-        args = (W, A, B, x) if form == "mm" else (W.T, B, A, x)
-        exact, bound = linear_exact(*args), np.maximum(linear_bound(*args), 1e-30)
-        given = side.products(W, A, B, x, form)
-        witness(f"{form} {a}x{b}", given, given, exact, bound,
-                "one side's float32 bound of the expression, against its float64 value (linear_bound)")
-        port = given.astype(np.float64)
-        ref_ratio = float(np.max(np.abs(R.product(W, A, B, x, form) - exact) / bound))
-        ratio = float(np.max(np.abs(port - exact) / bound))
-        ok = ratio <= 1 and ref_ratio <= 1
-        why = ""
-        if not ok:
-            plain = x.astype(np.float64) @ (W.T if form == "mm" else W).astype(np.float64)
-            swapped = (linear_exact(W.T, A, B, x) if form == "tmm" and a == b else None)
-            if ref_ratio > 1:
-                why = f"the reference's own product exceeds the bound ({ref_ratio:.3g}): the bound is wrong"
-            elif np.allclose(port, plain, rtol=1e-4, atol=1e-5):
-                why = f"the {form} product leaves out the low-rank term A B^T"
-            elif swapped is not None and np.allclose(port, swapped, rtol=1e-4, atol=1e-5):
-                why = cause("tmm_layout", "the (in, out) weight's product uses its factors as an mm's: "
-                                          "x @ W + (x @ B) @ A^T")
-            else:
-                why = f"the perturbed {form} product differs from " + \
-                      ("x @ (W + A B^T)^T" if form == "mm" else "x @ (W + A B^T)")
-        rows.append(Row("products", f"{form} {a}x{b}, {m} members x {n} rows: max |port - exact| / bound", ratio,
-                        "<= 1 (gamma_{in + r + 1} |x| (|W| + |A||B|^T))", "pass" if ok else "fail", why))
+        x = rng.standard_normal((m, *case.rows, b if form == "mm" else a)).astype(np.float32)
+        rows.append(_product_row(R, side, case, (W, A, B, x), witness))
     return rows
 
 
-def _unchanged_cause(cfg: LMConfig, leaf, what: str) -> str:
+def _product_row(R, side, case: ProductCase, inputs, witness) -> Row:
+    """One product compared: the input's rows flattened to (m, n, in) for the bound and the reference, the port fed
+    them as the case has them."""
+    (W, A, B, x), form, (a, b) = inputs, case.form, case.shape
+    m, n = x.shape[0], math.prod(case.rows)
+    x3 = x.reshape(m, n, x.shape[-1])
+    # tmm x @ W + (x @ A) @ B^T is linear_exact's x @ V^T + (x @ B') @ A'^T with V = W^T, A' = B, B' = A
+    args = (W, A, B, x3) if form == "mm" else (W.T, B, A, x3)
+    exact, bound = linear_exact(*args), np.maximum(linear_bound(*args), 1e-30)
+    given = side.products(W, A, B, x, form)
+    shaped = given.reshape(exact.shape)
+    witness(case.label, given, given, exact.reshape(given.shape), bound.reshape(given.shape),
+            "one side's float32 bound of the expression, against its float64 value (linear_bound)")
+    port = shaped.astype(np.float64)
+    ref_ratio = float(np.max(np.abs(R.product(W, A, B, x3, form) - exact) / bound))
+    ratio = float(np.max(np.abs(port - exact) / bound))
+    ok = ratio <= 1 and ref_ratio <= 1
+    why = ""
+    if not ok:
+        plain = x3.astype(np.float64) @ (W.T if form == "mm" else W).astype(np.float64)
+        swapped = (linear_exact(W.T, A, B, x3) if form == "tmm" and a == b else None)
+        if ref_ratio > 1:
+            why = f"the reference's own product exceeds the bound ({ref_ratio:.3g}): the bound is wrong"
+        elif np.allclose(port, plain, rtol=1e-4, atol=1e-5):
+            why = f"the {form} product leaves out the low-rank term A B^T"
+        elif swapped is not None and np.allclose(port, swapped, rtol=1e-4, atol=1e-5):
+            why = cause("tmm_layout", "the (in, out) weight's product uses its factors as an mm's: "
+                                      "x @ W + (x @ B) @ A^T")
+        else:
+            why = f"the perturbed {form} product differs from " + \
+                  ("x @ (W + A B^T)^T" if form == "mm" else "x @ (W + A B^T)")
+    return Row("products", f"{case.label}, {m} members x {' x '.join(map(str, case.rows))} rows: "
+                           f"max |port - exact| / bound", ratio,
+               "<= 1 (gamma_{in + r + 1} |x| (|W| + |A||B|^T))", "pass" if ok else "fail", why)
+
+
+def unchanged_cause(cfg: LMConfig, leaf, what: str) -> str:
     if leaf.cls == "embedding":
         return cause("embedding", f"{leaf.path} is {what}; the reference never updates embedding leaves")
     if leaf.cls == "param":
@@ -311,29 +420,69 @@ def _unchanged_cause(cfg: LMConfig, leaf, what: str) -> str:
     return f"{leaf.path} ({leaf.cls}) is {what}; the reference never updates {leaf.cls} leaves"
 
 
-def fresh_params(R, cfg: LMConfig, seed: int, rng) -> dict[str, np.ndarray]:
-    """The reference's init plus fresh normal values * 0.05 (no leaf left at the init's ones and zeros)."""
+def fresh_params(R, cfg, seed: int, rng) -> dict[str, np.ndarray]:
+    """The LM: the reference's init plus fresh normal values * 0.05 (no leaf left at the init's ones and zeros). A
+    declared tree (no reference init): fresh normal values * 0.1 at every leaf's shape."""
+    if not isinstance(cfg, LMConfig):
+        return {leaf.path: (rng.standard_normal(leaf.shape) * 0.1).astype(np.float32) for leaf in cfg.tree.leaves}
     return {k: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.05).astype(np.float32)
             for k, v in R.init(cfg, seed).items()}
+
+
+class NumpyOptimizers:
+    """optax's sgd, adam and adamw in numpy (parity.numpy_reference) behind the two calls parity.optscale.verified
+    makes of a reference: the candidate optimizers a step that is not the reference's sgd is matched against."""
+
+    def __init__(self, lr: float, optimizer: str = "sgd"):
+        self.lr, self.optimizer = lr, optimizer
+
+    def with_run_knobs(self, optimizer: str) -> "NumpyOptimizers":
+        return NumpyOptimizers(self.lr, optimizer)
+
+    def optimizer_init(self, params: dict):
+        from parity.numpy_reference import optimizer_init
+        return optimizer_init(self.optimizer, params)
+
+    def optimizer_apply(self, params: dict, state, grads: dict, n: int, epoch: int):
+        from parity.numpy_reference import optimizer_apply
+        return optimizer_apply(params, state, grads, n, self.lr)
+
+
+def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
+    """Which optax optimizer, on the port's gradient times which scale, reproduces the port's step (parity.optscale
+    over sgd, adam and adamw, verified within parity.lockstep.MATCH), in the MLP suite's words: the knob `optimizer`
+    when it is not sgd, else the scale; or that none does."""
+    from parity import optscale
+    from parity.lockstep import MATCH
+    fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
+                               cfg.sigma)
+    fit = optscale.best_match(fits, MATCH)
+    if fit is None:                 # no optimizer explains it: no knob is named
+        return diagnose.other("optimizer step", f"the port's step matches none of optax sgd, adam, adamw at the "
+                                                f"reference's learning rate, at any gradient scale ({worst})").text
+    if fit.name == "1" and fit.optimizer != "sgd":
+        return diagnose.optimizer_cause(fit.optimizer, "sgd", worst).text
+    return diagnose.scaled_optimizer_cause(fit, "sgd", optscale.words(fit, cfg.sigma, cfg.pop), worst).text
 
 
 def check_updates(R, side, cfg, seed, rng) -> list[Row]:
     """One step from the same params: the side's new params against the reference's optax-sgd step on the side's
     own gradient (so only the step is judged), within both sides' update_bound; leaves the reference never updates
-    must come back bit for bit."""
+    must come back bit for bit. A step that differs is matched against optax's sgd, adam and adamw up to a gradient
+    scale (step_text)."""
     params = fresh_params(R, cfg, seed, rng)
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     new, g = side.update(seed, 0, params, shaped)
     ref = R.update(cfg, params, g)
     step = math.sqrt(cfg.pop) * cfg.lr
     rows = []
-    for leaf in lm_tree(cfg).leaves:
+    for leaf in cfg.tree.leaves:
         p = leaf.path
         moved = np.abs(new[p].astype(np.float64) - params[p])
         if not ref_perturbs(cfg, leaf):
             ok = not np.any(moved)
             rows.append(Row("updates", f"{p} ({leaf.cls}): max |new - old|", float(moved.max()), "== 0 (not updated)",
-                            "pass" if ok else "fail", "" if ok else _unchanged_cause(cfg, leaf, "updated")))
+                            "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated")))
             continue
         bound = 2 * update_bound(ref[p], step * g[p].astype(np.float64))
         ratio = float(np.max(np.abs(new[p].astype(np.float64) - ref[p]) / np.maximum(bound, 1e-30)))
@@ -342,6 +491,11 @@ def check_updates(R, side, cfg, seed, rng) -> list[Row]:
                         "<= 1 (u |p'| + gamma_24 |lr sqrt(N) g|, both sides)", "pass" if ok else "fail",
                         "" if ok else f"{p}: the step differs from optax.sgd(lr) on -(g sqrt(N)) "
                                       f"(params + lr sqrt(N) g)"))
+    failed = [r for r in rows if r.verdict == "fail" and "the step differs" in r.cause]
+    if failed:
+        updated = [leaf.path for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)]
+        why = step_text(cfg, *({p: t[p] for p in updated} for t in (params, g, new)), f"{failed[0].value:.3g} x bound")
+        rows = [r._replace(cause=f"{r.cause}; {why}") if r in failed else r for r in rows]
     return rows
 
 
@@ -384,7 +538,7 @@ def _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, mag, n_round) -> l
         moved = float(np.max(np.abs(port["params"][p].astype(np.float64) - params[p])))
         ok = moved == 0 and not np.any(port["grads"][p])
         return [Row("trajectory", f"{at}: {p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
-                    "pass" if ok else "fail", "" if ok else _unchanged_cause(cfg, leaf, "updated"))]
+                    "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated"))]
     if mag is None:
         return [Row("trajectory", f"{at}: {p} ({leaf.cls})", float("nan"), "perturbed as the reference", "fail",
                     f"{p}: the port's training loop (es_ask) does not perturb it; the reference perturbs {leaf.cls} "
@@ -451,16 +605,53 @@ def forward_after_noise(rows: list[Row], noise_causes) -> list[Row]:
             for r in rows]
 
 
-def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
-    """(check, the side's method it needs or None, the function) in order: draws compared element by element
-    (exact) or in distribution (parity.tree_dist); products, fitness and updates are draw-free in both modes.
-    `witness` is told of each element-wise comparison of a port output (parity.repro)."""
+FOREIGN_FORWARD = ("the model's forward is the port's own: it is not checked on a declared tree (the reference has no "
+                   "model to run it against); every layer's perturbed product is (the products check: each mm and tmm "
+                   "leaf at its class and shape, stacked slices included, on inputs with batch and sequence axes)")
+
+
+def _noise_plan(R, side, cfg, seed, exact: bool, state: dict):
+    """The noise check (element by element, or in distribution), keeping which leaves parted and its causes."""
     from parity import tree_dist as D
 
     def noise():
         rows, state["parted"] = (check_noise if exact else D.check_noise)(R, side, cfg, seed)
         state["noise_causes"] = list(dict.fromkeys(r.cause for r in rows if r.verdict == "fail" and r.cause))
         return rows
+    return noise
+
+
+def _gradients_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness):
+    from parity import tree_dist as D
+    return lambda: check_gradients(R, side, cfg, seed, rng, state["parted"], witness) if exact else \
+        D.check_gradients(R, side, cfg, seed, rng, state["parted"])
+
+
+def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
+    """The checks on a declared tree (--task tree): init on the laws the port states, noise, products at every leaf,
+    fitness (one more trial of tiny spread, from its own stream), gradients, updates, the forward said not checked,
+    and the trajectory as the es_* lockstep on synthetic fitness (parity.es_lockstep)."""
+    from parity import es_lockstep
+    from parity import tree_dist as D
+    spread = np.random.default_rng([seed, 21])
+    return [("init", "init", lambda: D.check_init_laws(side, cfg, seed)),
+            ("noise", None, _noise_plan(R, side, cfg, seed, exact, state)),
+            ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
+            ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness, spread)),
+            ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
+            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
+            ("forward", None, lambda: [Row("forward", "-", float("nan"), "-", "skip", FOREIGN_FORWARD)]),
+            ("trajectory", "es", lambda: es_lockstep.check(R, side, cfg, seed, exact))]
+
+
+def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
+    """(check, the side's method it needs or None, the function) in order: draws compared element by element
+    (exact) or in distribution (parity.tree_dist); products, fitness and updates are draw-free in both modes.
+    `witness` is told of each element-wise comparison of a port output (parity.repro). The LM (an LMConfig) adds
+    its own init, forward and corpus trajectory; any other tree runs _tree_plan."""
+    from parity import tree_dist as D
+    if not isinstance(cfg, LMConfig):
+        return _tree_plan(R, side, cfg, seed, rng, exact, state, witness)
 
     def forward():
         rows = check_forward(R, side, cfg, seed, rng, noisy_reference=None if exact else
@@ -471,11 +662,10 @@ def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness)
 
     return [("init", "init", lambda: check_init(R, side, cfg, seed, witness) if exact else
              D.check_init(R, side, cfg, seed)),
-            ("noise", None, noise),
+            ("noise", None, _noise_plan(R, side, cfg, seed, exact, state)),
             ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
             ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness)),
-            ("gradients", None, lambda: check_gradients(R, side, cfg, seed, rng, state["parted"], witness) if exact
-             else D.check_gradients(R, side, cfg, seed, rng, state["parted"])),
+            ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
             ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
             ("forward", "scores", forward),
             ("trajectory", "epoch_step", lambda: (check_trajectory if exact else D.check_trajectory)(
@@ -485,8 +675,9 @@ def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness)
 def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
     """Why a check cannot run (a method the side lacks, or lockstep after the noise or forward parted), or ''."""
     if needs and not side.has(needs):
-        return (f"the port has no {needs.replace('scores', 'forward')}"
-                f"{'' if needs != 'epoch_step' else ' (forward and es_* or update)'}")
+        shown = {"scores": "forward", "es": "es_init/es_ask/es_tell/es_params",
+                 "epoch_step": "epoch_step (forward and es_* or update)"}.get(needs, needs)
+        return f"the port has no {shown}"
     if name == "trajectory" and (state["parted"] or state["forward_failed"]):
         return "lockstep needs the same noise and forward: " + (
             "the noise of " + ", ".join(sorted(state["parted"])) + " already differs" if state["parted"]
@@ -572,3 +763,7 @@ def write(out: str, rows: list[Row], header: list[str], footer: list[str] = ()) 
 
 def sizes() -> dict[str, LMConfig]:
     return {"quick": LM_PRESETS["quick"], "selftest": LM_PRESETS["selftest"]}
+
+
+# --task tree: the settings a port leaves undeclared, per size (spec.tree.TreeRun's defaults for the rest).
+TREE_SIZES: dict[str, dict] = {"quick": {"pop": 16}, "selftest": {"pop": 8}}

@@ -1,4 +1,6 @@
-"""`python -m parity check --task lm`: argument parsing, input checks (exit 2 before any work), the run, the report."""
+"""`python -m parity check --task lm` and `--task tree` (one parser, so every flag reaches both): argument parsing,
+input checks (exit 2 before any work), the run, the report. --task lm checks torch_impl or a port of the project's
+LM; --task tree a port on its own declared tree (parity/tree_adapter.py), with the LM's checks and bounds."""
 from __future__ import annotations
 
 import argparse
@@ -13,22 +15,26 @@ from spec.tree_knobs import TREE_CHOICES, TREE_PROFILES, resolve_tree, tree_drif
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m parity check --task lm",
-                                description="the torch tree ES against the JAX reference on the byte-level LM")
-    p.add_argument("--task", choices=("lm",), default="lm")
+    p = argparse.ArgumentParser(prog="python -m parity check --task lm|tree",
+                                description="the tree ES against the JAX reference: on the byte-level LM (lm), or on "
+                                            "a port's own declared tree (tree, with --port)")
+    p.add_argument("--task", choices=("lm", "tree"), default="lm")
     p.add_argument("--profile", default="jax", help=f"tree profile: {', '.join(TREE_PROFILES)} (default jax)")
     p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
                    help="; ".join(f"{k}: {'|'.join(v)}" for k, v in TREE_CHOICES.items()))
     p.add_argument("--port", metavar="MODULE:ATTR",
-                   help="check a foreign tree port through the tree protocol (parity/tree_adapter.py; worked example "
-                        "examples.lm_adapter:LMAdapter) instead of torch_impl")
+                   help="check a foreign tree port through the tree protocol (parity/tree_adapter.py; worked examples "
+                        "examples.lm_adapter:LMAdapter for --task lm, examples.gpt_adapter:GPTAdapter for --task "
+                        "tree) instead of torch_impl")
     p.add_argument("--size", choices=("quick", "selftest"), default=None,
-                   help="LM preset (default quick, or the bundle's with --against)")
+                   help="LM preset, or (--task tree) the defaults of the settings a port leaves undeclared (default "
+                        "quick, or the bundle's with --against)")
     p.add_argument("--seed", type=seed_arg, default=None,
                    help="run seed in [0, 2**32 - 1] (default 0, or the bundle's with --against)")
     p.add_argument("--against", metavar="BUNDLE",
-                   help="check against a recorded LM bundle (e.g. vectors/lm-quick, written by `python -m parity "
-                        "record --task lm`) instead of the live JAX reference: no jax needed")
+                   help="check against a recorded bundle (e.g. vectors/lm-quick, written by `python -m parity "
+                        "record --task lm`; --task tree: `record --task tree --port ...`) instead of the live JAX "
+                        "reference: no jax needed")
     p.add_argument("--out", default="runs/parity-lm", help="report folder (default runs/parity-lm)")
     p.add_argument("--quiet", action="store_true", help="only the verdict line")
     return p
@@ -43,8 +49,14 @@ def parse(argv: list[str]):
     if args.port and (args.torch or args.profile != "jax"):
         raise ValueError("--torch and --profile configure torch_impl; with --port the port is checked as it is "
                          "(drop them, or drop --port)")
+    if args.task == "tree" and not args.port:
+        raise ValueError("--task tree checks a port on its own declared tree: give --port module:attr (e.g. "
+                         "examples.gpt_adapter:GPTAdapter); torch_impl's own tree is the LM: --task lm")
     reference, bundle = None, None
-    if args.against:
+    if args.against and args.task == "tree":       # its reference is made once the port declares its tree
+        from parity.tree_vectors import open_tree_bundle
+        bundle = open_tree_bundle(args.against, args.size, args.seed)
+    elif args.against:
         from parity.tree_vectors import open_bundle, replay_reference
         bundle = open_bundle(args.against, args.size, args.seed)
         reference = replay_reference(bundle)
@@ -68,10 +80,9 @@ def main(argv: list[str]) -> int:
     side, notes, who = None, [], "torch_impl"
     collector, recipe = repro_setup(args, cfg)
     if args.port:
-        from parity.tree_adapter import CheckedTreePort, PortSide, load_tree_port, port_tree
+        from parity.tree_adapter import CheckedTreePort, PortSide
         try:
-            port = load_tree_port(args.port, cfg)
-            _, notes = port_tree(port, cfg)
+            port, cfg, notes, reference = load_port(args, cfg, bundle, reference)
         except ValueError as err:                      # UsageError: the port cannot be checked as declared
             print(f"parity check: {err}", file=sys.stderr)
             return 2
@@ -81,7 +92,7 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     drifts = dict((k, v[1]) for k, v in tree_drifts(knobs).items()) or "(faithful)"
     against = f"the bundle {args.against}" if bundle else "jax_reference"
-    log(f"parity check --task lm: {who if args.port else f'torch_impl {drifts}'} vs {against}, "
+    log(f"parity check --task {args.task}: {who if args.port else f'torch_impl {drifts}'} vs {against}, "
         f"size {args.size}, seed {args.seed}")
     try:
         rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference)
@@ -91,11 +102,12 @@ def main(argv: list[str]) -> int:
     failed = [r for r in rows if r.verdict == "fail"]
     packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
     verdict = "FAIL" if failed else "PASS"
-    header = [f"# Parity check, byte-level LM: {verdict}", "",
+    title = "byte-level LM" if args.task == "lm" else "the port's declared tree"
+    header = [f"# Parity check, {title}: {verdict}", "",
               f"- command: `python -m parity check {shlex.join(argv)}`",
               (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"),
-              *(f"- declared differently from the LM's tree: {n}" for n in notes),
-              f"- size: {args.size}: {cfg}", f"- seed: {args.seed}",
+              *(f"- declared differently from the LM's tree: {n}" if args.task == "lm" else f"- {n}" for n in notes),
+              f"- size: {args.size}: {cfg if args.task == 'lm' else 'the settings above'}", f"- seed: {args.seed}",
               f"- versions: {', '.join(f'{k} {v}' for k, v in versions(packages).items())}",
               *(bundle_lines(bundle, reference) if bundle else []),
               f"- took {time.perf_counter() - started:.1f} s on the CPU",
@@ -117,16 +129,39 @@ def bundle_lines(bundle, reference) -> list[str]:
     """The report's lines on a replayed reference: which bundle, what recorded it, what numpy answered."""
     from parity.tape import recording_of
     misses = reference.misses
+    if bundle.manifest.get("task") == "tree":
+        return [f"- reference: the {recording_of(bundle)}",
+                "- JAX's draws replayed from the bundle; the rest of the reference (the noise from them, shaping, "
+                "gradients, the step, the products) is numpy arithmetic on them (parity/tree_numpy_reference.py)"]
     return [f"- reference: the {recording_of(bundle)}",
             "- answered by the reference's math in numpy (inputs from the port, parity/tree_numpy_reference.py): "
             + (", ".join(f"{k} x{misses.count(k)}" for k in dict.fromkeys(misses)) or "none")
             + "; update and the forward on the port's own noise always are"]
 
 
+def load_port(args, cfg, bundle, reference):
+    """(the port, the run's configuration, the report's lines on its tree, the reference) for --port; UsageError
+    before any work. --task lm: the port built with the LM's cfg, its tree the LM's; --task tree: built with no
+    arguments, the run its declared tree and settings (the size's defaults for the rest), a bundle held to them."""
+    from parity import tree_check
+    from parity.tree_adapter import declared_run, load_tree_port, port_tree
+    if args.task == "lm":
+        port = load_tree_port(args.port, cfg)
+        return port, cfg, port_tree(port, cfg)[1], reference
+    port = load_tree_port(args.port, None)
+    run, lines = declared_run(port, tree_check.TREE_SIZES[args.size])
+    if bundle is not None:
+        from parity.tree_vectors import tree_bundle_reference
+        reference = tree_bundle_reference(bundle, run)
+    return port, run, lines + [f"forward: {tree_check.FOREIGN_FORWARD}"], reference
+
+
 def repro_setup(args, cfg):
     """(the repro collector, with a tape of the port's methods or the torch side's; how a repro builds the port)."""
     from parity.repro import TAPED_TREE, TAPED_TREE_TORCH, Collector, Tape, port_recipe, tree_torch_recipe
     collector = Collector(Tape(methods=TAPED_TREE if args.port else TAPED_TREE_TORCH))
+    if args.task == "tree":                 # the port is built with no arguments
+        return collector, port_recipe(args.port, None)
     return collector, port_recipe(args.port, cfg) if args.port else tree_torch_recipe(args.profile, args.torch, cfg)
 
 

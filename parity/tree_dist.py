@@ -60,9 +60,10 @@ from typing import Callable
 import numpy as np
 from scipy import stats
 
+from parity.checks.dense import is_rescaled, scale_cause
 from parity.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
 from parity.tree_adapter import dense_of
-from parity.tree_check import EPOCHS, Row, cause, ref_perturbs
+from parity.tree_check import EPOCHS, Row, cause, pairing_text, ref_perturbs
 from spec.lm import H0_SCALE, LMConfig, init_plan, lm_tree
 from spec.tree import Leaf
 
@@ -186,24 +187,58 @@ def check_init(R, side, cfg: LMConfig, seed: int) -> list[Row]:
                                   diff == 0, f"init differs: {p} is not the reference's {rule.kind}"))
             continue
         scale = init_scale(rule)
-        x = np.concatenate([init[p].astype(np.float64).ravel() / scale for init in inits])
-        what = f"{p} / {scale:.4g}"
         why = f"init differs: {p} / {scale:.4g} (normal / sqrt({rule.fan_in}))" if rule.kind == "normal" else \
             f"init differs: {p} / 0.1 (h0's normal * 0.1)"
-        rows += [ks_row("init", what, x, alpha, why), chi2_row("init", what, x, alpha, why)]
-        same = bool(np.array_equal(inits[0][p], inits[1][p]))
-        rows.append(exact_row("init", f"{p}: seeds {seed} and {seed + 1} draw alike", float(same),
-                              "== 0 (the run seed keys the init)", not same,
-                              f"init differs: {p} is the same at seeds {seed} and {seed + 1}"))
-        if leaf.scan_axes:
-            n, of = identical_slices(leaf, inits[0][p][None])
-            rows.append(exact_row("init", f"{p}: identical slice pairs", n, f"== 0 of {of} (a key per slice)", n == 0,
-                                  f"init differs: {n} of {of} pairs of {p}'s slices are identical"))
+        rows += _drawn_rows(leaf, inits, scale, alpha, seed, why)
+    return rows
+
+
+def _drawn_rows(leaf: Leaf, inits: list[dict], scale: float, alpha: float, seed: int, why: str) -> list[Row]:
+    """A drawn leaf's init: value / scale N(0, 1) (KS and chi-square over the INIT_SEEDS inits pooled), the seeds
+    drawing apart and, for a stack, no two slices alike (exact)."""
+    p = leaf.path
+    x = np.concatenate([init[p].astype(np.float64).ravel() / scale for init in inits])
+    what = f"{p} / {scale:.4g}"
+    rows = [ks_row("init", what, x, alpha, why), chi2_row("init", what, x, alpha, why)]
+    same = bool(np.array_equal(inits[0][p], inits[1][p]))
+    rows.append(exact_row("init", f"{p}: seeds {seed} and {seed + 1} draw alike", float(same),
+                          "== 0 (the run seed keys the init)", not same,
+                          f"init differs: {p} is the same at seeds {seed} and {seed + 1}"))
+    if leaf.scan_axes:
+        n, of = identical_slices(leaf, inits[0][p][None])
+        rows.append(exact_row("init", f"{p}: identical slice pairs", n, f"== 0 of {of} (a key per slice)", n == 0,
+                              f"init differs: {n} of {of} pairs of {p}'s slices are identical"))
+    return rows
+
+
+NO_INIT_LAWS = ("the adapter declares no init laws (`init_laws`): a foreign model's init is its own, and the reference "
+                "has none to compare it with")
+
+
+def check_init_laws(side, cfg, seed: int) -> list[Row]:
+    """A declared tree's init on the leaves whose law the port states (spec.tree.TreeRun.init_laws): "zeros" and
+    "ones" exactly; ("normal", std) as _drawn_rows at alpha = check_alpha("init") / (2 x normal leaves). The other
+    leaves' init is the port's own: not checked."""
+    if not cfg.init_laws:
+        return [Row("init", "-", float("nan"), "-", "skip", NO_INIT_LAWS)]
+    inits = [side.init(seed + k) for k in range(INIT_SEEDS)]
+    alpha = check_alpha("init") / (2 * max(sum(law == "normal" for _, law, _ in cfg.init_laws), 1))
+    rows = []
+    for path, law, scale in cfg.init_laws:
+        leaf = cfg.tree.leaf(path)
+        if law == "normal":
+            rows += _drawn_rows(leaf, inits, scale, alpha, seed, f"init differs: {path} / {scale:.4g} (its declared "
+                                                                  f"normal(0, {scale:g}))")
+            continue
+        want = 0.0 if law == "zeros" else 1.0
+        diff = float(np.max(np.abs(inits[0][path].astype(np.float64) - want)))
+        rows.append(exact_row("init", f"{path} ({law}): max |port - {want:g}|", diff, "== 0 (its declared law)",
+                              diff == 0, f"init differs: {path} is not {law}, as the adapter declares"))
     return rows
 
 
 # ----------------------------------------------------------------------------- noise
-def _unperturbed_row(leaf: Leaf, value, q: str) -> Row:
+def unperturbed_row(leaf: Leaf, value, q: str) -> Row:
     """A leaf the reference never perturbs: the side's noise must be absent or zero; else name the knob."""
     worst = 0.0 if value is None else float(np.max(np.abs(dense64(leaf, value))))
     knob = "embedding" if leaf.cls == "embedding" else "frozen_leaves"
@@ -226,7 +261,8 @@ def _antithetic_row(leaf: Leaf, value, q: str) -> Row:
     worst = float(np.max(gap - bound))
     return exact_row("noise", f"{q}: antithetic pairs, max (|E_2k + E_2k+1| - bound)", worst,
                      "<= 0 (member 2k+1 = -member 2k; float64 rounding of the products)", worst <= 0,
-                     f"{leaf.path}: member 2k+1 is not the negation of member 2k (interleaved antithetic pairs)")
+                     "; ".join(filter(None, [f"{leaf.path}: member 2k+1 is not the negation of member 2k "
+                                             f"(interleaved antithetic pairs)", worst > 0 and pairing_text(leaf, d)])))
 
 
 def _slices_row(leaf: Leaf, value, q: str) -> Row:
@@ -240,7 +276,10 @@ def _law_rows(cfg: LMConfig, leaf: Leaf, value, q: str, alpha: float) -> list[Ro
     x = independent_entries(value, cfg.sigma)
     why = f"{leaf.path}'s noise over sigma"
     if isinstance(value, tuple):
-        return [ks_row("noise", f"{q}: diagonal entries of E / sigma", x, alpha, why, cfg.rank)]
+        row = ks_row("noise", f"{q}: diagonal entries of E / sigma", x, alpha, why, cfg.rank)
+        if row.verdict == "fail" and is_rescaled(x, cfg.rank):   # EGGROLL-shaped at another variance: a scale
+            row = row._replace(cause=f"{row.cause}; {scale_cause(leaf.path, x).text}")
+        return [row]
     return [ks_row("noise", f"{q}: eps / sigma", x, alpha, why), chi2_row("noise", f"{q}: eps / sigma", x, alpha, why)]
 
 
@@ -249,7 +288,7 @@ def noise_tests(cfg: LMConfig) -> int:
     the reference perturbs; and one KS of every low-rank leaf's entries pooled over both epochs (the most power
     against a drift of the whole noise's scale)."""
     return 1 + len(EPOCHS) * sum(1 if leaf.cls in ("mm", "tmm") else 2
-                                 for leaf in lm_tree(cfg).leaves if ref_perturbs(cfg, leaf))
+                                 for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf))
 
 
 def _pooled_row(cfg: LMConfig, seen: dict, alpha: float) -> list[Row]:
@@ -283,11 +322,11 @@ def check_noise(R, side, cfg: LMConfig, seed: int) -> tuple[list[Row], set[str]]
     alpha = check_alpha("noise") / max(noise_tests(cfg), 1)
     rows, parted, seen = [], set(), {}
     for epoch in EPOCHS:
-        for leaf in lm_tree(cfg).leaves:
+        for leaf in cfg.tree.leaves:
             value = side.leaf_noise(seed, epoch, leaf)
             q = f"{leaf.path} ({leaf.cls}) epoch {epoch}"
             if not ref_perturbs(cfg, leaf):
-                rows.append(_unperturbed_row(leaf, value, q))
+                rows.append(unperturbed_row(leaf, value, q))
                 parted.update([leaf.path] if rows[-1].verdict == "fail" else [])
             elif value is None:
                 parted.add(leaf.path)
@@ -297,7 +336,7 @@ def check_noise(R, side, cfg: LMConfig, seed: int) -> tuple[list[Row], set[str]]
                 seen.setdefault(leaf.path, []).append(value)
                 rows += [_antithetic_row(leaf, value, q)] + ([_slices_row(leaf, value, q)] if leaf.scan_axes else []) \
                     + _law_rows(cfg, leaf, value, q, alpha)     # shared slices named before they skew the law's test
-    rows += [_epoch_row(R, cfg, lm_tree(cfg).leaf(p), v) for p, v in seen.items() if len(v) == len(EPOCHS)]
+    rows += [_epoch_row(R, cfg, cfg.tree.leaf(p), v) for p, v in seen.items() if len(v) == len(EPOCHS)]
     return rows + _pooled_row(cfg, seen, alpha) + invisible_rows(), parted
 
 
@@ -305,7 +344,7 @@ def check_noise(R, side, cfg: LMConfig, seed: int) -> tuple[list[Row], set[str]]
 def reference_dense(cfg: LMConfig, noise: dict) -> dict[str, np.ndarray]:
     """{path: E (m, *shape) float32} of every leaf the reference perturbs that the side's noise holds (formed in
     float64, rounded once); leaves only the side perturbs are left out, as the reference would."""
-    return {leaf.path: dense64(leaf, noise[leaf.path]).astype(np.float32) for leaf in lm_tree(cfg).leaves
+    return {leaf.path: dense64(leaf, noise[leaf.path]).astype(np.float32) for leaf in cfg.tree.leaves
             if ref_perturbs(cfg, leaf) and noise.get(leaf.path) is not None}
 
 
@@ -314,7 +353,7 @@ def check_gradients(R, side, cfg: LMConfig, seed: int, rng, parted: set[str]) ->
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     port, noise = side.grads(seed, 0, shaped), side.protocol(seed, 0)
     rows = []
-    for leaf in lm_tree(cfg).leaves:
+    for leaf in cfg.tree.leaves:
         p = leaf.path
         if p in parted:
             rows.append(Row("gradients", f"{p} ({leaf.cls})", float("nan"), "-", "skip",
@@ -346,7 +385,7 @@ def reference_step(R, cfg: LMConfig, params: dict, noise: dict, tokens: np.ndarr
     scores, _ = R.scores_dense(cfg, params, dense, tokens)
     shaped = R.shape(cfg, scores)
     grads = {leaf.path: estimate(leaf, noise[leaf.path], shaped) if leaf.path in dense else np.zeros(leaf.shape)
-             for leaf in lm_tree(cfg).leaves}
+             for leaf in cfg.tree.leaves}
     new = R.update(cfg, params, {k: v.astype(np.float32) for k, v in grads.items()})
     return {"scores": scores, "shaped": shaped, "grads": grads, "params": new}
 
@@ -362,18 +401,18 @@ def trajectory_step(R, side, cfg: LMConfig, seed: int, asked: list | None = None
             asked.append(noise)
         mags = {leaf.path: (magnitude(leaf, noise[leaf.path]),
                             cfg.pop * cfg.rank + 3 if leaf.cls in ("mm", "tmm") else cfg.pop + 2)
-                for leaf in lm_tree(cfg).leaves if ref_perturbs(cfg, leaf) and noise.get(leaf.path) is not None}
+                for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf) and noise.get(leaf.path) is not None}
         return reference_step(R, cfg, params, noise, tokens), port, mags
     return step
 
 
-def _asked_rows(cfg: LMConfig, asked: list) -> list[Row]:
+def asked_rows(cfg: LMConfig, asked: list) -> list[Row]:
     """The training loop's own noise (es_ask): antithetic pairs per perturbed leaf and epoch (exact), and one KS of
     every low-rank leaf's independent entries over sigma, the epochs pooled (576 entries at the selftest size: power
     against a loop at twice the scale), at check_alpha("trajectory")."""
     rows, x = [], []
     for epoch, noise in enumerate(asked):
-        leaves = [leaf for leaf in lm_tree(cfg).leaves if noise.get(leaf.path) is not None]
+        leaves = [leaf for leaf in cfg.tree.leaves if noise.get(leaf.path) is not None]
         rows += [_antithetic_row(leaf, noise[leaf.path], f"epoch {epoch}: es_ask noise, {leaf.path}")._replace(
             check="trajectory") for leaf in leaves]
         x += [independent_entries(noise[leaf.path], cfg.sigma) for leaf in leaves if leaf.cls in ("mm", "tmm")]
@@ -391,4 +430,4 @@ def check_trajectory(R, side, cfg: LMConfig, seed: int, parted: set[str]) -> lis
     from parity.tree_check import check_trajectory as lockstep
     asked: list = []
     rows = lockstep(R, side, cfg, seed, parted, step=trajectory_step(R, side, cfg, seed, asked))
-    return rows + _asked_rows(cfg, asked)
+    return rows + asked_rows(cfg, asked)

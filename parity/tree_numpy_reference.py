@@ -1,4 +1,6 @@
-"""The JAX reference's LM math (parity/tree_reference.py) in numpy, for a check replayed from a bundle without JAX.
+"""The JAX reference's tree math (parity/tree_reference.py) in numpy, for a check replayed from a bundle without JAX:
+the noise, shaping, gradient, step and products on any declared tree (cfg: spec.lm.LMConfig or spec.tree.TreeRun), and
+the LM's forward.
 
 What only JAX can produce, its normals, comes in through `draws(cfg, seed, epoch, leaf, variant)` (the recorded
 tree_reference.draws); everything else is arithmetic: the noise (signs, sigma / sqrt(r), A B^T), shaping, the ES
@@ -17,8 +19,8 @@ from typing import Callable
 import numpy as np
 from scipy.special import expit, log_softmax
 
-from spec.lm import BLOCK_INTERMEDIATES, RMS_EPS, LMConfig, lm_tree
-from spec.tree import Leaf
+from spec.lm import BLOCK_INTERMEDIATES, RMS_EPS, LMConfig
+from spec.tree import Leaf, leading_scan
 
 NAME = "numpy reference"
 LN2 = float(np.float32(math.log(2.0)))      # the score's divisor as the reference forms it: float32(ln 2)
@@ -46,8 +48,9 @@ def signs(n: int) -> np.ndarray:
 
 
 def _check_layout(leaf: Leaf) -> None:
-    if leaf.scan_axes not in ((), (0,)):
-        raise ValueError(f"leaf {leaf.path}: scan axes {leaf.scan_axes}; the LM stacks on axis 0 only")
+    if not leading_scan(leaf):
+        raise ValueError(f"leaf {leaf.path}: scan axes {leaf.scan_axes}; a stack is the leaf's leading axes in order "
+                         f"((0,), (0, 1), ...), as upstream's noiser scans it")
 
 
 def _bcast(v: np.ndarray, ndim: int) -> np.ndarray:
@@ -203,14 +206,14 @@ class NumpyTreeReference:
     def noise64(self, cfg: LMConfig, seed: int, epoch: int) -> dict[str, np.ndarray]:
         """{path: (pop, *shape) float64} of every leaf the reference perturbs."""
         return {leaf.path: noise64(cfg, leaf, self._z(cfg, seed, epoch, leaf, "faithful"))
-                for leaf in lm_tree(cfg).leaves if perturbs(cfg, leaf)}
+                for leaf in cfg.tree.leaves if perturbs(cfg, leaf)}
 
     def grads(self, cfg: LMConfig, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarray]:
         """The noiser's g per leaf: einsum(f A, B) / N (param: mean(f eps)); zero where it perturbs nothing."""
         f = np.asarray(shaped, F32).astype(np.float64)
         noise = self.noise64(cfg, seed, epoch)
         return {leaf.path: (np.tensordot(f, noise[leaf.path], axes=1) / f.size).astype(F32) if leaf.path in noise
-                else np.zeros(leaf.shape, F32) for leaf in lm_tree(cfg).leaves}
+                else np.zeros(leaf.shape, F32) for leaf in cfg.tree.leaves}
 
     def scores(self, cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarray, noise: bool):
         """(scores (m,), intermediates) of members 0..m-1 on tokens (m, T + 1), each with its own noise at epoch

@@ -1,18 +1,23 @@
-"""The JAX reference on a parameter tree (the byte-level LM), as numpy: init, each leaf's noise, shaping, scores,
-gradients; and the signatures of the tree drifts, drawn from JAX's own keys, so a check can name the one a side has.
+"""The JAX reference on a parameter tree, as numpy: each leaf's noise, shaping, gradients, the optimizer step and the
+perturbed products on ANY declared tree (a spec.tree.TreeRun, or the LM's spec.lm.LMConfig: anything with a `tree`
+and the ES settings), and the signatures of the tree drifts, drawn from JAX's own keys, so a check can name the one a
+side has; the LM's own init, scores and training epoch (the model the project ships).
 
 Only this module of the LM suite imports jax_reference (like parity/reference_port.py for the MLP).
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_reference import lm as jlm
+from jax_reference.models import recursive_scan_split, simple_es_tree_key
 from jax_reference.noiser import EggRoll, apply_grads, es_grads, true_epoch
 from jax_reference.population import population_iterinfos
-from spec.lm import LMConfig, lm_tree
+from spec.lm import LMConfig
 from spec.tree import Leaf
 
 NAME = "jax_reference"
@@ -41,26 +46,36 @@ def init(cfg: LMConfig, seed: int) -> dict[str, np.ndarray]:
     return {p: np.asarray(v) for p, v in _flat(jlm.init_lm(cfg, seed).params).items()}
 
 
-def noiser(cfg: LMConfig):
-    return EggRoll.init_noiser(_nest({p: jnp.zeros(s) for p, s in lm_tree(cfg).shapes.items()}), cfg.sigma, cfg.lr,
+def noiser(cfg):
+    return EggRoll.init_noiser(_nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()}), cfg.sigma, cfg.lr,
                                group_size=cfg.group_size, freeze_nonlora=cfg.freeze_nonlora,
                                noise_reuse=cfg.noise_reuse, rank=cfg.rank)
 
 
-def slice_keys(cfg: LMConfig, seed: int, leaf: Leaf, variant: str = "faithful"):
-    """(L,) typed keys of a stacked leaf (or a scalar key): faithful (split per slice, flatten-order index),
-    `shared` (the leaf's key for every slice), `insertion` (the index in declaration order)."""
-    tree = lm_tree(cfg)
+def slice_keys(cfg, seed: int, leaf: Leaf, variant: str = "faithful"):
+    """(*stack,) typed keys of a stacked leaf (or a scalar key), the stack its leading scanned axes: faithful
+    (recursive_scan_split, flatten-order index), `shared` (the leaf's key for every slice), `insertion` (the index
+    in declaration order). cfg: spec.lm.LMConfig or spec.tree.TreeRun (anything with a `tree`)."""
+    tree = cfg.tree
     index = tree.index(leaf.path, "insertion" if variant == "insertion" else "sorted")
     base = jax.random.split(jlm.run_keys(seed)[1], len(tree.leaves))[index]
     if not leaf.scan_axes:
         return base
     if variant == "shared":
-        return jnp.stack([base] * leaf.shape[0])
-    return jax.random.split(base, leaf.shape[0])
+        return jnp.stack([base] * leaf.n_slices).reshape(leaf.stack_shape)
+    return recursive_scan_split(jnp.zeros(leaf.shape), base, leaf.scan_axes)
 
 
-def draws(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
+def _per_slices(fn, keys, leaf: Leaf, *rest):
+    """fn(key, *rest) over every slice key of a leaf, the members' axis first: (m, *stack, ...) (vmap over the
+    flattened slices, then the stack put back)."""
+    if not leaf.scan_axes:
+        return fn(keys, *rest)
+    out = jax.vmap(fn, in_axes=(0,) + (None,) * len(rest), out_axes=1)(keys.reshape(-1), *rest)
+    return out.reshape(out.shape[:1] + leaf.stack_shape + out.shape[2:])
+
+
+def draws(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
     """The raw JAX normals behind one leaf's noise, one draw per antithetic pair p (members 2p and 2p+1 share it):
     normal(fold_in(fold_in(slice key, true epoch), p)) of shape (a + b, r) (low-rank) or the slice shape (param),
     laid out (pop // 2, *stack, ...) float32; keys as slice_keys(variant). Everything else about the noise (signs,
@@ -72,14 +87,10 @@ def draws(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "fait
     def one(key, p):
         return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), p), shape)
 
-    per_slice = jax.vmap(one, in_axes=(None, 0))
-    pairs = jnp.arange(cfg.pop // 2)
-    if leaf.scan_axes:
-        return np.asarray(jax.vmap(per_slice, in_axes=(0, None), out_axes=1)(keys, pairs))
-    return np.asarray(per_slice(keys, pairs))
+    return np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0)), keys, leaf, jnp.arange(cfg.pop // 2)))
 
 
-def dense_noise(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
+def dense_noise(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
     """Every member's perturbation of one leaf at its stored shape (pop, *shape), float32, as upstream draws it
     (variant `tmm_transposed`: an (in, out) weight's draw split as a transposed mm: B = Z[:in])."""
     keys = slice_keys(cfg, seed, leaf, variant)
@@ -98,13 +109,10 @@ def dense_noise(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str =
             return z[:a] @ (z[a:] * (sg * s_low)).T
         return (z[b:] * (sg * s_low)) @ z[:b].T
 
-    per_slice = jax.vmap(one, in_axes=(None, 0, 0))
-    if leaf.scan_axes:
-        return np.asarray(jax.vmap(per_slice, in_axes=(0, None, None), out_axes=1)(keys, members, sign))
-    return np.asarray(per_slice(keys, members, sign))
+    return np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0, 0)), keys, leaf, members, sign))
 
 
-def factors_abs_product(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf) -> np.ndarray:
+def factors_abs_product(cfg, seed: int, epoch: int, leaf: Leaf) -> np.ndarray:
     """|A| |B|^T per member at the stored shape (pop, *shape), float64: the scale of a low-rank product's rounding."""
     keys = slice_keys(cfg, seed, leaf)
     g = true_epoch(epoch, cfg.noise_reuse)
@@ -112,15 +120,12 @@ def factors_abs_product(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf) -> np.
     a, b = leaf.slice_shape
 
     def one(key, m):
-        z = jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), m // 2), (a + b, cfg.rank))
-        return z
-    zs = jax.vmap(one, in_axes=(None, 0))
-    z = np.asarray(jax.vmap(zs, in_axes=(0, None), out_axes=1)(keys, jnp.arange(cfg.pop)) if leaf.scan_axes
-                   else zs(keys, jnp.arange(cfg.pop))).astype(np.float64)
+        return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), m // 2), (a + b, cfg.rank))
+    z = np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0)), keys, leaf, jnp.arange(cfg.pop))).astype(np.float64)
     return np.abs(z[..., b:, :] * s_low) @ np.abs(np.swapaxes(z[..., :b, :], -1, -2))
 
 
-def shape(cfg: LMConfig, f: np.ndarray) -> np.ndarray:
+def shape(cfg, f: np.ndarray) -> np.ndarray:
     frozen, params = noiser(cfg)
     return np.asarray(EggRoll.convert_fitnesses(frozen, params, jnp.asarray(f, jnp.float32)))
 
@@ -155,17 +160,35 @@ def scores_dense(cfg: LMConfig, params: dict, dense: dict, tokens: np.ndarray):
     return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
 
 
-def grads(cfg: LMConfig, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarray]:
-    """The noiser's g per leaf for shaped fitness (pop,), drawn with the reference's own keys."""
+def es_maps(tree) -> tuple[dict, dict]:
+    """(scan_map, es_map) of a spec.tree.Tree as upstream's nested dicts (scanned axes, es_map classes)."""
+    return (_nest({leaf.path: leaf.scan_axes for leaf in tree.leaves}),
+            _nest({leaf.path: leaf.es_class for leaf in tree.leaves}))
+
+
+@functools.lru_cache(maxsize=8)
+def _grads_fn(cfg):
+    """(es_grads jitted for this configuration's tree and settings, its zero params): compiled once per
+    configuration, where eager es_grads would trace every stacked leaf's lax.scan again at each call."""
     frozen, nparams = noiser(cfg)
-    init = jlm.init_lm(cfg, seed)
-    keys = jlm.es_keys(init.params, init.scan_map, seed)
-    its = population_iterinfos(epoch, cfg.pop)
-    g = es_grads(frozen, nparams, init.params, keys, jnp.asarray(shaped, jnp.float32), its, init.es_map)
+    params = _nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()})
+    es_map = es_maps(cfg.tree)[1]
+    return jax.jit(lambda keys, shaped, epochs, tids: es_grads(frozen, nparams, params, keys, shaped, (epochs, tids),
+                                                               es_map)), params
+
+
+def grads(cfg, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarray]:
+    """The noiser's g per leaf for shaped fitness (pop,), drawn with the reference's own keys (simple_es_tree_key
+    of split(key(seed), 3)[1] on the tree; the values of the params do not enter the estimate), under jit as a
+    training step runs it."""
+    fn, params = _grads_fn(cfg)
+    keys = simple_es_tree_key(params, jlm.run_keys(seed)[1], es_maps(cfg.tree)[0])
+    epochs, tids = population_iterinfos(epoch, cfg.pop)
+    g = fn(keys, jnp.asarray(shaped, jnp.float32), epochs, tids)
     return {p: np.asarray(v) for p, v in _flat(g).items()}
 
 
-def update(cfg: LMConfig, params: dict, grads: dict) -> dict[str, np.ndarray]:
+def update(cfg, params: dict, grads: dict) -> dict[str, np.ndarray]:
     """One optax-sgd step of the noiser on given per-leaf gradients (apply_grads: -(g sqrt(N)) to the solver)."""
     frozen, nparams = noiser(cfg)
     p = _nest({k: jnp.asarray(v) for k, v in params.items()})

@@ -38,11 +38,11 @@ class LMReference:
     """tree_reference's surface: the RECORDED functions from `source` (a Recording of tree_reference, or a Replay of a
     bundle falling back to numpy), everything else from `numpy` (a NumpyTreeReference on source's draws)."""
 
-    def __init__(self, source: Any, numpy: NumpyTreeReference):
-        self.source, self.numpy = source, numpy
+    def __init__(self, source: Any, numpy: NumpyTreeReference, recorded: tuple[str, ...] = RECORDED):
+        self.source, self.numpy, self.recorded = source, numpy, recorded
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.source if name in RECORDED else self.numpy, name)
+        return getattr(self.source if name in self.recorded else self.numpy, name)
 
     @property
     def misses(self) -> list[str]:
@@ -136,3 +136,76 @@ def bundle_reference(folder: str | Path, cfg: LMConfig, seed: int) -> LMReferenc
                          f"this run's configuration {cfg}: give a bundle of that size, or record one with "
                          f"`{regenerate('SIZE', seed, 'BUNDLE')}`")
     return replay_reference(bundle)
+
+
+# ----------------------------------------------------------------------------- --task tree: a port's declared tree
+TREE_TASK = "tree"
+TREE_RECORDED = ("draws",)      # JAX's normals: everything else is numpy arithmetic on them (tree_numpy_reference)
+
+
+def regenerate_tree(port: str = "PORT", size: str = "quick", seed: int = 0, out: str = "BUNDLE") -> str:
+    return (f"python -m parity record --task tree --port {port} --size {size}" + (f" --seed {seed}" if seed else "")
+            + f" --out {out}")
+
+
+def tree_draws(run) -> list[tuple[Any, int, Any, str]]:
+    """(configuration, epoch, leaf, variant) of every draw the tree suite may ask the reference for on this run:
+    the noise check's epochs under the faithful key scheme and the drifted ones it names, the gradients' epoch, and
+    the trajectory's epochs and generations (parity.es_lockstep.reference_draws)."""
+    from parity.es_lockstep import reference_draws
+    from parity.tree_check import EPOCHS
+    leaves = [leaf for leaf in run.tree.leaves if perturbs(run, leaf)]
+    out = [(run, epoch, leaf, variant) for epoch in EPOCHS for leaf in leaves for variant in drift_variants(leaf)]
+    out += [(cfg, epoch, leaf, "faithful") for cfg, epoch in reference_draws(run) for leaf in leaves]
+    return list(dict.fromkeys(out))
+
+
+def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line: None) -> Path:
+    """Record JAX's draws for every check of the tree suite on the port's declared tree and settings at (size,
+    seed) into the bundle folder `out` (written atomically); UsageError before any work for a port or tree that
+    cannot be checked. The rest of the reference is numpy on these draws, on replay as when recorded."""
+    from parity import tree_reference
+    from parity.tree_adapter import declared_run, load_tree_port
+    from parity.tree_check import TREE_SIZES
+    from reporting import cpu_name, versions
+    if size not in TREE_SIZES:
+        raise UsageError(f"--task tree --size {size!r}: the tree suite's sizes are {', '.join(TREE_SIZES)}")
+    run, lines = declared_run(load_tree_port(port_spec, None), TREE_SIZES[size])
+    store = Store()
+    source = Recording(tree_reference, TREE_RECORDED, store)
+    wanted = tree_draws(run)
+    for i, (cfg, epoch, leaf, variant) in enumerate(wanted):
+        source.draws(cfg, seed, epoch, leaf, variant)
+        if (i + 1) % 20 == 0 or i + 1 == len(wanted):
+            log(f"record: {i + 1} of {len(wanted)} draws")
+    manifest = {"task": TREE_TASK, "size": size, "seed": seed, "port": port_spec, "run": config_record(run),
+                "sizes": "; ".join(lines), "versions": versions(VERSIONS),
+                "device": f"{tree_reference.device()}; host CPU {cpu_name()}",
+                "matmul_precision": tree_reference.matmul_precision(),
+                "command": regenerate_tree(port_spec, size, seed, str(out)), "recorded": list(TREE_RECORDED),
+                "numpy_answers": "shaping, gradients, the step and the products: numpy on the recorded draws "
+                                 "(parity/tree_numpy_reference.py)"}
+    return write_bundle(out, store, manifest)
+
+
+def open_tree_bundle(folder: str | Path, size: str | None, seed: int | None) -> Bundle:
+    """A --task tree bundle, checked before any work (UsageError, exit 2): readable, of this task, at the asked size
+    and seed."""
+    bundle = read_bundle(folder, regenerate_tree())
+    check_holds(bundle, TREE_TASK, size, seed, "a bundle of your port",
+                lambda s, e: regenerate_tree(bundle.manifest.get("port", "PORT"), s, e))
+    return bundle
+
+
+def tree_bundle_reference(bundle: Bundle, run) -> LMReference:
+    """The replayed reference of a --task tree bundle for this run (the port's declared tree and settings); UsageError
+    when the bundle was recorded for another tree or other settings."""
+    m, declared = bundle.manifest, config_record(run)
+    recorded = m.get("run") if isinstance(m.get("run"), dict) else {}
+    if recorded != declared:
+        differ = sorted(k for k in set(recorded) | set(declared) if recorded.get(k) != declared.get(k))
+        raise UsageError(f"bundle {bundle.folder} was recorded for another tree or other settings ({', '.join(differ)} "
+                         f"differ from the port's declaration): record this port's with "
+                         f"`{regenerate_tree(m.get('port', 'PORT'), m['size'], m['seed'])}`")
+    numpy = NumpyTreeReference(Replay(bundle.store, TREE_RECORDED).draws)
+    return LMReference(Replay(bundle.store, TREE_RECORDED, fallback=numpy), numpy, TREE_RECORDED)

@@ -232,13 +232,26 @@ def _record_parser():
                description="Record the JAX reference's answers to every call of the parity suite as a bundle "
                            "(arrays.npz + manifest.json) that `python -m parity check --against BUNDLE` replays "
                            "without JAX.")
-    p.add_argument("--task", choices=("cartpole", "lm"), default="cartpole", help="which suite (default cartpole)")
+    p.add_argument("--task", choices=("cartpole", "lm", "tree"), default="cartpole",
+                   help="which suite (default cartpole; tree: a port's own declared tree, with --port)")
+    p.add_argument("--port", metavar="MODULE:ATTR", help="--task tree: the port whose declared tree and settings "
+                                                         "the bundle is recorded for (e.g. examples.gpt_adapter:GPTAdapter)")
     p.add_argument("--size", default="quick", help=f"the suite's size: {', '.join(sorted(SIZES))} for cartpole, "
-                                                   "quick or selftest for lm (default quick)")
+                                                   "quick or selftest for lm and tree (default quick)")
     p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
     p.add_argument("--out", required=True, help="the bundle folder to write (e.g. runs/vectors/cartpole-quick)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
+
+
+def _record_tree(args) -> int:
+    """`record --task tree --port X`: the port's tree and settings checked before any work (UsageError, exit 2)."""
+    from parity import tree_vectors
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    written = tree_vectors.record_tree(args.port, args.size, args.seed, Path(args.out), log)
+    size = sum(p.stat().st_size for p in Path(written).iterdir())
+    print(f"parity record: wrote {written} ({size / 1e6:.2f} MB)")
+    return 0
 
 
 def record_main(argv: list[str]) -> int:
@@ -258,6 +271,11 @@ def record_main(argv: list[str]) -> int:
             if args.size not in lm_sizes():
                 raise UsageError(f"--task lm --size {args.size}: unknown; the LM suite's sizes: "
                                  f"{', '.join(lm_sizes())}")
+        if (args.task == "tree") != bool(args.port):
+            raise UsageError("--port goes with --task tree: the bundle is recorded for the port's declared tree "
+                             "(e.g. --task tree --port examples.gpt_adapter:GPTAdapter)")
+        if args.task == "tree":
+            return _record_tree(args)
     except ValueError as err:       # UsageError and the limits' errors
         print(f"parity record: {err}", file=sys.stderr)
         return 2

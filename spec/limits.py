@@ -6,12 +6,14 @@ argument) and nothing written.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import tempfile
 from typing import NamedTuple
 
 from spec.config import Config
+from spec.tree import Tree
 
 # jax.random.key(seed) keeps the low 32 bits of the seed (x64 off): key(2**32) == key(0), and gymnasium's
 # reset seeds must be >= 0. So a run seed is an integer in [0, 2**32 - 1].
@@ -83,6 +85,19 @@ def estimate_population_bytes(pop: int, dims: tuple[int, ...], rank: int) -> Mem
     return MemoryEstimate(sum(parts.values()), parts)
 
 
+def estimate_tree_check_bytes(tree: Tree, pop: int, rank: int) -> MemoryEstimate:
+    """The tree suite's largest arrays on a declared tree: every member's noise of every leaf (low-rank leaves as
+    factors, (a + b) r per slice; the others at full size; float32) and, one leaf at a time, the comparisons' dense
+    perturbations (each member's A B^T or eps at the leaf's stored shape, float64, about four copies: both sides',
+    the bound, the difference). A lower bound on the peak, used to refuse trees that cannot fit."""
+    noise = sum(leaf.n_slices * sum(leaf.slice_shape) * rank if leaf.factor_dims else math.prod(leaf.shape)
+                for leaf in tree.leaves)
+    largest = max(math.prod(leaf.shape) for leaf in tree.leaves)
+    parts = {"noise of every leaf (float32)": pop * noise * 4,
+             "dense perturbations of the largest leaf (float64, 4 copies)": 4 * pop * largest * 8}
+    return MemoryEstimate(sum(parts.values()), parts)
+
+
 def estimate_training_bytes(cfg: Config) -> MemoryEstimate:
     """The largest arrays a training epoch holds at once (either side): the population forward's, the action
     uniforms (500 steps) and the environment state.
@@ -124,6 +139,8 @@ def check_fits(cfg: Config | None = None, available: int | None = None, where: s
     if available is not None and est.total > available:
         largest = int(available / (est.total / pop)) // 2 * 2
         top = ", ".join(f"{k} {gib(v)}" for k, v in sorted(est.parts.items(), key=lambda kv: -kv[1])[:3])
+        fits = (f"use a population of at most about {largest:,}" if largest >= 2 else
+                "not even a population of 2 fits: give a smaller model or a machine with more memory")
         raise ValueError(f"pop {pop:,} needs at least {gib(est.total)} ({top}); {where} has {gib(available)} "
-                         f"available: use a population of at most about {largest:,}")
+                         f"available: {fits}")
     return est

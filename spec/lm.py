@@ -49,10 +49,11 @@ and embedding: shape[0]); h0 is `normal(key, (d,)) * float32(0.1)`; ln weights a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from spec.tree import Leaf, Tree, make_tree
+from spec.tree import Leaf, Tree, check_es_settings, make_tree
 
 VOCAB = 256              # bytes
 RMS_EPS = 1e-5
@@ -84,23 +85,16 @@ class LMConfig:
                      "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.pop % 2:
-            raise ValueError(f"pop {self.pop} is odd but members pair antithetically (2k, 2k+1); use an even "
-                             f"population such as {self.pop + 1}")
-        if self.group_size < 0 or (self.group_size and self.pop % self.group_size):
-            raise ValueError(f"group_size {self.group_size} does not divide the population {self.pop}; use 0 "
-                             f"(one stream for all) or a divisor of {self.pop}")
-        if self.group_size % 2:
-            raise ValueError(f"group_size {self.group_size} is odd: an antithetic pair (2k, 2k+1) must share its "
-                             f"stream; use an even group size or 0")
-        if self.noise_reuse < 0:
-            raise ValueError(f"noise_reuse must be >= 0 (0 = the same noise every epoch), got {self.noise_reuse}")
-        if not self.sigma > 0 or not self.lr > 0:
-            raise ValueError(f"sigma and lr must be > 0, got sigma={self.sigma}, lr={self.lr}")
+        check_es_settings(self.pop, self.group_size, self.rank, self.noise_reuse, self.sigma, self.lr)
 
     @property
     def n_streams(self) -> int:
         return self.pop // self.group_size if self.group_size else 1
+
+    @property
+    def tree(self) -> Tree:
+        """The LM's tree at this size (lm_tree): what the tree suite's checks read, as from a spec.tree.TreeRun."""
+        return lm_tree(self)
 
     def replace(self, **changes) -> "LMConfig":
         return dataclasses.replace(self, **changes)
@@ -127,6 +121,7 @@ TOP = ("embed", "blocks", "ln_f", "head")
 BLOCK = ("ln1", "shift", "wz", "bz", "wh", "ln2", "up", "down", "h0")
 
 
+@functools.lru_cache(maxsize=32)
 def lm_tree(cfg: LMConfig) -> Tree:
     """The LM's leaves (declared in registration order; `Tree.leaves` is JAX's flatten order)."""
     d, h, L = cfg.d_model, cfg.d_hidden, cfg.layers

@@ -11,6 +11,7 @@ that order (`recursive_scan_split`): slice (i0, i1, ...) gets `split(...split(k,
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -57,7 +58,8 @@ class Leaf:
             raise TreeError(f"leaf {self.path!r}: scan axes {self.scan_axes} repeat an axis")
         if self.cls in LOWRANK and len(self.slice_shape) != 2:
             raise TreeError(f"leaf {self.path!r}: a {self.cls} slice must be a matrix, got slice shape "
-                            f"{self.slice_shape} (shape {self.shape}, scan axes {self.scan_axes})")
+                            f"{self.slice_shape} (shape {self.shape}, scan axes {self.scan_axes}); declare a stack's "
+                            f"axes as scan axes (e.g. (0,)), or class a leaf that is no weight matrix param")
 
     @property
     def slice_shape(self) -> tuple[int, ...]:
@@ -165,7 +167,8 @@ def check_params(tree: Tree, shapes: Mapping[str, Sequence[int]], who: str = "pa
                ([f"not in the tree {', '.join(extra)}"] if extra else []) + \
                ([f"shapes differ: {'; '.join(wrong)}"] if wrong else [])
     if problems:
-        raise TreeError(f"{who} do not match the declared tree: {'; '.join(problems)}")
+        raise TreeError(f"{who} do not match the declared tree: {'; '.join(problems)} (declare every parameter in "
+                        f"the tree at its shape, and only those)")
 
 
 def slice_index(leaf: Leaf) -> list[tuple[int, ...]]:
@@ -174,6 +177,72 @@ def slice_index(leaf: Leaf) -> list[tuple[int, ...]]:
     for n in leaf.stack_shape:
         out = [idx + (i,) for idx in out for i in range(n)]
     return out
+
+
+def leading_scan(leaf: Leaf) -> bool:
+    """Whether the leaf's scanned axes are its leading axes in order ((), (0,), (0, 1), ...): the stacks upstream's
+    noiser takes (its update scans a stacked leaf along axis 0, slice by slice, axis after axis)."""
+    return leaf.scan_axes == tuple(range(len(leaf.scan_axes)))
+
+
+def check_es_settings(pop: int, group_size: int, rank: int, noise_reuse: int, sigma: float, lr: float) -> None:
+    """Raise ValueError, saying what would be right, for ES settings no run can have."""
+    for name, value in (("pop", pop), ("rank", rank)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if pop % 2:
+        raise ValueError(f"pop {pop} is odd but members pair antithetically (2k, 2k+1); use an even "
+                         f"population such as {pop + 1}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 0 or \
+            (group_size and pop % group_size):
+        raise ValueError(f"group_size {group_size!r} does not divide the population {pop}; use 0 "
+                         f"(one stream for all) or a divisor of {pop}")
+    if group_size % 2:
+        raise ValueError(f"group_size {group_size} is odd: an antithetic pair (2k, 2k+1) must share its "
+                         f"stream; use an even group size or 0")
+    if isinstance(noise_reuse, bool) or not isinstance(noise_reuse, int) or noise_reuse < 0:
+        raise ValueError(f"noise_reuse must be an integer >= 0 (0 = the same noise every epoch), got {noise_reuse!r}")
+    if not isinstance(sigma, (int, float)) or not isinstance(lr, (int, float)) or not sigma > 0 or not lr > 0:
+        raise ValueError(f"sigma and lr must be numbers > 0, got sigma={sigma!r}, lr={lr!r}")
+
+
+INIT_LAWS = ("normal", "zeros", "ones")
+
+
+@dataclass(frozen=True)
+class TreeRun:
+    """A declared tree and the ES settings the tree suite runs on it (spec.lm.LMConfig is the LM's own: the same
+    fields, its tree `lm_tree(cfg)`). init_laws: (path, law, scale) for the leaves whose initial values the port
+    states (law "normal": value / scale is N(0, 1); "zeros", "ones": exactly); the others' init is not checked."""
+
+    tree: Tree
+    pop: int = 16
+    rank: int = 2
+    sigma: float = 0.02
+    lr: float = 0.01
+    group_size: int = 4
+    noise_reuse: int = 1
+    freeze_nonlora: bool = True
+    init_laws: tuple[tuple[str, str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        check_es_settings(self.pop, self.group_size, self.rank, self.noise_reuse, self.sigma, self.lr)
+        if not isinstance(self.freeze_nonlora, bool):
+            raise ValueError(f"freeze_nonlora must be True or False, got {self.freeze_nonlora!r}")
+        if not self.tree.leaves:
+            raise TreeError("the tree has no leaves; declare at least one (path, shape, class)")
+        for path, law, scale in self.init_laws:
+            self.tree.leaf(path)
+            if law not in INIT_LAWS or (law == "normal" and not scale > 0):
+                raise TreeError(f"init law of {path!r}: {law!r} (scale {scale!r}); give 'zeros', 'ones' or "
+                                f"('normal', std) with std > 0")
+
+    @property
+    def n_streams(self) -> int:
+        return self.pop // self.group_size if self.group_size else 1
+
+    def replace(self, **changes) -> "TreeRun":
+        return dataclasses.replace(self, **changes)
 
 
 def mlp_tree(sizes: Sequence[int], bias: bool = True) -> Tree:

@@ -169,6 +169,29 @@ def test_a_declared_drift_on_the_lm_task_passes_and_the_undeclared_one_fails(pyt
     assert failures.count("not expected: knob `stack_keys`") == 2, failures
 
 
+def test_a_declared_tree_gets_one_item_per_check_and_its_declared_drift_passes(pytester, monkeypatch):
+    """task="tree" (the port's own declared tree, examples.gpt_adapter) with a fitness shaped by the plain standard
+    deviation: the fitness and trajectory items name knob `fitness`, the forward item is skipped saying it is the
+    port's own; declared with expect=, every item passes."""
+    result = run_file(pytester, monkeypatch, """
+        import pytest
+        from tests.ports.gpt_ports import FitnessStdSmall
+
+        @pytest.mark.eggroll_parity(FitnessStdSmall, task="tree")
+        def test_undeclared(eggroll_parity):
+            eggroll_parity.check()
+
+        @pytest.mark.eggroll_parity(FitnessStdSmall, task="tree", expect={"fitness": "std"})
+        def test_declared(eggroll_parity):
+            eggroll_parity.check()
+    """, "-vv")                  # -vv: the skip's reason is not cut to the terminal's width
+    seen = outcomes_by_id(result)
+    assert sorted(k for k, v in seen.items() if v == "FAILED") == ["test_undeclared[fitness]",
+                                                                    "test_undeclared[trajectory]"], result.stdout.str()
+    assert seen["test_declared[expect]"] == "PASSED" and seen["test_declared[noise]"] == "PASSED"
+    assert "forward skipped: the model's forward is the port's own" in result.stdout.str()
+
+
 BAD_MARKERS = {   # marker arguments -> what the refusal says would be right
     'adapter, expect={"antithetics": "halves"}':
         "unknown knob 'antithetics' for task 'cartpole'; known knobs: " + ", ".join([*CHOICES, *NUMERIC]),

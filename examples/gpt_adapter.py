@@ -1,0 +1,125 @@
+"""The worked example of the tree suite on a port's own tree: a small GPT (examples/gpt_port.py) behind the tree
+protocol (parity/tree_adapter.py).
+
+    python -m parity check --task tree --port examples.gpt_adapter:GPTAdapter
+
+The adapter declares the tree (`tree`) and the run's settings (rank, sigma, lr, group_size, noise_reuse,
+freeze_nonlora, and the init laws), and converts at the boundary (numpy float32 in and out); each protocol method is
+one call of the port:
+
+    noise          -> EggrollGPT.sample(seed, epoch)        (its rows for `members`; factors as (A, B))
+    perturbed_mm   -> gpt_port.linear(x, W, A, B)           nn.Linear's x @ W.T + (x @ B) @ A.T
+    perturbed_tmm  -> gpt_port.conv1d(x, W, A, B)           Conv1D's x @ W + (x @ A) @ B.T
+    shape_fitness  -> EggrollGPT.shape_fitness(f)
+    gradient       -> EggrollGPT.gradients(noise, shaped)
+    init_params    -> gpt_port.init_params(cfg, seed)
+    update         -> EggrollGPT.step(params, EggrollGPT.gradients(noise, shaped))
+    es_ask/es_tell -> sample, then shape_fitness, gradients and step on the scores the suite gives
+
+The model's forward (EggrollGPT.fitness) is the port's own: the suite does not run it (it has no GPT of its own to
+compare with) and says so; it checks every layer's product instead. `GPTAdapter(knobs)` takes
+spec.tree_knobs.TreeKnobs so the self-tests can drift the port one knob at a time (tests/test_parity_tree.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from examples import gpt_port
+from examples.gpt_port import EggrollGPT, ESConfig, GPTConfig
+from spec.tree_knobs import TreeKnobs
+from torch_impl.tree_noise import TreeNoise
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().astype(np.float32, copy=False)
+
+
+def _t(a) -> torch.Tensor:
+    """A tensor of its own (the suite's arrays may be read-only)."""
+    return torch.from_numpy(np.array(a, np.float32))
+
+
+class GPTAdapter:
+    """examples/gpt_port.py's GPT and its EGGROLL behind the tree protocol."""
+
+    def __init__(self, knobs: TreeKnobs = TreeKnobs(), model: GPTConfig = GPTConfig(), **settings):
+        es = dataclasses.replace(ESConfig(), **settings)       # e.g. GPTAdapter(pop=8, freeze_nonlora=False)
+        self.port = EggrollGPT(model, es, knobs)
+        self.tree = self.port.tree
+        self.init_laws = gpt_port.init_laws(self.port.model)
+        self.name = "examples.gpt_adapter (nanoGPT-style GPT)" + ("" if knobs == TreeKnobs() else f" {knobs}")
+        self.jax_compatible_rng = knobs.rng != "torch"    # JAX's numbers (torch_impl.random): compared draw by draw
+        for setting in ("pop", "rank", "sigma", "lr", "group_size", "noise_reuse", "freeze_nonlora"):
+            setattr(self, setting, getattr(es, setting))
+
+    # ------------------------------------------------------------------ the boundary
+    def _to_protocol(self, noise: TreeNoise, members) -> dict:
+        idx = torch.as_tensor(np.asarray(members, np.int64))
+        out = {}
+        for path, A in noise.A.items():
+            A, B = A[idx], noise.B[path][idx]
+            out[path] = (_np(B), _np(A)) if noise.roles[path].transposed else (_np(A), _np(B))
+        out.update({path: _np(eps[idx]) for path, eps in noise.eps.items()})   # leading stack: stored layout
+        return out
+
+    def _from_protocol(self, noise: dict) -> TreeNoise:
+        roles, A, B, eps = self.port.plan.roles, {}, {}, {}
+        for path, value in noise.items():
+            if isinstance(value, tuple):
+                a, b = (_t(v) for v in value)
+                A[path], B[path] = (b, a) if roles[path].transposed else (a, b)
+            else:
+                eps[path] = _t(value)
+        return TreeNoise(A, B, eps, roles, None)
+
+    # ------------------------------------------------------------------ required
+    def noise(self, seed, epoch, members, pop, sigma, rank):
+        if (pop, rank, sigma) != (self.pop, self.rank, self.sigma):
+            raise ValueError(f"this port runs pop {self.pop}, rank {self.rank}, sigma {self.sigma} (its declared "
+                             f"settings); asked for {pop}, {rank}, {sigma}")
+        with torch.inference_mode():
+            return self._to_protocol(self.port.sample(seed, epoch), members)
+
+    def perturbed_mm(self, W, A, B, x):
+        with torch.inference_mode():
+            return _np(gpt_port.linear(_t(x), _t(W), _t(A), _t(B)))
+
+    def perturbed_tmm(self, W, A, B, x):
+        with torch.inference_mode():
+            return _np(gpt_port.conv1d(_t(x), _t(W), _t(A), _t(B)))
+
+    def shape_fitness(self, f, group_size):
+        with torch.inference_mode():
+            return _np(self.port.shape_fitness(_t(f)))
+
+    def gradient(self, noise, shaped, sigma):
+        with torch.inference_mode():
+            return {k: _np(v) for k, v in self.port.gradients(self._from_protocol(noise), _t(shaped)).items()}
+
+    # ------------------------------------------------------------------ optional
+    def init_params(self, seed):
+        return {k: _np(v) for k, v in gpt_port.init_params(self.port.model, seed).items()}
+
+    def update(self, params, noise, shaped, sigma, lr):
+        with torch.inference_mode():
+            grads = self.port.gradients(self._from_protocol(noise), _t(shaped))
+            return {k: _np(v) for k, v in self.port.step({k: _t(v) for k, v in params.items()}, grads).items()}
+
+    # a training run driven by the suite (state: (params, seed)); the port's forward would give the scores
+    def es_init(self, params, seed):
+        return {k: _t(v) for k, v in params.items()}, int(seed)
+
+    def es_ask(self, state, epoch):
+        with torch.inference_mode():
+            return self._to_protocol(self.port.sample(state[1], epoch), np.arange(self.port.es.pop))
+
+    def es_tell(self, state, noise, scores, epoch):
+        with torch.inference_mode():
+            grads = self.port.gradients(self._from_protocol(noise), self.port.shape_fitness(_t(scores)))
+            return self.port.step(state[0], grads), state[1]
+
+    def es_params(self, state):
+        return {k: _np(v) for k, v in state[0].items()}

@@ -1,0 +1,202 @@
+"""Tree adapters for the tree suite's self-tests on a declared tree (examples/gpt_adapter.py's GPT): the worked
+example with one protocol method overridden the way ports get it wrong (each drift must be caught and named), and
+adapters whose tree or settings cannot be right (each must exit 2 before any check runs, saying what would be)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from examples.gpt_adapter import GPTAdapter
+from spec.tree import Leaf, make_tree
+from spec.tree_knobs import TreeKnobs
+
+
+def Small(**settings):
+    """The worked example at population 8 (the self-tests' size)."""
+    return GPTAdapter(pop=8, **settings)
+
+
+def TorchRng():
+    """The worked example drawing from torch's own generator: checked in distribution."""
+    return GPTAdapter(TreeKnobs(rng="torch"), pop=8)
+
+
+def TorchRngSigmaDecay():
+    return SigmaDecay(TreeKnobs(rng="torch"), pop=8)
+
+
+# ----------------------------------------------------------------------------- one method overridden
+class FitnessStd(GPTAdapter):
+    """shape_fitness as (f - mean) / std, the commonest way to write it (no epsilon, no groups)."""
+
+    def shape_fitness(self, f, group_size):
+        return ((f - f.mean()) / f.std()).astype(np.float32)
+
+
+class GradientTimesTwo(GPTAdapter):
+    """gradient twice the reference's (e.g. the antithetic pair counted twice)."""
+
+    def gradient(self, noise, shaped, sigma):
+        return {k: v * 2 for k, v in super().gradient(noise, shaped, sigma).items()}
+
+
+class ProductWithoutLowRank(GPTAdapter):
+    """perturbed_mm that drops the low-rank term: nn.Linear on the plain weight."""
+
+    def perturbed_mm(self, W, A, B, x):
+        return (x @ W.T).astype(np.float32)
+
+
+class HalvesPairing(GPTAdapter):
+    """noise with member i mirrored by member i + N/2 (the two halves), not by its neighbour."""
+
+    def noise(self, seed, epoch, members, pop, sigma, rank):
+        order = np.concatenate([np.arange(0, pop, 2), np.arange(1, pop, 2)])      # halves -> interleaved member
+        whole = super().noise(seed, epoch, np.arange(pop), pop, sigma, rank)
+        pick = order[np.asarray(members)]
+        return {k: tuple(t[pick] for t in v) if isinstance(v, tuple) else v[pick] for k, v in whole.items()}
+
+
+class NoiseNotOverSqrtRank(GPTAdapter):
+    """A scaled by sigma, not sigma / sqrt(r)."""
+
+    def noise(self, seed, epoch, members, pop, sigma, rank):
+        out = super().noise(seed, epoch, members, pop, sigma, rank)
+        return {k: (v[0] * np.float32(math.sqrt(rank)), v[1]) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+class AdamStep(GPTAdapter):
+    """update through optax's adam (fresh state: its first step) instead of sgd."""
+
+    def update(self, params, noise, shaped, sigma, lr):
+        g = self.gradient(noise, shaped, sigma)
+        step = {k: np.float32(lr) * (v * np.float32(math.sqrt(self.pop))) /
+                (np.abs(v * np.float32(math.sqrt(self.pop))) + np.float32(1e-8)) for k, v in g.items()}
+        return {k: (params[k] + step[k]).astype(np.float32) for k in params}
+
+
+class LrDecay(GPTAdapter):
+    """Its training loop (es_tell) decays the learning rate by 0.9 per epoch."""
+
+    def es_tell(self, state, noise, scores, epoch):
+        params, seed = state
+        new, _ = super().es_tell(state, noise, scores, epoch)
+        return {k: params[k] + (new[k] - params[k]) * 0.9 ** epoch for k in params}, seed
+
+
+class SigmaDecay(GPTAdapter):
+    """Its training loop (es_ask) decays sigma by 0.9 per epoch."""
+
+    def es_ask(self, state, epoch):
+        out = super().es_ask(state, epoch)
+        f = np.float32(0.9 ** epoch)
+        return {k: (v[0] * f, v[1]) if isinstance(v, tuple) else v * f for k, v in out.items()}
+
+
+class IgnoresNoiseReuse(GPTAdapter):
+    """Declares noise_reuse 2 but its training loop draws fresh noise every epoch."""
+
+    def es_ask(self, state, epoch):
+        fresh = GPTAdapter(self.port.knobs, self.port.model, pop=self.pop, noise_reuse=1)
+        return fresh._to_protocol(fresh.port.sample(state[1], epoch), np.arange(self.pop))
+
+
+# ----------------------------------------------------------------------------- trees that cannot be right
+class ByClasses(GPTAdapter):
+    """The faithful example, its tree given as leaf_classes + scan_axes (read with init_params' shapes)."""
+
+    def __init__(self):
+        super().__init__()
+        tree = self.tree
+        del self.tree
+        self.leaf_classes = {leaf.path: leaf.cls for leaf in tree.leaves}
+        self.scan_axes = {leaf.path: leaf.scan_axes for leaf in tree.leaves if leaf.scan_axes}
+
+
+class ParamNotInTree(ByClasses):
+    def init_params(self, seed):
+        return {**super().init_params(seed), "blocks.attn.bias": np.zeros((2, 16), np.float32)}
+
+
+class LeafNotInParams(GPTAdapter):
+    def init_params(self, seed):
+        params = super().init_params(seed)
+        del params["lm_head"]
+        return params
+
+
+class UnknownClass(ByClasses):
+    def __init__(self):
+        super().__init__()
+        self.leaf_classes["blocks.attn.q"] = "lora"
+
+
+class ScanAxisOutOfRange(ByClasses):
+    def __init__(self):
+        super().__init__()
+        self.scan_axes["blocks.attn.q"] = (3,)
+
+
+class ScanAxisNotLeading(ByClasses):
+    """The stack declared on the last axis of a (L, d) vector: not a stack upstream's noiser takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.scan_axes["blocks.ln_1.weight"] = (1,)
+
+
+class NotAMatrix(ByClasses):
+    """An mm leaf declared without its stack axis: a (L, d, d) slice is not a matrix."""
+
+    def __init__(self):
+        super().__init__()
+        del self.scan_axes["blocks.attn.q"]
+
+
+class EmptyTree(GPTAdapter):
+    def __init__(self):
+        super().__init__()
+        self.tree = make_tree([])
+
+    def init_params(self, seed):
+        return {}
+
+
+class TooBig(GPTAdapter):
+    """A head of 4096 x 4096: the checks' dense perturbations need 8 GiB at population 16 (the test gives the
+    machine 2 GiB)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tree = make_tree([Leaf("lm_head", (4096, 4096), "mm")])
+        self.init_laws = {}
+
+    def init_params(self, seed):
+        return {"lm_head": np.broadcast_to(np.float32(0), (4096, 4096))}     # no memory: a read-only view
+
+
+class OddPopulation(GPTAdapter):
+    def __init__(self):
+        super().__init__()
+        self.pop = 7
+
+
+class GradientOfOneLeaf(GPTAdapter):
+    """Breaks the protocol mid-run: gradient returns only one leaf."""
+
+    def gradient(self, noise, shaped, sigma):
+        return {"lm_head": super().gradient(noise, shaped, sigma)["lm_head"]}
+
+
+# ----------------------------------------------------------------------------- at population 8 (the bundle tests)
+def FitnessStdSmall():
+    return FitnessStd(pop=8)
+
+
+def HalvesPairingSmall():
+    return HalvesPairing(pop=8)
+
+
+def IgnoresNoiseReuseSmall():
+    return IgnoresNoiseReuse(pop=8)

@@ -1,0 +1,355 @@
+"""The tree suite on a port's own declared tree (`check --task tree`, issue 33): the worked GPT example passes every
+check at two sizes and is never flagged; each tree knob and each drift made by overriding one protocol method is
+caught and named on the GPT's tree, draw by draw and in distribution; the LM is one such tree; bad trees exit 2
+before any work; vectors (`record --task tree`, `--against`) and parity.testing work for any tree."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from examples.gpt_adapter import GPTAdapter
+from examples.gpt_port import GPTConfig
+from parity import tree_check
+from parity.__main__ import main
+from parity.tree_adapter import CheckedTreePort, PortSide, declared_run
+from spec.tree_knobs import TREE_CHOICES, TreeKnobs
+import tests.ports.gpt_ports as ports
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Two sizes: a narrower GPT of three blocks at population 8, and the worked example's own at population 16.
+SIZES = {"small": dict(model=GPTConfig(vocab=32, block_size=6, n_layer=3, n_head=2, n_embd=8), pop=8),
+         "example": dict(pop=16)}
+ALL_CHECKS = set(tree_check.CHECKS) - {"forward"}
+TREE_DRIFTS = [(k, v[1]) for k, v in TREE_CHOICES.items() if k != "rng"]
+
+
+def rows_of(port, seed: int = 0, size: str = "quick"):
+    run, _ = declared_run(port, tree_check.TREE_SIZES[size])
+    return tree_check.run(run, TreeKnobs(), seed, lambda line: None, side=PortSide(CheckedTreePort(port, run), run))
+
+
+def knobs_named(rows) -> set[str]:
+    return {k for r in rows if r.verdict == "fail" for k in re.findall(r"knob `(\w+)`", r.cause)}
+
+
+def judged(rows) -> set[str]:
+    return {r.check for r in rows if r.verdict != "skip"}
+
+
+@pytest.mark.parametrize("size, seed", [("small", 3), ("example", 0)])
+def test_the_worked_example_passes_every_check(size, seed):
+    rows = rows_of(GPTAdapter(**SIZES[size]), seed)
+    assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
+    assert judged(rows) == ALL_CHECKS
+    forward = [r for r in rows if r.check == "forward"]
+    assert len(forward) == 1 and "not checked on a declared tree" in forward[0].cause
+    assert "every layer's perturbed product is" in forward[0].cause
+    products = [r.quantity for r in rows if r.check == "products"]
+    leaves = [leaf for leaf in GPTAdapter(**SIZES[size]).tree.leaves if leaf.cls in ("mm", "tmm")]
+    assert all(any(q.startswith(leaf.path) for q in products) for leaf in leaves)       # every mm and tmm leaf
+    assert any("[1]" in q for q in products) and all("x 2 x 3 rows" in q for q in products)   # slices; (batch, seq)
+
+
+def test_full_rank_noise_passes_too():
+    """freeze_nonlora off: the layer norms' full-rank noise is drawn, compared bit for bit and updated."""
+    rows = rows_of(GPTAdapter(freeze_nonlora=False, **SIZES["small"]), 5)
+    assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
+    assert any(r.check == "noise" and "blocks.ln_1.weight (param)" in r.quantity and "port - ref" in r.quantity
+               for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("knob, value", TREE_DRIFTS)
+def test_each_tree_knob_is_caught_and_named_on_the_gpt(knob, value, size):
+    rows = rows_of(GPTAdapter(TreeKnobs().replace(**{knob: value}), **SIZES[size]), seed=7)
+    causes = [r.cause for r in rows if r.verdict == "fail"]
+    assert causes and f"(knob `{knob}`)" in causes[0], causes
+    assert knobs_named(rows) == {knob}, causes
+
+
+# (the port overriding one method, the check that fails first, what its cause says)
+METHOD_DRIFTS = [
+    ("FitnessStd", "fitness", "(knob `fitness`): the port's shaped fitness is (f - mean) / std"),
+    ("GradientTimesTwo", "gradients", "gradient scale differs: 'blocks.attn.k (mm)' gradient is 2x the reference's"),
+    ("ProductWithoutLowRank", "products", "the mm product leaves out the low-rank term A B^T"),
+    ("HalvesPairing", "noise", "(knob `antithetic`): member 0 is the mirror of member"),
+    ("NoiseNotOverSqrtRank", "noise", "noise scaling differs: blocks.attn.k's noise is 1.41421 x the reference's (= "
+                                      "sqrt(r)"),
+    ("AdamStep", "updates", "(knob `optimizer`): the port's parameter updates match optax adam"),
+    ("LrDecay", "trajectory", "(knob `lr_decay`): the port's update size relative to the reference's is epoch 1: 0.9"),
+    ("SigmaDecay", "trajectory", "(knob `sigma_decay`): at epoch 1 the port's noise is 0.900000x"),
+    ("IgnoresNoiseReuse", "trajectory", "(knob `noise_reuse`): es_ask's noise of blocks.attn.k at epoch 1 is the "
+                                        "reference's generation 1"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("attr, check, says", METHOD_DRIFTS, ids=[d[0] for d in METHOD_DRIFTS])
+def test_a_drift_made_by_overriding_one_method_is_caught_and_named(attr, check, says, size):
+    rows = rows_of(getattr(ports, attr)(**SIZES[size]), seed=2)
+    fails = [r for r in rows if r.verdict == "fail"]
+    assert fails and fails[0].check == check and says in fails[0].cause, [(r.check, r.cause) for r in fails[:3]]
+    assert knobs_named(rows) <= set(re.findall(r"knob `(\w+)`", says)), knobs_named(rows)    # no other knob named
+
+
+def test_the_cli_names_a_drift_and_says_what_it_did_not_check(tmp_path, capsys):
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:FitnessStdSmall", "--out", str(tmp_path),
+                 "--quiet"]) == 1
+    assert "knob `fitness`" in capsys.readouterr().out
+    summary = (tmp_path / "summary.md").read_text()
+    assert "# Parity check, the port's declared tree: FAIL" in summary
+    assert "- forward: the model's forward is the port's own: it is not checked on a declared tree" in summary
+    assert "- settings: pop 8, rank 2, sigma 0.05, lr 0.02, group_size 4, noise_reuse 2, freeze_nonlora True" in summary
+    repro = tmp_path / "repro" / "fitness" / "repro.py"      # the failing call, replayed by the port alone
+    done = subprocess.run([sys.executable, str(repro)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1 and "FAIL: the port still differs" in done.stdout, done.stdout + done.stderr
+
+
+# ----------------------------------------------------------------------------- in distribution
+def test_the_worked_example_on_torchs_generator_passes_in_distribution():
+    rows = rows_of(ports.TorchRng(), seed=4)
+    assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
+    assert judged(rows) == ALL_CHECKS
+    assert any("KS distance" in r.quantity for r in rows if r.check == "noise")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("knob, value", [("stack_keys", "shared"), ("frozen_leaves", "perturbed"),
+                                         ("embedding", "lowrank"), ("group_fitness", "group_var")])
+def test_each_visible_tree_knob_is_named_in_distribution_on_the_gpt(knob, value):
+    rows = rows_of(GPTAdapter(TreeKnobs(rng="torch").replace(**{knob: value}), pop=8), seed=6)
+    causes = [r.cause for r in rows if r.verdict == "fail"]
+    assert causes and f"(knob `{knob}`)" in causes[0], causes
+
+
+@pytest.mark.parametrize("attr, says", [("TorchRngSigmaDecay", "(knob `sigma_decay`)")])
+def test_the_loops_schedules_are_named_in_distribution(attr, says):
+    fails = [r for r in rows_of(getattr(ports, attr)(), seed=1) if r.verdict == "fail"]
+    assert fails and fails[0].check == "trajectory" and says in fails[0].cause, [(r.check, r.cause) for r in fails]
+
+
+# ----------------------------------------------------------------------------- the LM is one such tree
+def test_the_lm_runs_as_a_declared_tree():
+    """examples.lm_adapter's port of the project's LM through --task tree's checks: its tree declared, its settings
+    the tree sizes' defaults (the LM selftest preset's), and a drifted one named there too."""
+    from examples.lm_adapter import LMAdapter
+    from spec.lm import LM_PRESETS
+    cfg = LM_PRESETS["selftest"]
+    rows = rows_of(LMAdapter(cfg), 1, "selftest")
+    assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
+    assert judged(rows) == ALL_CHECKS - {"init"}               # the LM adapter declares no init laws
+    assert knobs_named(rows_of(LMAdapter(cfg, TreeKnobs(stack_keys="shared")), 1, "selftest")) == {"stack_keys"}
+
+
+# ----------------------------------------------------------------------------- bad trees
+@pytest.mark.parametrize("attr, says", [
+    ("ParamNotInTree", "no leaf class for blocks.attn.bias"),
+    ("LeafNotInParams", "do not match the declared tree: missing lm_head"),
+    ("UnknownClass", "unknown leaf class(es) blocks.attn.q: 'lora'; known: mm, tmm, param, embedding, excluded"),
+    ("ScanAxisOutOfRange", "scan axis 3 is out of range for shape (2, 16, 16) (axes 0..2)"),
+    ("ScanAxisNotLeading", "scan axes must be a leaf's leading axes in order ((0,), (0, 1), ...)"),
+    ("NotAMatrix", "a mm slice must be a matrix, got slice shape (2, 16, 16)"),
+    ("EmptyTree", "the tree has no leaves; declare at least one"),
+    ("OddPopulation", "pop 7 is odd but members pair antithetically (2k, 2k+1); use an even population such as 8"),
+])
+def test_a_tree_that_cannot_be_right_exits_2_before_any_work(tmp_path, capsys, attr, says):
+    out = tmp_path / "out"
+    assert main(["check", "--task", "tree", "--port", f"tests.ports.gpt_ports:{attr}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert not out.exists()
+
+
+def test_a_tree_that_cannot_fit_in_memory_exits_2_with_the_estimate(tmp_path, capsys, monkeypatch):
+    import spec.limits
+    monkeypatch.setattr(spec.limits, "available_bytes", lambda: 2 * 2 ** 30)
+    out = tmp_path / "out"
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:TooBig", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "pop 16 needs at least 8.0 GiB" in err and "has 2.0 GiB available" in err, err
+    assert "use a population of at most about 2" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--task", "tree"], "--task tree checks a port on its own declared tree: give --port"),
+    (["--task", "tree", "--port", "examples.gpt_adapter:Nope"], "has no attribute 'Nope'"),
+    (["--task", "tree", "--port", "examples.gpt_adapter:GPTAdapter", "--torch", "stack_keys=shared"],
+     "--torch and --profile configure torch_impl"),
+])
+def test_bad_usage_exits_2_before_any_work(tmp_path, capsys, argv, says):
+    out = tmp_path / "out"
+    assert main(["check", *argv, "--out", str(out)]) == 2
+    assert says in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_port_that_breaks_the_protocol_mid_run_exits_2_naming_the_method(tmp_path, capsys):
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:GradientOfOneLeaf", "--out",
+                 str(tmp_path / "out"), "--quiet"]) == 2
+    assert "port method `gradient`: returned paths ['lm_head']" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the pytest plugin's assert
+def test_assert_port_parity_takes_a_declared_tree():
+    from parity.adapter import UsageError
+    from parity.testing import SuiteCache, assert_port_parity
+    runs = SuiteCache()           # one suite run per port, as the plugin shares them
+    outcomes = assert_port_parity(ports.Small, task="tree", seed=3, cache=runs)
+    assert {o.name: o.verdict for o in outcomes}["forward"] == "skip"
+    with pytest.raises(AssertionError, match="knob `fitness`"):
+        assert_port_parity(ports.FitnessStdSmall, task="tree", seed=3, cache=runs)
+    assert_port_parity(ports.FitnessStdSmall, task="tree", seed=3, expect={"fitness": "std"}, cache=runs)
+    assert len(runs) == 2
+    with pytest.raises(UsageError, match="unknown knob 'activation' for task 'tree'"):
+        assert_port_parity(ports.Small, task="tree", expect={"activation": "relu"})
+
+
+# ----------------------------------------------------------------------------- vectors for any tree
+SMALL_PORT = "tests.ports.gpt_ports:Small"
+
+
+@pytest.fixture(scope="module")
+def tree_bundle(tmp_path_factory) -> Path:
+    """`python -m parity record --task tree --port tests.ports.gpt_ports:Small --size selftest --seed 4`."""
+    out = tmp_path_factory.mktemp("vectors") / "gpt-selftest"
+    assert main(["record", "--task", "tree", "--port", SMALL_PORT, "--size", "selftest", "--seed", "4", "--out",
+                 str(out), "--quiet"]) == 0
+    return out
+
+
+def test_the_tree_bundle_says_what_it_holds(tree_bundle):
+    from parity.tree_vectors import open_tree_bundle
+    m = open_tree_bundle(tree_bundle, None, None).manifest
+    assert (m["task"], m["size"], m["seed"], m["port"]) == ("tree", "selftest", 4, SMALL_PORT)
+    assert m["run"]["pop"] == 8 and len(m["run"]["tree"]["leaves"]) == 15 and m["versions"]["jax"] != "not installed"
+    assert {c["method"] for c in m["calls"]} == {"draws"}
+
+
+@pytest.mark.parametrize("attr, code, says", [("Small", 0, "PASS"), ("FitnessStd", 1, "knob `fitness`"),
+                                              ("HalvesPairing", 1, "knob `antithetic`"),
+                                              ("IgnoresNoiseReuse", 1, "knob `noise_reuse`")])
+def test_check_against_a_tree_bundle_gives_the_live_verdicts(tree_bundle, tmp_path, capsys, attr, code, says):
+    """The replayed reference (JAX's recorded draws, numpy for the rest) reaches the live check's verdict and names
+    the same knob; no check is skipped for want of a recorded draw."""
+    port = f"tests.ports.gpt_ports:{attr}"
+    if attr != "Small":
+        port = f"tests.ports.gpt_ports:{attr}Small"
+    assert main(["check", "--task", "tree", "--port", port, "--against", str(tree_bundle), "--out", str(tmp_path),
+                 "--quiet"]) == code
+    assert says in capsys.readouterr().out
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"- reference: the bundle {tree_bundle}" in summary and "the bundle cannot answer" not in summary
+
+
+NO_JAX = ("import sys\n"
+          "class NoJax:\n"
+          "    def find_spec(self, name, path=None, target=None):\n"
+          "        if name.split('.')[0] in ('jax', 'jaxlib'):\n"
+          "            raise ImportError(f'No module named {name!r} (blocked by the test)')\n"
+          "sys.meta_path.insert(0, NoJax())\n"
+          "from parity.__main__ import main\n"
+          "code = main(sys.argv[1:])\n"
+          "assert not {m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'optax', 'jax_reference'}\n"
+          "sys.exit(code)\n")
+
+
+def test_against_a_tree_bundle_runs_where_import_jax_fails(tree_bundle, tmp_path):
+    done = subprocess.run([sys.executable, "-c", NO_JAX, "check", "--task", "tree", "--port", SMALL_PORT, "--against",
+                           str(tree_bundle), "--out", str(tmp_path / "out"), "--quiet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "PASS" in done.stdout
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--port", "examples.gpt_adapter:GPTAdapter"], "was recorded for another tree or other settings (pop differ"),
+    (["--port", SMALL_PORT, "--seed", "5"], "holds seed 4, not 5"),
+    (["--task", "lm"], "holds task 'tree', not lm"),
+])
+def test_a_tree_bundle_that_does_not_fit_the_port_exits_2(tree_bundle, tmp_path, capsys, argv, says):
+    out = tmp_path / "out"
+    argv = (["--task", "tree"] if "--task" not in argv else []) + argv
+    assert main(["check", *argv, "--against", str(tree_bundle), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "python -m parity record" in err, err
+    assert not out.exists()
+
+
+def test_record_refuses_a_tree_task_without_its_port(tmp_path, capsys):
+    assert main(["record", "--task", "tree", "--out", str(tmp_path / "b")]) == 2
+    assert "--port goes with --task tree" in capsys.readouterr().err
+    assert main(["record", "--task", "tree", "--port", "tests.ports.gpt_ports:OddPopulation", "--out",
+                 str(tmp_path / "b")]) == 2
+    assert "pop 7 is odd" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_assert_port_parity_takes_a_tree_bundle(tree_bundle):
+    from parity.testing import assert_port_parity
+    assert_port_parity(ports.Small, task="tree", against=tree_bundle, seed=4)
+    with pytest.raises(AssertionError, match="knob `antithetic`"):
+        assert_port_parity(ports.HalvesPairingSmall, task="tree", against=tree_bundle, seed=4)
+
+
+# ----------------------------------------------------------------------------- the reference on any stack
+def test_the_reference_draws_a_two_axis_stack_as_torch_impl_and_its_numpy_replay_do():
+    """A declared tree with a stack on two leading axes (experts per layer): JAX's noise (recursive_scan_split per
+    axis), torch_impl's (rng=jax) and the numpy replay's on JAX's draws agree within the noise check's bound, full-rank
+    leaves bit for bit, and the numpy gradient is within the gradients check's bound of JAX's."""
+    import numpy as np
+    import torch
+    from parity import tree_reference as R
+    from parity.tolerances import gamma
+    from parity.tree_numpy_reference import NumpyTreeReference
+    from spec.tree import Leaf, TreeRun, make_tree
+    from torch_impl.tree_noise import dense, make_plan, sample
+    tree = make_tree([Leaf("experts.w", (2, 3, 5, 4), "mm", (0, 1)), Leaf("experts.b", (2, 3, 5), "param", (0, 1)),
+                      Leaf("out", (4, 6), "tmm")])
+    run = TreeRun(tree, pop=8, rank=2, sigma=0.1, freeze_nonlora=False)
+    plan = make_plan(tree, TreeKnobs(), run.pop, run.rank, run.noise_reuse, run.freeze_nonlora)
+    with torch.inference_mode():
+        noise = sample(plan, plan.generator.sources(tree, 3, "sorted", "split"), 1, run.sigma)
+        torch_side = {leaf.path: dense(noise, leaf).numpy() for leaf in tree.leaves}
+    NR = NumpyTreeReference(R.draws)
+    for leaf in tree.leaves:
+        ref = R.dense_noise(run, 3, 1, leaf)
+        bound = 0.0 if leaf.cls == "param" else 2 * gamma(run.rank) * R.factors_abs_product(run, 3, 1, leaf)
+        for got in (NR.dense_noise(run, 3, 1, leaf), torch_side[leaf.path]):
+            assert got.shape == ref.shape == (run.pop, *leaf.shape)
+            assert np.all(np.abs(got.astype(float) - ref) <= bound), leaf.path
+    assert not np.array_equal(torch_side["experts.w"][:, 0, 1], torch_side["experts.w"][:, 1, 0])   # a key per slice
+    shaped = R.shape(run, np.random.default_rng(5).standard_normal(run.pop).astype(np.float32))
+    ref_g, got_g = R.grads(run, 3, 1, shaped), NR.grads(run, 3, 1, shaped)
+    w = np.abs(shaped).astype(float)
+    for leaf in tree.leaves:
+        mag, n = ((R.factors_abs_product(run, 3, 1, leaf), run.pop * run.rank + 3) if leaf.cls != "param" else
+                  (np.abs(R.dense_noise(run, 3, 1, leaf)), run.pop + 2))
+        bound = 2 * gamma(n) * np.tensordot(w, mag, axes=1) / run.pop
+        assert np.all(np.abs(got_g[leaf.path].astype(float) - ref_g[leaf.path]) <= bound), leaf.path
+
+
+def test_the_settings_and_the_memory_estimate():
+    from spec.limits import check_fits, estimate_tree_check_bytes
+    from spec.tree import TreeError, TreeRun
+    tree = GPTAdapter().tree
+    for bad, says in [(dict(pop=6, group_size=4), "does not divide the population 6"),
+                      (dict(noise_reuse=-1), "noise_reuse must be an integer >= 0"),
+                      (dict(freeze_nonlora="yes"), "freeze_nonlora must be True or False"),
+                      (dict(init_laws=(("wte", "uniform", 1.0),)), "give 'zeros', 'ones' or ('normal', std)"),
+                      (dict(init_laws=(("nope", "zeros", 0.0),)), "no leaf 'nope' in the tree")]:
+        with pytest.raises((ValueError, TreeError), match=re.escape(says)):
+            TreeRun(tree, **bad)
+    small, big = estimate_tree_check_bytes(tree, 8, 2), estimate_tree_check_bytes(tree, 80, 2)
+    assert big.total == 10 * small.total and len(small.parts) == 2
+    assert check_fits(estimate=small, pop=8, available=1 << 30).total < 1 << 20      # the example: well under 1 MiB
+    with pytest.raises(ValueError, match="not even a population of 2 fits"):
+        check_fits(estimate=small, pop=8, available=small.total // 8)
