@@ -34,6 +34,29 @@ def other(what: str, detail: str) -> Cause:
     return Cause(None, f"{what} differs: {detail}")
 
 
+def reference_cause(what: str, ratio: float, platform) -> Cause:
+    """The reference beyond its own bound (the port being within its own): its platform's rounding, never the port.
+
+    platform: spec.platform.ReferencePlatform, as the report states it."""
+    bound = "TF32" if platform.tf32 else "float32"
+    hint = ("its platform rounds more than TF32 operands explain" if platform.tf32 else
+            "it computes with coarser products than its platform is described to have (e.g. TF32 matmuls: JAX's "
+            "default precision on NVIDIA GPUs); rerun with --reference-precision highest, or describe the platform "
+            "(--reference-platform)")
+    return Cause(None, f"the reference's platform, not the port: the reference's {what} is {fmt(ratio)}x its "
+                       f"{bound} bound of the exact value ({platform.where()}, {platform.precision_words()}); {hint}")
+
+
+def backend_cause(port_normals: str, platform, detail: str) -> Cause:
+    """A port on the other backend's float32 normals (rng=jax-cpu against a GPU reference, or back): knob rng, with
+    the sentence that the bits agree and only the backend's normal differs."""
+    return cause("rng", f"the port draws JAX's {port_normals.upper()} normals, the reference JAX's "
+                        f"{platform.normals.upper()} normals ({platform.where()}): the same threefry bits through "
+                        f"another backend's float32 normal (XLA lowers erf_inv differently on a GPU: a few ULP in "
+                        f"about 5% of draws), so it is the backend, not the key scheme; {detail}. Draw the "
+                        f"reference's (rng=jax-{platform.normals}, or rng=jax to follow it)")
+
+
 def other_seed(seed: int) -> int:
     """A second run seed for the seed checks: seed + 1 (seed - 1 at the top of JAX's uint32 range)."""
     return seed + 1 if seed < 2 ** 32 - 1 else seed - 1

@@ -25,6 +25,7 @@ from parity.adapter import CheckedPort, UsageError
 from parity.numpy_reference import NumpyReference
 from spec.config import Config
 from spec.knobs import RunSettings
+from spec.platform import ReferencePlatform, recorded_platform
 
 TASK = "cartpole"
 # ReferencePort methods whose answers a bundle holds (keyed by their inputs).
@@ -80,19 +81,26 @@ def _extra_calls(ref: CheckedPort, sizes, seed: int) -> None:
     ref.noise(shapes, seed, 0, np.arange(pop), pop, cfg.sigma, cfg.rank)
 
 
-def record(sizes, seed: int, checks, log=lambda line: None) -> tuple[tape.Store, list]:
-    """Run the suite with the JAX reference on both sides, the reference side recorded; (store, results)."""
+def record(sizes, seed: int, checks, log=lambda line: None,
+           platform: ReferencePlatform | None = None) -> tuple[tape.Store, list]:
+    """Run the suite with the JAX reference on both sides, the reference side recorded; (store, results). The
+    recorded side runs on `platform` (default where JAX runs); the other is the same reference at float32
+    (highest), so a TF32 platform's recording checks itself against its own float32 products."""
     from parity.reference_port import ReferencePort
     from parity.suite import run_suite
 
-    recorder = RecordingReference(ReferencePort(sizes.cfg))
-    results = run_suite(ReferencePort(sizes.cfg), sizes, seed, checks=checks, log=log, reference=recorder)
+    recorder = RecordingReference(ReferencePort(sizes.cfg, platform=platform))
+    exact = (recorder.platform.replace(precision_requested="highest", precision="float32") if recorder.platform.tf32
+             else recorder.platform)
+    results = run_suite(ReferencePort(sizes.cfg, platform=exact), sizes, seed, checks=checks, log=log,
+                        reference=recorder)
     _extra_calls(CheckedPort(recorder), sizes, seed)
     return digested(recorder.store), results
 
 
-def recording_manifest(sizes, seed: int, checks, command: str) -> dict:
-    """What a bundle says about itself besides its calls: task, size, seed, sizes, run settings, versions, device."""
+def recording_manifest(sizes, seed: int, checks, command: str, platform: ReferencePlatform | None = None) -> dict:
+    """What a bundle says about itself besides its calls: task, size, seed, sizes, run settings, versions, device
+    and the reference's platform (spec.platform's fields, which `check --against` takes as the reference's)."""
     from parity.reference_port import backend_info
     from reporting import versions
 
@@ -100,7 +108,7 @@ def recording_manifest(sizes, seed: int, checks, command: str) -> dict:
             "sizes": sizes_record(sizes), "run": dataclasses.asdict(RunSettings()), "command": command,
             "draws": f"the outputs of {', '.join(DRAWN)} as the sha256 of their bytes (parity.numpy_random redraws "
                      "them on replay)",
-            "versions": versions(("jax", "jaxlib", "optax", "numpy")), **backend_info(),
+            "versions": versions(("jax", "jaxlib", "optax", "numpy")), **backend_info(platform),
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -114,9 +122,10 @@ class ReferenceReplay(tape.Replay):
 
     def __init__(self, bundle: tape.Bundle, cfg: Config, run: RunSettings | None = None):
         run = run or RunSettings()
-        self._numpy = NumpyReference(cfg, run)
+        platform = recorded_platform(bundle.manifest)
+        self._numpy = NumpyReference(cfg, run, platform.normals)
         super().__init__(bundle.store, RECORDED, scope(cfg, run), fallback=self._numpy,
-                         attributes={"cfg": cfg, "run": run})
+                         attributes={"cfg": cfg, "run": run, "platform": platform})
         self.bundle = bundle
         self._es: dict[int, tuple[dict, int]] = {}       # ES state token -> (shapes, seed)
         self.verified = 0                                # draws checked against their digest
