@@ -326,11 +326,9 @@ def _make_port(args, sizes: Sizes):
                                                              for k, v in changed.items()) or "none")
     knobs, followed = follow_reference_rng(knobs, args.platform)
     text += followed
-    if args.device.startswith("cuda"):
-        import torch
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
-    from parity.torch_adapter import TorchPort, one_thread
+    from parity.torch_adapter import TorchPort, check_device, one_thread
+
+    check_device(args.device)
 
     port = TorchPort(sizes.cfg, knobs, args.device)
     # The suite's tensors are small: one torch thread avoids oversubscription on shared CPUs.

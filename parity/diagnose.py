@@ -14,6 +14,7 @@ import numpy as np
 
 from parity.verdict import Cause, fmt
 from spec.knobs import DESCRIPTIONS
+from spec.platform import backend_sentence
 
 
 UPDATE_ONLY = "bias_noise=update_only"   # how every check names bias noise that enters the update only
@@ -50,11 +51,8 @@ def reference_cause(what: str, ratio: float, platform) -> Cause:
 def backend_cause(port_normals: str, platform, detail: str) -> Cause:
     """A port on the other backend's float32 normals (rng=jax-cpu against a GPU reference, or back): knob rng, with
     the sentence that the bits agree and only the backend's normal differs."""
-    return cause("rng", f"the port draws JAX's {port_normals.upper()} normals, the reference JAX's "
-                        f"{platform.normals.upper()} normals ({platform.where()}): the same threefry bits through "
-                        f"another backend's float32 normal (XLA lowers erf_inv differently on a GPU: a few ULP in "
-                        f"about 5% of draws), so it is the backend, not the key scheme; {detail}. Draw the "
-                        f"reference's (rng=jax-{platform.normals}, or rng=jax to follow it)")
+    return cause("rng", f"{backend_sentence(port_normals, platform)}; {detail}. Draw the reference's "
+                        f"(rng=jax-{platform.normals}, or rng=jax to follow it)")
 
 
 def other_seed(seed: int) -> int:

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 from spec.knobs import KnobError
-from spec.limits import check_out_dir, seed_arg
+from spec.limits import check_out_dir, device_arg, seed_arg
+from spec.platform import add_reference_flags, check_against_bundle, recorded_platform, request_of
 from spec.tree_knobs import TREE_CHOICES, TREE_PROFILES, resolve_tree, tree_drifts
 
 
@@ -30,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check against a recorded LM bundle (e.g. vectors/lm-quick, written by `python -m parity "
                         "record --task lm`) instead of the live JAX reference: no jax needed")
     p.add_argument("--out", default="runs/parity-lm", help="report folder (default runs/parity-lm)")
+    p.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
+    add_reference_flags(p)
     p.add_argument("--quiet", action="store_true", help="only the verdict line")
     return p
 
@@ -43,14 +47,34 @@ def parse(argv: list[str]):
     if args.port and (args.torch or args.profile != "jax"):
         raise ValueError("--torch and --profile configure torch_impl; with --port the port is checked as it is "
                          "(drop them, or drop --port)")
+    if args.port and args.device != "cpu":
+        raise ValueError("--device places torch_impl's tensors; with --port the port places its own (drop --device)")
     reference, bundle = None, None
     if args.against:
         from parity.tree_vectors import open_bundle, replay_reference
         bundle = open_bundle(args.against, args.size, args.seed)
+        check_against_bundle(args, recorded_platform(bundle.manifest), args.against)
         reference = replay_reference(bundle)
+    else:
+        from parity import tree_reference
+        reference = tree_reference.on_platform(tree_reference.platform_for(request_of(args)))
+    if args.device.startswith("cuda"):
+        from parity.torch_adapter import check_device
+        check_device(args.device)
+    knobs, args.followed = follow_reference_rng(knobs, reference.platform)
     from parity.tape import run_size_and_seed
     args.size, args.seed = run_size_and_seed(bundle, args.size, args.seed)
     return args, knobs, bundle, reference
+
+
+def follow_reference_rng(knobs, platform) -> tuple:
+    """(knobs, words): the tree side's rng=jax resolved to the reference's backend's normals (rng=jax-cpu or
+    jax-gpu) where spec.tree_knobs has those values; a side pinned to one of them stays as pinned."""
+    value = f"jax-{platform.normals}"
+    if knobs.rng != "jax" or value not in TREE_CHOICES["rng"]:
+        return knobs, ""
+    import dataclasses
+    return dataclasses.replace(knobs, rng=value), f"rng=jax follows the reference's backend: rng={value}"
 
 
 def main(argv: list[str]) -> int:
@@ -84,21 +108,25 @@ def main(argv: list[str]) -> int:
     log(f"parity check --task lm: {who if args.port else f'torch_impl {drifts}'} vs {against}, "
         f"size {args.size}, seed {args.seed}")
     try:
-        rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference)
+        rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference,
+                              device=args.device)
     except PortError as err:
         print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree_adapter.py)", file=sys.stderr)
         return 2
     failed = [r for r in rows if r.verdict == "fail"]
     packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
     verdict = "FAIL" if failed else "PASS"
-    header = [f"# Parity check, byte-level LM: {verdict}", "",
+    header = [f"# Parity check, byte-level LM: {verdict}", "", reference.platform.sentence(), "",
               f"- command: `python -m parity check {shlex.join(argv)}`",
-              (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"),
+              (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"
+               + (f" ({args.followed})" if args.followed else "")),
               *(f"- declared differently from the LM's tree: {n}" for n in notes),
               f"- size: {args.size}: {cfg}", f"- seed: {args.seed}",
               f"- versions: {', '.join(f'{k} {v}' for k, v in versions(packages).items())}",
               *(bundle_lines(bundle, reference) if bundle else []),
-              f"- took {time.perf_counter() - started:.1f} s on the CPU",
+              f"- device: torch side on {args.device}; JAX reference on "
+              f"{reference.platform.where()[len('JAX on '):]}; reference platform: {reference.platform.fields_text()}",
+              f"- took {time.perf_counter() - started:.1f} s",
               "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
               f"{tree_check.FORWARD_ULPS} ulps of scale for the forward); a side without JAX's draws is checked in "
               f"distribution: parity/tree_dist.py's docstring (each test's alpha, {tree_dist.FALSE_ALARM:.2g} per run "

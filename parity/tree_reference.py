@@ -1,21 +1,30 @@
 """The JAX reference on a parameter tree (the byte-level LM), as numpy: init, each leaf's noise, shaping, scores,
 gradients; and the signatures of the tree drifts, drawn from JAX's own keys, so a check can name the one a side has.
 
-Only this module of the LM suite imports jax_reference (like parity/reference_port.py for the MLP).
+Only this module of the LM suite imports jax_reference (like parity/reference_port.py for the MLP). `on_platform`
+runs every function here on a spec.platform.ReferencePlatform (jax_reference.platform.scope); the draws go through
+jax_reference.emulation.normal and the reference's own products through its matmul, so gpu-sim and TF32 reach them,
+while the suite's own arithmetic (each member's A B^T for the noise check) is pinned to float32 (HIGHEST).
 """
 from __future__ import annotations
+
+import functools
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_reference import emulation
 from jax_reference import lm as jlm
 from jax_reference.noiser import EggRoll, apply_grads, es_grads, true_epoch
 from jax_reference.population import population_iterinfos
 from spec.lm import LMConfig, lm_tree
+from spec.platform import PlatformRequest, ReferencePlatform
 from spec.tree import Leaf
 
 NAME = "jax_reference"
+HIGHEST = jax.lax.Precision.HIGHEST        # the suite's own products (A B^T), float32 whatever the platform
 
 
 def _flat(tree_dict, prefix="") -> dict:
@@ -70,7 +79,7 @@ def draws(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "fait
     shape = (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
 
     def one(key, p):
-        return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), p), shape)
+        return emulation.normal(jax.random.fold_in(jax.random.fold_in(key, g), p), shape)
 
     per_slice = jax.vmap(one, in_axes=(None, 0))
     pairs = jnp.arange(cfg.pop // 2)
@@ -91,12 +100,12 @@ def dense_noise(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str =
     def one(key, m, sg):
         k = jax.random.fold_in(jax.random.fold_in(key, g), m // 2)
         if leaf.cls == "param":
-            return jax.random.normal(k, leaf.slice_shape) * (sg * jnp.float32(cfg.sigma))
+            return emulation.normal(k, leaf.slice_shape) * (sg * jnp.float32(cfg.sigma))
         a, b = leaf.slice_shape
-        z = jax.random.normal(k, (a + b, cfg.rank))
+        z = emulation.normal(k, (a + b, cfg.rank))
         if variant == "tmm_transposed":
-            return z[:a] @ (z[a:] * (sg * s_low)).T
-        return (z[b:] * (sg * s_low)) @ z[:b].T
+            return jnp.matmul(z[:a], (z[a:] * (sg * s_low)).T, precision=HIGHEST)
+        return jnp.matmul(z[b:] * (sg * s_low), z[:b].T, precision=HIGHEST)
 
     per_slice = jax.vmap(one, in_axes=(None, 0, 0))
     if leaf.scan_axes:
@@ -112,7 +121,7 @@ def factors_abs_product(cfg: LMConfig, seed: int, epoch: int, leaf: Leaf) -> np.
     a, b = leaf.slice_shape
 
     def one(key, m):
-        z = jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), m // 2), (a + b, cfg.rank))
+        z = emulation.normal(jax.random.fold_in(jax.random.fold_in(key, g), m // 2), (a + b, cfg.rank))
         return z
     zs = jax.vmap(one, in_axes=(None, 0))
     z = np.asarray(jax.vmap(zs, in_axes=(0, None), out_axes=1)(keys, jnp.arange(cfg.pop)) if leaf.scan_axes
@@ -177,10 +186,11 @@ def update(cfg: LMConfig, params: dict, grads: dict) -> dict[str, np.ndarray]:
 def product(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray, form: str) -> np.ndarray:
     """EggRoll.do_mm / do_Tmm's expression on given factors, float32 under jit: mm x @ W.T + (x @ B) @ A.T (x (m,
     batch, b)), tmm x @ W + (x @ A) @ B.T (x (m, batch, a)), vmapped over the members."""
+    mm = emulation.matmul                                        # the reference's products (TF32 under gpu-sim)
     if form == "mm":
-        fn = lambda a, b, xi: xi @ W.T + (xi @ b) @ a.T           # noqa: E731
+        fn = lambda a, b, xi: mm(xi, W.T) + mm(mm(xi, b), a.T)    # noqa: E731
     else:
-        fn = lambda a, b, xi: xi @ W + (xi @ a) @ b.T             # noqa: E731
+        fn = lambda a, b, xi: mm(xi, W) + mm(mm(xi, a), b.T)      # noqa: E731
     return np.asarray(jax.jit(jax.vmap(fn))(jnp.asarray(A), jnp.asarray(B), jnp.asarray(x)))
 
 
@@ -197,6 +207,48 @@ def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.nd
     _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
     return {"scores": np.asarray(s), "shaped": np.asarray(shaped), "grads": {k: np.asarray(v) for k, v in _flat(g).items()},
             "params": {k: np.asarray(v) for k, v in _flat(new).items()}}
+
+
+def platform_for(request: PlatformRequest, gpu: bool = False) -> ReferencePlatform:
+    """The LM reference's platform for a command line's request (ValueError, exit 2, where it cannot run here)."""
+    from parity.reference_port import platform_for as resolve_here
+    return resolve_here(request, gpu)
+
+
+class OnPlatform:
+    """This module's functions, each run inside jax_reference.platform.scope(platform): tree_check's reference."""
+
+    def __init__(self, platform: ReferencePlatform):
+        self.platform = platform
+
+    def __getattr__(self, name: str):
+        fn = getattr(sys.modules[__name__], name)
+        if not callable(fn) or name.startswith("_") or isinstance(fn, type):
+            return fn
+
+        @functools.wraps(fn)
+        def scoped(*args, **kwargs):
+            from jax_reference.platform import scope
+            with scope(self.platform):
+                return fn(*args, **kwargs)
+        return scoped
+
+    def float32(self) -> "OnPlatform":
+        """The same reference with its products pinned to float32 (--reference-precision highest): what a TF32
+        reference's own rounding is measured against (tree_check's forward and trajectory)."""
+        return OnPlatform(self.platform.replace(precision_requested="highest", precision="float32"))
+
+    def on_other_normals(self) -> "OnPlatform | None":
+        """The same reference on the other backend's normals, or None where that table is not at hand."""
+        from jax_reference.platform import normals_available
+        other = self.platform.replace(normals="cpu" if self.platform.normals == "gpu" else "gpu")
+        return OnPlatform(other) if normals_available(other) else None
+
+
+def on_platform(platform: ReferencePlatform | None = None) -> OnPlatform:
+    """The reference on `platform` (default: where JAX runs, at its default precision)."""
+    from jax_reference.platform import resolve
+    return OnPlatform(platform or resolve())
 
 
 def device() -> str:
