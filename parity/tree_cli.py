@@ -62,6 +62,7 @@ def parse(argv: list[str]):
         from parity.torch_adapter import check_device
         check_device(args.device)
     knobs, args.followed = follow_reference_rng(knobs, reference.platform)
+    args.pinned = args.torch + [f"rng={knobs.rng}"] if args.followed else args.torch    # what a repro rebuilds
     from parity.tape import run_size_and_seed
     args.size, args.seed = run_size_and_seed(bundle, args.size, args.seed)
     return args, knobs, bundle, reference
@@ -85,9 +86,8 @@ def main(argv: list[str]) -> int:
     except (KnobError, ValueError) as err:         # UsageError (a bundle that cannot be used) is a ValueError
         print(f"parity check: {err}", file=sys.stderr)
         return 2
-    from parity import tree_check, tree_dist
+    from parity import tree_check
     from parity.adapter import PortError
-    from reporting import versions
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
     collector, recipe = repro_setup(args, cfg)
@@ -114,23 +114,9 @@ def main(argv: list[str]) -> int:
         print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree_adapter.py)", file=sys.stderr)
         return 2
     failed = [r for r in rows if r.verdict == "fail"]
-    packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
     verdict = "FAIL" if failed else "PASS"
-    header = [f"# Parity check, byte-level LM: {verdict}", "", reference.platform.sentence(), "",
-              f"- command: `python -m parity check {shlex.join(argv)}`",
-              (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"
-               + (f" ({args.followed})" if args.followed else "")),
-              *(f"- declared differently from the LM's tree: {n}" for n in notes),
-              f"- size: {args.size}: {cfg}", f"- seed: {args.seed}",
-              f"- versions: {', '.join(f'{k} {v}' for k, v in versions(packages).items())}",
-              *(bundle_lines(bundle, reference) if bundle else []),
-              f"- device: torch side on {args.device}; JAX reference on "
-              f"{reference.platform.where()[len('JAX on '):]}; reference platform: {reference.platform.fields_text()}",
-              f"- took {time.perf_counter() - started:.1f} s",
-              "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
-              f"{tree_check.FORWARD_ULPS} ulps of scale for the forward); a side without JAX's draws is checked in "
-              f"distribution: parity/tree_dist.py's docstring (each test's alpha, {tree_dist.FALSE_ALARM:.2g} per run "
-              "in all)"]
+    header = report_header(args, argv, verdict, cfg, knobs, who, notes, bundle, reference,
+                           time.perf_counter() - started)
     unseen = [f"{r.quantity}: {r.cause}" for r in rows if r.verdict == "skip" and r.quantity.startswith("knob `")]
     header += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
     tree_check.write(args.out, rows, header, repro_lines(args, argv, rows, collector, recipe))
@@ -139,6 +125,29 @@ def main(argv: list[str]) -> int:
     causes = list(dict.fromkeys(r.cause for r in failed if r.cause))
     print(f"{verdict}: report in {args.out}/summary.md" + (f"\n  " + "\n  ".join(causes) if causes else ""))
     return 1 if failed else 0
+
+
+def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle, reference, seconds: float) -> list[str]:
+    """summary.md's head: the verdict, the reference's platform in one sentence, then the run's facts."""
+    from parity import tree_check, tree_dist
+    from reporting import versions
+    packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
+    platform = reference.platform
+    return [f"# Parity check, byte-level LM: {verdict}", "", platform.sentence(), "",
+            f"- command: `python -m parity check {shlex.join(argv)}`",
+            (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"
+             + (f" ({args.followed})" if args.followed else "")),
+            *(f"- declared differently from the LM's tree: {n}" for n in notes),
+            f"- size: {args.size}: {cfg}", f"- seed: {args.seed}",
+            f"- versions: {', '.join(f'{k} {v}' for k, v in versions(packages).items())}",
+            *(bundle_lines(bundle, reference) if bundle else []),
+            f"- device: torch side on {args.device}; JAX reference on {platform.where()[len('JAX on '):]}; reference "
+            f"platform: {platform.fields_text()}",
+            f"- took {seconds:.1f} s",
+            "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
+            f"{tree_check.FORWARD_ULPS} ulps of scale for the forward; a TF32 reference's own bounds and measured "
+            "rounding); a side without JAX's draws is checked in distribution: parity/tree_dist.py's docstring (each "
+            f"test's alpha, {tree_dist.FALSE_ALARM:.2g} per run in all)"]
 
 
 def bundle_lines(bundle, reference) -> list[str]:
@@ -155,7 +164,7 @@ def repro_setup(args, cfg):
     """(the repro collector, with a tape of the port's methods or the torch side's; how a repro builds the port)."""
     from parity.repro import TAPED_TREE, TAPED_TREE_TORCH, Collector, Tape, port_recipe, tree_torch_recipe
     collector = Collector(Tape(methods=TAPED_TREE if args.port else TAPED_TREE_TORCH))
-    return collector, port_recipe(args.port, cfg) if args.port else tree_torch_recipe(args.profile, args.torch, cfg)
+    return collector, port_recipe(args.port, cfg) if args.port else tree_torch_recipe(args.profile, args.pinned, cfg)
 
 
 def repro_lines(args, argv: list[str], rows, collector, recipe) -> list[str]:
