@@ -89,6 +89,13 @@ def config_record(cfg: LMConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
+def faithful_knobs(platform: ReferencePlatform) -> TreeKnobs:
+    """The faithful tree side that drives a recording: rng following the reference's normals where the knob has
+    per-backend values (jax-cpu, jax-gpu)."""
+    from parity.tree_cli import follow_reference_rng
+    return follow_reference_rng(TreeKnobs(), platform)[0]
+
+
 def lm_sizes() -> dict[str, LMConfig]:
     from parity.tree_check import sizes
     return sizes()

@@ -231,7 +231,8 @@ def _record_parser():
     import argparse
 
     from parity.suite import SIZES
-    from spec.limits import seed_arg
+    from spec.limits import device_arg, seed_arg
+    from spec.platform import add_reference_flags
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str):
@@ -246,8 +247,32 @@ def _record_parser():
                                                    "quick or selftest for lm (default quick)")
     p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
     p.add_argument("--out", required=True, help="the bundle folder to write (e.g. runs/vectors/cartpole-quick)")
+    p.add_argument("--device", type=device_arg, default=None,
+                   help="where the JAX reference records: cpu (JAX's CPU) or cuda / cuda:N (JAX's GPU); default: "
+                        "--reference-platform decides (auto: where JAX runs)")
+    add_reference_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
+
+
+def record_platform(args) -> ReferencePlatform:
+    """The platform the bundle is recorded on, from --device and the reference flags (UsageError, exit 2, for a
+    contradiction or a CUDA device JAX does not see), before any work."""
+    from parity.reference_port import PlatformError, platform_for
+    from spec.limits import cuda_missing
+    from spec.platform import PlatformRequest, request_of
+
+    request = request_of(args)
+    cuda = (args.device or "").startswith("cuda")
+    if args.device and request.platform != "auto" and (cuda or request.platform == "gpu-sim"):
+        raise UsageError(f"--device {args.device} with --reference-platform {request.platform}: one place to record; "
+                         "give one of them (--device cuda records on JAX's GPU, gpu-sim simulates one on the CPU)")
+    if args.device == "cpu":
+        request = PlatformRequest("cpu", request.precision)
+    try:
+        return platform_for(request, gpu=cuda)
+    except PlatformError:
+        raise UsageError(cuda_missing(args.device, " (JAX sees no GPU: install jax[cuda])")) from None
 
 
 def record_main(argv: list[str]) -> int:
@@ -260,6 +285,7 @@ def record_main(argv: list[str]) -> int:
     try:
         args = _record_parser().parse_args(argv)
         check_out_dir(args.out)
+        platform = record_platform(args)
         if args.task == "cartpole" and args.size not in SIZES:
             raise UsageError(f"--size {args.size}: unknown; known: {', '.join(sorted(SIZES))}")
         if args.task == "lm":
@@ -274,16 +300,17 @@ def record_main(argv: list[str]) -> int:
     if args.task == "lm":
         from parity import tree_vectors
 
-        written = tree_vectors.record_lm(args.size, args.seed, Path(args.out), log)
+        written = tree_vectors.record_lm(args.size, args.seed, Path(args.out), log, platform,
+                                         tree_vectors.faithful_knobs(platform))
     else:
         sizes = SIZES[args.size]
         command = "python -m parity record " + " ".join(argv)
-        store, results = record(sizes, args.seed, CHECKS, log)
+        store, results = record(sizes, args.seed, CHECKS, log, platform)
         bad = [r.name for r in results if r.verdict != "pass"]
         if bad:
             print(f"parity record: the reference against itself did not pass {', '.join(bad)}; the bundle records "
                   "what it computed all the same", file=sys.stderr)
-        written = tape.write_bundle(args.out, store, recording_manifest(sizes, args.seed, CHECKS, command))
+        written = tape.write_bundle(args.out, store, recording_manifest(sizes, args.seed, CHECKS, command, platform))
     size = sum(p.stat().st_size for p in Path(written).iterdir())
     print(f"parity record: wrote {written} ({size / 1e6:.2f} MB)")
     return 0

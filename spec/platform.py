@@ -70,10 +70,11 @@ class ReferencePlatform:
                else "JAX's default on NVIDIA GPUs of compute capability >= 8.0")
         return f"TF32 matmuls at precision default ({how})"
 
-    def sentence(self) -> str:
-        """The report's one sentence on the reference's platform."""
+    def sentence(self, bounds: bool = True) -> str:
+        """The report's one sentence on the reference's platform (bounds: say how a TF32 reference is judged)."""
         judged = ("; its products, forwards and gradients are judged by the TF32 bound (u = 2^-11 for each "
-                  "rounded operand), so the port is never held to the reference's own rounding") if self.tf32 else ""
+                  "rounded operand), so the port is never held to the reference's own rounding") if (
+            self.tf32 and bounds) else ""
         table = " (by table)" if self.normals != self.backend else ""
         return (f"Reference platform: {self.where()}; {self.precision_words()}; JAX's {self.normals.upper()} "
                 f"normals{table}{judged}.")
