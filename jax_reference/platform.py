@@ -37,7 +37,8 @@ def resolve(request: PlatformRequest = PlatformRequest(), gpu: bool = False) -> 
     simulated = request.platform == "gpu-sim"
     cc = getattr(device, "compute_capability", None) if backend == "gpu" else None
     precision = resolve_precision(backend, cc, request.precision, jax.config.jax_default_matmul_precision, simulated)
-    return ReferencePlatform(backend=backend, device=device.device_kind, compute_capability=None if cc is None else str(cc),
+    return ReferencePlatform(backend=backend, device=device.device_kind,
+                             compute_capability=None if cc is None else str(cc),
                              simulated=simulated, requested=request.platform, precision_requested=request.precision,
                              precision=precision, normals="gpu" if simulated or backend == "gpu" else "cpu")
 

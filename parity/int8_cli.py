@@ -221,7 +221,8 @@ def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int
     rows = result["rows"]
     verdict = "PASS" if code == EXIT_PASS else "FAIL"
     vers = versions(("torch", "jax", "numpy"))
-    lines = [f"# Integer parity, three ways: {verdict}", "", plan.platform.sentence(bounds=False) + " " + INTEGER_NOTE, "",
+    lines = [f"# Integer parity, three ways: {verdict}", "",
+             plan.platform.sentence(bounds=False) + " " + INTEGER_NOTE, "",
              *lookup_lines(plan.platform),
              f"- command: `python -m parity int8 {shlex.join(argv)}`",
              f"- size: {plan.cfg}",

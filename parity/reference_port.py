@@ -23,7 +23,7 @@ import optax
 from jax_reference import emulation
 from jax_reference.models import MLP, MM_PARAM, PARAM, simple_es_tree_key
 from jax_reference.noiser import EggRoll, factor_grad, lowrank_sigma, member_key, noise_grad, solver_input
-from jax_reference.platform import PlatformError, normals_available, resolve, scope  # noqa: F401 (PlatformError: for record)
+from jax_reference.platform import PlatformError, normals_available, resolve, scope  # noqa: F401 (record's)
 from jax_reference.population import CachedNoise, flat_to_params, params_to_flat
 from jax_reference.train import SOLVERS
 from rollout.cartpole import MAX_STEPS

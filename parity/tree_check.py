@@ -119,8 +119,9 @@ def check_init(R, side, cfg, seed, witness=no_witness) -> list[Row]:
         witness(f"seed {seed} {path}", port, port[path], ref[path], 0.0, "exact: the same keys and float32 scaling",
                 (path,))
         diff = float(np.max(np.abs(ref[path] - port[path])))
+        why = "" if diff == 0 else _init_cause(R, cfg, seed, path, port, seen)
         rows.append(Row("init", f"{path}: max |port - ref|", diff, "== 0 (same keys, same float32 scaling)",
-                        "pass" if diff == 0 else "fail", "" if diff == 0 else _init_cause(R, cfg, seed, path, port, seen)))
+                        "pass" if diff == 0 else "fail", why))
     return rows
 
 
@@ -380,8 +381,8 @@ def check_products(R, side, cfg, rng, witness=no_witness) -> list[Row]:
             swapped = (linear_exact(W.T, A, B, x) if form == "tmm" and a == b else None)
             if ref_ratio > 1 and ratio <= 1:
                 platform = getattr(R, "platform", ReferencePlatform())
-                why = (f"the reference's platform, not the port: the reference's own {form} product is {ref_ratio:.3g}x "
-                       f"its {'TF32' if platform.tf32 else 'float32'} bound ({platform.where()}, "
+                why = (f"the reference's platform, not the port: the reference's own {form} product is "
+                       f"{ref_ratio:.3g}x its {'TF32' if platform.tf32 else 'float32'} bound ({platform.where()}, "
                        f"{platform.precision_words()}); the port is within its float32 bound")
             elif ref_ratio > 1:
                 why = f"the reference's own product exceeds the bound ({ref_ratio:.3g}): the bound is wrong"
@@ -477,7 +478,8 @@ def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str,
                if np.allclose(port["shaped"], _group_var(port["scores"], cfg.group_size), rtol=1e-4, atol=1e-5)
                else "fitness shaping differs")
     rows.append(Row("trajectory", f"{at}: shaped fitness, max |port - ref| / bound", ratio,
-                    f"<= 1 (shaping bounds + the scores' bound propagated{plus})", "pass" if ratio <= 1 else "fail", why))
+                    f"<= 1 (shaping bounds + the scores' bound propagated{plus})", "pass" if ratio <= 1 else "fail",
+                    why))
     return rows, (f_err if ratio <= 1 else None)
 
 
@@ -528,9 +530,9 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
     A TF32 reference's own rounding (each stage against the same epoch at float32, trajectory_gap) is added to every
     allowance.
 
-    step(params, epoch, tokens) -> (reference, port, magnitudes, the reference at float32 or None) replaces the default (both sides on their own
-    draws, rng=jax) for the in-distribution mode (parity.tree_dist.trajectory_step: the reference on the side's
-    es_ask noise)."""
+    step(params, epoch, tokens) -> (reference, port, magnitudes, the reference at float32 or None) replaces the
+    default (both sides on their own draws, rng=jax) for the in-distribution mode (parity.tree_dist.trajectory_step:
+    the reference on the side's es_ask noise)."""
     from rollout.corpus import load_corpus, member_tokens, train_windows
     corpus = load_corpus(seq_len=cfg.seq_len)
     params = R.init(cfg, seed)

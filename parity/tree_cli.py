@@ -127,7 +127,8 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle, reference, seconds: float) -> list[str]:
+def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle, reference,
+                  seconds: float) -> list[str]:
     """summary.md's head: the verdict, the reference's platform in one sentence, then the run's facts."""
     from parity import tree_check, tree_dist
     from reporting import versions

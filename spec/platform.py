@@ -177,8 +177,8 @@ def check_against_bundle(args, recorded: ReferencePlatform, bundle: str) -> None
         None, "auto") else []
     given += [f"--reference-precision {args.reference_precision}"] if getattr(args, "reference_precision", None) else []
     if given:
-        raise ValueError(f"{' and '.join(given)} with --against {bundle}: the bundle fixes the reference's platform and "
-                         f"precision; it was recorded on {recorded.where()} with {recorded.precision_words()} and "
+        raise ValueError(f"{' and '.join(given)} with --against {bundle}: the bundle fixes the reference's platform "
+                         f"and precision; it was recorded on {recorded.where()} with {recorded.precision_words()} and "
                          f"JAX's {recorded.normals.upper()} normals. Drop the flag, or record a bundle on the platform "
                          f"you want (python -m parity record ... --reference-platform gpu-sim), or check against the "
                          f"live reference (drop --against)")

@@ -188,6 +188,16 @@ def test_the_lm_suite_on_gpu_sim_names_rng_for_a_side_on_the_cpus_normals(normal
     assert products and "| pass |" in products[0]
 
 
+def test_the_lm_suite_on_gpu_sim_passes_the_faithful_side(normals, tmp_path):
+    from spec.tree_knobs import TREE_CHOICES
+    if "jax-gpu" not in TREE_CHOICES["rng"]:
+        pytest.skip("the tree side's rng=jax-gpu (JAX's GPU normals in torch) is not in this checkout")
+    out = tmp_path / "lm"
+    assert cli.main(["check", "--task", "lm", "--size", "selftest", "--reference-platform", "gpu-sim",
+                     "--out", str(out), "--quiet"]) == 0
+    assert "rng=jax follows the reference's backend: rng=jax-gpu" in (out / "summary.md").read_text()
+
+
 def test_the_lm_suite_on_gpu_sim_passes_a_torch_rng_side_through_the_tf32_forward(normals, tmp_path):
     """In distribution (rng=torch) the draws do not matter: what is judged is the TF32 reference's products,
     forward and trajectory on the side's own noise, each with the reference's own rounding allowed for."""

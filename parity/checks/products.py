@@ -114,8 +114,8 @@ def _measure_linear(ctx, rng, out_dim: int, in_dim: int) -> Linear:
     ref_bound, ref_why = bound, why
     if ctx.ref_u:                             # the reference's matmuls round their operands to TF32 first
         ref_bound = linear_bound(W, A, B, x, ctx.ref_u)
-        ref_why = (f"with_operands(gamma_(in+r+1), 4, 2^-11) = {fmt(with_operands(gamma(in_dim + r + 1), 4, ctx.ref_u))}"
-                   " times |x||W|^T + |x||B||A|^T (TF32 operands)")
+        widened = with_operands(gamma(in_dim + r + 1), 4, ctx.ref_u)
+        ref_why = f"with_operands(gamma_(in+r+1), 4, 2^-11) = {fmt(widened)} times |x||W|^T + |x||B||A|^T (TF32 operands)"
     tf32_bound = linear_bound_tf32(W, A, B, x)
     if ctx.port.dense:                        # the port computed x (W + E)^T from the E it was given
         E = dense_of(A, B)
