@@ -108,4 +108,14 @@ def normal(key, shape=(), dtype=None):
     if backend == "native":
         return jax.random.normal(key, shape) if dtype is None else jax.random.normal(key, shape, dtype)
     from jax_reference import normals
+    _prime(normals, backend)
     return normals.normal(key, shape, jnp.float32 if dtype is None else dtype, backend)
+
+
+def _prime(normals, backend: str) -> None:
+    """Build jax_reference.normals' cached device table as a concrete array even when the first draw is being traced
+    under jit (else the cache would keep a tracer that leaks into later calls)."""
+    table = getattr(normals, "_device_table", None)
+    if table is not None:
+        with jax.ensure_compile_time_eval():
+            table(backend)

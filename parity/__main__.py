@@ -286,13 +286,18 @@ def declared_note(args, sizes: Sizes) -> str:
 
 
 def follow_reference_rng(knobs, platform):
-    """(knobs, the report's words): the torch side's rng=jax resolved to the reference's backend's normals
-    (rng=jax-cpu or jax-gpu) where spec.knobs has those values; a side pinned to one of them stays as pinned."""
+    """(knobs, the report's words): the torch side's rng=jax follows the reference's normals. Plain jax is JAX's CPU
+    normals, so on a CPU-normals reference it stays; on a GPU-normals one it becomes rng=jax-gpu where spec.knobs
+    has that value. A side pinned to one backend (jax-cpu, jax-gpu) stays as pinned."""
     from spec.knobs import CHOICES
 
-    value = f"jax-{platform.normals}"
-    if knobs.rng != "jax" or value not in CHOICES["rng"]:
+    if knobs.rng != "jax":
         return knobs, ""
+    if platform.normals == "cpu":
+        return knobs, "; rng=jax: JAX's CPU normals, the reference's"
+    if f"jax-{platform.normals}" not in CHOICES["rng"]:
+        return knobs, f"; rng=jax: JAX's CPU normals (the reference draws its {platform.normals.upper()} normals)"
+    value = f"jax-{platform.normals}"
     return (knobs.replace(rng=value),
             f"; rng=jax follows the reference's backend: rng={value} (JAX's {platform.normals.upper()} normals)")
 
@@ -324,15 +329,14 @@ def _make_port(args, sizes: Sizes):
     text = f"profile {args.profile}" + (f", knobs {' '.join(args.torch)}" if args.torch else "")
     text += "; departures from the reference: " + (", ".join(f"{k}={v[1]} (reference {v[0]})"
                                                              for k, v in changed.items()) or "none")
-    knobs, followed = follow_reference_rng(knobs, args.platform)
-    text += followed
+    followed, words = follow_reference_rng(knobs, args.platform)
+    text += words
+    pinned = args.torch + [f"rng={followed.rng}"] if followed.rng != knobs.rng else args.torch   # the repro's side
     from parity.torch_adapter import TorchPort, check_device, one_thread
 
     check_device(args.device)
-
-    port = TorchPort(sizes.cfg, knobs, args.device)
+    port = TorchPort(sizes.cfg, followed, args.device)
     # The suite's tensors are small: one torch thread avoids oversubscription on shared CPUs.
-    pinned = args.torch + [f"rng={knobs.rng}"] if followed else args.torch      # the repro builds the same side
     return port, text, port.name, one_thread(), torch_recipe(args.profile, pinned, args.device, sizes.cfg)
 
 

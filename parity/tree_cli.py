@@ -69,10 +69,11 @@ def parse(argv: list[str]):
 
 
 def follow_reference_rng(knobs, platform) -> tuple:
-    """(knobs, words): the tree side's rng=jax resolved to the reference's backend's normals (rng=jax-cpu or
-    jax-gpu) where spec.tree_knobs has those values; a side pinned to one of them stays as pinned."""
+    """(knobs, words): the tree side's rng=jax follows the reference's normals: plain jax is JAX's CPU normals, so on
+    a GPU-normals reference it becomes rng=jax-gpu where spec.tree_knobs has that value; a side pinned to one
+    backend (jax-cpu, jax-gpu) stays as pinned."""
     value = f"jax-{platform.normals}"
-    if knobs.rng != "jax" or value not in TREE_CHOICES["rng"]:
+    if knobs.rng != "jax" or platform.normals == "cpu" or value not in TREE_CHOICES["rng"]:
         return knobs, ""
     import dataclasses
     return dataclasses.replace(knobs, rng=value), f"rng=jax follows the reference's backend: rng={value}"
