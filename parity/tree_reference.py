@@ -249,14 +249,3 @@ def on_platform(platform: ReferencePlatform | None = None) -> OnPlatform:
     """The reference on `platform` (default: where JAX runs, at its default precision)."""
     from jax_reference.platform import resolve
     return OnPlatform(platform or resolve())
-
-
-def device() -> str:
-    """Where the reference runs: JAX's default backend and its first device."""
-    return f"JAX on {jax.default_backend()} ({jax.devices()[0].device_kind})"
-
-
-def matmul_precision() -> str:
-    """JAX's default matmul precision setting (None: the backend's default, full float32 on the CPU)."""
-    value = jax.config.jax_default_matmul_precision
-    return "default (full float32 on the CPU)" if value is None else str(value)
