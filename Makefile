@@ -15,7 +15,7 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup c-side c-rng test parity vectors int8 gap gap-paper gap-lm gap-int8 bench bench-gpu ports ports-install clean
+.PHONY: help setup c-side c-rng test parity gpu-check vectors int8 gap gap-paper gap-lm gap-int8 bench bench-gpu ports ports-install clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,6 +48,11 @@ parity: setup  ## the parity suite on every task (CartPole MLP, byte-level LM, i
 	$(PY) -m parity check --out $(RUNS)/parity $(ARGS)
 	$(PY) -m parity check --task lm --out $(RUNS)/parity-lm
 	$(PY) -m parity int8 --out $(RUNS)/int8
+
+# On a machine with CUDA and jax[cuda]: every suite with --device cuda, the reference on the same GPU at default
+# (TF32) and highest precision (tools/gpu_check.sh; ARGS=default or ARGS=highest for one).
+gpu-check: setup  ## every suite on CUDA against the JAX reference on the GPU, default and highest precision -> runs/gpu
+	OUT=$(RUNS)/gpu PY=$(PY) tools/gpu_check.sh $(ARGS)
 
 # The committed conformance vectors (vectors/) are refreshed with VECTORS=vectors.
 vectors: setup  ## record the JAX reference's conformance vectors (check --against needs no JAX) -> runs/vectors/{cartpole,lm}-quick

@@ -25,8 +25,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from bench.measure import Skipped, Timing, time_round_robin, torch_sync
-from bench.report import Measurement, RowLog
+from bench.measure import Skipped, time_round_robin, torch_sync
+from bench.report import RowLog
 from bench.runners import Case, ModelSpec, forward_case, jax_device, jax_forward_case, jax_setup, make_inputs, \
     make_params, torch_noise
 

@@ -306,8 +306,8 @@ def _departures_line(eff: Effects, comp: stats.Comparison) -> str:
     ranked = sorted(eff.rows, key=lambda r: -abs(r["effect"]))
     shown_rows = [r for r in ranked if r["p_holm"] < 0.05]
     chains = [r for r in eff.chain_rows if r["p_holm"] < 0.05]
-    return (f"Which departures, by how much (bits/byte with egg.c's value minus nano-egg's, averaged over the other "
-            f"knobs; Holm over seven): " + "; ".join(
+    return ("Which departures, by how much (bits/byte with egg.c's value minus nano-egg's, averaged over the other "
+            "knobs; Holm over seven): " + "; ".join(
                 f"**{r['knob']}** {r['effect']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]" for r in shown_rows)
             + (". " if shown_rows else "none is shown. ")
             + (f"Two-factor interactions matter too ({len(chains)} of {len(eff.chain_rows)} alias chains, Holm p "

@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 from jax.extend.random import define_prng_impl, threefry2x32_p
 
+from jax_reference import emulation
 from jax_reference.models import CommonInit, Model, call_submodule, merge_inits, simple_es_tree_key
 from spec.int8 import (FIXED_POINT, HASH_MULT, LOG2_THRESHOLDS, LOGMAX, LUT_BITS, MAX, TABLE_MASK, TABLE_SIZE,
                        Int8Config, exp2_table, out_divisor)
@@ -52,18 +53,34 @@ _PATTERNS = define_prng_impl(
     random_bits=_pattern_bits, fold_in=lambda key, data: key, name="int8_lut_patterns")
 
 
-@lru_cache(maxsize=1)
+def _pattern_normals(backend: str) -> jax.Array:
+    """(2^23,) float32: JAX's normal of every value of bits >> 9, on this backend ("native": jax.random.normal
+    itself) or another's (jax_reference.normals' table)."""
+    if backend == "native":
+        return jax.random.normal(jax.random.key(0, impl=_PATTERNS), (2 ** LUT_BITS,), jnp.float32)
+    from jax_reference import normals
+    return jnp.asarray(normals.normal_table(backend))
+
+
+@lru_cache(maxsize=3)
+def _normal_lut(backend: str) -> jax.Array:
+    return (_pattern_normals(backend) * (2 ** FIXED_POINT)).astype(I8)
+
+
+@lru_cache(maxsize=3)
+def _init_lut(backend: str) -> jax.Array:
+    return jnp.round(_pattern_normals(backend) * (2 ** FIXED_POINT)).astype(I8)
+
+
 def normal_lut() -> jax.Array:
-    """(2^23,) int8: int8(normal * 16) for every value of bits >> 9, by jax.random.normal itself (8 MiB)."""
-    normals = jax.random.normal(jax.random.key(0, impl=_PATTERNS), (2 ** LUT_BITS,), jnp.float32)
-    return (normals * (2 ** FIXED_POINT)).astype(I8)
+    """(2^23,) int8: int8(normal * 16) for every value of bits >> 9, by jax.random.normal itself (8 MiB); under
+    jax_reference.emulation's normals, by that backend's normal (the same look-up: tests/test_platform.py)."""
+    return _normal_lut(emulation.normals_backend())
 
 
-@lru_cache(maxsize=1)
 def init_lut() -> jax.Array:
     """(2^23,) int8: round(normal * 16) (half to even) for every value of bits >> 9: nano-egg's init, by pattern."""
-    normals = jax.random.normal(jax.random.key(0, impl=_PATTERNS), (2 ** LUT_BITS,), jnp.float32)
-    return jnp.round(normals * (2 ** FIXED_POINT)).astype(I8)
+    return _init_lut(emulation.normals_backend())
 
 
 def table_key(seed: int) -> jax.Array:
@@ -299,7 +316,7 @@ def member_noise(noiser_params, frozen_noiser_params, params, es_tree_key, es_ma
 # ----------------------------------------------------------------------------- the model (nano-egg's EGG)
 def _int8_normal(key, shape):
     """round(normal(key, shape) * 16) as int8 (round half to even)."""
-    return jnp.round(jax.random.normal(key, shape) * (2 ** FIXED_POINT)).astype(I8)
+    return jnp.round(emulation.normal(key, shape) * (2 ** FIXED_POINT)).astype(I8)
 
 
 class QParameter(Model):

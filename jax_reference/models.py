@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jax_reference import emulation
+
 # What the noiser does with a leaf (the values of `es_map`).
 PARAM = 0       # full-rank noise (biases): param + sigma * eps
 MM_PARAM = 1    # low-rank noise on a weight used in a matrix product
@@ -156,7 +158,7 @@ class Parameter(Model):
         if raw_value is not None:
             value = raw_value.astype(dtype)
         else:
-            value = (jax.random.normal(key, shape) * scale).astype(dtype)
+            value = (emulation.normal(key, shape) * scale).astype(dtype)
         return CommonInit(None, value, (), PARAM)
 
     @classmethod
@@ -170,7 +172,7 @@ class MM(Model):
     @classmethod
     def rand_init(cls, key, in_dim, out_dim, dtype, *args, **kwargs):
         scale = 1 / jnp.sqrt(in_dim)                     # float32 reciprocal, then a float32 product
-        value = (jax.random.normal(key, (out_dim, in_dim)) * scale).astype(dtype)
+        value = (emulation.normal(key, (out_dim, in_dim)) * scale).astype(dtype)
         return CommonInit(None, value, (), MM_PARAM)
 
     @classmethod
@@ -184,7 +186,7 @@ class TMM(Model):
     @classmethod
     def rand_init(cls, key, in_dim, out_dim, dtype, *args, **kwargs):
         scale = 1 / jnp.sqrt(in_dim)
-        value = jax.random.normal(key, (in_dim, out_dim), dtype=dtype) * scale
+        value = emulation.normal(key, (in_dim, out_dim), dtype) * scale
         return CommonInit(None, value, (), MM_PARAM)
 
     @classmethod
@@ -198,7 +200,7 @@ class Embedding(Model):
     @classmethod
     def rand_init(cls, key, in_dim, out_dim, dtype, *args, **kwargs):
         scale = 1 / jnp.sqrt(in_dim)
-        value = jax.random.normal(key, (in_dim, out_dim), dtype=dtype) * scale
+        value = emulation.normal(key, (in_dim, out_dim), dtype) * scale
         return CommonInit(None, value, (), EMB_PARAM)
 
     @classmethod

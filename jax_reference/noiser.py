@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jax_reference import emulation
 from jax_reference.models import EMB_PARAM, EXCLUDED, MM_PARAM, PARAM, as_typed_key
 
 ES_CLASSES = (PARAM, MM_PARAM, EMB_PARAM, EXCLUDED)
@@ -45,8 +46,8 @@ def signed_sigma(base_sigma, thread_id):
 
 def member_normal(frozen_noiser_params, iterinfo, key, shape, dtype):
     """normal(member key, shape): the draw both noise kinds start from."""
-    return jax.random.normal(member_key(as_typed_key(key), frozen_noiser_params["noise_reuse"], iterinfo),
-                             shape, dtype=dtype)
+    return emulation.normal(member_key(as_typed_key(key), frozen_noiser_params["noise_reuse"], iterinfo),
+                            shape, dtype)
 
 
 def lowrank_factors(frozen_noiser_params, base_sigma, iterinfo, param, key):
@@ -78,7 +79,7 @@ def lowrank_sigma(noiser_params, frozen_noiser_params):
 def factor_grad(A, B, scores):
     """g = einsum('nir,njr->ij', f * A, B) / N from given factors A (N, a, r) (already times ±sigma/sqrt(r)), B (N, b, r)."""
     weighted = jnp.reshape(scores, scores.shape + (1, 1)) * A
-    return jnp.einsum("nir,njr->ij", weighted, B) / scores.shape[0]
+    return emulation.einsum("nir,njr->ij", weighted, B) / scores.shape[0]
 
 
 def noise_grad(eps, scores):
@@ -216,11 +217,11 @@ class Noiser:
 
     @classmethod
     def do_mm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
-        return x @ param.T
+        return emulation.matmul(x, param.T)
 
     @classmethod
     def do_Tmm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
-        return x @ param
+        return emulation.matmul(x, param)
 
     @classmethod
     def do_emb(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
@@ -264,22 +265,22 @@ class EggRoll(Noiser):
     @classmethod
     def do_mm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
         """x @ W.T + x @ B @ (A*s).T for W (out, in); the plain product when iterinfo is None."""
-        plain = x @ param.T
+        plain = emulation.matmul(x, param.T)
         if iterinfo is None:
             return plain
         A, B = lowrank_factors(frozen_noiser_params, lowrank_sigma(noiser_params, frozen_noiser_params),
                                iterinfo, param, base_key)
-        return plain + x @ B @ A.T
+        return plain + emulation.matmul(emulation.matmul(x, B), A.T)
 
     @classmethod
     def do_Tmm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
         """x @ W + x @ (A*s) @ B.T for W stored (in, out) (so a = in, b = out)."""
-        plain = x @ param
+        plain = emulation.matmul(x, param)
         if iterinfo is None:
             return plain
         A, B = lowrank_factors(frozen_noiser_params, lowrank_sigma(noiser_params, frozen_noiser_params),
                                iterinfo, param, base_key)
-        return plain + x @ A @ B.T
+        return plain + emulation.matmul(emulation.matmul(x, A), B.T)
 
     @classmethod
     def do_emb(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):

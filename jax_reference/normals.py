@@ -83,7 +83,10 @@ def jax_backend() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _device_table(backend: str) -> jax.Array:
-    return jnp.asarray(normal_table(backend))
+    """normal_table(backend) as a concrete device array, even when the first draw is traced under jit (else the cache
+    would keep a tracer that leaks into later calls)."""
+    with jax.ensure_compile_time_eval():
+        return jnp.asarray(normal_table(backend))
 
 
 def normal(key, shape=(), dtype=jnp.float32, backend: str | None = None) -> jax.Array:

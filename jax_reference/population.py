@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_reference import emulation
 from jax_reference.models import MLP, MM_PARAM, PARAM, as_typed_key
 from jax_reference.noiser import EggRoll, fullrank_eps, lowrank_factors, lowrank_sigma, signed_sigma
 
@@ -134,19 +135,19 @@ class CachedNoise(EggRoll):
 
     @classmethod
     def do_mm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
-        plain = x @ param.T
+        plain = emulation.matmul(x, param.T)
         if iterinfo is None:
             return plain
         A, B = base_key
-        return plain + x @ B @ A.T
+        return plain + emulation.matmul(emulation.matmul(x, B), A.T)
 
     @classmethod
     def do_Tmm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
-        plain = x @ param
+        plain = emulation.matmul(x, param)
         if iterinfo is None:
             return plain
         A, B = base_key
-        return plain + x @ A @ B.T
+        return plain + emulation.matmul(emulation.matmul(x, A), B.T)
 
     @classmethod
     def get_noisy_standard(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo):

@@ -25,6 +25,7 @@ from reporting import cpu_name, versions
 from spec.config import for_profile
 from spec.knobs import CHOICES, NUMERIC, PROFILES
 from spec.limits import check_out_dir, device_arg, seed_arg
+from spec.platform import add_reference_flags, check_against_bundle, recorded_platform, request_of
 
 SUITE_PACKAGES = ("torch", "jax", "numpy")
 
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--size", dest="size", choices=sorted(SIZES), help="a named size (selftest: tiny, for tests)")
     p.add_argument("--device", type=device_arg, default="cpu",
                    help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
+    add_reference_flags(p)
     p.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
     p.add_argument("--quiet", action="store_true", help="no progress lines: only the verdict line")
     p.add_argument("--json", action="store_true",
@@ -85,7 +87,7 @@ def reference_note(bundle) -> dict[str, str]:
     return {REFERENCE_SIDE: describe(bundle)}
 
 
-def device_description(device: str, bundle=None) -> str:
+def device_description(device: str, bundle=None, platform=None) -> str:
     """Where each side ran: the torch side's device, JAX's backend (or the bundle's recording), the host CPU."""
     torch_dev = device
     if device.startswith("cuda"):
@@ -96,6 +98,8 @@ def device_description(device: str, bundle=None) -> str:
     if bundle is not None:
         return (f"torch side on {torch_dev}; reference side replayed from {bundle.folder} (recorded: "
                 f"{bundle.manifest.get('device')}); host CPU {cpu_name()}")
+    if platform is not None:
+        return f"torch side on {torch_dev}; JAX reference on {platform.where()[len('JAX on '):]}; host CPU {cpu_name()}"
     import jax
 
     return f"torch side on {torch_dev}; JAX reference on {jax.default_backend()}; host CPU {cpu_name()}"
@@ -162,7 +166,7 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         return EXIT_USAGE
 
     from parity.repro import Collector, with_repros
-    from parity.report import RunInfo, overall, write_report
+    from parity.report import overall, write_report
     from parity.suite import run_suite
 
     text_out = sys.stderr if args.json else stream     # --json: stdout holds the JSON alone
@@ -172,7 +176,8 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
     collector = Collector()
     try:
         with session:
-            results = run_suite(port, sizes, args.seed, checks=checks, log=log, against=args.bundle, repro=collector)
+            results = run_suite(port, sizes, args.seed, checks=checks, log=log, against=args.bundle, repro=collector,
+                                platform=args.platform)
     except Exception:   # a crash of the suite itself must not read as a mismatch (exit 1)
         traceback.print_exc()
         print(f"parity check: internal error in the suite (exit {EXIT_INTERNAL}); no verdict, no report written. "
@@ -180,15 +185,7 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         return EXIT_INTERNAL
     command = "python -m parity check " + " ".join(shlex.quote(a) for a in argv)
     results = with_repros(Path(args.out), results, collector.evidence, recipe, command)
-    info = RunInfo(
-        command=command,
-        port=label, configuration=configuration,
-        sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
-              f"MLP {sizes.cfg.sizes}{declared_note(args, sizes)}, noise statistics over {sizes.noise_pop} members, trajectory "
-              f"{sizes.traj_epochs} epochs, sigma schedule up to {sizes.sigma_epochs} epochs",
-        seed=args.seed, versions=versions(SUITE_PACKAGES), device=device_description(args.device, args.bundle),
-        started=datetime.datetime.now().isoformat(timespec="seconds"),
-        seconds=time.perf_counter() - started, extra=reference_note(args.bundle))
+    info = run_info(args, sizes, command, label, configuration, time.perf_counter() - started)
     verdict = overall(results)
     code = {"pass": EXIT_PASS, "fail": EXIT_MISMATCH}.get(verdict, EXIT_USAGE)
     written = write_report(Path(args.out), results, info, code)
@@ -204,6 +201,21 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
     return code
 
 
+def run_info(args, sizes: Sizes, command: str, label: str, configuration: str, seconds: float):
+    """What the report records about the run: command, port, sizes, seed, versions, device, the reference's platform."""
+    from parity.report import RunInfo
+
+    return RunInfo(
+        command=command, port=label, configuration=configuration,
+        sizes=f"{sizes.name}: pop {sizes.cfg.pop}, rank {sizes.cfg.rank}, sigma {sizes.cfg.sigma}, lr {sizes.cfg.lr}, "
+              f"MLP {sizes.cfg.sizes}{declared_note(args, sizes)}, noise statistics over {sizes.noise_pop} members, "
+              f"trajectory {sizes.traj_epochs} epochs, sigma schedule up to {sizes.sigma_epochs} epochs",
+        seed=args.seed, versions=versions(SUITE_PACKAGES),
+        device=device_description(args.device, args.bundle, None if args.bundle else args.platform),
+        started=datetime.datetime.now().isoformat(timespec="seconds"), seconds=seconds,
+        extra=reference_note(args.bundle), platform=args.platform)
+
+
 def parse(argv: list[str]):
     """(args, sizes, (port, configuration, label, session, repro recipe), checks) or UsageError / ValueError: all
     before any work."""
@@ -214,6 +226,12 @@ def parse(argv: list[str]):
         from parity.vectors import open_bundle
 
         args.bundle = open_bundle(args.against, args.size, args.seed)
+        args.platform = recorded_platform(args.bundle.manifest)
+        check_against_bundle(args, args.platform, args.against)
+    else:
+        from parity.reference_port import platform_for
+
+        args.platform = platform_for(request_of(args))
     from parity.tape import run_size_and_seed
 
     args.size, args.seed = run_size_and_seed(args.bundle, args.size, args.seed)
@@ -267,6 +285,23 @@ def declared_note(args, sizes: Sizes) -> str:
             f"{', '.join(f'{k} {getattr(run, k)}' for k in moved)})")
 
 
+def follow_reference_rng(knobs, platform):
+    """(knobs, the report's words): the torch side's rng=jax follows the reference's normals. Plain jax is JAX's CPU
+    normals, so on a CPU-normals reference it stays; on a GPU-normals one it becomes rng=jax-gpu where spec.knobs
+    has that value. A side pinned to one backend (jax-cpu, jax-gpu) stays as pinned."""
+    from spec.knobs import CHOICES
+
+    if knobs.rng != "jax":
+        return knobs, ""
+    if platform.normals == "cpu":
+        return knobs, "; rng=jax: JAX's CPU normals, the reference's"
+    if f"jax-{platform.normals}" not in CHOICES["rng"]:
+        return knobs, f"; rng=jax: JAX's CPU normals (the reference draws its {platform.normals.upper()} normals)"
+    value = f"jax-{platform.normals}"
+    return (knobs.replace(rng=value),
+            f"; rng=jax follows the reference's backend: rng={value} (JAX's {platform.normals.upper()} normals)")
+
+
 def suite_sizes(args) -> Sizes:
     """The named size, with the configuration a --profile carries (functional-port: two Linear layers)."""
     sizes = SIZES[args.size]
@@ -294,15 +329,15 @@ def _make_port(args, sizes: Sizes):
     text = f"profile {args.profile}" + (f", knobs {' '.join(args.torch)}" if args.torch else "")
     text += "; departures from the reference: " + (", ".join(f"{k}={v[1]} (reference {v[0]})"
                                                              for k, v in changed.items()) or "none")
-    if args.device.startswith("cuda"):
-        import torch
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {args.device}: CUDA is not available on this machine; use --device cpu")
-    from parity.torch_adapter import TorchPort, one_thread
+    followed, words = follow_reference_rng(knobs, args.platform)
+    text += words
+    pinned = args.torch + [f"rng={followed.rng}"] if followed.rng != knobs.rng else args.torch   # the repro's side
+    from parity.torch_adapter import TorchPort, check_device, one_thread
 
-    port = TorchPort(sizes.cfg, knobs, args.device)
+    check_device(args.device)
+    port = TorchPort(sizes.cfg, followed, args.device)
     # The suite's tensors are small: one torch thread avoids oversubscription on shared CPUs.
-    return port, text, port.name, one_thread(), torch_recipe(args.profile, args.torch, args.device, sizes.cfg)
+    return port, text, port.name, one_thread(), torch_recipe(args.profile, pinned, args.device, sizes.cfg)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import numpy as np
 
 from parity.verdict import Cause, fmt
 from spec.knobs import DESCRIPTIONS
+from spec.platform import backend_sentence
 
 
 UPDATE_ONLY = "bias_noise=update_only"   # how every check names bias noise that enters the update only
@@ -32,6 +33,26 @@ def cause(knob: str, detail: str) -> Cause:
 def other(what: str, detail: str) -> Cause:
     """A cause no knob describes (a foreign port's own difference)."""
     return Cause(None, f"{what} differs: {detail}")
+
+
+def reference_cause(what: str, ratio: float, platform) -> Cause:
+    """The reference beyond its own bound (the port being within its own): its platform's rounding, never the port.
+
+    platform: spec.platform.ReferencePlatform, as the report states it."""
+    bound = "TF32" if platform.tf32 else "float32"
+    hint = ("its platform rounds more than TF32 operands explain" if platform.tf32 else
+            "it computes with coarser products than its platform is described to have (e.g. TF32 matmuls: JAX's "
+            "default precision on NVIDIA GPUs); rerun with --reference-precision highest, or describe the platform "
+            "(--reference-platform)")
+    return Cause(None, f"the reference's platform, not the port: the reference's {what} is {fmt(ratio)}x its "
+                       f"{bound} bound of the exact value ({platform.where()}, {platform.precision_words()}); {hint}")
+
+
+def backend_cause(port_normals: str, platform, detail: str) -> Cause:
+    """A port on the other backend's float32 normals (rng=jax-cpu against a GPU reference, or back): knob rng, with
+    the sentence that the bits agree and only the backend's normal differs."""
+    return cause("rng", f"{backend_sentence(port_normals, platform)}; {detail}. Draw the reference's "
+                        f"(rng=jax-{platform.normals}, or rng=jax to follow it)")
 
 
 def other_seed(seed: int) -> int:

@@ -23,10 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from parity.int8_pieces import Case, Naming, Parting, first_parting, group_table, make_case, name_knobs
+from parity.int8_pieces import Case, Naming, first_parting, group_table, make_case, name_knobs
 from spec.int8 import EGG_C_ORIGINAL, INT8_PRESETS, NANO_EGG_ORIGINAL, Int8Config
 from spec.int8_knobs import ALL_INT8_KNOBS, INT8_PROFILES, Int8KnobError, Int8Knobs, parse_int8_knobs
-from spec.limits import check_out_dir, seed_arg
+from spec.limits import check_out_dir, device_arg, seed_arg
+from spec.platform import add_reference_flags, request_of
 
 SIZES = ("selftest", "quick")
 EXIT_PASS, EXIT_PARTS, EXIT_USAGE = 0, 1, 2
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sigma-shift", type=int, help="noise shift (sigma = 2^-s)")
     p.add_argument("--corpus", help="text file for the trajectory (default: the shipped corpus)")
     p.add_argument("--no-c", action="store_true", help="leave the C side out (two sides, and no knob naming)")
+    p.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
+    add_reference_flags(p)
     p.add_argument("--out", default="runs/int8", help="report folder (default runs/int8, which git ignores)")
     p.add_argument("--quiet", action="store_true", help="only the verdict line")
     return p
@@ -77,6 +81,12 @@ class Plan:
         from rollout.int8_data import load_int8_corpus    # numpy only: the corpus is part of the input
         from spec.lm_run import check_corpus_path
         self.corpus = load_int8_corpus(check_corpus_path(args.corpus), self.cfg)
+        self.device = args.device
+        if args.device.startswith("cuda"):
+            from parity.torch_adapter import check_device
+            check_device(args.device)
+        from parity.int8_reference import platform_for
+        self.platform = platform_for(request_of(args))
         self.c_reason = None
         if args.no_c:
             self.c_reason = "C side left out (--no-c)"
@@ -107,17 +117,17 @@ def run(plan: Plan, seed: int, epochs: int, log) -> dict:
     case = make_case(plan.cfg, seed, epochs, plan.corpus)
     sides, rows = [], []
     t0 = time.perf_counter()
-    ref = ReferenceSide(plan.cfg, seed)
+    ref = ReferenceSide(plan.cfg, seed, plan.platform)
     log(f"  {ref.name}: computing every piece")
     want = ref.pieces(case)
     rows.append({"side": ref.name, "knobs": "nano-egg (the reference)", "seconds": time.perf_counter() - t0,
                  "parting": None, "naming": None, "table": group_table(want, want), "pieces": want})
-    torch_side = TorchSide(plan.cfg, seed, plan.knobs)
+    torch_side = TorchSide(plan.cfg, seed, plan.knobs, plan.device)
     sides.append(("torch", torch_side, plan.knobs))
     signature = None
     if plan.c_reason is None:
         from parity.int8_c import CSide
-        lut, init_lut = lookups()
+        lut, init_lut = lookups(plan.platform)              # the reference's own look-ups, on its platform
         sides.append(("C", CSide(plan.cfg, seed, lut, init_lut), Int8Knobs()))
         signature = lambda knobs: CSide(plan.cfg, seed, lut, init_lut, knobs).pieces(case)
     for kind, side, knobs in sides:
@@ -186,6 +196,23 @@ def pieces_csv(rows: list[dict], members: tuple[int, ...]) -> str:
     return buf.getvalue()
 
 
+INTEGER_NOTE = ("The integer LM's products take int8 operands and sum in int32: exact under any matmul precision, so "
+                "TF32 or float32 changes nothing here.")
+
+
+def lookup_lines(platform) -> list[str]:
+    """Where the reference draws another backend's normals than JAX's CPU ones: how many entries of its two int8
+    look-ups that changes (measured here), so that every side is seen to use the same look-up."""
+    if platform.normals == "cpu":
+        return []
+    from parity.int8_reference import lookups_differ
+    noise, init = lookups_differ(platform)
+    return [f"- JAX's {platform.normals.upper()} normals against its CPU normals: {noise} of 2^23 noise look-up "
+            f"entries int8(normal * 16) and {init} of 2^23 init look-up entries round(normal * 16) differ; the C side "
+            "gets the reference's own look-ups, the torch side builds its own from JAX's CPU normals"
+            + (", which are therefore the same" if noise == init == 0 else ""), ""]
+
+
 def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int, seconds: float, code: int) -> Path:
     """summary.md (a row per side), pieces.csv (a row per piece and side), result.json; written only at the end,
     each file atomically."""
@@ -195,12 +222,16 @@ def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int
     verdict = "PASS" if code == EXIT_PASS else "FAIL"
     vers = versions(("torch", "jax", "numpy"))
     lines = [f"# Integer parity, three ways: {verdict}", "",
+             plan.platform.sentence(bounds=False) + " " + INTEGER_NOTE, "",
+             *lookup_lines(plan.platform),
              f"- command: `python -m parity int8 {shlex.join(argv)}`",
              f"- size: {plan.cfg}",
              f"- seed: {seed}; case epoch {case.epoch}; traced members {', '.join(map(str, case.threads))}; update "
              f"threshold {case.threshold}; trajectory {case.trajectory_epochs} epochs on "
              f"{getattr(case.corpus, 'path', None) or 'the shipped corpus'}",
              f"- versions: {', '.join(f'{k} {v}' for k, v in vers.items())}; CPU {cpu_name()}",
+             f"- device: torch side on {plan.device}; JAX reference on {plan.platform.where()[len('JAX on '):]}; "
+             f"reference platform: {plan.platform.fields_text()}",
              f"- took {seconds:.1f} s",
              "- the bar: equality at every element of every piece (integer arithmetic has no rounding); pieces and "
              "their order: parity/int8_pieces.py",
@@ -219,7 +250,8 @@ def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int
                    "named": None if r["naming"] is None else {"knobs": r["naming"].knobs.departures(),
                                                               "exact": r["naming"].exact}}
                   for r in rows],
-        "c_side": plan.c_reason or "ran"}, indent=2) + "\n")
+        "c_side": plan.c_reason or "ran", "device": plan.device,
+        "reference_platform": plan.platform.fields()}, indent=2) + "\n")
     return out / "summary.md"
 
 

@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from parity.int8_pieces import Case, Pieces, noise_pieces
+from spec.platform import PlatformRequest, ReferencePlatform
 
 NAME = "JAX (jax_reference.int8)"
 
@@ -46,27 +47,55 @@ def _flat_noise(noise) -> dict:
     return out
 
 
-def lookups() -> tuple[np.ndarray, np.ndarray]:
-    """(noise LUT int8(normal * 16), init LUT round(normal * 16)), each (2^23,) int8, from JAX's own normals."""
+def platform_for(request: PlatformRequest, gpu: bool = False) -> ReferencePlatform:
+    """The int8 reference's platform for a command line's request (ValueError, exit 2, where it cannot run here)."""
+    from parity.reference_port import platform_for as resolve_here
+    return resolve_here(request, gpu)
+
+
+def _scope(platform: ReferencePlatform | None):
+    import contextlib
+    if platform is None:
+        return contextlib.nullcontext()
+    from jax_reference.platform import scope
+    return scope(platform)
+
+
+def lookups(platform: ReferencePlatform | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(noise LUT int8(normal * 16), init LUT round(normal * 16)), each (2^23,) int8, from JAX's own normals (those
+    of `platform`'s backend: gpu-sim's are the GPU's)."""
     from jax_reference import int8 as q
-    return np.asarray(q.normal_lut()), np.asarray(q.init_lut())
+    with _scope(platform):
+        return np.asarray(q.normal_lut()), np.asarray(q.init_lut())
+
+
+def lookups_differ(platform: ReferencePlatform) -> tuple[int, int]:
+    """Entries of the two look-ups where `platform`'s normals give other int8 values than JAX's CPU normals."""
+    cpu = platform.replace(normals="cpu")
+    return tuple(int(np.sum(a != b)) for a, b in zip(lookups(platform), lookups(cpu)))
 
 
 class ReferenceSide:
-    """jax_reference.int8 for one configuration and seed."""
+    """jax_reference.int8 for one configuration and seed, on `platform` (its normals: the look-up and the init;
+    its products are integer, exact under any matmul precision)."""
 
     name = NAME
 
-    def __init__(self, cfg, seed: int):
+    def __init__(self, cfg, seed: int, platform: ReferencePlatform | None = None):
         from jax_reference import int8 as q
-        self.q, self.cfg, self.seed = q, cfg, seed
-        self.init = q.init_int8(cfg, seed)
-        self.frozen, self.nparams = q.QEggRoll.init_noiser(self.init.params, cfg.sigma_shift, 0, noise_seed=seed,
-                                                           noise_reuse=cfg.noise_reuse, rank=cfg.rank,
-                                                           use_clt=cfg.use_clt, fast_fitness=cfg.fast_fitness)
+        self.q, self.cfg, self.seed, self.platform = q, cfg, seed, platform
+        with _scope(platform):
+            self.init = q.init_int8(cfg, seed)
+            self.frozen, self.nparams = q.QEggRoll.init_noiser(self.init.params, cfg.sigma_shift, 0, noise_seed=seed,
+                                                               noise_reuse=cfg.noise_reuse, rank=cfg.rank,
+                                                               use_clt=cfg.use_clt, fast_fitness=cfg.fast_fitness)
         self.paths = list(_flat(self.init.params))
 
     def pieces(self, case: Case, log: Callable[[str], None] = lambda s: None) -> Pieces:
+        with _scope(self.platform):
+            return self._pieces(case)
+
+    def _pieces(self, case: Case) -> Pieces:
         import jax.numpy as jnp
         q, init, cfg = self.q, self.init, case.cfg
         out: Pieces = {f"init.{p}": v for p, v in _flat(init.params).items()}

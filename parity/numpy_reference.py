@@ -120,9 +120,26 @@ def member_keys(leaf_key: np.ndarray, noise_reuse: int, epoch: int, members: np.
     return nr.fold_in(nr.fold_in(leaf_key, true_epoch), np.asarray(members, np.int64) // 2)
 
 
-def noise(shapes: dict, seed: int, epoch: int, members, sigma: float, rank: int, noise_reuse: int = 0) -> dict:
+def normal_of(normals: str = "cpu"):
+    """numpy_random's normal of JAX's `normals` backend (a bundle recorded on a GPU draws the GPU's); where
+    numpy_random has no such backend, a draw raises tape.NotRecorded (the check that needs it is skipped, saying so)."""
+    if normals == "cpu":
+        return nr.normal
+    import inspect
+    if "backend" not in inspect.signature(nr.normal).parameters:
+        def missing(keys, shape):
+            from parity.tape import NotRecorded
+            raise NotRecorded("noise", f"parity.numpy_random draws no {normals.upper()} normals in this checkout, so a "
+                                       "bundle recorded with them cannot be redrawn; check against the live reference")
+        return missing
+    return lambda keys, shape: nr.normal(keys, shape, backend=normals)
+
+
+def noise(shapes: dict, seed: int, epoch: int, members, sigma: float, rank: int, noise_reuse: int = 0,
+          normals: str = "cpu") -> dict:
     """ReferencePort.noise: Z = normal(member key, (in + out, r)), B = Z[:in], A = Z[in:] * (+-sigma/sqrt(r));
     biases normal(member key, (out,)) * (+-sigma); the sign + for even members, - for odd ones."""
+    normal = normal_of(normals)
     members = np.asarray(members, np.int64)
     sign = np.where(members % 2 == 0, F32(1), F32(-1))
     a_scale = F32(sigma) / np.sqrt(F32(rank))
@@ -132,22 +149,23 @@ def noise(shapes: dict, seed: int, epoch: int, members, sigma: float, rank: int,
         shape = tuple(shapes[name])
         if name.endswith(".weight"):
             n_out, n_in = shape
-            z = nr.normal(keys, (n_in + n_out, int(rank)))
+            z = normal(keys, (n_in + n_out, int(rank)))
             out[name] = (z[:, n_in:] * (sign * a_scale).astype(F32)[:, None, None], np.ascontiguousarray(z[:, :n_in]))
         else:
-            out[name] = nr.normal(keys, shape) * (sign * F32(sigma)).astype(F32)[:, None]
+            out[name] = normal(keys, shape) * (sign * F32(sigma)).astype(F32)[:, None]
     return out
 
 
-def init_params(shapes: dict, seed: int) -> dict:
+def init_params(shapes: dict, seed: int, normals: str = "cpu") -> dict:
     """The reference MLP's init: layer t's weight normal(split(model_key, L)[t], (out, in)) * (1 / sqrt(in)) in
     float32, biases zero; model_key = split(key(seed), 3)[0]."""
+    normal = normal_of(normals)
     n_layers = sum(name.endswith(".weight") for name in shapes)
     keys = nr.split(nr.split(nr.key(seed), 3)[0], n_layers)
     out = {}
     for t in range(n_layers):
         n_out, n_in = shapes[f"{t}.weight"]
-        out[f"{t}.weight"] = nr.normal(keys[t], (n_out, n_in)) * (F32(1) / np.sqrt(F32(n_in)))
+        out[f"{t}.weight"] = normal(keys[t], (n_out, n_in)) * (F32(1) / np.sqrt(F32(n_in)))
         out[f"{t}.bias"] = np.zeros(shapes[f"{t}.bias"], F32)
     return out
 
@@ -212,11 +230,11 @@ class NumpyReference:
     jax_compatible_rng = True
     name = "jax_reference (numpy)"
 
-    def __init__(self, cfg: Config, run: RunSettings | None = None):
-        self.cfg, self.run = cfg, run or RunSettings()
+    def __init__(self, cfg: Config, run: RunSettings | None = None, normals: str = "cpu"):
+        self.cfg, self.run, self.normals = cfg, run or RunSettings(), normals
 
     def with_run_knobs(self, **changes) -> "NumpyReference":
-        return NumpyReference(self.cfg, self.run.replace(**changes))
+        return NumpyReference(self.cfg, self.run.replace(**changes), self.normals)
 
     def sigma_at(self, epoch: int) -> float:
         return float(F32(schedule(self.cfg.sigma, self.run.sigma_decay, epoch)))
@@ -225,10 +243,10 @@ class NumpyReference:
         return float(F32(schedule(self.cfg.lr, self.run.lr_decay, epoch)))
 
     def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
-        return noise(shapes, seed, epoch, members, sigma, rank, self.run.noise_reuse)
+        return noise(shapes, seed, epoch, members, sigma, rank, self.run.noise_reuse, self.normals)
 
     def init_params(self, shapes, seed):
-        return init_params(shapes, seed)
+        return init_params(shapes, seed, self.normals)
 
     def action_uniforms(self, seed, epoch, pop):
         return action_uniforms(seed, epoch, pop)

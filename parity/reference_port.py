@@ -11,6 +11,7 @@ optimizer, lr_decay, sigma_decay); `with_run_knobs` builds the candidates the di
 """
 from __future__ import annotations
 
+import functools
 from functools import lru_cache
 from typing import Any
 
@@ -19,14 +20,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jax_reference import emulation
 from jax_reference.models import MLP, MM_PARAM, PARAM, simple_es_tree_key
 from jax_reference.noiser import EggRoll, factor_grad, lowrank_sigma, member_key, noise_grad, solver_input
+from jax_reference.platform import PlatformError, normals_available, resolve, scope  # noqa: F401 (record's)
 from jax_reference.population import CachedNoise, flat_to_params, params_to_flat
 from jax_reference.train import SOLVERS
 from rollout.cartpole import MAX_STEPS
 from rollout.episodes import sample_actions
 from spec.config import Config, schedule
 from spec.knobs import RunSettings
+from spec.platform import ReferencePlatform
 
 
 def enable_compile_cache() -> None:
@@ -49,13 +53,40 @@ def enable_compile_cache() -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def backend_info() -> dict[str, str]:
-    """Where the reference runs, for a bundle's manifest: JAX's backend and the host CPU, and matmul precision."""
+def backend_info(platform: ReferencePlatform | None = None) -> dict:
+    """Where the reference runs, for a bundle's manifest: JAX's backend and the host CPU, the matmul precision, and
+    the platform's fields (spec.platform; `check --against` reads them back)."""
     from reporting import cpu_name
 
-    precision = jax.config.jax_default_matmul_precision
-    return {"device": f"JAX reference on {jax.default_backend()}; host CPU {cpu_name()}",
-            "matmul_precision": str(precision) if precision else "default (float32 on the CPU backend)"}
+    platform = platform or resolve()
+    return {"device": f"JAX reference on {platform.backend}; host CPU {cpu_name()}",
+            "matmul_precision": platform.precision_words(), "platform": platform.fields()}
+
+
+def platform_for(request, gpu: bool = False) -> ReferencePlatform:
+    """The reference's platform for a command line's request (spec.platform.PlatformRequest), checked before any
+    work: ValueError (exit 2) where it cannot run here (a GPU JAX does not see, GPU normals without their table)."""
+    platform = resolve(request, gpu)
+    if not normals_available(platform):
+        raise ValueError(f"--reference-platform {request.platform}: JAX's {platform.normals.upper()} normals on "
+                         f"{platform.backend} need jax_reference/normals.py's table, which this checkout lacks")
+    return platform
+
+
+def on_platform(cls):
+    """Every public method of cls runs inside jax_reference.platform.scope(self.platform): the reference's calls
+    only, so nothing leaks into the torch side or the suite's own numpy."""
+    def scoped(fn):
+        @functools.wraps(fn)
+        def call(self, *args, **kwargs):
+            with scope(self.platform):
+                return fn(self, *args, **kwargs)
+        return call
+
+    for name, fn in list(vars(cls).items()):
+        if callable(fn) and not name.startswith("_") and not isinstance(fn, (staticmethod, classmethod, type)):
+            setattr(cls, name, scoped(fn))
+    return cls
 
 
 def _round32(x: float) -> float:
@@ -104,7 +135,7 @@ def _draw_fn(noise_reuse: int, length: int):
     applied outside (in float32, as the noiser's eager code does: a jitted fusion may round it differently).
     """
     def one(key, epoch, thread_id):
-        return jax.random.normal(member_key(key, noise_reuse, (epoch, thread_id)), (length,), jnp.float32)
+        return emulation.normal(member_key(key, noise_reuse, (epoch, thread_id)), (length,), jnp.float32)
 
     over_members = jax.vmap(one, in_axes=(None, None, 0))
     return jax.jit(jax.vmap(over_members, in_axes=(0, None, None)))
@@ -172,19 +203,30 @@ def _np(tree) -> Any:
     return jax.tree.map(lambda v: np.asarray(v), tree)
 
 
+@on_platform
 class ReferencePort:
-    """jax_reference behind the adapter protocol (numpy float32 in and out)."""
+    """jax_reference behind the adapter protocol (numpy float32 in and out), on `platform` (default: where JAX
+    runs, at its default precision; spec.platform.ReferencePlatform)."""
 
     jax_compatible_rng = True
 
-    def __init__(self, cfg: Config, run: RunSettings | None = None):
+    def __init__(self, cfg: Config, run: RunSettings | None = None, platform: ReferencePlatform | None = None):
         self.cfg = cfg
         self.run = run or RunSettings()
+        self.platform = platform or resolve()
         self.name = "jax_reference"
 
     def with_run_knobs(self, **changes) -> "ReferencePort":
         """The reference with other run knobs (optimizer, lr_decay, ...): a candidate for the diagnosis."""
-        return ReferencePort(self.cfg, self.run.replace(**changes))
+        return ReferencePort(self.cfg, self.run.replace(**changes), self.platform)
+
+    def on_other_normals(self) -> "ReferencePort | None":
+        """The same reference drawing the other backend's normals (CPU for a GPU reference and back), or None where
+        that table is not at hand: what a port on the wrong backend's normals equals (the noise and init checks)."""
+        other = "cpu" if self.platform.normals == "gpu" else "gpu"
+        if not normals_available(self.platform.replace(normals=other)):
+            return None
+        return ReferencePort(self.cfg, self.run, self.platform.replace(normals=other))
 
     # ---- schedules
     def sigma_at(self, epoch: int) -> float:

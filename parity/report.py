@@ -15,6 +15,7 @@ from typing import Sequence
 
 from parity.verdict import CSV_COLUMNS, ERROR, FAIL, PASS, CheckResult, rows_table, worst
 from reporting import atomic_write, markdown_table
+from spec.platform import ReferencePlatform
 
 SUMMARY = "summary.md"
 ALL_ROWS = "parity.csv"
@@ -37,6 +38,7 @@ class RunInfo:
     started: str
     seconds: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
+    platform: ReferencePlatform | None = None     # where the reference ran (a bundle's: where it was recorded)
 
 
 def csv_text(results: Sequence[CheckResult]) -> str:
@@ -73,6 +75,8 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
     lines = [f"# Parity check: {headline}", ""]
     if REFERENCE_SIDE in info.extra:
         lines += [f"Reference side: {info.extra[REFERENCE_SIDE]}.", ""]
+    if info.platform is not None:
+        lines += [info.platform.sentence(), ""]
     lines += [table, ""]
     if knobs:
         lines += [f"Likely causes (knobs of DESIGN.md's knob table): {', '.join(f'`{k}`' for k in knobs)}.", ""]
@@ -127,6 +131,7 @@ def result_json(results: Sequence[CheckResult], info: RunInfo, exit_code: int) -
         "command": info.command, "port": info.port, "configuration": info.configuration, "sizes": info.sizes,
         "seed": info.seed, "versions": info.versions, "device": info.device, "started": info.started,
         "reference": info.extra.get(REFERENCE_SIDE, "jax_reference, live"),
+        "reference_platform": None if info.platform is None else info.platform.fields(),
         "seconds": round(info.seconds, 3),
     }, indent=2) + "\n"
 

@@ -24,6 +24,7 @@ from parity.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_s
 from spec.config import PRESETS, Config
 from spec.knobs import RunSettings
 from spec.layout import param_shapes as layout_shapes
+from spec.platform import ReferencePlatform
 
 CHECKS = ("fitness", "products", "actions", "noise", "gradients", "updates", "init", "trajectory")
 # The suite's own random inputs, one numpy stream per purpose (the numbers are fixed: they seed the CSVs' inputs).
@@ -94,6 +95,7 @@ class Context:
     results: dict[str, CheckResult] = field(default_factory=dict)
     log: Callable[[str], None] = lambda line: None
     repro: Any = None                # parity.repro.Collector when the run writes repros of its failures
+    platform: ReferencePlatform = field(default_factory=ReferencePlatform)   # where the reference ran
 
     def witness(self, label: str, produced: Any, port: Any, reference: Any, allowed: Any, why: str,
                 path: tuple = ()) -> None:
@@ -119,6 +121,13 @@ class Context:
     @property
     def cfg(self) -> Config:
         return self.sizes.cfg
+
+    @property
+    def ref_u(self) -> float:
+        """The unit the reference's matmul operands are rounded to before float32 products: U_TF32 where its
+        platform resolves to TF32 (its bounds widened by parity.tolerances.with_operands), else 0."""
+        from parity.tolerances import U_TF32
+        return U_TF32 if self.platform.tf32 else 0.0
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -184,14 +193,16 @@ def log_result(log: Callable[[str], None], result: CheckResult) -> None:
         log(textwrap.indent(result.trace, "    "))
 
 
-def reference_side(sizes: Sizes, seed: int, reference_run: RunSettings | None, against: Bundle | Path | str | None):
-    """The reference the checks talk to: parity.reference_port.ReferencePort (JAX, imported only here), or with
-    `against` (a bundle or its folder) parity.vectors.ReferenceReplay, which imports no JAX."""
+def reference_side(sizes: Sizes, seed: int, reference_run: RunSettings | None, against: Bundle | Path | str | None,
+                   platform: ReferencePlatform | None = None):
+    """The reference the checks talk to: parity.reference_port.ReferencePort (JAX, imported only here) on `platform`
+    (default: where JAX runs), or with `against` (a bundle or its folder) parity.vectors.ReferenceReplay, which
+    imports no JAX."""
     if against is None:
         from parity.reference_port import ReferencePort, enable_compile_cache
 
         enable_compile_cache()
-        return ReferencePort(sizes.cfg, reference_run or RunSettings())
+        return ReferencePort(sizes.cfg, reference_run or RunSettings(), platform)
     from parity import vectors
 
     bundle = against if isinstance(against, Bundle) else vectors.open_bundle(against, sizes.name, int(seed))
@@ -201,19 +212,22 @@ def reference_side(sizes: Sizes, seed: int, reference_run: RunSettings | None, a
 def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings | None = None,
               checks: tuple[str, ...] = CHECKS, log: Callable[[str], None] = lambda line: None,
               against: Bundle | Path | str | None = None, reference: Any = None,
-              repro: Any = None) -> list[CheckResult]:
+              repro: Any = None, platform: ReferencePlatform | None = None) -> list[CheckResult]:
     """Run the checks against `port` (an adapter object); returns their results in order.
 
     against: a recorded bundle (parity.vectors) answers for the reference, so no JAX is needed; reference: a
     ready reference object (parity.vectors.record passes a recording one) in place of both; repro: a
-    parity.repro.Collector, given each check's failing port call (written beside the report by the caller)."""
+    parity.repro.Collector, given each check's failing port call (written beside the report by the caller);
+    platform: where the live reference runs (spec.platform; default where JAX runs), else the reference's own
+    `platform` attribute (a bundle's, a recording's)."""
     sizes = at_port_rank(sizes, port)
     unknown = [c for c in checks if c not in CHECKS]
     if unknown:
         raise ValueError(f"unknown check(s) {unknown}; known: {', '.join(CHECKS)}")
     if reference is None:
-        reference = reference_side(sizes, seed, reference_run, against)
-    ctx = Context(CheckedPort(port), CheckedPort(reference), reference, sizes, int(seed), log=log, repro=repro)
+        reference = reference_side(sizes, seed, reference_run, against, platform)
+    ctx = Context(CheckedPort(port), CheckedPort(reference), reference, sizes, int(seed), log=log, repro=repro,
+                  platform=getattr(reference, "platform", None) or platform or ReferencePlatform())
     if repro is not None:
         ctx.port.tape = repro.tape
     results = []

@@ -41,22 +41,35 @@ def gamma(n: float, u: float = U32) -> float:
     return n * u / (1 - n * u)
 
 
+def with_operands(g: float, k: int, u_operand: float = 0.0) -> float:
+    """A float32 evaluation's relative bound g widened by k roundings of its operands to a coarser unit u_operand
+    (the reference's TF32 matmuls, u = 2^-11): |fl(x~ y~) - x y| <= g |x~||y~| + |x~ y~ - x y|, and rounding each
+    operand to nearest moves their products by at most gamma_k(u_operand) of |x||y|, so the bound is
+    (1 + g)(1 + gamma_k(u_operand)) - 1 = g + e + g e. u_operand = 0 (float32 products): g itself."""
+    if not u_operand:
+        return g
+    e = gamma(k, u_operand)
+    return g + e + g * e
+
+
 def check_alpha(check: str) -> float:
     """The false-alarm budget of one check."""
     return FAMILY_ALPHA * CHECK_SHARES.get(check, 0.0)
 
 
 # ----------------------------------------------------------------------------- perturbed products
-def linear_bound(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray) -> np.ndarray:
+def linear_bound(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray, u_operand: float = 0.0) -> np.ndarray:
     """One side's float32 error bound for x @ W^T + (x @ B) @ A^T, per element (m, batch, out).
 
     The longest rounding chain is x@B (in products and sums), then @A^T (r more), then the final
-    addition: gamma_{in + r + 1} times the same expression in absolute values.
+    addition: gamma_{in + r + 1} times the same expression in absolute values. u_operand: a side whose matmuls
+    round their operands first (the reference's TF32 at JAX's default precision on NVIDIA GPUs, U_TF32): four
+    such roundings along the longest chain (x and B, then x@B and A), with_operands(gamma_{in + r + 1}, 4, u).
     """
     n_in, r = W.shape[1], A.shape[-1]
     ax, aw, aa, ab = (np.abs(np.asarray(t, dtype=np.float64)) for t in (x, W, A, B))
     magnitude = ax @ aw.T + (ax @ ab) @ np.swapaxes(aa, -1, -2)           # (m, batch, out)
-    return gamma(n_in + r + 1) * magnitude
+    return with_operands(gamma(n_in + r + 1), 4, u_operand) * magnitude
 
 
 U_TF32 = 2.0 ** -11             # TF32 keeps 10 mantissa bits: operands rounded to nearest lose at most 2^-11
@@ -110,7 +123,9 @@ class ForwardBound:
     ||(W + A B^T)_i||_2 times the incoming error norm. First order in u.
     """
 
-    def __init__(self, params: dict, noise: dict | None, activation: str, param_err: dict | None = None):
+    def __init__(self, params: dict, noise: dict | None, activation: str, param_err: dict | None = None,
+                 u_operand: float = 0.0):
+        self.u_operand = u_operand
         if activation not in ACTIVATION_LIPSCHITZ:
             raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATION_LIPSCHITZ)}")
         self.activation = activation
@@ -163,7 +178,7 @@ class ForwardBound:
             if eps is not None:
                 z = z + eps[:, None, :]
                 mag = mag + np.abs(eps)[:, None, :]
-            rounding = (gamma(W.shape[1] + r + 3) * (mag + np.abs(z)))[:, 0, :]        # (m, out) elementwise
+            rounding = (with_operands(gamma(W.shape[1] + r + 3), 4, self.u_operand) * (mag + np.abs(z)))[:, 0, :]
             from_params = 0.0
             if dW is not None:
                 from_params = (ah @ dW.T + db)[:, 0, :]                                  # (m, out) elementwise
@@ -208,15 +223,17 @@ def shaping_bound(f: np.ndarray, eps: float = 1e-5) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- gradients and updates
-def weight_grad_bound(f: np.ndarray, A: np.ndarray, B: np.ndarray, f_err: np.ndarray | None = None) -> np.ndarray:
+def weight_grad_bound(f: np.ndarray, A: np.ndarray, B: np.ndarray, f_err: np.ndarray | None = None,
+                      u_operand: float = 0.0) -> np.ndarray:
     """One side's bound for einsum('nir,njr->ij', f*A, B) / N, (out, in): gamma_{N r + 3} sum|f A B| / N.
 
-    f_err (N,), when given, adds what an error in the shaped fitness itself propagates.
+    f_err (N,), when given, adds what an error in the shaped fitness itself propagates. u_operand: the einsum is a
+    matmul whose two operands (f*A and B) a TF32 side rounds first: with_operands(gamma_{N r + 3}, 2, u).
     """
     af = np.abs(np.asarray(f, dtype=np.float64))
     aa, ab = np.abs(np.asarray(A, dtype=np.float64)), np.abs(np.asarray(B, dtype=np.float64))
     n, r = aa.shape[0], aa.shape[-1]
-    weight = gamma(n * r + 3) * af
+    weight = with_operands(gamma(n * r + 3), 2, u_operand) * af
     if f_err is not None:
         weight = weight + np.asarray(f_err, dtype=np.float64)
     # sum_n w_n |A_n| |B_n|^T as one BLAS contraction over (n, r)

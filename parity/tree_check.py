@@ -46,6 +46,16 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
   orders above the bound. The first intermediate beyond it, in the forward's order (spec.lm.intermediate_names),
   names the block and leaf where the sides part; after noise that already differs (draw by draw), a forward that
   departs with noise on only restates the noise check's cause (forward_after_noise).
+
+A reference on TF32 (its platform's default precision on NVIDIA GPUs of compute capability >= 8.0, or gpu-sim: each
+matmul operand rounded to 10 mantissa bits, u = 2^-11) is held to its own bounds: products with_operands(gamma_{in + r
++ 1}, 4, u) (x and B, then x @ B and A), gradients with_operands(gamma_{N r + 3}, 2, u) on its side (the einsum's f A
+and B), the port keeping its float32 bound. The forward and the trajectory have no closed-form bound (FORWARD_ULPS is
+a measured allowance), so there the reference's own rounding is measured exactly: the same call on the reference
+pinned to float32 (--reference-precision highest), and the port may differ from the TF32 reference by its float32
+allowance plus |reference - reference at float32| (the triangle inequality); that gap itself is a row, within
+FORWARD_ULPS of TF32's ulps (2^-10) of each intermediate's scale. A replayed TF32 bundle cannot be evaluated at
+float32, so those two checks are skipped there with the reason. The port is never blamed for the reference's rounding.
 """
 from __future__ import annotations
 
@@ -57,9 +67,10 @@ from typing import NamedTuple
 import numpy as np
 
 from parity import diagnose
-from parity.tolerances import U32, gamma, linear_bound, linear_exact, shaping_bound, update_bound
+from parity.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, shaping_bound, update_bound, with_operands
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
+from spec.platform import ReferencePlatform
 from spec.tree import slice_index
 from spec.tree_knobs import TREE_DESCRIPTIONS, TreeKnobs
 
@@ -96,19 +107,51 @@ def ref_perturbs(cfg: LMConfig, leaf) -> bool:
 
 
 # ----------------------------------------------------------------------------- checks
+def other_normals(R):
+    """The reference on the other backend's normals (R.on_other_normals()), or None (a bundle, a missing table)."""
+    flip = getattr(R, "on_other_normals", None)
+    return flip() if callable(flip) else None
+
+
+def backend_cause(R, detail: str) -> str:
+    """knob rng: the side draws the other backend's normals of the reference's bits."""
+    from spec.platform import backend_sentence
+    platform = R.platform
+    other = "cpu" if platform.normals == "gpu" else "gpu"
+    return cause("rng", f"{backend_sentence(other, platform)}; {detail}")
+
+
 def check_init(R, side, cfg, seed, witness=no_witness) -> list[Row]:
     ref, port = R.init(cfg, seed), side.init(seed)
-    rows = []
+    rows, seen = [], {}
     for path in cfg.tree.paths:
         witness(f"seed {seed} {path}", port, port[path], ref[path], 0.0, "exact: the same keys and float32 scaling",
                 (path,))
         diff = float(np.max(np.abs(ref[path] - port[path])))
+        why = "" if diff == 0 else _init_cause(R, cfg, seed, path, port, seen)
         rows.append(Row("init", f"{path}: max |port - ref|", diff, "== 0 (same keys, same float32 scaling)",
-                        "pass" if diff == 0 else "fail", "" if diff == 0 else "init differs"))
+                        "pass" if diff == 0 else "fail", why))
     return rows
 
 
+def _init_cause(R, cfg, seed, path: str, port: dict, seen: dict) -> str:
+    """knob rng when the side's init of `path` is the reference's on the other backend's normals, else 'init
+    differs'; `seen` keeps that other init once drawn."""
+    if "other" not in seen:
+        other = other_normals(R)
+        seen["other"] = None if other is None else other.init(cfg, seed)
+    if seen["other"] is not None and np.array_equal(seen["other"][path], port[path]):
+        return backend_cause(R, f"{path}'s init equals the reference's on those normals")
+    return "init differs"
+
+
 def _noise_cause(R, cfg, seed, epoch, leaf, port) -> str:
+    other = other_normals(R)
+    if other is not None:                      # the same draws through the other backend's float32 normal
+        alt = other.dense_noise(cfg, seed, epoch, leaf)
+        bound = 0.0 if leaf.cls == "param" else 2 * gamma(cfg.rank) * R.factors_abs_product(cfg, seed, epoch, leaf)
+        if np.all(np.abs(port.astype(np.float64) - alt) <= bound):
+            return backend_cause(R, f"{leaf.path}'s noise equals the reference's draw on those normals")
     for variant, knob, detail in (
             ("shared", "stack_keys", "every slice of the stack drawn from the leaf's own key (the layers share noise)"),
             ("insertion", "leaf_order", "the leaf's key index is its place in declaration order, not JAX's "
@@ -240,8 +283,14 @@ def check_fitness(R, side, cfg, rng, witness=no_witness, spread_rng=None) -> lis
     return rows
 
 
+def ref_u(R) -> float:
+    """The unit the reference rounds matmul operands to (U_TF32 on a TF32 platform, else 0)."""
+    return U_TF32 if getattr(R, "platform", ReferencePlatform()).tf32 else 0.0
+
+
 def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witness) -> list[Row]:
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
+    u = ref_u(R)
     ref, port = R.grads(cfg, seed, 0, shaped), side.grads(seed, 0, shaped)
     rows = []
     for leaf in cfg.tree.leaves:
@@ -261,7 +310,8 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
         if leaf.cls == "param":     # mean_n f_n eps_n: N products and sums, one rounding each, both sides
             bound = 2 * gamma(cfg.pop + 2) * np.mean(w * np.abs(R.dense_noise(cfg, seed, 0, leaf)), 0)
         else:                       # einsum over N members and r columns, then / N: gamma_{N r + 3} per side
-            bound = 2 * gamma(cfg.pop * cfg.rank + 3) * np.mean(w * R.factors_abs_product(cfg, seed, 0, leaf), 0)
+            g = gamma(cfg.pop * cfg.rank + 3)                           # the reference's with TF32 operands if any
+            bound = (g + with_operands(g, 2, u)) * np.mean(w * R.factors_abs_product(cfg, seed, 0, leaf), 0)
         witness(f"{leaf.path} ({leaf.cls})", port, port[leaf.path], ref[leaf.path], bound,
                 "both sides' float32 einsum/mean bounds", (leaf.path,))
         ratio = float(np.max(diff / np.maximum(bound, 1e-30)))
@@ -284,46 +334,87 @@ def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float) -> str:
     return diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", norm_p / norm_r, cosine, None, sigma, None).text
 
 
-def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str) -> Row:
-    """One forward comparison: every intermediate within FORWARD_ULPS ulps of its per-member scale; the first beyond
-    it, in the forward's order, names the block and leaf where the sides part."""
+def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str, gap: dict | None = None) -> Row:
+    """One forward comparison: every intermediate within FORWARD_ULPS ulps of its per-member scale (beyond `gap`,
+    the reference's own TF32 rounding per element, where it has one); the first beyond it, in the forward's order,
+    names the block and leaf where the sides part."""
     first = None
+    gap = gap or {}
     for name in intermediate_names(cfg.layers):     # the forward's order (jit hands the dict back sorted)
         if name not in ri or name not in pi:
             continue
         r, p = ri[name].astype(np.float64), pi[name].astype(np.float64)
         scale = np.max(np.abs(r).reshape(r.shape[0], -1), axis=1).reshape((-1,) + (1,) * (r.ndim - 1))
-        ulps = float(np.max(np.abs(p - r) / (np.maximum(scale, 1e-30) * 2 * U32)))
+        ulps = float(np.max((np.abs(p - r) - gap.get(name, 0.0)) / (np.maximum(scale, 1e-30) * 2 * U32)))
         if ulps > FORWARD_ULPS and first is None:
             first = (name, ulps)
-    worst = max(float(np.max(np.abs(pi[n].astype(np.float64) - ri[n]) /
+    worst = max(float(np.max((np.abs(pi[n].astype(np.float64) - ri[n]) - gap.get(n, 0.0)) /
                              (np.maximum(np.max(np.abs(ri[n])), 1e-30) * 2 * U32))) for n in ri if n in pi)
     why = ""
     if first is not None:
         leaf, block = intermediate_leaf(first[0])
         where = f"block {block}, leaf {leaf}" if block is not None else f"leaf {leaf}"
         why = f"the forward first departs at {first[0]} ({where}): {first[1]:.3g} ulps of its scale"
-    return Row("forward", f"{label}: max ulps of an intermediate's scale", worst, f"<= {FORWARD_ULPS}",
+    allowed = f"<= {FORWARD_ULPS}" + (" beyond the reference's own TF32 rounding" if gap else "")
+    return Row("forward", f"{label}: max ulps of an intermediate's scale", worst, allowed,
                "pass" if first is None else "fail", why)
 
 
-def check_forward(R, side, cfg, seed, rng, with_noise: bool = True, noisy_reference=None) -> list[Row]:
+def float32_of(R):
+    """The reference pinned to float32 (R.float32()); a replayed bundle has none: NotRecorded (the check is skipped
+    with the reason)."""
+    from parity.tape import NotRecorded
+    if getattr(type(R), "float32", None) is None:
+        raise NotRecorded("float32", "this reference cannot be evaluated at float32, which bounds its own TF32 "
+                                     "rounding here; check against the live reference")
+    return R.float32()
+
+
+def gap_of(ri: dict, r32: dict) -> dict:
+    """|reference - the reference at float32| per intermediate, float64: its own TF32 rounding, measured."""
+    return {k: np.abs(ri[k].astype(np.float64) - r32[k]) for k in ri if k in r32}
+
+
+def tf32_row(cfg: LMConfig, ri: dict, gap: dict, label: str, platform) -> Row:
+    """The reference's own TF32 departure from its float32 evaluation, in TF32 ulps (2^-10) of each intermediate's
+    per-member scale, within FORWARD_ULPS (the float32 allowance's count, at TF32's unit)."""
+    worst = 0.0
+    for name in ri:
+        r = ri[name].astype(np.float64)
+        scale = np.max(np.abs(r).reshape(r.shape[0], -1), axis=1).reshape((-1,) + (1,) * (r.ndim - 1))
+        worst = max(worst, float(np.max(gap[name] / (np.maximum(scale, 1e-30) * 2 * U_TF32))))
+    ok = worst <= FORWARD_ULPS
+    return Row("forward", f"{label}: the reference's own TF32 rounding, max TF32 ulps of an intermediate's scale",
+               worst, f"<= {FORWARD_ULPS} ({platform.precision_words()})", "pass" if ok else "fail",
+               "" if ok else f"the reference's platform, not the port: its forward departs from its own float32 "
+                             f"evaluation by {worst:.3g} TF32 ulps ({platform.where()})")
+
+
+def check_forward(R, side, cfg, seed, rng, with_noise: bool = True, noisy_reference=None,
+                  noisy_reference32=None) -> list[Row]:
     """The members' scores and intermediates on fresh params, noise off and (with_noise) on: each side its own
-    noise (rng=jax: the same draws), or, given noisy_reference(params, tokens), the reference on the side's noise."""
+    noise (rng=jax: the same draws), or, given noisy_reference(params, tokens), the reference on the side's noise.
+    A TF32 reference is also evaluated at float32 (R.float32(), noisy_reference32) and its gap allowed for."""
     from rollout.corpus import load_corpus, member_tokens, train_windows
     corpus = load_corpus(seq_len=cfg.seq_len)
     tokens = member_tokens(train_windows(corpus, seed, 0, cfg.n_streams, cfg.seq_len), cfg.pop, cfg.group_size)
     params = fresh_params(R, cfg, seed, rng)                           # fresh values, not the init's constants
+    R32 = float32_of(R) if ref_u(R) else None
     rows = []
     for noise in (False, True) if with_noise else (False,):
         _, pi = side.scores(seed, params, 0, tokens, noise)
         if noise and noisy_reference is not None:
             _, ri = noisy_reference(params, tokens)
+            r32 = None if R32 is None else noisy_reference32(params, tokens)[1]
             label = "noise on (the port's own; the reference's forward on it)"
         else:
             _, ri = R.scores(cfg, seed, params, 0, tokens, noise)
+            r32 = None if R32 is None else R32.scores(cfg, seed, params, 0, tokens, noise)[1]
             label = f"noise {'on (each side its own)' if noise else 'off'}"
-        rows.append(forward_row(cfg, ri, pi, label))
+        gap = None if r32 is None else gap_of(ri, r32)
+        rows.append(forward_row(cfg, ri, pi, label, gap))
+        if gap is not None:
+            rows.append(tf32_row(cfg, ri, gap, label, R.platform))
     return rows
 
 
@@ -389,14 +480,20 @@ def _product_row(R, side, case: ProductCase, inputs, witness) -> Row:
     witness(case.label, given, given, exact.reshape(given.shape), bound.reshape(given.shape),
             "one side's float32 bound of the expression, against its float64 value (linear_bound)")
     port = shaped.astype(np.float64)
-    ref_ratio = float(np.max(np.abs(R.product(W, A, B, x3, form) - exact) / bound))
+    ref_bound = np.maximum(linear_bound(*args, u_operand=ref_u(R)), 1e-30)      # TF32 operands, where it has them
+    ref_ratio = float(np.max(np.abs(R.product(W, A, B, x3, form) - exact) / ref_bound))
     ratio = float(np.max(np.abs(port - exact) / bound))
     ok = ratio <= 1 and ref_ratio <= 1
     why = ""
     if not ok:
         plain = x3.astype(np.float64) @ (W.T if form == "mm" else W).astype(np.float64)
         swapped = (linear_exact(W.T, A, B, x3) if form == "tmm" and a == b else None)
-        if ref_ratio > 1:
+        if ref_ratio > 1 and ratio <= 1:
+            platform = getattr(R, "platform", ReferencePlatform())
+            why = (f"the reference's platform, not the port: the reference's own {form} product is "
+                   f"{ref_ratio:.3g}x its {'TF32' if platform.tf32 else 'float32'} bound ({platform.where()}, "
+                   f"{platform.precision_words()}); the port is within its float32 bound")
+        elif ref_ratio > 1:
             why = f"the reference's own product exceeds the bound ({ref_ratio:.3g}): the bound is wrong"
         elif np.allclose(port, plain, rtol=1e-4, atol=1e-5):
             why = f"the {form} product leaves out the low-rank term A B^T"
@@ -499,19 +596,35 @@ def check_updates(R, side, cfg, seed, rng) -> list[Row]:
     return rows
 
 
-def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str) -> tuple[list[Row], np.ndarray | None]:
-    """Rows for the scores and the shaped fitness of one epoch, and the shaped fitness' bound (None: a stage failed)."""
+def trajectory_gap(ref: dict, ref32: dict | None) -> dict | None:
+    """|reference epoch - the same epoch at float32| per stage (scores, shaped, grads, params): a TF32 reference's
+    own rounding, measured; None for a float32 reference."""
+    if ref32 is None:
+        return None
+    d = lambda a, b: np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))     # noqa: E731
+    return {"scores": d(ref["scores"], ref32["scores"]), "shaped": d(ref["shaped"], ref32["shaped"]),
+            "grads": {k: d(v, ref32["grads"][k]) for k, v in ref["grads"].items()},
+            "params": {k: d(v, ref32["params"][k]) for k, v in ref["params"].items()}}
+
+
+def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str,
+                        gap: dict | None = None) -> tuple[list[Row], np.ndarray | None]:
+    """Rows for the scores and the shaped fitness of one epoch, and the shaped fitness' bound (None: a stage failed);
+    gap: the reference's own TF32 rounding per stage (trajectory_gap), added to each allowance."""
     s_ref = ref["scores"].astype(np.float64)
-    s_bound = FORWARD_ULPS * 2 * U32 * np.maximum(np.abs(s_ref), 1e-30)
+    s_bound = FORWARD_ULPS * 2 * U32 * np.maximum(np.abs(s_ref), 1e-30) + (0.0 if gap is None else gap["scores"])
     ratio = float(np.max(np.abs(port["scores"] - s_ref) / s_bound))
-    rows = [Row("trajectory", f"{at}: scores, max |port - ref| / bound", ratio, f"<= 1 ({FORWARD_ULPS} ulps of |score|)",
+    plus = "" if gap is None else " + the reference's own TF32 rounding"
+    rows = [Row("trajectory", f"{at}: scores, max |port - ref| / bound", ratio,
+                f"<= 1 ({FORWARD_ULPS} ulps of |score|{plus})",
                 "pass" if ratio <= 1 else "fail",
                 "" if ratio <= 1 else "the members' scores differ (see the forward check)")]
     if ratio > 1:
         return rows, None
     D, std = float(np.max(s_bound)), math.sqrt(s_ref.var() + 1e-5)
     f_err = shaping_pair_bound(ref["scores"], cfg.group_size) + \
-        ((2 * D + np.abs(ref["shaped"].astype(np.float64)) * D) / (std - D) if std > D else np.inf)
+        ((2 * D + np.abs(ref["shaped"].astype(np.float64)) * D) / (std - D) if std > D else np.inf) + \
+        (0.0 if gap is None else gap["shaped"])
     ratio = float(np.max(np.abs(port["shaped"] - ref["shaped"].astype(np.float64)) / f_err))
     why = ""
     if ratio > 1:
@@ -519,7 +632,8 @@ def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str) -> tuple[
                if np.allclose(port["shaped"], _group_var(port["scores"], cfg.group_size), rtol=1e-4, atol=1e-5)
                else "fitness shaping differs")
     rows.append(Row("trajectory", f"{at}: shaped fitness, max |port - ref| / bound", ratio,
-                    "<= 1 (shaping bounds + the scores' bound propagated)", "pass" if ratio <= 1 else "fail", why))
+                    f"<= 1 (shaping bounds + the scores' bound propagated{plus})", "pass" if ratio <= 1 else "fail",
+                    why))
     return rows, (f_err if ratio <= 1 else None)
 
 
@@ -530,7 +644,7 @@ def _reference_magnitudes(R, cfg, seed, epoch) -> dict:
             for leaf in lm_tree(cfg).leaves if ref_perturbs(cfg, leaf)}
 
 
-def _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, mag, n_round) -> list[Row]:
+def _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, mag, n_round, gap=None) -> list[Row]:
     """Rows for one leaf's gradient and new params after a lockstep epoch (unchanged where the reference never
     updates it); mag is |noise| per member (|A||B|^T or |eps|) and n_round its gradient's float32 roundings."""
     p = leaf.path
@@ -545,12 +659,15 @@ def _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, mag, n_round) -> l
                     f"leaves")]
     f_abs = np.abs(ref["shaped"]).astype(np.float64)
     step = math.sqrt(cfg.pop) * cfg.lr
-    g_bound = np.mean((2 * gamma(n_round) * f_abs + f_err).reshape((-1,) + (1,) * len(leaf.shape)) * mag, 0)
+    g_bound = np.mean((2 * gamma(n_round) * f_abs + f_err).reshape((-1,) + (1,) * len(leaf.shape)) * mag, 0) + \
+        (0.0 if gap is None else gap["grads"][p])
     g_ratio = float(np.max(np.abs(port["grads"][p] - ref["grads"][p].astype(np.float64)) / np.maximum(g_bound, 1e-30)))
-    p_bound = step * g_bound + 2 * update_bound(ref["params"][p], step * ref["grads"][p].astype(np.float64))
+    p_bound = step * g_bound + 2 * update_bound(ref["params"][p], step * ref["grads"][p].astype(np.float64)) + \
+        (0.0 if gap is None else gap["params"][p])
     p_ratio = float(np.max(np.abs(port["params"][p] - ref["params"][p].astype(np.float64)) /
                            np.maximum(p_bound, 1e-30)))
-    return [Row("trajectory", f"{at}: {p} ({leaf.cls}) {what}, max |port - ref| / bound", r, f"<= 1 ({allowed})",
+    plus = "" if gap is None else " + the reference's own TF32 rounding"
+    return [Row("trajectory", f"{at}: {p} ({leaf.cls}) {what}, max |port - ref| / bound", r, f"<= 1 ({allowed}{plus})",
                 "pass" if r <= 1 else "fail", "" if r <= 1 else f"{p}: the {what} after a training epoch differs")
             for what, r, allowed in (("gradient", g_ratio, "both sides' einsum bounds + shaped error x |noise|"),
                                      ("params", p_ratio, "lr sqrt(N) x the gradient's bound + update_bound"))]
@@ -564,9 +681,12 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
     einsum bounds plus mean(|shaped error| |A||B|^T); params lr sqrt(N) times the gradient's bound plus both sides'
     update_bound. A stage beyond its bound ends the check (what follows from it is not judged).
 
-    step(params, epoch, tokens) -> (reference, port, magnitudes) replaces the default (both sides on their own
-    draws, rng=jax) for the in-distribution mode (parity.tree_dist.trajectory_step: the reference on the side's
-    es_ask noise)."""
+    A TF32 reference's own rounding (each stage against the same epoch at float32, trajectory_gap) is added to every
+    allowance.
+
+    step(params, epoch, tokens) -> (reference, port, magnitudes, the reference at float32 or None) replaces the
+    default (both sides on their own draws, rng=jax) for the in-distribution mode (parity.tree_dist.trajectory_step:
+    the reference on the side's es_ask noise)."""
     from rollout.corpus import load_corpus, member_tokens, train_windows
     corpus = load_corpus(seq_len=cfg.seq_len)
     params = R.init(cfg, seed)
@@ -576,17 +696,19 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
         if step is None:
             ref, port = R.epoch_step(cfg, seed, params, epoch, tokens), side.epoch_step(seed, params, epoch, tokens)
             mags = _reference_magnitudes(R, cfg, seed, epoch)
+            ref32 = float32_of(R).epoch_step(cfg, seed, params, epoch, tokens) if ref_u(R) else None
         else:
-            ref, port, mags = step(params, epoch, tokens)
+            ref, port, mags, ref32 = step(params, epoch, tokens)
+        gap = trajectory_gap(ref, ref32)
         at = f"epoch {epoch}"
-        got, f_err = _trajectory_fitness(cfg, ref, port, at)
+        got, f_err = _trajectory_fitness(cfg, ref, port, at, gap)
         rows += got
         if f_err is None:
             break
         for leaf in lm_tree(cfg).leaves:
             rows += ([Row("trajectory", f"{at}: {leaf.path}", float("nan"), "-", "skip",
                           f"{leaf.path}'s noise already differs")] if leaf.path in parted else
-                     _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, *mags.get(leaf.path, (None, 0))))
+                     _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, *mags.get(leaf.path, (None, 0)), gap))
         if any(r.verdict == "fail" for r in rows):
             break
         params = ref["params"]
@@ -655,7 +777,8 @@ def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness)
 
     def forward():
         rows = check_forward(R, side, cfg, seed, rng, noisy_reference=None if exact else
-                             D.forward_reference(R, side, cfg, seed))
+                             D.forward_reference(R, side, cfg, seed), noisy_reference32=None if exact or not ref_u(R)
+                             else D.forward_reference(float32_of(R), side, cfg, seed))
         rows = forward_after_noise(rows, state.get("noise_causes", ()) if exact else ())
         state["forward_failed"] = any(r.verdict == "fail" for r in rows)
         return rows
@@ -686,7 +809,7 @@ def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
 
 
 def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
-        against=None) -> list[Row]:
+        against=None, platform: ReferencePlatform | None = None, device: str = "cpu") -> list[Row]:
     """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree_adapter.PortSide).
     Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
     distribution (parity.tree_dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
@@ -694,18 +817,20 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     `reference`: the reference's functions (default parity.tree_reference, live JAX; parity.tree_vectors.
     replay_reference: a bundle); a check needing a call the bundle cannot answer is skipped with the reason.
     `against`: a bundle folder in place of `reference` (UsageError, before any work, for one that does not hold
-    this configuration and seed)."""
+    this configuration and seed). `platform`: where the live reference runs (spec.platform; default where JAX
+    runs); `device`: the torch side's device."""
     from parity.adapter import NonFinite
     from parity.tape import NotRecorded
     if against is not None:
         from parity.tree_vectors import bundle_reference
         reference = bundle_reference(against, cfg, seed)
     if reference is None:
-        from parity import tree_reference as reference
+        from parity import tree_reference
+        reference = tree_reference.on_platform(platform)
     R = reference
     if side is None:
         from parity.tree_torch import TorchTree
-        side = TorchTree(cfg, knobs)
+        side = TorchTree(cfg, knobs, device)
         if repro is not None:
             side = repro.recorded(side)
         exact = knobs.rng != "torch"                 # jax, jax-cpu, jax-gpu: JAX's keys and draws

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from spec.knobs import KnobError
-from spec.limits import check_out_dir, seed_arg
+from spec.limits import check_out_dir, device_arg, seed_arg
+from spec.platform import add_reference_flags, check_against_bundle, recorded_platform, request_of
 from spec.tree_knobs import TREE_CHOICES, TREE_PROFILES, resolve_tree, tree_drifts
 
 
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "record --task lm`; --task tree: `record --task tree --port ...`) instead of the live JAX "
                         "reference: no jax needed")
     p.add_argument("--out", default="runs/parity-lm", help="report folder (default runs/parity-lm)")
+    p.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
+    add_reference_flags(p)
     p.add_argument("--quiet", action="store_true", help="only the verdict line")
     return p
 
@@ -52,17 +56,41 @@ def parse(argv: list[str]):
     if args.task == "tree" and not args.port:
         raise ValueError("--task tree checks a port on its own declared tree: give --port module:attr (e.g. "
                          "examples.gpt_adapter:GPTAdapter); torch_impl's own tree is the LM: --task lm")
+    if args.port and args.device != "cpu":
+        raise ValueError("--device places torch_impl's tensors; with --port the port places its own (drop --device)")
     reference, bundle = None, None
     if args.against and args.task == "tree":       # its reference is made once the port declares its tree
         from parity.tree_vectors import open_tree_bundle
         bundle = open_tree_bundle(args.against, args.size, args.seed)
+        check_against_bundle(args, recorded_platform(bundle.manifest), args.against)
     elif args.against:
         from parity.tree_vectors import open_bundle, replay_reference
         bundle = open_bundle(args.against, args.size, args.seed)
+        check_against_bundle(args, recorded_platform(bundle.manifest), args.against)
         reference = replay_reference(bundle)
+    else:
+        from parity import tree_reference
+        reference = tree_reference.on_platform(tree_reference.platform_for(request_of(args)))
+    if args.device.startswith("cuda"):
+        from parity.torch_adapter import check_device
+        check_device(args.device)
+    platform = recorded_platform(bundle.manifest) if reference is None else reference.platform
+    knobs, args.followed = follow_reference_rng(knobs, platform)
+    args.pinned = args.torch + [f"rng={knobs.rng}"] if args.followed else args.torch    # what a repro rebuilds
     from parity.tape import run_size_and_seed
     args.size, args.seed = run_size_and_seed(bundle, args.size, args.seed)
     return args, knobs, bundle, reference
+
+
+def follow_reference_rng(knobs, platform) -> tuple:
+    """(knobs, words): the tree side's rng=jax follows the reference's normals: plain jax is JAX's CPU normals, so on
+    a GPU-normals reference it becomes rng=jax-gpu where spec.tree_knobs has that value; a side pinned to one
+    backend (jax-cpu, jax-gpu) stays as pinned."""
+    value = f"jax-{platform.normals}"
+    if knobs.rng != "jax" or platform.normals == "cpu" or value not in TREE_CHOICES["rng"]:
+        return knobs, ""
+    import dataclasses
+    return dataclasses.replace(knobs, rng=value), f"rng=jax follows the reference's backend: rng={value}"
 
 
 def main(argv: list[str]) -> int:
@@ -73,9 +101,8 @@ def main(argv: list[str]) -> int:
     except (KnobError, ValueError) as err:         # UsageError (a bundle that cannot be used) is a ValueError
         print(f"parity check: {err}", file=sys.stderr)
         return 2
-    from parity import tree_check, tree_dist
+    from parity import tree_check
     from parity.adapter import PortError
-    from reporting import versions
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
     collector, recipe = repro_setup(args, cfg)
@@ -95,34 +122,48 @@ def main(argv: list[str]) -> int:
     log(f"parity check --task {args.task}: {who if args.port else f'torch_impl {drifts}'} vs {against}, "
         f"size {args.size}, seed {args.seed}")
     try:
-        rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference)
+        rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference,
+                              device=args.device)
     except PortError as err:
         print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree_adapter.py)", file=sys.stderr)
         return 2
     failed = [r for r in rows if r.verdict == "fail"]
-    packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
     verdict = "FAIL" if failed else "PASS"
-    title = "byte-level LM" if args.task == "lm" else "the port's declared tree"
-    header = [f"# Parity check, {title}: {verdict}", "",
-              f"- command: `python -m parity check {shlex.join(argv)}`",
-              (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"),
-              *(f"- declared differently from the LM's tree: {n}" if args.task == "lm" else f"- {n}" for n in notes),
-              f"- size: {args.size}: {cfg if args.task == 'lm' else 'the settings above'}", f"- seed: {args.seed}",
-              f"- versions: {', '.join(f'{k} {v}' for k, v in versions(packages).items())}",
-              *(bundle_lines(bundle, reference) if bundle else []),
-              f"- took {time.perf_counter() - started:.1f} s on the CPU",
-              "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
-              f"{tree_check.FORWARD_ULPS} ulps of scale for the forward); a side without JAX's draws is checked in "
-              f"distribution: parity/tree_dist.py's docstring (each test's alpha, {tree_dist.FALSE_ALARM:.2g} per run "
-              "in all)"]
+    header = report_header(args, argv, verdict, cfg, knobs, who, notes, bundle, reference,
+                           time.perf_counter() - started)
     unseen = [f"{r.quantity}: {r.cause}" for r in rows if r.verdict == "skip" and r.quantity.startswith("knob `")]
     header += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
     tree_check.write(args.out, rows, header, repro_lines(args, argv, rows, collector, recipe))
     for u in unseen:
         log(f"note: {u}")
     causes = list(dict.fromkeys(r.cause for r in failed if r.cause))
-    print(f"{verdict}: report in {args.out}/summary.md" + (f"\n  " + "\n  ".join(causes) if causes else ""))
+    print(f"{verdict}: report in {args.out}/summary.md" + ("\n  " + "\n  ".join(causes) if causes else ""))
     return 1 if failed else 0
+
+
+def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle, reference,
+                  seconds: float) -> list[str]:
+    """summary.md's head: the verdict, the reference's platform in one sentence, then the run's facts."""
+    from parity import tree_check, tree_dist
+    from reporting import versions
+    packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
+    platform = reference.platform
+    title = "byte-level LM" if args.task == "lm" else "the port's declared tree"
+    return [f"# Parity check, {title}: {verdict}", "", platform.sentence(), "",
+            f"- command: `python -m parity check {shlex.join(argv)}`",
+            (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"
+             + (f" ({args.followed})" if args.followed else "")),
+            *(f"- declared differently from the LM's tree: {n}" if args.task == "lm" else f"- {n}" for n in notes),
+            f"- size: {args.size}: {cfg if args.task == 'lm' else 'the settings above'}", f"- seed: {args.seed}",
+            f"- versions: {', '.join(f'{k} {v}' for k, v in versions(packages).items())}",
+            *(bundle_lines(bundle, reference) if bundle else []),
+            f"- device: torch side on {args.device}; JAX reference on {platform.where()[len('JAX on '):]}; reference "
+            f"platform: {platform.fields_text()}",
+            f"- took {seconds:.1f} s",
+            "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
+            f"{tree_check.FORWARD_ULPS} ulps of scale for the forward; a TF32 reference's own bounds and measured "
+            "rounding); a side without JAX's draws is checked in distribution: parity/tree_dist.py's docstring (each "
+            f"test's alpha, {tree_dist.FALSE_ALARM:.2g} per run in all)"]
 
 
 def bundle_lines(bundle, reference) -> list[str]:
@@ -162,7 +203,7 @@ def repro_setup(args, cfg):
     collector = Collector(Tape(methods=TAPED_TREE if args.port else TAPED_TREE_TORCH))
     if args.task == "tree":                 # the port is built with no arguments
         return collector, port_recipe(args.port, None)
-    return collector, port_recipe(args.port, cfg) if args.port else tree_torch_recipe(args.profile, args.torch, cfg)
+    return collector, port_recipe(args.port, cfg) if args.port else tree_torch_recipe(args.profile, args.pinned, cfg)
 
 
 def repro_lines(args, argv: list[str], rows, collector, recipe) -> list[str]:

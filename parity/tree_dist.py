@@ -63,7 +63,7 @@ from scipy import stats
 from parity.checks.dense import is_rescaled, scale_cause
 from parity.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
 from parity.tree_adapter import dense_of
-from parity.tree_check import EPOCHS, Row, cause, pairing_text, ref_perturbs
+from parity.tree_check import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u
 from spec.lm import H0_SCALE, LMConfig, init_plan, lm_tree
 from spec.tree import Leaf
 
@@ -391,9 +391,10 @@ def reference_step(R, cfg: LMConfig, params: dict, noise: dict, tokens: np.ndarr
 
 
 def trajectory_step(R, side, cfg: LMConfig, seed: int, asked: list | None = None) -> Callable:
-    """(params, epoch, tokens) -> (reference, port, {path: (|noise|, roundings)}): the side's epoch, then the
-    reference's step on the noise its es_ask drew, for check_trajectory's lockstep (each epoch's noise appended to
-    `asked` when given)."""
+    """(params, epoch, tokens) -> (reference, port, {path: (|noise|, roundings)}, the reference's step at float32
+    or None): the side's epoch, then the reference's step on the noise its es_ask drew, for check_trajectory's
+    lockstep (each epoch's noise appended to `asked` when given); a TF32 reference's step is also taken at float32,
+    its own rounding measured."""
     def step(params, epoch, tokens):
         port = side.epoch_step(seed, params, epoch, tokens)
         noise = port["noise"]
@@ -402,7 +403,8 @@ def trajectory_step(R, side, cfg: LMConfig, seed: int, asked: list | None = None
         mags = {leaf.path: (magnitude(leaf, noise[leaf.path]),
                             cfg.pop * cfg.rank + 3 if leaf.cls in ("mm", "tmm") else cfg.pop + 2)
                 for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf) and noise.get(leaf.path) is not None}
-        return reference_step(R, cfg, params, noise, tokens), port, mags
+        ref32 = reference_step(float32_of(R), cfg, params, noise, tokens) if ref_u(R) else None   # TF32: its own gap
+        return reference_step(R, cfg, params, noise, tokens), port, mags, ref32
     return step
 
 

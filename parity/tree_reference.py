@@ -3,24 +3,31 @@ perturbed products on ANY declared tree (a spec.tree.TreeRun, or the LM's spec.l
 and the ES settings), and the signatures of the tree drifts, drawn from JAX's own keys, so a check can name the one a
 side has; the LM's own init, scores and training epoch (the model the project ships).
 
-Only this module of the LM suite imports jax_reference (like parity/reference_port.py for the MLP).
+Only this module of the LM suite imports jax_reference (like parity/reference_port.py for the MLP). `on_platform`
+runs every function here on a spec.platform.ReferencePlatform (jax_reference.platform.scope); the draws go through
+jax_reference.emulation.normal and the reference's own products through its matmul, so gpu-sim and TF32 reach them,
+while the suite's own arithmetic (each member's A B^T for the noise check) is pinned to float32 (HIGHEST).
 """
 from __future__ import annotations
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_reference import emulation
 from jax_reference import lm as jlm
 from jax_reference.models import recursive_scan_split, simple_es_tree_key
 from jax_reference.noiser import EggRoll, apply_grads, es_grads, true_epoch
 from jax_reference.population import population_iterinfos
 from spec.lm import LMConfig
+from spec.platform import PlatformRequest, ReferencePlatform
 from spec.tree import Leaf
 
 NAME = "jax_reference"
+HIGHEST = jax.lax.Precision.HIGHEST        # the suite's own products (A B^T), float32 whatever the platform
 
 
 def _flat(tree_dict, prefix="") -> dict:
@@ -85,7 +92,7 @@ def draws(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> 
     shape = (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
 
     def one(key, p):
-        return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), p), shape)
+        return emulation.normal(jax.random.fold_in(jax.random.fold_in(key, g), p), shape)
 
     return np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0)), keys, leaf, jnp.arange(cfg.pop // 2)))
 
@@ -102,12 +109,12 @@ def dense_noise(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful
     def one(key, m, sg):
         k = jax.random.fold_in(jax.random.fold_in(key, g), m // 2)
         if leaf.cls == "param":
-            return jax.random.normal(k, leaf.slice_shape) * (sg * jnp.float32(cfg.sigma))
+            return emulation.normal(k, leaf.slice_shape) * (sg * jnp.float32(cfg.sigma))
         a, b = leaf.slice_shape
-        z = jax.random.normal(k, (a + b, cfg.rank))
+        z = emulation.normal(k, (a + b, cfg.rank))
         if variant == "tmm_transposed":
-            return z[:a] @ (z[a:] * (sg * s_low)).T
-        return (z[b:] * (sg * s_low)) @ z[:b].T
+            return jnp.matmul(z[:a], (z[a:] * (sg * s_low)).T, precision=HIGHEST)
+        return jnp.matmul(z[b:] * (sg * s_low), z[:b].T, precision=HIGHEST)
 
     return np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0, 0)), keys, leaf, members, sign))
 
@@ -120,7 +127,7 @@ def factors_abs_product(cfg, seed: int, epoch: int, leaf: Leaf) -> np.ndarray:
     a, b = leaf.slice_shape
 
     def one(key, m):
-        return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), m // 2), (a + b, cfg.rank))
+        return emulation.normal(jax.random.fold_in(jax.random.fold_in(key, g), m // 2), (a + b, cfg.rank))
     z = np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0)), keys, leaf, jnp.arange(cfg.pop))).astype(np.float64)
     return np.abs(z[..., b:, :] * s_low) @ np.abs(np.swapaxes(z[..., :b, :], -1, -2))
 
@@ -200,10 +207,11 @@ def update(cfg, params: dict, grads: dict) -> dict[str, np.ndarray]:
 def product(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray, form: str) -> np.ndarray:
     """EggRoll.do_mm / do_Tmm's expression on given factors, float32 under jit: mm x @ W.T + (x @ B) @ A.T (x (m,
     batch, b)), tmm x @ W + (x @ A) @ B.T (x (m, batch, a)), vmapped over the members."""
+    mm = emulation.matmul                                        # the reference's products (TF32 under gpu-sim)
     if form == "mm":
-        fn = lambda a, b, xi: xi @ W.T + (xi @ b) @ a.T           # noqa: E731
+        fn = lambda a, b, xi: mm(xi, W.T) + mm(mm(xi, b), a.T)    # noqa: E731
     else:
-        fn = lambda a, b, xi: xi @ W + (xi @ a) @ b.T             # noqa: E731
+        fn = lambda a, b, xi: mm(xi, W) + mm(mm(xi, a), b.T)      # noqa: E731
     return np.asarray(jax.jit(jax.vmap(fn))(jnp.asarray(A), jnp.asarray(B), jnp.asarray(x)))
 
 
@@ -222,12 +230,43 @@ def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.nd
             "params": {k: np.asarray(v) for k, v in _flat(new).items()}}
 
 
-def device() -> str:
-    """Where the reference runs: JAX's default backend and its first device."""
-    return f"JAX on {jax.default_backend()} ({jax.devices()[0].device_kind})"
+def platform_for(request: PlatformRequest, gpu: bool = False) -> ReferencePlatform:
+    """The LM reference's platform for a command line's request (ValueError, exit 2, where it cannot run here)."""
+    from parity.reference_port import platform_for as resolve_here
+    return resolve_here(request, gpu)
 
 
-def matmul_precision() -> str:
-    """JAX's default matmul precision setting (None: the backend's default, full float32 on the CPU)."""
-    value = jax.config.jax_default_matmul_precision
-    return "default (full float32 on the CPU)" if value is None else str(value)
+class OnPlatform:
+    """This module's functions, each run inside jax_reference.platform.scope(platform): tree_check's reference."""
+
+    def __init__(self, platform: ReferencePlatform):
+        self.platform = platform
+
+    def __getattr__(self, name: str):
+        fn = getattr(sys.modules[__name__], name)
+        if not callable(fn) or name.startswith("_") or isinstance(fn, type):
+            return fn
+
+        @functools.wraps(fn)
+        def scoped(*args, **kwargs):
+            from jax_reference.platform import scope
+            with scope(self.platform):
+                return fn(*args, **kwargs)
+        return scoped
+
+    def float32(self) -> "OnPlatform":
+        """The same reference with its products pinned to float32 (--reference-precision highest): what a TF32
+        reference's own rounding is measured against (tree_check's forward and trajectory)."""
+        return OnPlatform(self.platform.replace(precision_requested="highest", precision="float32"))
+
+    def on_other_normals(self) -> "OnPlatform | None":
+        """The same reference on the other backend's normals, or None where that table is not at hand."""
+        from jax_reference.platform import normals_available
+        other = self.platform.replace(normals="cpu" if self.platform.normals == "gpu" else "gpu")
+        return OnPlatform(other) if normals_available(other) else None
+
+
+def on_platform(platform: ReferencePlatform | None = None) -> OnPlatform:
+    """The reference on `platform` (default: where JAX runs, at its default precision)."""
+    from jax_reference.platform import resolve
+    return OnPlatform(platform or resolve())

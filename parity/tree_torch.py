@@ -11,24 +11,29 @@ from torch_impl import lm, lm_es
 from torch_impl.tree_noise import LeafRole, TreeNoise, dense, from_stack_first, per_member, sample
 
 
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A tensor as numpy, from whatever device it is on."""
+    return t.detach().cpu().numpy()
+
+
 def protocol_noise(noise: TreeNoise, tree) -> dict:
     """The tree protocol's noise dict (parity/tree_adapter.py) of every member: low-rank leaves as (A, B) on the
     stored slice (a leaf factored transposed gives (B, A)), stack axes first; param leaves eps at the stored shape."""
     noise, out = per_member(noise), {}
     for path, role in noise.roles.items():
         if role.kind == "lowrank":
-            A, B = noise.A[path].numpy(), noise.B[path].numpy()
+            A, B = _np(noise.A[path]), _np(noise.B[path])
             out[path] = (B, A) if role.transposed else (A, B)
         elif role.kind == "param":
-            out[path] = from_stack_first(noise.eps[path], tree.leaf(path), lead=1).numpy()
+            out[path] = _np(from_stack_first(noise.eps[path], tree.leaf(path), lead=1))
     return out
 
 
 class TorchTree:
     """One configured torch side: init, dense noise per leaf, shaping, scores and gradients."""
 
-    def __init__(self, cfg: LMConfig, knobs: TreeKnobs):
-        self.cfg, self.knobs = cfg, knobs
+    def __init__(self, cfg: LMConfig, knobs: TreeKnobs, device: str = "cpu"):
+        self.cfg, self.knobs, self.device = cfg, knobs, torch.device(device)
         self.es = lm_es.make(cfg, knobs)
         self._protocol: dict = {}
         self.name = "torch_impl" + ("" if knobs == TreeKnobs() else " (" + ", ".join(
@@ -38,15 +43,19 @@ class TorchTree:
         return True
 
     def _state(self, seed: int, params: dict | None = None):
-        tparams = None if params is None else {k: torch.from_numpy(np.array(v)) for k, v in params.items()}
-        return lm_es.init(self.es, seed, "cpu", tparams)
+        tparams = None if params is None else {k: self._t(v) for k, v in params.items()}
+        return lm_es.init(self.es, seed, self.device, tparams)
+
+    def _t(self, a) -> torch.Tensor:
+        """A numpy array as a tensor on this side's device (a copy: the suite's arrays stay the suite's)."""
+        return torch.from_numpy(np.array(a)).to(self.device)
 
     def init(self, seed: int) -> dict[str, np.ndarray]:
-        return {k: v.numpy() for k, v in self._state(seed).params.items()}
+        return {k: _np(v) for k, v in self._state(seed).params.items()}
 
     def noise(self, seed: int, epoch: int):
         state = self._state(seed)
-        return sample(self.es.plan, state.sources, epoch, self.cfg.sigma)
+        return sample(self.es.plan, state.sources, epoch, self.cfg.sigma, self.device)
 
     def protocol(self, seed: int, epoch: int) -> dict:
         """Every member's noise at epoch in the tree protocol's form (drawn once per (seed, epoch))."""
@@ -65,50 +74,49 @@ class TorchTree:
         if noise.roles[leaf.path].kind == "none":
             return None
         with torch.inference_mode():
-            return dense(noise, leaf).numpy()
+            return _np(dense(noise, leaf))
 
     def shape(self, f: np.ndarray) -> np.ndarray:
-        return self.es.shaping(torch.from_numpy(np.asarray(f, np.float32))).numpy()
+        return _np(self.es.shaping(self._t(np.asarray(f, np.float32))))
 
     def scores(self, seed: int, params: dict, epoch: int, tokens: np.ndarray, noise: bool):
         state = self._state(seed, params)
-        n = sample(self.es.plan, state.sources, epoch, self.cfg.sigma) if noise else None
+        n = sample(self.es.plan, state.sources, epoch, self.cfg.sigma, self.device) if noise else None
         with torch.inference_mode():
-            s, inter = lm.forward(state.params, torch.from_numpy(tokens.astype(np.int64)), n, intermediates=True)
-        return s.numpy(), {k: v.numpy() for k, v in inter.items()}
+            s, inter = lm.forward(state.params, self._t(tokens.astype(np.int64)), n, intermediates=True)
+        return _np(s), {k: _np(v) for k, v in inter.items()}
 
     def grads(self, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarray]:
         noise = self.noise(seed, epoch)
         with torch.inference_mode():
-            g = lm_es.leaf_gradients(self.es.tree, noise, torch.from_numpy(np.array(shaped, np.float32)))
-        return {k: v.numpy() for k, v in g.items()}
+            g = lm_es.leaf_gradients(self.es.tree, noise, self._t(np.array(shaped, np.float32)))
+        return {k: _np(v) for k, v in g.items()}
 
     def products(self, W, A, B, x, form: str) -> np.ndarray:
         """torch_impl.lm's perturbed mm / tmm (`_linear`) on given per-member factors of one slice."""
         a, b = W.shape
-        noise = TreeNoise({"w": torch.from_numpy(A)}, {"w": torch.from_numpy(B)}, {},
-                          {"w": LeafRole("lowrank", form, (a, b))}, None)
+        noise = TreeNoise({"w": self._t(A)}, {"w": self._t(B)}, {}, {"w": LeafRole("lowrank", form, (a, b))}, None)
         with torch.inference_mode():
-            member = lm.Member(noise, x.shape[0], "cpu")
-            return lm._linear(member, "w", torch.from_numpy(W), torch.from_numpy(x), None, form).numpy()
+            member = lm.Member(noise, x.shape[0], self.device)
+            return _np(lm._linear(member, "w", self._t(W), self._t(x), None, form))
 
     def update(self, seed: int, epoch: int, params: dict, shaped: np.ndarray) -> tuple[dict, dict]:
         """(new params, the gradient the step used): lm_es.apply on its own gradient at epoch from params."""
         state = self._state(seed, params)._replace(epoch=epoch)
-        noise = sample(self.es.plan, state.sources, epoch, self.cfg.sigma)
+        noise = sample(self.es.plan, state.sources, epoch, self.cfg.sigma, self.device)
         with torch.inference_mode():
-            g = lm_es.leaf_gradients(self.es.tree, noise, torch.from_numpy(np.array(shaped, np.float32)))
+            g = lm_es.leaf_gradients(self.es.tree, noise, self._t(np.array(shaped, np.float32)))
             new, _ = lm_es.apply(self.es, state, g)
-        return {k: v.numpy() for k, v in new.params.items()}, {k: v.numpy() for k, v in g.items()}
+        return {k: _np(v) for k, v in new.params.items()}, {k: _np(v) for k, v in g.items()}
 
     def epoch_step(self, seed: int, params: dict, epoch: int, tokens: np.ndarray) -> dict:
         """One training epoch from params, as torch_impl's trainer runs it: ask, score, tell."""
         state = self._state(seed, params)._replace(epoch=epoch)
         with torch.inference_mode():
             noise, state = lm_es.ask(self.es, state)
-            scores = lm.forward(state.params, torch.from_numpy(tokens.astype(np.int64)), noise)
+            scores = lm.forward(state.params, self._t(tokens.astype(np.int64)), noise)
             new, info = lm_es.tell(self.es, state, noise, scores)
-        return {"scores": scores.numpy(), "shaped": info["shaped"].numpy(),
+        return {"scores": _np(scores), "shaped": _np(info["shaped"]),
                 "noise": protocol_noise(noise, self.es.tree),
-                "grads": {k: v.numpy() for k, v in info["grads"].items()},
-                "params": {k: v.numpy() for k, v in new.params.items()}}
+                "grads": {k: _np(v) for k, v in info["grads"].items()},
+                "params": {k: _np(v) for k, v in new.params.items()}}

@@ -23,6 +23,7 @@ from parity.adapter import UsageError
 from parity.tape import Bundle, Recording, Replay, Store, check_holds, read_bundle, write_bundle
 from parity.tree_numpy_reference import NumpyTreeReference, perturbs
 from spec.lm import LMConfig, lm_tree
+from spec.platform import ReferencePlatform, recorded_platform
 from spec.tree_knobs import TreeKnobs
 
 TASK = "lm"
@@ -36,10 +37,23 @@ def regenerate(size: str = "quick", seed: int = 0, out: str = "vectors/lm-quick"
 
 class LMReference:
     """tree_reference's surface: the RECORDED functions from `source` (a Recording of tree_reference, or a Replay of a
-    bundle falling back to numpy), everything else from `numpy` (a NumpyTreeReference on source's draws)."""
+    bundle falling back to numpy), everything else from `numpy` (a NumpyTreeReference on source's draws); `platform`
+    where the reference ran (recorded: the bundle's manifest); `live`, while recording, the reference itself (what a
+    TF32 platform's checks evaluate at float32, unrecorded)."""
 
-    def __init__(self, source: Any, numpy: NumpyTreeReference, recorded: tuple[str, ...] = RECORDED):
+    def __init__(self, source: Any, numpy: NumpyTreeReference, recorded: tuple[str, ...] = RECORDED,
+                 platform: ReferencePlatform | None = None, live: Any = None):
         self.source, self.numpy, self.recorded = source, numpy, recorded
+        self.platform, self.live = platform or ReferencePlatform(), live
+
+    def float32(self):
+        """The live reference at float32 while recording; a replay has none (tree_check skips what needs it)."""
+        from parity.tape import NotRecorded
+        if self.live is None:
+            raise NotRecorded("float32", "a TF32 reference replayed from a bundle cannot be evaluated at float32, "
+                                         "which bounds its own rounding here; record the bundle with "
+                                         "--reference-precision highest, or check against the live reference")
+        return self.live.float32()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.source if name in self.recorded else self.numpy, name)
@@ -50,17 +64,19 @@ class LMReference:
         return list(getattr(self.source, "misses", []))
 
 
-def recording_reference(store: Store) -> LMReference:
-    """The live reference, every RECORDED call stored in `store`; noise as the replay will compute it."""
+def recording_reference(store: Store, platform: ReferencePlatform | None = None) -> LMReference:
+    """The live reference on `platform`, every RECORDED call stored in `store`; noise as the replay will compute it."""
     from parity import tree_reference
-    source = Recording(tree_reference, RECORDED, store)
-    return LMReference(source, NumpyTreeReference(source.draws))
+    live = tree_reference.on_platform(platform)
+    source = Recording(live, RECORDED, store)
+    return LMReference(source, NumpyTreeReference(source.draws), platform=live.platform, live=live)
 
 
 def replay_reference(bundle: Bundle) -> LMReference:
     """The reference from a bundle alone (no JAX): recorded calls by key, the rest in numpy."""
     numpy = NumpyTreeReference(Replay(bundle.store, ("draws",)).draws)
-    return LMReference(Replay(bundle.store, RECORDED, fallback=numpy), numpy)
+    return LMReference(Replay(bundle.store, RECORDED, fallback=numpy), numpy,
+                       platform=recorded_platform(bundle.manifest))
 
 
 def drift_variants(leaf) -> tuple[str, ...]:
@@ -74,23 +90,32 @@ def config_record(cfg: LMConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(cfg)))
 
 
+def faithful_knobs(platform: ReferencePlatform) -> TreeKnobs:
+    """The faithful tree side that drives a recording: rng following the reference's normals where the knob has
+    per-backend values (jax-cpu, jax-gpu)."""
+    from parity.tree_cli import follow_reference_rng
+    return follow_reference_rng(TreeKnobs(), platform)[0]
+
+
 def lm_sizes() -> dict[str, LMConfig]:
     from parity.tree_check import sizes
     return sizes()
 
 
-def record_lm(size: str, seed: int, out: Path, log=lambda line: None) -> Path:
+def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: ReferencePlatform | None = None,
+              knobs: TreeKnobs = TreeKnobs()) -> Path:
     """Record the reference's answers to every LM check at (size, seed) into the bundle folder `out` (written
-    atomically); the checks are driven by the faithful torch side, which must pass them all (else nothing is
-    written: a recording the faithful side fails would hold a wrong reference)."""
-    from parity import tree_check, tree_reference
+    atomically), the reference on `platform` (default where JAX runs); the checks are driven by the faithful torch
+    side (`knobs`: its rng following the reference's normals), which must pass them all (else nothing is written: a
+    recording the faithful side fails would hold a wrong reference)."""
+    from parity import tree_check
     from reporting import cpu_name, versions
     sizes = lm_sizes()
     if size not in sizes:
         raise UsageError(f"--task lm --size {size!r}: the LM suite's sizes are {', '.join(sizes)}")
     cfg, store = sizes[size], Store()
-    ref = recording_reference(store)
-    rows = tree_check.run(cfg, TreeKnobs(), seed, log, reference=ref)         # side: torch_impl, faithful
+    ref = recording_reference(store, platform)
+    rows = tree_check.run(cfg, knobs, seed, log, reference=ref)              # side: torch_impl, faithful
     failed = [f"{r.check}: {r.quantity}: {r.cause}" for r in rows if r.verdict != "pass"]
     if failed:
         raise RuntimeError("the faithful torch side did not pass every LM check while recording, so no bundle was "
@@ -104,8 +129,9 @@ def record_lm(size: str, seed: int, out: Path, log=lambda line: None) -> Path:
     manifest = {"task": TASK, "size": size, "seed": seed, "config": config_record(cfg),
                 "sizes": f"d_model {cfg.d_model}, layers {cfg.layers}, d_hidden {cfg.d_hidden}, T {cfg.seq_len}, "
                          f"pop {cfg.pop}, rank {cfg.rank}",
-                "versions": versions(VERSIONS), "device": f"{tree_reference.device()}; host CPU {cpu_name()}",
-                "matmul_precision": tree_reference.matmul_precision(),
+                "versions": versions(VERSIONS),
+                "device": f"JAX reference on {ref.platform.where()[len('JAX on '):]}; host CPU {cpu_name()}",
+                "matmul_precision": ref.platform.precision_words(), "platform": ref.platform.fields(),
                 "command": regenerate(size, seed, str(out)), "recorded": list(RECORDED),
                 "numpy_answers": "update, scores_dense and any call whose inputs come from the port "
                                  "(parity/tree_numpy_reference.py)"}
@@ -160,10 +186,12 @@ def tree_draws(run) -> list[tuple[Any, int, Any, str]]:
     return list(dict.fromkeys(out))
 
 
-def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line: None) -> Path:
+def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line: None,
+                platform: ReferencePlatform | None = None) -> Path:
     """Record JAX's draws for every check of the tree suite on the port's declared tree and settings at (size,
-    seed) into the bundle folder `out` (written atomically); UsageError before any work for a port or tree that
-    cannot be checked. The rest of the reference is numpy on these draws, on replay as when recorded."""
+    seed) into the bundle folder `out` (written atomically), the reference on `platform` (default where JAX runs);
+    UsageError before any work for a port or tree that cannot be checked. The rest of the reference is numpy on these
+    draws, on replay as when recorded."""
     from parity import tree_reference
     from parity.tree_adapter import declared_run, load_tree_port
     from parity.tree_check import TREE_SIZES
@@ -172,7 +200,8 @@ def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line
         raise UsageError(f"--task tree --size {size!r}: the tree suite's sizes are {', '.join(TREE_SIZES)}")
     run, lines = declared_run(load_tree_port(port_spec, None), TREE_SIZES[size])
     store = Store()
-    source = Recording(tree_reference, TREE_RECORDED, store)
+    live = tree_reference.on_platform(platform)
+    source = Recording(live, TREE_RECORDED, store)
     wanted = tree_draws(run)
     for i, (cfg, epoch, leaf, variant) in enumerate(wanted):
         source.draws(cfg, seed, epoch, leaf, variant)
@@ -180,8 +209,8 @@ def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line
             log(f"record: {i + 1} of {len(wanted)} draws")
     manifest = {"task": TREE_TASK, "size": size, "seed": seed, "port": port_spec, "run": config_record(run),
                 "sizes": "; ".join(lines), "versions": versions(VERSIONS),
-                "device": f"{tree_reference.device()}; host CPU {cpu_name()}",
-                "matmul_precision": tree_reference.matmul_precision(),
+                "device": f"JAX reference on {live.platform.where()[len('JAX on '):]}; host CPU {cpu_name()}",
+                "matmul_precision": live.platform.precision_words(), "platform": live.platform.fields(),
                 "command": regenerate_tree(port_spec, size, seed, str(out)), "recorded": list(TREE_RECORDED),
                 "numpy_answers": "shaping, gradients, the step and the products: numpy on the recorded draws "
                                  "(parity/tree_numpy_reference.py)"}
@@ -208,4 +237,5 @@ def tree_bundle_reference(bundle: Bundle, run) -> LMReference:
                          f"differ from the port's declaration): record this port's with "
                          f"`{regenerate_tree(m.get('port', 'PORT'), m['size'], m['seed'])}`")
     numpy = NumpyTreeReference(Replay(bundle.store, TREE_RECORDED).draws)
-    return LMReference(Replay(bundle.store, TREE_RECORDED, fallback=numpy), numpy, TREE_RECORDED)
+    return LMReference(Replay(bundle.store, TREE_RECORDED, fallback=numpy), numpy, TREE_RECORDED,
+                       platform=recorded_platform(m))

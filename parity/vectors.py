@@ -25,6 +25,7 @@ from parity.adapter import CheckedPort, UsageError
 from parity.numpy_reference import NumpyReference
 from spec.config import Config
 from spec.knobs import RunSettings
+from spec.platform import ReferencePlatform, recorded_platform
 
 TASK = "cartpole"
 # ReferencePort methods whose answers a bundle holds (keyed by their inputs).
@@ -80,19 +81,26 @@ def _extra_calls(ref: CheckedPort, sizes, seed: int) -> None:
     ref.noise(shapes, seed, 0, np.arange(pop), pop, cfg.sigma, cfg.rank)
 
 
-def record(sizes, seed: int, checks, log=lambda line: None) -> tuple[tape.Store, list]:
-    """Run the suite with the JAX reference on both sides, the reference side recorded; (store, results)."""
+def record(sizes, seed: int, checks, log=lambda line: None,
+           platform: ReferencePlatform | None = None) -> tuple[tape.Store, list]:
+    """Run the suite with the JAX reference on both sides, the reference side recorded; (store, results). The
+    recorded side runs on `platform` (default where JAX runs); the other is the same reference at float32
+    (highest), so a TF32 platform's recording checks itself against its own float32 products."""
     from parity.reference_port import ReferencePort
     from parity.suite import run_suite
 
-    recorder = RecordingReference(ReferencePort(sizes.cfg))
-    results = run_suite(ReferencePort(sizes.cfg), sizes, seed, checks=checks, log=log, reference=recorder)
+    recorder = RecordingReference(ReferencePort(sizes.cfg, platform=platform))
+    exact = (recorder.platform.replace(precision_requested="highest", precision="float32") if recorder.platform.tf32
+             else recorder.platform)
+    results = run_suite(ReferencePort(sizes.cfg, platform=exact), sizes, seed, checks=checks, log=log,
+                        reference=recorder)
     _extra_calls(CheckedPort(recorder), sizes, seed)
     return digested(recorder.store), results
 
 
-def recording_manifest(sizes, seed: int, checks, command: str) -> dict:
-    """What a bundle says about itself besides its calls: task, size, seed, sizes, run settings, versions, device."""
+def recording_manifest(sizes, seed: int, checks, command: str, platform: ReferencePlatform | None = None) -> dict:
+    """What a bundle says about itself besides its calls: task, size, seed, sizes, run settings, versions, device
+    and the reference's platform (spec.platform's fields, which `check --against` takes as the reference's)."""
     from parity.reference_port import backend_info
     from reporting import versions
 
@@ -100,7 +108,7 @@ def recording_manifest(sizes, seed: int, checks, command: str) -> dict:
             "sizes": sizes_record(sizes), "run": dataclasses.asdict(RunSettings()), "command": command,
             "draws": f"the outputs of {', '.join(DRAWN)} as the sha256 of their bytes (parity.numpy_random redraws "
                      "them on replay)",
-            "versions": versions(("jax", "jaxlib", "optax", "numpy")), **backend_info(),
+            "versions": versions(("jax", "jaxlib", "optax", "numpy")), **backend_info(platform),
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -114,9 +122,10 @@ class ReferenceReplay(tape.Replay):
 
     def __init__(self, bundle: tape.Bundle, cfg: Config, run: RunSettings | None = None):
         run = run or RunSettings()
-        self._numpy = NumpyReference(cfg, run)
+        platform = recorded_platform(bundle.manifest)
+        self._numpy = NumpyReference(cfg, run, platform.normals)
         super().__init__(bundle.store, RECORDED, scope(cfg, run), fallback=self._numpy,
-                         attributes={"cfg": cfg, "run": run})
+                         attributes={"cfg": cfg, "run": run, "platform": platform})
         self.bundle = bundle
         self._es: dict[int, tuple[dict, int]] = {}       # ES state token -> (shapes, seed)
         self.verified = 0                                # draws checked against their digest
@@ -222,7 +231,8 @@ def _record_parser():
     import argparse
 
     from parity.suite import SIZES
-    from spec.limits import seed_arg
+    from spec.limits import device_arg, seed_arg
+    from spec.platform import add_reference_flags
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str):
@@ -240,18 +250,42 @@ def _record_parser():
                                                    "quick or selftest for lm and tree (default quick)")
     p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
     p.add_argument("--out", required=True, help="the bundle folder to write (e.g. runs/vectors/cartpole-quick)")
+    p.add_argument("--device", type=device_arg, default=None,
+                   help="where the JAX reference records: cpu (JAX's CPU) or cuda / cuda:N (JAX's GPU); default: "
+                        "--reference-platform decides (auto: where JAX runs)")
+    add_reference_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
 
-def _record_tree(args) -> int:
+def _record_tree(args, platform: ReferencePlatform) -> int:
     """`record --task tree --port X`: the port's tree and settings checked before any work (UsageError, exit 2)."""
     from parity import tree_vectors
     log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
-    written = tree_vectors.record_tree(args.port, args.size, args.seed, Path(args.out), log)
+    written = tree_vectors.record_tree(args.port, args.size, args.seed, Path(args.out), log, platform)
     size = sum(p.stat().st_size for p in Path(written).iterdir())
     print(f"parity record: wrote {written} ({size / 1e6:.2f} MB)")
     return 0
+
+
+def record_platform(args) -> ReferencePlatform:
+    """The platform the bundle is recorded on, from --device and the reference flags (UsageError, exit 2, for a
+    contradiction or a CUDA device JAX does not see), before any work."""
+    from parity.reference_port import PlatformError, platform_for
+    from spec.limits import cuda_missing
+    from spec.platform import PlatformRequest, request_of
+
+    request = request_of(args)
+    cuda = (args.device or "").startswith("cuda")
+    if args.device and request.platform != "auto" and (cuda or request.platform == "gpu-sim"):
+        raise UsageError(f"--device {args.device} with --reference-platform {request.platform}: one place to record; "
+                         "give one of them (--device cuda records on JAX's GPU, gpu-sim simulates one on the CPU)")
+    if args.device == "cpu":
+        request = PlatformRequest("cpu", request.precision)
+    try:
+        return platform_for(request, gpu=cuda)
+    except PlatformError:
+        raise UsageError(cuda_missing(args.device, " (JAX sees no GPU: install jax[cuda])")) from None
 
 
 def record_main(argv: list[str]) -> int:
@@ -264,6 +298,7 @@ def record_main(argv: list[str]) -> int:
     try:
         args = _record_parser().parse_args(argv)
         check_out_dir(args.out)
+        platform = record_platform(args)
         if args.task == "cartpole" and args.size not in SIZES:
             raise UsageError(f"--size {args.size}: unknown; known: {', '.join(sorted(SIZES))}")
         if args.task == "lm":
@@ -275,7 +310,7 @@ def record_main(argv: list[str]) -> int:
             raise UsageError("--port goes with --task tree: the bundle is recorded for the port's declared tree "
                              "(e.g. --task tree --port examples.gpt_adapter:GPTAdapter)")
         if args.task == "tree":
-            return _record_tree(args)
+            return _record_tree(args, platform)
     except ValueError as err:       # UsageError and the limits' errors
         print(f"parity record: {err}", file=sys.stderr)
         return 2
@@ -283,16 +318,17 @@ def record_main(argv: list[str]) -> int:
     if args.task == "lm":
         from parity import tree_vectors
 
-        written = tree_vectors.record_lm(args.size, args.seed, Path(args.out), log)
+        written = tree_vectors.record_lm(args.size, args.seed, Path(args.out), log, platform,
+                                         tree_vectors.faithful_knobs(platform))
     else:
         sizes = SIZES[args.size]
         command = "python -m parity record " + " ".join(argv)
-        store, results = record(sizes, args.seed, CHECKS, log)
+        store, results = record(sizes, args.seed, CHECKS, log, platform)
         bad = [r.name for r in results if r.verdict != "pass"]
         if bad:
             print(f"parity record: the reference against itself did not pass {', '.join(bad)}; the bundle records "
                   "what it computed all the same", file=sys.stderr)
-        written = tape.write_bundle(args.out, store, recording_manifest(sizes, args.seed, CHECKS, command))
+        written = tape.write_bundle(args.out, store, recording_manifest(sizes, args.seed, CHECKS, command, platform))
     size = sum(p.stat().st_size for p in Path(written).iterdir())
     print(f"parity record: wrote {written} ({size / 1e6:.2f} MB)")
     return 0

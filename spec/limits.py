@@ -48,6 +48,11 @@ def device_arg(text: str) -> str:
     return text
 
 
+def cuda_missing(device: str, why: str = "") -> str:
+    """The sentence every command refuses a CUDA device with, on a machine without one (exit 2, before any work)."""
+    return f"--device {device}: CUDA is not available on this machine{why}; use --device cpu"
+
+
 def check_out_dir(path: str, flag: str = "--out") -> str:
     """Raise ValueError unless `path` is, or can be created as, a writable folder; creates nothing."""
     target = os.path.abspath(path)

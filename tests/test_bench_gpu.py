@@ -13,7 +13,6 @@ from bench import gpu, gpu_report
 from bench.__main__ import main, main_gpu
 from bench.report import Measurement, RowLog, read_csv
 from bench.runners import Case
-from bench.measure import Timing
 from torch_impl.cuda_graphs import Emulated
 
 

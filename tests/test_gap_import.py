@@ -71,7 +71,7 @@ def test_a_good_file_is_imported_once_with_where_it_ran(tmp_path, capsys):
     # Again, and with one more seed: only the new run is added, the stored ones stay byte for byte.
     before = (out / "runs.csv").read_bytes()
     assert _import(out, _write(tmp_path / "gpu.csv", rows)) == 0
-    assert f"imported 0 run(s)" in capsys.readouterr().out and (out / "runs.csv").read_bytes() == before
+    assert "imported 0 run(s)" in capsys.readouterr().out and (out / "runs.csv").read_bytes() == before
     more = rows + [_row("jax_reference@gpu+highest", 442, 33_333)]
     assert _import(out, _write(tmp_path / "more.csv", more)) == 0
     assert f"imported 1 run(s) into {out / 'runs.csv'} ({len(rows)} already there)" in capsys.readouterr().out

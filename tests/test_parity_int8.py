@@ -3,7 +3,6 @@ departing torch side named by the C side's knob signatures, bad input refused wi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

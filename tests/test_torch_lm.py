@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from jax_reference.models import as_typed_key, recursive_scan_split, simple_es_tree_key
+from jax_reference.models import as_typed_key, simple_es_tree_key
 from jax_reference.noiser import EggRoll, es_grads, fullrank_noise, lowrank_factors, lowrank_sigma
 from spec.lm import BLOCK, LM_PRESETS, TOP, lm_tree
 from spec.tree import ES_MAP, Leaf, make_tree, slice_index

@@ -14,9 +14,10 @@ import numpy as np
 from scipy import stats
 
 from parity import diagnose
-
+from parity.checks.noise import other_backend
 from parity.tolerances import check_alpha, chi2_interval, ks_critical, ulp_distance
 from parity.verdict import Recorder, fmt, summarize
+from spec.platform import ReferencePlatform
 
 NAME = "init"
 
@@ -31,6 +32,8 @@ class Measured(NamedTuple):
     layers: tuple[tuple[int, float, int], ...]   # per weight: (values, raw mean square, fan-in), over seeds
     max_ulps: tuple[int, ...] | None  # per seed, against MLP.rand_init (a port claiming JAX's draws)
     same_weights: tuple[str, ...] = ()  # weights bit for bit alike at the first two seeds (the seed ignored)
+    backend: str | None = None       # the port's init is the reference's on this other backend's normals
+    platform: ReferencePlatform = ReferencePlatform()
 
     @property
     def var_in(self) -> float:
@@ -59,7 +62,7 @@ def measure(ctx) -> Measured:
     bias_values = np.concatenate([p[b].astype(np.float64).ravel() for p in inits for b in biases])
     bias_bounds = np.concatenate([np.full(shapes[b][0], 1 / np.sqrt(shapes[b.replace(".bias", ".weight")][1]))
                                   for _ in inits for b in biases])
-    ulps = None
+    ulps, backend = None, None
     if ctx.port.jax_compatible_rng:
         refs = [ctx.reference.init_params(shapes, s) for s in seeds]
         for s, params, ref in zip(seeds, inits, refs):
@@ -67,11 +70,13 @@ def measure(ctx) -> Measured:
                 ctx.witness(f"seed {s} {k}", params, params[k], ref[k], 0.0,
                             "exact: the port claims JAX-compatible draws (MLP.rand_init)", (k,))
         ulps = tuple(max(int(ulp_distance(port[k], ref[k]).max()) for k in shapes) for port, ref in zip(inits, refs))
+        backend = None if not any(ulps) else other_backend(ctx, inits[0], lambda o: o.init_params(shapes, seeds[0]))
     layers = tuple((len(inits) * int(np.prod(shapes[w])),
                     float(np.mean(np.concatenate([p[w].astype(np.float64).ravel() for p in inits]) ** 2)),
                     int(shapes[w][1])) for w in weights)
     return Measured(seeds, len(weights), len(biases), scaled, bias_values,
-                    bool(np.all(np.abs(bias_values) <= bias_bounds)), layers, ulps, same_at_two_seeds(inits, weights))
+                    bool(np.all(np.abs(bias_values) <= bias_bounds)), layers, ulps, same_at_two_seeds(inits, weights),
+                    backend, ctx.platform)
 
 
 def same_at_two_seeds(inits: list[dict], weights: list[str]) -> tuple[str, ...]:
@@ -103,10 +108,17 @@ def judge(m: Measured) -> Recorder:
     rec.info("w * sqrt(in): kurtosis", "port", size, m.kurtosis, "normal 3, uniform 1.8")
     for s, ulps in zip(m.seeds, m.max_ulps or ()):
         rec.equal("max ULP vs MLP.rand_init", "port", f"seed {s}", ulps, 0, "bit for bit (JAX-compatible draws)",
-                  cause=seed_cause or (found if (not m.bias_zero or abs(m.var_in - 1) > 0.2) else diagnose.cause(
-                      "rng", f"the port claims JAX-compatible draws but its init differs from MLP.rand_init "
-                             f"by up to {ulps} ULP at seed {s}")))
+                  cause=seed_cause or (found if (not m.bias_zero or abs(m.var_in - 1) > 0.2) else
+                                       _rng_cause(m, f"its init differs from MLP.rand_init by up to {ulps} ULP at "
+                                                     f"seed {s}")))
     return rec
+
+
+def _rng_cause(m: Measured, detail: str):
+    """knob rng: the other backend's normals where the port's init equals the reference's on them, else its draws."""
+    if m.backend is not None:
+        return diagnose.backend_cause(m.backend, m.platform, detail)
+    return diagnose.cause("rng", f"the port claims JAX-compatible draws but {detail}")
 
 
 def section(m: Measured) -> str:

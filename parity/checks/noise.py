@@ -21,6 +21,7 @@ from parity.tolerances import (ULP_TOLERANCE, check_alpha, chi2_interval, ks_cri
                                normal_mean_interval, ulp_distance)
 from parity.verdict import Recorder, fmt, summarize
 from rollout.cartpole import MAX_STEPS
+from spec.platform import ReferencePlatform
 
 NAME = "noise"
 P_MEMBERS = 128   # members whose perturbation A B^T is formed for the independence tests
@@ -328,6 +329,7 @@ class Generator(NamedTuple):
     uniform_ks: float | None                          # own generator: KS distance of its action uniforms
     uniform_draws: int
     action_pop: int                                   # the population the action uniforms are drawn for
+    other_backend: str | None = None                  # the port equals the reference on this backend's normals
 
 
 class SeedDependence(NamedTuple):
@@ -369,6 +371,7 @@ class Measured(NamedTuple):
     dense: bool = False                        # a port with dense_noise (E in place of A, B)
     ranks: tuple = ()                          # dense: parity.checks.dense.Rank per weight that can exceed rank r
     seed_dependence: SeedDependence | None = None
+    platform: ReferencePlatform = ReferencePlatform()   # where the reference drew (its backend's normals)
 
 
 def _split(noise: dict, shapes) -> Split | None:
@@ -461,18 +464,40 @@ def _jax_identity(port: dict, ref: dict, names) -> tuple[tuple, tuple]:
     return tuple(leaf_ulps), tuple(ratios)
 
 
-def _generator(ctx, port: dict, ref: dict, names, uniform_test: bool) -> Generator:
-    """Bit-identity with jax.random for a port that claims it; else B's identical share and the uniforms' KS."""
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and all(map(_same, a, b))
+    return np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def other_backend(ctx, port, draw) -> str | None:
+    """The backend whose normals the port's draws are, bit for bit, when that is not the reference's: `draw` asks
+    the reference on the other backend's normals (ReferencePort.on_other_normals) for the same call. None when
+    they differ too, or the reference offers no other backend (a bundle, a table this checkout lacks)."""
+    flip = getattr(ctx.reference, "on_other_normals", None)
+    other = flip() if callable(flip) else None
+    if other is None:
+        return None
+    alt = draw(other)
+    return other.platform.normals if all(_same(port[k], alt[k]) for k in alt) and set(port) >= set(alt) else None
+
+
+def _generator(ctx, port: dict, ref: dict, names, uniform_test: bool, pop: int = 0) -> Generator:
+    """Bit-identity with jax.random for a port that claims it (and, where it differs, whether it is the other
+    backend's normals of the same bits); else B's identical share and the uniforms' KS."""
     cfg, seed = ctx.cfg, ctx.seed
     if ctx.port.jax_compatible_rng:
         leaf_ulps, ratios = _jax_identity(port, ref, names)
+        backend = None if all(u == 0 for _, u, _ in leaf_ulps) else other_backend(
+            ctx, port, lambda other: {k: v for k, v in other.noise(ctx.shapes, seed, 0, np.arange(pop), pop, cfg.sigma,
+                                                                   cfg.rank).items() if k in names})
         differ = []
         if ctx.port.has("action_uniforms"):
             for e in (0, 3):
                 pu = ctx.port.action_uniforms(seed, e, cfg.pop, MAX_STEPS)[:MAX_STEPS]
                 ru = ctx.ref.action_uniforms(seed, e, cfg.pop, MAX_STEPS)[:MAX_STEPS]
                 differ.append((e, int(np.sum(ulp_distance(pu, ru) > 0))))
-        return Generator(leaf_ulps, ratios, tuple(differ), None, None, 0, cfg.pop)
+        return Generator(leaf_ulps, ratios, tuple(differ), None, None, 0, cfg.pop, backend)
     w0 = _weights(ctx.shapes)[0]
     ks, n = None, 0
     if uniform_test:
@@ -533,10 +558,10 @@ def measure(ctx) -> Measured:
     return Measured(ctx.seed, pop, r, sigma, weights, structure, tests,
                     _shape_stats(port, structure.reps, weights, sigma, r), _schedule(ctx, structure.port_biases),
                     ctx.port.jax_compatible_rng, uniform_test,
-                    _generator(ctx, port, ref, list(weights) + list(structure.port_biases), uniform_test),
+                    _generator(ctx, port, ref, list(weights) + list(structure.port_biases), uniform_test, pop),
                     _split(given, shapes), ctx.port.dense,
                     dense.measure_rank(port, structure.reps, weights, sigma, r) if ctx.port.dense else (),
-                    _seed_dependence(ctx))
+                    _seed_dependence(ctx), ctx.platform)
 
 
 # ----------------------------------------------------------------------------- judge
@@ -625,11 +650,11 @@ def _judge_generator(rec: Recorder, m: Measured, size: str, alpha: float) -> Non
     aligned = diagnose.pairing_cause(m.structure.port_mirror, m.structure.ref_mirror) is None
     for name, max_ulp, identical in gen.leaf_ulps:
         if aligned:
+            detail = (f"{100 * (1 - identical):.3g}% of '{name}' differ from jax.random (max {int(max_ulp)} ULP)")
             rec.bound(f"{name}: max ULP vs jax.random", "port", size, max_ulp, ULP_TOLERANCE,
                       "bit-identical draws on the same backend",
-                      cause=diagnose.cause("rng", f"the port claims JAX-compatible draws, but "
-                                                  f"{100 * (1 - identical):.3g}% of '{name}' differ from jax.random "
-                                                  f"(max {int(max_ulp)} ULP)"))
+                      cause=diagnose.backend_cause(gen.other_backend, m.platform, detail) if gen.other_backend else
+                      diagnose.cause("rng", f"the port claims JAX-compatible draws, but {detail}"))
         else:
             rec.info(f"{name}: max ULP vs jax.random", "port", size, max_ulp,
                      "not judged: the pairing differs, so members do not line up")

@@ -4,6 +4,13 @@ perturbed_linear against the reference's do_mm expression x @ W^T + (x @ B) @ A^
 shapes and a few more; then the full MLP forward without and with noise (shared: the reference's
 draws), where an activation drift shows. Tolerance: the float32 bounds of parity.tolerances
 (linear_bound; ForwardBound for the MLP), both sides summed; deterministic.
+
+A reference whose platform resolves to TF32 (JAX's default precision on NVIDIA GPUs of compute capability >= 8.0,
+or gpu-sim) rounds every matmul operand to 10 mantissa bits (u = 2^-11) before its float32 sums: its own bound is
+the float32 one widened by four such roundings along the longest chain (x and B, then x @ B and A):
+with_operands(gamma_(in+r+1), 4, 2^-11) for a product, the same per layer in ForwardBound. The port keeps its
+float32 bound. When the reference exceeds its own bound while the port is within its own, the cause names the
+reference's platform, never the port (reference_cause).
 """
 from __future__ import annotations
 
@@ -14,9 +21,10 @@ import numpy as np
 from parity import diagnose
 from parity.noiseform import bias_names, dense_of, update_of
 from parity.tolerances import (ForwardBound, dense_linear_bound, dense_linear_exact, gamma, linear_bound,
-                               linear_bound_tf32, linear_exact, U_TF32)
+                               linear_bound_tf32, linear_exact, U_TF32, with_operands)
 from parity.verdict import Recorder, fmt, summarize
 from spec.layout import n_layers_of
+from spec.platform import ReferencePlatform
 
 NAME = "products"
 CANDIDATE_ACTIVATIONS = ("pqn", "tanh", "relu", "silu")
@@ -64,10 +72,11 @@ class Linear(NamedTuple):
     size: str
     both: float          # max |port - ref| / (both bounds + the gap between their exact values)
     port: float          # max |port - exact| / bound (a dense port: of x (W + E)^T, E = fl32(A B^T))
-    ref: float           # max |ref - exact| / bound
+    ref: float           # max |ref - exact| / the reference's bound (TF32 operands where its platform has them)
     why: str
     port_why: str
     port_tf32: float = 0.0   # max |port - its exact| / (the bound with TF32 operands): <= 1 where TF32 explains it
+    ref_why: str = ""        # the reference's bound in words (why, unless its platform rounds operands to TF32)
 
 
 class Forward(NamedTuple):
@@ -88,6 +97,7 @@ class Measured(NamedTuple):
     activation: str                  # the reference's
     members: int
     own_bias_noise: bool | None      # when the forward leaves bias noise out: whether the port's own noise has any
+    platform: ReferencePlatform = ReferencePlatform()   # where the reference ran (its bounds: TF32 or float32)
 
 
 def _measure_linear(ctx, rng, out_dim: int, in_dim: int) -> Linear:
@@ -101,18 +111,23 @@ def _measure_linear(ctx, rng, out_dim: int, in_dim: int) -> Linear:
     bound, exact = linear_bound(W, A, B, x), linear_exact(W, A, B, x)
     why = f"gamma_(in+r+1) = {fmt(gamma(in_dim + r + 1))} times |x||W|^T + |x||B||A|^T"
     port_bound, port_exact, port_why = bound, exact, why
+    ref_bound, ref_why = bound, why
+    if ctx.ref_u:                             # the reference's matmuls round their operands to TF32 first
+        ref_bound = linear_bound(W, A, B, x, ctx.ref_u)
+        widened = with_operands(gamma(in_dim + r + 1), 4, ctx.ref_u)
+        ref_why = f"with_operands(gamma_(in+r+1), 4, 2^-11) = {fmt(widened)} times |x||W|^T + |x||B||A|^T (TF32 operands)"
     tf32_bound = linear_bound_tf32(W, A, B, x)
     if ctx.port.dense:                        # the port computed x (W + E)^T from the E it was given
         E = dense_of(A, B)
         port_bound, port_exact = dense_linear_bound(W, E, x), dense_linear_exact(W, E, x)
         port_why = f"gamma_(in+2) = {fmt(gamma(in_dim + 2))} times |x|(|W| + |E|)^T, E = fl32(A B^T)"
         tf32_bound = port_bound * (1 + gamma(3, U_TF32) / gamma(in_dim + 2))
-    allowed = bound + port_bound + np.abs(port_exact - exact)
+    allowed = ref_bound + port_bound + np.abs(port_exact - exact)
     ctx.witness(f"out={out_dim} in={in_dim}", port, port, ref, allowed,
                 "both sides' float32 bounds of the product (parity.tolerances.linear_bound)")
     return Linear(f"out={out_dim} in={in_dim} r={r} m={m} batch={batch}", float(np.max(np.abs(port - ref) / allowed)),
-                  float(np.max(np.abs(port - port_exact) / port_bound)), float(np.max(np.abs(ref - exact) / bound)),
-                  why, port_why, float(np.max(np.abs(port - port_exact) / tf32_bound)))
+                  float(np.max(np.abs(port - port_exact) / port_bound)), float(np.max(np.abs(ref - exact) / ref_bound)),
+                  why, port_why, float(np.max(np.abs(port - port_exact) / tf32_bound)), ref_why)
 
 
 def _measure_forward(ctx, label: str, params, noise, x, act: str) -> Forward:
@@ -123,6 +138,8 @@ def _measure_forward(ctx, label: str, params, noise, x, act: str) -> Forward:
     exact, bound = ForwardBound(params, noise, act)(x)
     given = ctx.port.received(noise, "forward")
     port_exact, port_bound = (exact, bound) if given is noise else ForwardBound(params, given, act)(x)
+    if ctx.ref_u:                             # the reference's TF32 products, carried through its MLP
+        bound = ForwardBound(params, noise, act, u_operand=ctx.ref_u)(x)[1]
     allowed = bound + port_bound + np.abs(port_exact - exact)
     ctx.witness(label, port, port, ref, allowed,
                 "both sides' float32 bounds of the MLP (parity.tolerances.ForwardBound)")
@@ -150,21 +167,25 @@ def measure(ctx) -> Measured:
                         for label, nz in (("plain", None), ("perturbed", noise)))
     leaves_bias_out = any(f.port_match is not None and not f.port_match[1] for f in forward)
     return Measured(linear, forward, act, ctx.sizes.product_members,
-                    _own_bias_noise(ctx) if leaves_bias_out else None)
+                    _own_bias_noise(ctx) if leaves_bias_out else None, ctx.platform)
 
 
 def judge(m: Measured) -> Recorder:
     rec = Recorder(NAME)
     for c in m.linear:
-        product_cause = _product_cause(c)
-        rec.bound("max |port - ref| / bound", "both", c.size, c.both, 1.0, c.why + ", both sides", cause=product_cause)
-        rec.bound("max |port - exact| / bound", "port", c.size, c.port, 1.0, c.port_why, cause=product_cause)
-        rec.bound("max |ref - exact| / bound", "reference", c.size, c.ref, 1.0, c.why,
-                  cause=diagnose.other("reference product", "the reference's do_mm exceeds the float32 bound"))
+        ref_cause = diagnose.reference_cause(f"do_mm at {c.size}", c.ref, m.platform)
+        product_cause = ref_cause if c.port <= 1 < c.ref else _product_cause(c)   # never the port for the reference
+        rec.bound("max |port - ref| / bound", "both", c.size, c.both, 1.0,
+                  (c.why + ", both sides") if not m.platform.tf32 else
+                  f"the port's float32 bound + the reference's TF32 bound ({c.ref_why})", cause=product_cause)
+        rec.bound("max |port - exact| / bound", "port", c.size, c.port, 1.0, c.port_why, cause=_product_cause(c))
+        rec.bound("max |ref - exact| / bound", "reference", c.size, c.ref, 1.0, c.ref_why or c.why, cause=ref_cause)
     tf32 = any(c.port > 1 and c.port_tf32 <= 1 for c in m.linear)
     for f in m.forward:
         found = None
-        if f.exceeds and f.port_match is None and tf32:     # the TF32 products above, carried through the MLP
+        if f.exceeds and f.port <= 1 < f.ref:                # the reference's own rounding, not the port's
+            found = diagnose.reference_cause(f"{f.size.split()[0]} MLP forward", f.ref, m.platform)
+        elif f.exceeds and f.port_match is None and tf32:     # the TF32 products above, carried through the MLP
             found = diagnose.cause("matmul_precision", f"the {f.size.split()[0]} forward's logits differ from the "
                                                        f"reference's by up to {fmt(f.worst)}, beyond float32 "
                                                        "rounding, as the TF32 products above")
@@ -172,11 +193,14 @@ def judge(m: Measured) -> Recorder:
             found, *more = _forward_causes(f, m.activation, m.own_bias_noise)
             rec.causes.extend(more)
         why = "first-order float32 bound of the MLP"
-        rec.bound("max |port - ref| / bound", "both", f.size, f.both, 1.0, f"{why} (ForwardBound), both sides",
-                  cause=found)
-        rec.bound("max |port - exact| / bound", "port", f.size, f.port, 1.0, why, cause=found)
-        rec.bound("max |ref - exact| / bound", "reference", f.size, f.ref, 1.0, why,
-                  cause=diagnose.other("reference forward", "the reference MLP exceeds its float32 bound"))
+        ref_why = why if not m.platform.tf32 else "first-order bound of the MLP with TF32 operands"
+        rec.bound("max |port - ref| / bound", "both", f.size, f.both, 1.0,
+                  f"{why} (ForwardBound), both sides" if not m.platform.tf32 else
+                  "ForwardBound: the port's float32, the reference's with TF32 operands", cause=found)
+        rec.bound("max |port - exact| / bound", "port", f.size, f.port, 1.0, why,
+                  cause=None if f.port <= 1 < f.ref else found)
+        rec.bound("max |ref - exact| / bound", "reference", f.size, f.ref, 1.0, ref_why,
+                  cause=diagnose.reference_cause(f"{f.size.split()[0]} MLP forward", f.ref, m.platform))
     return rec
 
 
@@ -214,6 +238,10 @@ def _forward_causes(f: Forward, reference_act: str, own_bias_noise: bool | None 
 
 
 def section(m: Measured) -> str:
+    tf32_note = ("" if not m.platform.tf32 else "\n\nThe reference's platform resolves to TF32 (" + m.platform.where() +
+                 "): its products and forwards are held to the float32 bounds widened by four TF32 operand roundings "
+                 "(u = 2^-11, parity.tolerances.with_operands), the port to its float32 bounds, and the sides may "
+                 "differ by the sum.")
     forward_note = "skipped: the port has no `forward` method"
     if m.forward:
         forward_note = (f"Full MLP forwards on {m.members} members with the reference's {m.activation} activation, "
@@ -230,7 +258,7 @@ def section(m: Measured) -> str:
         forward_note + " Allowed: the first-order float32 bound of parity.tolerances.ForwardBound (rounding "
         "of each perturbed product, bias additions, the layer norm's mean/variance/sqrt/division, propagated "
         "through |W| + |A||B|^T and the layer norm's 1/s Jacobian), both sides. A port whose logits match a "
-        "different activation's float64 MLP is diagnosed as an activation drift.",
+        "different activation's float64 MLP is diagnosed as an activation drift." + tf32_note,
     ])
 
 

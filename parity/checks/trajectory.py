@@ -59,21 +59,21 @@ def statistical_alpha(traj_epochs: int) -> float:
     return check_alpha(NAME) / (max(traj_epochs - 1, 1) + 1)
 
 
-def _lockstep(ref_policy, port_policy, bound, watched, init_state, uniforms, max_steps, choose=sample_actions):
+def _lockstep(ref_policy, port_policy, allowed_of, watched, init_state, uniforms, max_steps, choose=sample_actions):
     """run_episodes with actions from the reference; returns (returns, worst logit ratio, forks, steps).
 
-    The logits of the `watched` members are judged against `bound` (a ForwardBound over those members);
-    port_policy None: the reference's episodes alone.
+    The logits of the `watched` members are judged against allowed_of(obs) (both sides' ForwardBound over those
+    members, summed); port_policy None: the reference's episodes alone.
     """
     tally = {"worst": 0.0, "forks": 0, "steps": 0}
 
     def judge(t, obs, logits_ref, action, alive):   # the port's logits on the reference's step
         logits_port = port_policy(obs)
-        _, allowed = bound(obs[watched])
+        allowed = allowed_of(obs[watched])
         diff = np.abs(logits_port[watched].astype(np.float64) - logits_ref[watched])
         live = alive[watched]
         if live.any():
-            tally["worst"] = max(tally["worst"], float(np.max((diff / (2 * allowed))[live])))
+            tally["worst"] = max(tally["worst"], float(np.max((diff / allowed)[live])))
         tally["forks"] += int(np.sum((choose(logits_port, uniforms[t]) != action) & alive))
         tally["steps"] += int(alive.sum())
 
@@ -89,9 +89,9 @@ def _noise_ulps(port: dict, ref: dict) -> tuple[int, set]:
     return worst, set(port) ^ set(ref)
 
 
-def _grad_bound(name, noise, shaped):
+def _grad_bound(name, noise, shaped, u_operand: float = 0.0):
     if name.endswith(".weight"):
-        return weight_grad_bound(shaped, *noise[name])
+        return weight_grad_bound(shaped, *noise[name], u_operand=u_operand)
     if name in noise:
         return bias_grad_bound(shaped, noise[name])
     return np.zeros(1)
@@ -212,21 +212,26 @@ def _outputs_obs(ctx, e: int, r_params: dict, n_ref: dict) -> tuple[list[Observa
     size = f"epoch {e} pop={pop}"
     n_out = shapes[max((k for k in shapes if k.endswith(".weight")), key=lambda k: int(k.split(".")[0]))][0]
     watched = np.arange(pop) if pop <= WATCHED else np.linspace(0, pop - 1, WATCHED).astype(np.int64)
-    bound = ForwardBound(r_params, {k: (tuple(x[watched] for x in v) if isinstance(v, tuple) else v[watched])
-                                    for k, v in n_ref.items()}, ctx.reference.run.activation)
+    seen = {k: (tuple(x[watched] for x in v) if isinstance(v, tuple) else v[watched]) for k, v in n_ref.items()}
+    bound = ForwardBound(r_params, seen, ctx.reference.run.activation)
+    allowed_of = lambda obs: 2 * bound(obs)[1]              # noqa: E731  (both sides' float32 bounds)
+    if ctx.ref_u:                                           # the port's float32 bound + the reference's TF32 one
+        ref_bound = ForwardBound(r_params, seen, ctx.reference.run.activation, u_operand=ctx.ref_u)
+        allowed_of = lambda obs: bound(obs)[1] + ref_bound(obs)[1]      # noqa: E731
     uniforms = ctx.ref.action_uniforms(seed, e, pop, cartpole.MAX_STEPS)
     forward = ctx.port.has("forward")
     returns, worst, forks, steps = _lockstep(
         lambda obs: ctx.ref.forward(r_params, n_ref, obs, n_out),
         (lambda obs: ctx.port.forward(r_params, n_ref, obs, n_out)) if forward else None,
-        bound, watched, cartpole.reset(seed + e + np.arange(pop)), uniforms, ctx.sizes.traj_max_steps,
+        allowed_of, watched, cartpole.reset(seed + e + np.arange(pop)), uniforms, ctx.sizes.traj_max_steps,
         ctx.port.actions if ctx.port.has("actions") else sample_actions)
     mean = Observation(e, None, "mean return (lockstep)", "both", size, float(returns.mean()), ("info",))
     if not forward:
         return [mean], returns
     return [Observation(e, "outputs", "outputs: max |logits port - ref| / bound", "both",
                         f"{size} {steps} member-steps ({watched.size} members judged)", worst, ("bound", 1.0),
-                        "ForwardBound, both sides on the reference's parameters and noise"),
+                        "ForwardBound, both sides on the reference's parameters and noise" + (
+                            " (the reference's with TF32 operands)" if ctx.ref_u else "")),
             Observation(e, None, "steps where the port's own sample would differ", "port",
                         f"{size} {steps} member-steps", forks, ("info",)), mean], returns
 
@@ -242,7 +247,7 @@ def _shaping_gradient_obs(ctx, e: int, n_ref: dict, returns: np.ndarray):
                        float(np.max(np.abs(sp.astype(np.float64) - sr) / f_err)), ("bound", 1.0),
                        "float32 shaping bound, both sides")]
     gp, gr = ctx.port.gradient(n_ref, sr, sigma_e, shapes), ctx.ref.gradient(n_ref, sr, sigma_e, shapes)
-    g_err = {k: 2 * _grad_bound(k, n_ref, sr) for k in shapes}
+    g_err = {k: _grad_bound(k, n_ref, sr) + _grad_bound(k, n_ref, sr, ctx.ref_u) for k in shapes}
     worst = max(float(np.max(np.abs(gp[k].astype(np.float64) - gr[k]) / np.maximum(g_err[k], 1e-300)))
                 if np.any(gp[k] != gr[k]) else 0.0 for k in shapes)
     obs.append(Observation(e, "gradient", "gradient: max |port - ref| / bound", "both", size, worst, ("bound", 1.0),
