@@ -1,7 +1,7 @@
 """Conformance: jax_reference.int8 reproduces nano-egg's own run.py, epoch by epoch, bit for bit.
 
 nano-egg (ESHyperscale/nano-egg, GPL-3.0) is never copied into the repository: the test reads run.py from a local
-git mirror (NANO_EGG_GIT, default /work/.mirror/ESHyperscale+nano-egg/repo; skipped with the reason when absent),
+git mirror (NANO_EGG_GIT, a clone or mirror of ESHyperscale/nano-egg; skipped with the reason when absent),
 writes it into a scratch folder outside the repository and runs it there, unchanged except for:
 - stand-ins for the imports it needs only for the hub, logging and the CLI: huggingface_hub.constants (HF_HOME in
   the scratch folder), tqdm (plain range), tyro (Args from a JSON in the environment), wandb (a run whose log()
@@ -29,7 +29,7 @@ import pytest
 from spec.int8 import NANO_EGG_ORIGINAL
 
 ROOT = Path(__file__).resolve().parent.parent
-MIRROR = Path(os.environ.get("NANO_EGG_GIT", "/work/.mirror/ESHyperscale+nano-egg/repo"))
+MIRROR = Path(os.environ['NANO_EGG_GIT']) if os.environ.get('NANO_EGG_GIT') else None
 COMMIT = NANO_EGG_ORIGINAL[2]    # the commit spec/int8.py was read from
 
 STANDINS = {
@@ -101,6 +101,8 @@ def _config(args: dict):
 
 def _run_py() -> tuple[str, str]:
     """(run.py's text, the commit read): COMMIT if the mirror has it, else HEAD."""
+    if MIRROR is None:
+        pytest.skip(f"set NANO_EGG_GIT to a clone or mirror of ESHyperscale/nano-egg to run this conformance test")
     if not (MIRROR / "HEAD").exists() and not (MIRROR / ".git").exists():
         pytest.skip(f"nano-egg's git mirror is absent ({MIRROR}; set NANO_EGG_GIT to a clone of "
                     f"ESHyperscale/nano-egg)")
