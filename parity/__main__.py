@@ -81,7 +81,7 @@ def reference_note(bundle) -> dict[str, str]:
     """The report's line on the reference side: a recorded bundle (which, its hash, versions, device) or none."""
     if bundle is None:
         return {}
-    from parity.report import REFERENCE_SIDE
+    from parity.core.report import REFERENCE_SIDE
     from parity.vectors import describe
 
     return {REFERENCE_SIDE: describe(bundle)}
@@ -165,8 +165,8 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         print(f"parity check: {err}", file=sys.stderr)
         return EXIT_USAGE
 
-    from parity.repro import Collector, with_repros
-    from parity.report import overall, write_report
+    from parity.core.repro import Collector, with_repros
+    from parity.core.report import overall, write_report
     from parity.suite import run_suite
 
     text_out = sys.stderr if args.json else stream     # --json: stdout holds the JSON alone
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
 
 def run_info(args, sizes: Sizes, command: str, label: str, configuration: str, seconds: float):
     """What the report records about the run: command, port, sizes, seed, versions, device, the reference's platform."""
-    from parity.report import RunInfo
+    from parity.core.report import RunInfo
 
     return RunInfo(
         command=command, port=label, configuration=configuration,
@@ -232,7 +232,7 @@ def parse(argv: list[str]):
         from parity.reference_port import platform_for
 
         args.platform = platform_for(request_of(args))
-    from parity.tape import run_size_and_seed
+    from parity.core.tape import run_size_and_seed
 
     args.size, args.seed = run_size_and_seed(args.bundle, args.size, args.seed)
     sizes = suite_sizes(args)
@@ -311,7 +311,7 @@ def suite_sizes(args) -> Sizes:
 def _make_port(args, sizes: Sizes):
     """(adapter, configuration text, label, the context to run the suite in, how a repro builds it) from --port or
     --profile/--torch."""
-    from parity.repro import port_recipe, torch_recipe
+    from parity.core.repro import port_recipe, torch_recipe
 
     if args.port:
         if args.torch or args.profile != "jax":

@@ -17,7 +17,7 @@ Every method that takes or returns noise uses this form: `noise` and `es_ask` re
 is perturbed_linear(W, E, x); `gradient`, `forward`, `optimizer_step` and `es_tell` get dicts whose weights
 are E. Where the suite feeds the reference's noise it hands such a port E = fl32(A B^T) (formed in float64,
 rounded once). It then checks that each member's E has numerical rank <= r (the threshold derived in
-parity.tolerances.rank_threshold), that its entries have variance sigma^2 and that they are distributed as
+parity.core.tolerances.rank_threshold), that its entries have variance sigma^2 and that they are distributed as
 EGGROLL's (an entry of A B^T / sigma is sqrt(chi2_r / r) N(0,1): kurtosis 3 + 6/r).
 
 Forward and update noise apart, for a port whose forward does not apply the noise its update uses (e.g. bias
@@ -90,7 +90,7 @@ run's `spec.config.Config` (pop, rank, sigma, lr, hidden, layers, group_size) th
 inside the port becomes a `PortError` naming the method and what was expected (and, for an exception,
 the port's own frames). An output of the right form holding NaN or inf is a `NonFinite` (a PortError carrying
 the output and the call): the check that made the call fails with it where the reference's answer to the same call
-is finite (parity.nonfinite), a numerical failure and not a protocol break.
+is finite (parity.core.nonfinite), a numerical failure and not a protocol break.
 """
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ class PortError(RuntimeError):
 
 class NonFinite(PortError):
     """`method` returned an output of the right form holding NaN or inf: `where` [(path in the output, array)] for each
-    array that does; `args`, `kwargs` the call as the wrapper (`source`) was given it. parity.nonfinite turns it into
+    array that does; `args`, `kwargs` the call as the wrapper (`source`) was given it. parity.core.nonfinite turns it into
     the failure of the check that made the call; anywhere else it is a PortError (exit 2), as before."""
 
     def __init__(self, method: str, output: Any, where: list, args: tuple, kwargs: dict, source: Any,
@@ -434,7 +434,7 @@ class CheckedPort:
         self.jax_compatible_rng = bool(getattr(port, "jax_compatible_rng", False))
         self.dense = bool(getattr(port, "dense_noise", False))
         self._converted: list[tuple[dict, dict]] = []     # the last few (given, as the port receives it)
-        self.tape = None          # a parity.repro.Tape: told of each call (inputs as the port got them, output)
+        self.tape = None          # a parity.core.repro.Tape: told of each call (inputs as the port got them, output)
         self._pending = None
 
     def received(self, noise: Noise | None, part: str = "update") -> Noise | None:

@@ -8,7 +8,7 @@ own; each epoch is judged on its own against one reference step from the port's 
   loop) its pairs and law (parity.tree_dist's rows for es_ask's noise: antithetic pairs exactly, one KS of every
   low-rank leaf's entries, the epochs pooled, at check_alpha("trajectory")). Named: `noise_reuse` (another
   generation's draws, or fresh draws where the reference reuses them and the reverse), `sigma_decay` (the same
-  draws at a scale that moves with the epoch, parity.diagnose.sigma_schedule_cause).
+  draws at a scale that moves with the epoch, parity.core.diagnose.sigma_schedule_cause).
 - shaping: the port's shape_fitness of the epoch's scores within the fitness check's bound (its step would follow it).
 - step: es_params after es_tell against the reference's optax-sgd step (R.update) from the params before it, on the
   reference's estimate from the same scores (shaped by the reference; its own draws, or the port's es_ask noise),
@@ -25,8 +25,8 @@ import math
 
 import numpy as np
 
-from parity import diagnose
-from parity.tolerances import gamma, update_bound
+from parity.core import diagnose
+from parity.core.tolerances import gamma, update_bound
 from parity.tree_check import (Row, fitness_text, fresh_params, pairing_text, ref_perturbs, shaping_pair_bound,
                                step_text, unchanged_cause)
 from parity.tree_dist import asked_rows, dense64, estimate, magnitude, unperturbed_row

@@ -11,7 +11,7 @@ Two readings the trajectory check takes every epoch besides the isolated ones (o
   their own rows, so this isolates what only the step adds: the optimizer and the learning-rate schedule (and
   anything else the port's training loop does). `lr` is the step's size along the reference's direction.
 
-Tolerances (u = 2^-24, gamma_n = n u / (1 - n u) as in parity.tolerances; every bound is first order in u):
+Tolerances (u = 2^-24, gamma_n = n u / (1 - n u) as in parity.core.tolerances; every bound is first order in u):
 
 - sigma, the port's draws at epoch e equal its epoch-0 draws (B identical): c = median_i A_e,i / A_0,i. Each A
   element is z * fl(fl(sigma_e) / sqrt r) rounded once more (3 roundings; the rounding of sqrt r is common to
@@ -25,7 +25,7 @@ Tolerances (u = 2^-24, gamma_n = n u / (1 - n u) as in parity.tolerances; every 
   sigma / sqrt r); exact two-sided interval at the check's share of the false-alarm budget.
 - step, sgd: both sides take one step from the same parameters and the same gradient (the protocol asks
   es_tell to use the gradient `gradient()` returns for its own shaping, as it asks of optimizer_step): per side
-  u |p_new| + gamma_24 |update| (parity.tolerances.update_bound), the two sides summed.
+  u |p_new| + gamma_24 |update| (parity.core.tolerances.update_bound), the two sides summed.
 - step, adam / adamw (optax's defaults b1 0.9, b2 0.999, eps 1e-8, weight decay 1e-4): the moments' rounding is
   carried in float64 from the gradients both sides saw: |dm_t| <= b1 |dm_t-1| + gamma_6 (b1 |m_t-1| + (1-b1)|d_t|)
   (d = -(g sqrt N), itself 2 roundings), |dv_t| <= b2 |dv_t-1| + gamma_8 (b2 v_t-1 + (1-b2) d_t^2); the bias
@@ -39,8 +39,8 @@ reference's lr) is applied to the port's first parameters and gradient; one othe
 within MATCH (the updates check's threshold) names `optimizer`, and the port's step sizes along that optimizer's,
 epoch by epoch, name `lr_decay` too when they drift by more than MATCH. When the first step agrees and the later
 ones point the same way as the reference's (cosine above ALIGNED: a rounding-level difference in direction), their
-size ratios per epoch are fitted to lr_decay^e (parity.diagnose.lr_schedule_cause). When no optimizer reproduces the
-first step as is, each is tried on the port's gradient times a fitted scale (parity.optscale, its fit and tolerance
+size ratios per epoch are fitted to lr_decay^e (parity.core.diagnose.lr_schedule_cause). When no optimizer reproduces the
+first step as is, each is tried on the port's gradient times a fitted scale (parity.core.optscale, its fit and tolerance
 stated there): "adam on a gradient 1/sigma times the reference's", "sgd without the sqrt(N) factor".
 """
 from __future__ import annotations
@@ -51,9 +51,10 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-from parity import diagnose, noiseform, optscale
-from parity.tolerances import U32, gamma, update_bound
-from parity.verdict import Cause, fmt
+from parity.core import diagnose, optscale
+from parity import noiseform
+from parity.core.tolerances import U32, gamma, update_bound
+from parity.core.verdict import Cause, fmt
 from spec.knobs import CHOICES
 
 SIGMA_OWN_DRAWS = 8 * U32       # |c / ref - 1| with the port's own epoch-0 draws (see the module docstring)
@@ -237,7 +238,7 @@ def optimizer_candidates(reference, history, pop: int) -> tuple[dict[str, float]
 
 
 def scale_fits(reference, history, pop: int, sigma: float) -> tuple:
-    """parity.optscale's fitted and verified gradient scale per optax optimizer, for the port's first es_tell step
+    """parity.core.optscale's fitted and verified gradient scale per optax optimizer, for the port's first es_tell step
     (the reference's lr at epoch 0, the port's own gradient and parameters)."""
     old, grad, new = history[0]
     return optscale.candidates(reference, CHOICES["optimizer"], old, grad, new, pop, reference.lr_at(0), sigma)
@@ -255,7 +256,7 @@ def step_causes(steps, candidates: dict[str, float], ratios: dict[int, float], o
                 lr_decay: float, fits: tuple = (), sigma: float = 0.0, pop: int = 0) -> list[Cause]:
     """The knobs a differing es_tell step points at (optimizer, possibly on a scaled gradient, and lr_decay from the
     step sizes under the matching optimizer), or a learning rate no knob names; [] when the steps alone cannot tell
-    (the caller then asks the updates check, or words it generally). fits: parity.optscale fits of the first step."""
+    (the caller then asks the updates check, or words it generally). fits: parity.core.optscale fits of the first step."""
     failing = [s for s in steps if not s.ok]
     if not failing:
         return []

@@ -4,13 +4,13 @@ Factor form (the protocol's default): weight -> (A (m, out, r) already times +-s
 Dense form (a port that declares `dense_noise = True`): weight -> E (m, out, in), member i's whole perturbation
 A_i B_i^T. Biases: eps (m, out) already times +-sigma, in both forms. A port may give the noise its forward applies
 and the noise its update uses apart: `SplitNoise` is the forward noise (a dict) carrying both as `forward` and
-`update`. Everything here is a pure function of its arguments; the statistics live in parity.tolerances.
+`update`. Everything here is a pure function of its arguments; the statistics live in parity.core.tolerances.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from parity.tolerances import chi2_interval, entry_ks, gamma, ks_critical, ulp_distance
+from parity.core.tolerances import chi2_interval, entry_ks, gamma, ks_critical, ulp_distance
 
 CHUNK = 64                 # members per float64 product when factors are turned dense (bounds the temporary)
 SAME_DRAWS = 1e-4          # ||E_a - c E_b||_F / ||E_a||_F below this: one dense draw at two sigmas (float32 rounding

@@ -5,8 +5,8 @@ computed (its optimizer applied to the port's gradient from the port's parameter
 activation) no recorded answer can exist, so `NumpyReference` computes it: the same expressions as
 jax_reference (EggRoll.convert_fitnesses, do_mm, factor_grad / noise_grad, solver_input, optax sgd / adam / adamw
 at optax's defaults), in float32; the reference's draws (noise, init, action uniforms) come from
-parity.numpy_random, JAX's generator in numpy, bit for bit. Tested equal to the JAX reference within the float32
-bounds of parity.tolerances, the draws exactly (tests/test_numpy_reference.py).
+parity.core.numpy_random, JAX's generator in numpy, bit for bit. Tested equal to the JAX reference within the float32
+bounds of parity.core.tolerances, the draws exactly (tests/test_numpy_reference.py).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import numpy_random as nr
+from parity.core import numpy_random as nr
 from rollout.cartpole import MAX_STEPS
 from rollout.episodes import sample_actions
 from spec.config import Config, schedule
@@ -128,8 +128,8 @@ def normal_of(normals: str = "cpu"):
     import inspect
     if "backend" not in inspect.signature(nr.normal).parameters:
         def missing(keys, shape):
-            from parity.tape import NotRecorded
-            raise NotRecorded("noise", f"parity.numpy_random draws no {normals.upper()} normals in this checkout, so a "
+            from parity.core.tape import NotRecorded
+            raise NotRecorded("noise", f"parity.core.numpy_random draws no {normals.upper()} normals in this checkout, so a "
                                        "bundle recorded with them cannot be redrawn; check against the live reference")
         return missing
     return lambda keys, shape: nr.normal(keys, shape, backend=normals)

@@ -19,8 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from parity.adapter import CheckedPort, NonFinite, PortError, declared_config, port_trace
-from parity.tape import Bundle, NotRecorded
-from parity.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_status_row
+from parity.core.tape import Bundle, NotRecorded
+from parity.core.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_status_row
 from spec.config import PRESETS, Config
 from spec.knobs import RunSettings
 from spec.layout import param_shapes as layout_shapes
@@ -94,27 +94,27 @@ class Context:
     seed: int
     results: dict[str, CheckResult] = field(default_factory=dict)
     log: Callable[[str], None] = lambda line: None
-    repro: Any = None                # parity.repro.Collector when the run writes repros of its failures
+    repro: Any = None                # parity.core.repro.Collector when the run writes repros of its failures
     platform: ReferencePlatform = field(default_factory=ReferencePlatform)   # where the reference ran
 
     def witness(self, label: str, produced: Any, port: Any, reference: Any, allowed: Any, why: str,
                 path: tuple = ()) -> None:
         """Tell the repro collector (if any) of an element-wise comparison |port - reference| <= allowed, `port`
-        found at `path` in `produced`, the output of a port call (parity.repro.Collector.witness)."""
+        found at `path` in `produced`, the output of a port call (parity.core.repro.Collector.witness)."""
         if self.repro is not None:
             self.repro.witness(label, produced, port, reference, allowed, why, path)
 
     def replay(self, label: str, steps: Any, result: str, port: Any, reference: Any, allowed: Any, why: str,
                paths: Any = None) -> None:
         """Tell the repro collector (if any) of a comparison seen after a sequence of port calls (`steps`, a list of
-        parity.repro.Step, whose output named `result` gave `port`), per key within `allowed` of `reference`."""
+        parity.core.repro.Step, whose output named `result` gave `port`), per key within `allowed` of `reference`."""
         if self.repro is not None:
             self.repro.replay(label, steps, result, port, reference, allowed, why, paths)
 
     def statistic(self, label: str, produced: Any, path: tuple, rows: Any, divisor: float, statistic: str,
                   value: float, interval: tuple, alpha: float, why: str, array: Any) -> None:
         """Tell the repro collector (if any) of a statistical test that failed on the values rows / divisor of the
-        array at `path` in `produced`, a port call's output (parity.repro.Collector.statistic)."""
+        array at `path` in `produced`, a port call's output (parity.core.repro.Collector.statistic)."""
         if self.repro is not None:
             self.repro.statistic(label, produced, path, rows, divisor, statistic, value, interval, alpha, why, array)
 
@@ -125,8 +125,8 @@ class Context:
     @property
     def ref_u(self) -> float:
         """The unit the reference's matmul operands are rounded to before float32 products: U_TF32 where its
-        platform resolves to TF32 (its bounds widened by parity.tolerances.with_operands), else 0."""
-        from parity.tolerances import U_TF32
+        platform resolves to TF32 (its bounds widened by parity.core.tolerances.with_operands), else 0."""
+        from parity.core.tolerances import U_TF32
         return U_TF32 if self.platform.tf32 else 0.0
 
     @property
@@ -165,7 +165,7 @@ def not_recorded(name: str, err: NotRecorded) -> CheckResult:
 
 def run_check(name: str, ctx: Context) -> CheckResult:
     """Run one check; a PortError becomes an `error` verdict that names the method, what was expected and where; the
-    port's NaN or inf where the reference's answer is finite a `fail` (parity.nonfinite)."""
+    port's NaN or inf where the reference's answer is finite a `fail` (parity.core.nonfinite)."""
     module = importlib.import_module(f"parity.checks.{name}")
     start = time.perf_counter()
     try:
@@ -173,7 +173,7 @@ def run_check(name: str, ctx: Context) -> CheckResult:
     except NotRecorded as err:
         result = not_recorded(name, err)
     except NonFinite as err:
-        from parity import nonfinite
+        from parity.core import nonfinite
         result = (nonfinite.check_result(name, err, ctx) if err.source is ctx.port else None) \
             or protocol_error(name, err, ctx.port.port)
     except PortError as err:
@@ -217,7 +217,7 @@ def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings
 
     against: a recorded bundle (parity.vectors) answers for the reference, so no JAX is needed; reference: a
     ready reference object (parity.vectors.record passes a recording one) in place of both; repro: a
-    parity.repro.Collector, given each check's failing port call (written beside the report by the caller);
+    parity.core.repro.Collector, given each check's failing port call (written beside the report by the caller);
     platform: where the live reference runs (spec.platform; default where JAX runs), else the reference's own
     `platform` attribute (a bundle's, a recording's)."""
     sizes = at_port_rank(sizes, port)

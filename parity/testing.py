@@ -29,7 +29,7 @@ NOT_DRIFTS = {"cartpole": {("rng", "torch"), ("compile", "on")}, "lm": {("rng", 
 # The MLP suite's knobs the tree suite names on a declared tree (pairing, fitness, optimizer; the trajectory's
 # schedules): task="tree" takes them in expect= beside the tree knobs.
 TREE_MLP_KNOBS = ("antithetic", "fitness", "optimizer", "noise_reuse", "lr_decay", "sigma_decay")
-KNOB_IN_CAUSE = re.compile(r"knob `(\w+)`")     # how both suites name a knob in a cause (parity.diagnose.cause)
+KNOB_IN_CAUSE = re.compile(r"knob `(\w+)`")     # how both suites name a knob in a cause (parity.core.diagnose.cause)
 LOG = logging.getLogger("parity.testing")
 
 
@@ -199,7 +199,7 @@ class Outcome:
 
 
 def outcome_of_result(result) -> Outcome:
-    """The Outcome of a parity.verdict.CheckResult (the CartPole suite)."""
+    """The Outcome of a parity.core.verdict.CheckResult (the CartPole suite)."""
     uncaused = sum(1 for r in result.rows if r.verdict == "fail" and not r.cause)
     causes = tuple(dict.fromkeys((c.knob, c.text) for c in result.causes))
     return Outcome(result.name, result.verdict, result.observed, result.allowed, causes, uncaused, result.trace,

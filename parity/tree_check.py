@@ -4,7 +4,7 @@ same checks and bounds on a port's own declared tree (cfg a spec.tree.TreeRun; _
 states (tree_dist.check_init_laws), every mm/tmm leaf's product with rows (batch, seq) as a transformer layer's, one
 more fitness vector of tiny spread, the forward reported as the port's own, the trajectory as the port's es_* loop on
 synthetic fitness (parity/es_lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
-a gradient scale: parity.optscale) and the noise and gradient scales.
+a gradient scale: parity.core.optscale) and the noise and gradient scales.
 
 Two modes. A side that draws JAX's numbers (rng=jax, or a port with jax_compatible_rng True) is checked draw by draw
 (below). A side on its own generator (`--torch rng=torch`, or jax_compatible_rng False: most real torch ports) is
@@ -31,7 +31,7 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
   excluded leaves must be exactly zero.
 - products: mm (x @ W.T + (x @ B) @ A.T) and tmm (x @ W + (x @ A) @ B.T) at the LM's slice shapes and three more
   (wide, tall, square), fresh W, factors and inputs, against the expression's float64 value within one side's float32
-  bound (parity.tolerances.linear_bound, gamma_{in + r + 1}); the reference's jitted product is held to it too.
+  bound (parity.core.tolerances.linear_bound, gamma_{in + r + 1}); the reference's jitted product is held to it too.
 - updates: one optax-sgd step from fresh params on the side's own gradient, against the reference's apply_grads on
   that gradient, within both sides' update_bound; leaves the reference never updates must come back bit for bit
   (an updated param or embedding leaf names `frozen_leaves` or `embedding`).
@@ -66,8 +66,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose
-from parity.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, shaping_bound, update_bound, with_operands
+from parity.core import diagnose
+from parity.core.tolerances import (U32, U_TF32, gamma, linear_bound, linear_exact, shaping_bound, update_bound,
+                                    with_operands)
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
 from spec.platform import ReferencePlatform
@@ -95,7 +96,7 @@ class Row(NamedTuple):
 
 
 def no_witness(*args, **kwargs) -> None:
-    """The default witness: no repro collected (parity.repro.Collector.witness when the CLI writes repros)."""
+    """The default witness: no repro collected (parity.core.repro.Collector.witness when the CLI writes repros)."""
 
 
 def cause(knob: str, detail: str) -> str:
@@ -254,7 +255,7 @@ def fitness_trials(cfg, rng, spread_rng=None) -> list[tuple[str, np.ndarray]]:
 
 def fitness_text(f: np.ndarray, port: np.ndarray, g: int) -> str:
     """The cause of a shaping that differs: `group_fitness` (each group by its own spread), else the MLP suite's
-    knob `fitness` when one of its known shapings (parity.diagnose.FITNESS_CANDIDATES) reproduces the port's."""
+    knob `fitness` when one of its known shapings (parity.core.diagnose.FITNESS_CANDIDATES) reproduces the port's."""
     if np.allclose(port, _group_var(f, g), rtol=1e-4, atol=1e-5):
         return cause("group_fitness", "each group is divided by its own spread, not by the global variance")
     f64 = f.astype(np.float64)
@@ -323,7 +324,7 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
 
 
 def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float) -> str:
-    """Why one leaf's gradient differs, in the MLP suite's words (parity.diagnose.gradient_cause): zero, a pure scale
+    """Why one leaf's gradient differs, in the MLP suite's words (parity.core.diagnose.gradient_cause): zero, a pure scale
     (1/sigma named), the opposite sign, or another direction (its cosine and norm ratio)."""
     p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
     norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
@@ -363,7 +364,7 @@ def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str, gap: dict | None 
 def float32_of(R):
     """The reference pinned to float32 (R.float32()); a replayed bundle has none: NotRecorded (the check is skipped
     with the reason)."""
-    from parity.tape import NotRecorded
+    from parity.core.tape import NotRecorded
     if getattr(type(R), "float32", None) is None:
         raise NotRecorded("float32", "this reference cannot be evaluated at float32, which bounds its own TF32 "
                                      "rounding here; check against the live reference")
@@ -527,7 +528,7 @@ def fresh_params(R, cfg, seed: int, rng) -> dict[str, np.ndarray]:
 
 
 class NumpyOptimizers:
-    """optax's sgd, adam and adamw in numpy (parity.numpy_reference) behind the two calls parity.optscale.verified
+    """optax's sgd, adam and adamw in numpy (parity.numpy_reference) behind the two calls parity.core.optscale.verified
     makes of a reference: the candidate optimizers a step that is not the reference's sgd is matched against."""
 
     def __init__(self, lr: float, optimizer: str = "sgd"):
@@ -546,10 +547,10 @@ class NumpyOptimizers:
 
 
 def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
-    """Which optax optimizer, on the port's gradient times which scale, reproduces the port's step (parity.optscale
+    """Which optax optimizer, on the port's gradient times which scale, reproduces the port's step (parity.core.optscale
     over sgd, adam and adamw, verified within parity.lockstep.MATCH), in the MLP suite's words: the knob `optimizer`
     when it is not sgd, else the scale; or that none does."""
-    from parity import optscale
+    from parity.core import optscale
     from parity.lockstep import MATCH
     fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
                                cfg.sigma)
@@ -769,7 +770,7 @@ def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_wit
 def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
     """(check, the side's method it needs or None, the function) in order: draws compared element by element
     (exact) or in distribution (parity.tree_dist); products, fitness and updates are draw-free in both modes.
-    `witness` is told of each element-wise comparison of a port output (parity.repro). The LM (an LMConfig) adds
+    `witness` is told of each element-wise comparison of a port output (parity.core.repro). The LM (an LMConfig) adds
     its own init, forward and corpus trajectory; any other tree runs _tree_plan."""
     from parity import tree_dist as D
     if not isinstance(cfg, LMConfig):
@@ -813,14 +814,14 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree_adapter.PortSide).
     Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
     distribution (parity.tree_dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
-    parity.repro.Collector (its tape on a port's side, see tree_cli), collects each check's failing port call.
+    parity.core.repro.Collector (its tape on a port's side, see tree_cli), collects each check's failing port call.
     `reference`: the reference's functions (default parity.tree_reference, live JAX; parity.tree_vectors.
     replay_reference: a bundle); a check needing a call the bundle cannot answer is skipped with the reason.
     `against`: a bundle folder in place of `reference` (UsageError, before any work, for one that does not hold
     this configuration and seed). `platform`: where the live reference runs (spec.platform; default where JAX
     runs); `device`: the torch side's device."""
     from parity.adapter import NonFinite
-    from parity.tape import NotRecorded
+    from parity.core.tape import NotRecorded
     if against is not None:
         from parity.tree_vectors import bundle_reference
         reference = bundle_reference(against, cfg, seed)
@@ -859,9 +860,9 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
 
 
 def _nonfinite_rows(name: str, err, R, cfg: LMConfig, side, repro) -> list[Row]:
-    """parity.nonfinite's failing rows for the port's NaN or inf; raised on (a protocol break) where it is not the
+    """parity.core.nonfinite's failing rows for the port's NaN or inf; raised on (a protocol break) where it is not the
     port's, or the reference's answer to the same call is non-finite too."""
-    from parity import nonfinite
+    from parity.core import nonfinite
     rows = nonfinite.tree_rows(name, err, R, cfg, repro, Row) if err.source is getattr(side, "port", None) else None
     if rows is None:
         raise err

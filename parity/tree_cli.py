@@ -77,7 +77,7 @@ def parse(argv: list[str]):
     platform = recorded_platform(bundle.manifest) if reference is None else reference.platform
     knobs, args.followed = follow_reference_rng(knobs, platform)
     args.pinned = args.torch + [f"rng={knobs.rng}"] if args.followed else args.torch    # what a repro rebuilds
-    from parity.tape import run_size_and_seed
+    from parity.core.tape import run_size_and_seed
     args.size, args.seed = run_size_and_seed(bundle, args.size, args.seed)
     return args, knobs, bundle, reference
 
@@ -168,7 +168,7 @@ def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle,
 
 def bundle_lines(bundle, reference) -> list[str]:
     """The report's lines on a replayed reference: which bundle, what recorded it, what numpy answered."""
-    from parity.tape import recording_of
+    from parity.core.tape import recording_of
     misses = reference.misses
     if bundle.manifest.get("task") == "tree":
         return [f"- reference: the {recording_of(bundle)}",
@@ -199,7 +199,7 @@ def load_port(args, cfg, bundle, reference):
 
 def repro_setup(args, cfg):
     """(the repro collector, with a tape of the port's methods or the torch side's; how a repro builds the port)."""
-    from parity.repro import TAPED_TREE, TAPED_TREE_TORCH, Collector, Tape, port_recipe, tree_torch_recipe
+    from parity.core.repro import TAPED_TREE, TAPED_TREE_TORCH, Collector, Tape, port_recipe, tree_torch_recipe
     collector = Collector(Tape(methods=TAPED_TREE if args.port else TAPED_TREE_TORCH))
     if args.task == "tree":                 # the port is built with no arguments
         return collector, port_recipe(args.port, None)
@@ -207,8 +207,8 @@ def repro_setup(args, cfg):
 
 
 def repro_lines(args, argv: list[str], rows, collector, recipe) -> list[str]:
-    """Write each failed check's repro (parity.repro) beside the report; the summary's lines naming them."""
-    from parity.repro import write_repros
+    """Write each failed check's repro (parity.core.repro) beside the report; the summary's lines naming them."""
+    from parity.core.repro import write_repros
     verdicts = {}
     for r in rows:
         verdicts[r.check] = "fail" if r.verdict == "fail" or verdicts.get(r.check) == "fail" else "pass"

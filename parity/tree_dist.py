@@ -17,7 +17,7 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
     epochs 0 and 1 different exactly when noise_reuse gives them different generations.
     statistical: low-rank leaves' independent entries (the diagonal of each slice's E = A B^T, one member per pair:
     entry (i, i) involves row i of A and of B only) over sigma are EGGROLL's sqrt(chi2_r / r) N(0, 1)
-    (parity.tolerances.entry_ks against its exact critical value, plus the CDF's numerical error); param leaves the
+    (parity.core.tolerances.entry_ks against its exact critical value, plus the CDF's numerical error); param leaves the
     reference perturbs (freeze_nonlora off) eps / sigma N(0, 1) (KS and chi-square); and one KS of all low-rank
     leaves' entries pooled over both epochs (power against a drift of the whole noise's scale: at the selftest size
     it pools 576 entries and caught E at 2 sigma at 8 of 8 seeds, where a single leaf's 64 entries missed it).
@@ -61,7 +61,7 @@ import numpy as np
 from scipy import stats
 
 from parity.checks.dense import is_rescaled, scale_cause
-from parity.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
+from parity.core.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
 from parity.tree_adapter import dense_of
 from parity.tree_check import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u
 from spec.lm import H0_SCALE, LMConfig, init_plan, lm_tree

@@ -1,5 +1,5 @@
 """The LM suite's conformance vectors: the JAX reference's answers to `check --task lm` at one (size, seed), recorded
-into a bundle (parity.tape) and replayed without JAX (`check --task lm --against BUNDLE`).
+into a bundle (parity.core.tape) and replayed without JAX (`check --task lm --against BUNDLE`).
 
 The checks reach the reference only through parity/tree_reference.py's functions. Each call is one of two kinds:
 - inputs fixed by (size, seed) alone, recorded: `init`, `draws` (JAX's normals of every perturbed leaf at both epochs,
@@ -10,7 +10,7 @@ The checks reach the reference only through parity/tree_reference.py's functions
   and step on the port's own noise): answered by parity.tree_numpy_reference, the same math in numpy.
 dense_noise and factors_abs_product are numpy on the recorded draws (a fraction of the bytes of the dense noise). A
 recorded call whose inputs differ on replay (e.g. a port without `update` leaves the seeded stream elsewhere) goes to
-numpy where numpy can answer it and is otherwise skipped with the reason (parity.tape.NotRecorded).
+numpy where numpy can answer it and is otherwise skipped with the reason (parity.core.tape.NotRecorded).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.adapter import UsageError
-from parity.tape import Bundle, Recording, Replay, Store, check_holds, read_bundle, write_bundle
+from parity.core.tape import Bundle, Recording, Replay, Store, check_holds, read_bundle, write_bundle
 from parity.tree_numpy_reference import NumpyTreeReference, perturbs
 from spec.lm import LMConfig, lm_tree
 from spec.platform import ReferencePlatform, recorded_platform
@@ -48,7 +48,7 @@ class LMReference:
 
     def float32(self):
         """The live reference at float32 while recording; a replay has none (tree_check skips what needs it)."""
-        from parity.tape import NotRecorded
+        from parity.core.tape import NotRecorded
         if self.live is None:
             raise NotRecorded("float32", "a TF32 reference replayed from a bundle cannot be evaluated at float32, "
                                          "which bounds its own rounding here; record the bundle with "
@@ -140,7 +140,7 @@ def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: 
 
 def open_bundle(folder: str | Path, size: str | None, seed: int | None) -> Bundle:
     """The LM bundle in `folder`, checked before any work: UsageError (exit 2) for a bundle that cannot be read
-    (parity.tape.read_bundle), of another task, or not holding the asked size or seed, or recorded at a configuration
+    (parity.core.tape.read_bundle), of another task, or not holding the asked size or seed, or recorded at a configuration
     this version's size no longer has."""
     bundle = read_bundle(folder, regenerate())
     check_holds(bundle, TASK, size, seed, "vectors/lm-quick", lambda s, e: regenerate(s, e, "BUNDLE"))

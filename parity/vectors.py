@@ -1,10 +1,10 @@
 """Conformance vectors for the CartPole suite: the reference's answers recorded to a bundle, replayed without JAX.
 
-`record` runs the suite with the JAX reference on both sides, the reference side wrapped in a parity.tape
+`record` runs the suite with the JAX reference on both sides, the reference side wrapped in a parity.core.tape
 Recording: every call the checks make on it (noise, products, shaping, gradients, forwards along the lockstep
 episodes, init, the ES loop, action uniforms) is stored under the key of its inputs, plus the calls only some
 ports trigger (a dense port's larger noise draw); draws are stored as digests. `ReferenceReplay` stands in for
-ReferencePort on `check --against`: recorded calls are answered from the bundle, draws by parity.numpy_random
+ReferencePort on `check --against`: recorded calls are answered from the bundle, draws by parity.core.numpy_random
 checked against their digests, and the calls whose inputs come from the port (the reference optimizer on the
 port's gradient from the port's parameters; everything at a shape the port declares) by parity.numpy_reference.
 A call on a recorded ES state that the bundle does not hold, or a draw that fails its digest, raises
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from parity import tape
+from parity.core import tape
 from parity.adapter import CheckedPort, UsageError
 from parity.numpy_reference import NumpyReference
 from spec.config import Config
@@ -32,7 +32,7 @@ TASK = "cartpole"
 RECORDED = ("noise", "perturbed_linear", "shape_fitness", "gradient", "rejects_nonfinite", "forward", "init_params",
             "es_init", "es_ask", "es_tell", "es_params", "action_uniforms")
 # The reference's draws: the bundle keeps a digest of each (the draws are most of the bytes: ~40 MB at the quick
-# size); the replay draws them with parity.numpy_random and checks each against its digest, bit for bit.
+# size); the replay draws them with parity.core.numpy_random and checks each against its digest, bit for bit.
 DRAWN = ("noise", "es_ask", "action_uniforms", "init_params")
 DIGEST = "sha256"
 
@@ -106,7 +106,7 @@ def recording_manifest(sizes, seed: int, checks, command: str, platform: Referen
 
     return {"task": TASK, "size": sizes.name, "seed": int(seed), "checks": list(checks),
             "sizes": sizes_record(sizes), "run": dataclasses.asdict(RunSettings()), "command": command,
-            "draws": f"the outputs of {', '.join(DRAWN)} as the sha256 of their bytes (parity.numpy_random redraws "
+            "draws": f"the outputs of {', '.join(DRAWN)} as the sha256 of their bytes (parity.core.numpy_random redraws "
                      "them on replay)",
             "versions": versions(("jax", "jaxlib", "optax", "numpy")), **backend_info(platform),
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -222,7 +222,7 @@ def open_bundle(folder: Path | str, size: str | None = None, seed: int | None = 
 
 def describe(bundle: tape.Bundle) -> str:
     """The report's line on where the reference side came from."""
-    return (f"recorded {tape.recording_of(bundle)}; draws by parity.numpy_random, each checked against the bundle's "
+    return (f"recorded {tape.recording_of(bundle)}; draws by parity.core.numpy_random, each checked against the bundle's "
             "digest; calls whose inputs came from the port computed by parity.numpy_reference")
 
 

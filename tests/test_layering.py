@@ -150,7 +150,7 @@ def test_no_function_outside_the_hot_path_is_longer_than_60_lines():
 def test_the_lm_replay_path_never_imports_the_reference():
     """`check --task lm --against BUNDLE` runs without jax: the numpy reference and the replay import neither jax nor
     jax_reference (the replay's recording side reaches tree_reference only inside record_lm / recording_reference)."""
-    for rel in ("parity/tree_numpy_reference.py", "parity/tape.py", "parity/tree_dist.py", "parity/tree_adapter.py"):
+    for rel in ("parity/tree_numpy_reference.py", "parity/core/tape.py", "parity/tree_dist.py", "parity/tree_adapter.py"):
         assert not imported_roots(ROOT / rel) & {"jax", "jax_reference", "optax"}, rel
     import inspect
     from parity import tree_vectors

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity import diagnose, tree_check
+from parity.core import diagnose
+from parity import tree_check
 from parity.__main__ import main
 from parity.adapter import CheckedPort, NonFinite, nonfinite_arrays
 from parity.noiseform import SplitNoise
@@ -256,7 +257,7 @@ def test_the_faithful_lm_port_is_never_flagged_by_the_finite_outputs(monkeypatch
 def test_a_tree_port_s_nan_the_lm_reference_gives_too_is_not_judged_here():
     """nonfinite.tree_rows: rows where the LM reference's product on the same call is finite, None (the caller raises
     the protocol error) where it is NaN too."""
-    from parity import nonfinite
+    from parity.core import nonfinite
     from parity.tree_adapter import CheckedTreePort
     from tests.ports.nonfinite import LMNaNProduct
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from parity import numpy_reference as npr
-from parity.tolerances import (ForwardBound, bias_grad_bound, linear_bound, shaping_bound, update_bound,
-                               weight_grad_bound)
+from parity.core.tolerances import (ForwardBound, bias_grad_bound, linear_bound, shaping_bound, update_bound,
+                                    weight_grad_bound)
 from spec.config import Config
 from spec.knobs import CHOICES, RunSettings
 from spec.layout import param_shapes
@@ -152,7 +152,7 @@ def test_unknown_names_refused():
 def test_generator_bit_for_bit(rng):
     import jax
 
-    from parity import numpy_random as nr
+    from parity.core import numpy_random as nr
     for seed in (0, int(rng.integers(2 ** 32)), 2 ** 32 - 1):
         k, jk = nr.key(seed), jax.random.key(seed)
         assert np.array_equal(nr.split(k, 5), np.asarray(jax.random.key_data(jax.random.split(jk, 5))))
@@ -188,7 +188,7 @@ def test_es_loop(cfg, rng):
     """es_init / es_ask / es_tell / es_params over three epochs on fresh fitness: the asked noise bit for bit; the
     parameters within the sum over epochs of each side's step bound plus lr sqrt(N) times the gradient's bound
     (fitness shaping's error included). Noise and fitness do not depend on the parameters, so errors only add up."""
-    from parity.tolerances import gamma
+    from parity.core.tolerances import gamma
 
     run = RunSettings(sigma_decay=0.99, lr_decay=0.95)
     ref, shapes, params, _ = _inputs(cfg, rng, run)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from parity import diagnose
+from parity.core import diagnose
 from torch_impl.fitness import shape_fitness
 
 

@@ -233,7 +233,7 @@ def test_each_in_distribution_test_can_fail(attr, check, says, size):
 def test_the_statistical_rows_spend_exactly_the_stated_budget(size):
     """Init's, noise's and the trajectory's statistical rows split their check_alpha evenly: as many rows as the split
     assumes, so a faithful run fails by chance at most FALSE_ALARM (<= the suite's FAMILY_ALPHA)."""
-    from parity.tolerances import FAMILY_ALPHA
+    from parity.core.tolerances import FAMILY_ALPHA
     from parity.tree_dist import FALSE_ALARM, noise_tests
     from spec.lm import init_plan
     cfg = tree_check.sizes()[size]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from parity import __main__ as cli
-from parity.report import overall
+from parity.core.report import overall
 from parity.suite import SELFTEST, run_suite
 from parity.torch_adapter import TorchPort
 import re

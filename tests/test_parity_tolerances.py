@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from parity import tolerances as tol
+from parity.core import tolerances as tol
 
 
 def test_gamma_values_and_overflow():

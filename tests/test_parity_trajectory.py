@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:        # tests.ports and examples import from the 
 from examples.hooks_adapter import HooksAdapter  # noqa: E402
 from parity import lockstep  # noqa: E402
 from parity.suite import SELFTEST, run_suite  # noqa: E402
-from parity.tolerances import U32  # noqa: E402
+from parity.core.tolerances import U32  # noqa: E402
 from parity.torch_adapter import TorchPort  # noqa: E402
 from spec.config import Config  # noqa: E402
 from spec.knobs import Knobs, RunSettings  # noqa: E402

@@ -308,7 +308,7 @@ def test_the_reference_draws_a_two_axis_stack_as_torch_impl_and_its_numpy_replay
     import numpy as np
     import torch
     from parity import tree_reference as R
-    from parity.tolerances import gamma
+    from parity.core.tolerances import gamma
     from parity.tree_numpy_reference import NumpyTreeReference
     from spec.tree import Leaf, TreeRun, make_tree
     from torch_impl.tree_noise import dense, make_plan, sample

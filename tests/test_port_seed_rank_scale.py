@@ -21,8 +21,8 @@ if str(ROOT) not in sys.path:        # tests.ports imports from the repository r
     sys.path.insert(0, str(ROOT))
 
 from parity import __main__ as cli  # noqa: E402
-from parity import diagnose, optscale  # noqa: E402
-from parity.tolerances import update_bound  # noqa: E402
+from parity.core import diagnose, optscale  # noqa: E402
+from parity.core.tolerances import update_bound  # noqa: E402
 from tests.ports import numpy_port  # noqa: E402
 
 SIZES = {"selftest": [], "quick": []}

@@ -17,7 +17,7 @@ import torch
 
 import c_rng
 from jax_reference import normals as JN
-from parity import numpy_random as NR
+from parity.core import numpy_random as NR
 from spec import jax_rng as J
 from tests.helpers import measured_gpu_table
 from torch_impl import random as R

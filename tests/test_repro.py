@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from parity.__main__ import main
-from parity.repro import Collector, Tape, margin
+from parity.core.repro import Collector, Tape, margin
 
 ROOT = Path(__file__).resolve().parent.parent
 MINIMAL = ROOT / "examples" / "minimal_adapter.py"
@@ -25,7 +25,7 @@ MINIMAL = ROOT / "examples" / "minimal_adapter.py"
 # parity.torch_adapter, `parity` itself stays allowed), plus what REPRO_TEST_BLOCK lists.
 BLOCKER = """
 import os, runpy, sys
-BLOCKED = ("jax", "jaxlib", "optax", "parity.suite", "parity.tape", "parity.adapter", "parity.repro",
+BLOCKED = ("jax", "jaxlib", "optax", "parity.suite", "parity.core.tape", "parity.adapter", "parity.core.repro",
            "parity.checks", "parity.reference_port", "jax_reference") + tuple(os.environ["REPRO_TEST_BLOCK"].split())
 class Block:
     def find_spec(self, name, path=None, target=None):

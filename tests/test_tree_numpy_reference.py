@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from parity import tree_check, tree_reference as R
-from parity.tolerances import gamma, linear_bound, linear_exact, update_bound
+from parity.core.tolerances import gamma, linear_bound, linear_exact, update_bound
 from parity.tree_numpy_reference import NumpyTreeReference, factors, perturbs
 import parity.tree_numpy_reference as N
 from spec.lm import lm_tree

@@ -13,7 +13,7 @@ import pytest
 
 from parity import tree_check
 from parity.__main__ import main
-from parity.tape import Bundle, Recording, Replay, Store, write_bundle
+from parity.core.tape import Bundle, Recording, Replay, Store, write_bundle
 from parity.tree_adapter import CheckedTreePort, PortSide
 from parity.tree_vectors import RECORDED, config_record, open_bundle, replay_reference
 from spec.tree_knobs import TreeKnobs

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity import tape
+from parity.core import tape
 from parity.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent

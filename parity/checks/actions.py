@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose
-from parity.verdict import Recorder, summarize
+from parity.core import diagnose
+from parity.core.verdict import Recorder, summarize
 from rollout.episodes import greedy_actions, sample_actions
 
 NAME = "actions"

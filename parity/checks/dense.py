@@ -1,7 +1,7 @@
 """Dense noise (ports with `dense_noise`): each member's E must be a rank-r product distributed as EGGROLL's A B^T.
 
 Used by the noise check. Rank (exact, deterministic): the singular values of each independent member's E above
-parity.tolerances.rank_threshold (the most float32 rounding can give a rank-r product); at most r of them.
+parity.core.tolerances.rank_threshold (the most float32 rounding can give a rank-r product); at most r of them.
 Scale and distribution (statistical, exact), on independent entries (the diagonal of each E, see
 parity.noiseform.independent_entries): per weight and pooled, the Kolmogorov-Smirnov distance of E / sigma
 (sigma known) to EGGROLL's entry distribution sqrt(chi2_r / r) N(0,1) (variance 1, kurtosis 3 + 6/r), against
@@ -15,10 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose
+from parity.core import diagnose
 from parity.noiseform import perturbation
-from parity.tolerances import entry_ks, entry_moment, ks_critical, rank_threshold
-from parity.verdict import Recorder, fmt
+from parity.core.tolerances import entry_ks, entry_moment, ks_critical, rank_threshold
+from parity.core.verdict import Recorder, fmt
 
 DENSE_FLOATS = 1 << 24      # float32 entries of E one draw of a dense port's noise may hold (64 MB)
 DENSE_MEMBERS = 8192        # members drawn at most (enough independent entries for the tests' limits)

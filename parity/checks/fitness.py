@@ -3,7 +3,7 @@
 Vectors: standard normal at several sizes, CartPole-like integer returns with many ties, a
 constant vector, a tiny spread (variance 1e-6, where the reference's +1e-5 dominates), a large
 offset, and grouped shaping (group_size 8). Tolerance: the float32 bound of
-parity.tolerances.shaping_bound on each side, summed (deterministic).
+parity.core.tolerances.shaping_bound on each side, summed (deterministic).
 
 NaN or infinite fitness: upstream EggRoll validates neither, and neither does the reference, so a
 port that accepts them behaves like upstream: an `info` row with advice (a warning), never a drift
@@ -11,7 +11,7 @@ and never a change of the exit code. A port that rejects them is reported the sa
 
 NaN or inf shaped out of finite fitness (the reference's is finite on every vector here) fails the vector; where
 the vector has no spread (the constant one) the cause says the port divides by a zero spread, and the diagnosis'
-candidates match it (parity.diagnose.matches_candidate: `std`'s 0/0 there is a NaN or, guarded, zeros). A port that
+candidates match it (parity.core.diagnose.matches_candidate: `std`'s 0/0 there is a NaN or, guarded, zeros). A port that
 ignores group_size is matched with groups left out, and the cause says so.
 """
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose
+from parity.core import diagnose
 from parity.adapter import NonFinite, PortError
-from parity.tolerances import shaping_bound
-from parity.verdict import Recorder, fmt, summarize
+from parity.core.tolerances import shaping_bound
+from parity.core.verdict import Recorder, fmt, summarize
 
 NAME = "fitness"
 
@@ -109,7 +109,7 @@ def _shape_one(ctx, label: str, f: np.ndarray, group: int, matches: dict[str, in
         return Shaped(label, None, f"the port rejects {label}: {err.original}")
     allowed = 2 * shaping_bound(f)                                          # (N,) both sides
     ctx.witness(label, port, port, ref, allowed,
-                "the float32 shaping bound of both sides (parity.tolerances.shaping_bound)")
+                "the float32 shaping bound of both sides (parity.core.tolerances.shaping_bound)")
     _count_matches(port, f, group, allowed, matches, ungrouped)
     ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / allowed))
     if np.all(np.isfinite(port)):

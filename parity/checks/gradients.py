@@ -20,11 +20,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose
+from parity.core import diagnose
 from parity.noiseform import forward_of, members
-from parity.tolerances import (bias_grad_bound, check_alpha, dense_grad_bound, representation_bound,
-                               two_sample_interval, weight_grad_bound)
-from parity.verdict import Recorder, fmt, summarize
+from parity.core.tolerances import (bias_grad_bound, check_alpha, dense_grad_bound, representation_bound,
+                                    two_sample_interval, weight_grad_bound)
+from parity.core.verdict import Recorder, fmt, summarize
 from spec.platform import ReferencePlatform
 
 NAME = "gradients"

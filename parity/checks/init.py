@@ -13,10 +13,10 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-from parity import diagnose
+from parity.core import diagnose
 from parity.checks.noise import other_backend
-from parity.tolerances import check_alpha, chi2_interval, ks_critical, ulp_distance
-from parity.verdict import Recorder, fmt, summarize
+from parity.core.tolerances import check_alpha, chi2_interval, ks_critical, ulp_distance
+from parity.core.verdict import Recorder, fmt, summarize
 from spec.platform import ReferencePlatform
 
 NAME = "init"

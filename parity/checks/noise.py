@@ -5,7 +5,7 @@ Deterministic parts (exact: no false alarms): which member mirrors which, bias n
 which probed epochs share noise, draws shared across members/leaves/epochs, and, for a port that
 claims JAX-compatible draws, bit-identity with jax.random. Statistical parts (moments against exact
 expected values): t-intervals over independent members (one per mirrored pair) at a Bonferroni
-share of the suite's false-alarm budget (see parity.tolerances).
+share of the suite's false-alarm budget (see parity.core.tolerances).
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-from parity import diagnose
+from parity.core import diagnose
 from parity.checks import dense
 from parity.noiseform import SplitNoise, dense_mismatch, draws, independent_entries, perturbation, update_of
-from parity.tolerances import (ULP_TOLERANCE, check_alpha, chi2_interval, ks_critical, mean_interval,
-                               normal_mean_interval, ulp_distance)
-from parity.verdict import Recorder, fmt, summarize
+from parity.core.tolerances import (ULP_TOLERANCE, check_alpha, chi2_interval, ks_critical, mean_interval,
+                                    normal_mean_interval, ulp_distance)
+from parity.core.verdict import Recorder, fmt, summarize
 from rollout.cartpole import MAX_STEPS
 from spec.platform import ReferencePlatform
 
@@ -774,7 +774,7 @@ def section(m: Measured) -> str:
 DENSE_NOTE = (
     "Dense noise (the port declares dense_noise and gives E = A B^T per member, no factors; it is drawn for more "
     "members, as many as 64 MB of E allow, up to 8192): the A and B tests are replaced. Rank (exact): each "
-    "independent member's E may have at most r singular values above parity.tolerances.rank_threshold, the most "
+    "independent member's E may have at most r singular values above parity.core.tolerances.rank_threshold, the most "
     "float32 rounding can give a rank-r product (gamma_(r+3) ||A||_F ||B||_F with the norms' 1 - 1e-12 chi-square "
     "quantiles); a port whose \"low-rank\" noise is not low rank fails here. Scale and distribution, on independent "
     "entries (the diagonal of each E): per weight and pooled the exact Kolmogorov-Smirnov distance of E / sigma "

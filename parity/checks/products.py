@@ -2,7 +2,7 @@
 
 perturbed_linear against the reference's do_mm expression x @ W^T + (x @ B) @ A^T, at the MLP's
 shapes and a few more; then the full MLP forward without and with noise (shared: the reference's
-draws), where an activation drift shows. Tolerance: the float32 bounds of parity.tolerances
+draws), where an activation drift shows. Tolerance: the float32 bounds of parity.core.tolerances
 (linear_bound; ForwardBound for the MLP), both sides summed; deterministic.
 
 A reference whose platform resolves to TF32 (JAX's default precision on NVIDIA GPUs of compute capability >= 8.0,
@@ -18,11 +18,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose
+from parity.core import diagnose
 from parity.noiseform import bias_names, dense_of, update_of
-from parity.tolerances import (ForwardBound, dense_linear_bound, dense_linear_exact, gamma, linear_bound,
-                               linear_bound_tf32, linear_exact, U_TF32, with_operands)
-from parity.verdict import Recorder, fmt, summarize
+from parity.core.tolerances import (ForwardBound, dense_linear_bound, dense_linear_exact, gamma, linear_bound,
+                                    linear_bound_tf32, linear_exact, U_TF32, with_operands)
+from parity.core.verdict import Recorder, fmt, summarize
 from spec.layout import n_layers_of
 from spec.platform import ReferencePlatform
 
@@ -124,7 +124,7 @@ def _measure_linear(ctx, rng, out_dim: int, in_dim: int) -> Linear:
         tf32_bound = port_bound * (1 + gamma(3, U_TF32) / gamma(in_dim + 2))
     allowed = ref_bound + port_bound + np.abs(port_exact - exact)
     ctx.witness(f"out={out_dim} in={in_dim}", port, port, ref, allowed,
-                "both sides' float32 bounds of the product (parity.tolerances.linear_bound)")
+                "both sides' float32 bounds of the product (parity.core.tolerances.linear_bound)")
     return Linear(f"out={out_dim} in={in_dim} r={r} m={m} batch={batch}", float(np.max(np.abs(port - ref) / allowed)),
                   float(np.max(np.abs(port - port_exact) / port_bound)), float(np.max(np.abs(ref - exact) / ref_bound)),
                   why, port_why, float(np.max(np.abs(port - port_exact) / tf32_bound)), ref_why)
@@ -142,7 +142,7 @@ def _measure_forward(ctx, label: str, params, noise, x, act: str) -> Forward:
         bound = ForwardBound(params, noise, act, u_operand=ctx.ref_u)(x)[1]
     allowed = bound + port_bound + np.abs(port_exact - exact)
     ctx.witness(label, port, port, ref, allowed,
-                "both sides' float32 bounds of the MLP (parity.tolerances.ForwardBound)")
+                "both sides' float32 bounds of the MLP (parity.core.tolerances.ForwardBound)")
     exceeds = bool(np.any(np.abs(port - ref) > allowed))
     return Forward(f"{label} m={x.shape[0]} sizes={ctx.cfg.sizes}", float(np.max(np.abs(port - ref) / allowed)),
                    float(np.max(np.abs(port - port_exact) / port_bound)), float(np.max(np.abs(ref - exact) / bound)),
@@ -240,7 +240,7 @@ def _forward_causes(f: Forward, reference_act: str, own_bias_noise: bool | None 
 def section(m: Measured) -> str:
     tf32_note = ("" if not m.platform.tf32 else "\n\nThe reference's platform resolves to TF32 (" + m.platform.where() +
                  "): its products and forwards are held to the float32 bounds widened by four TF32 operand roundings "
-                 "(u = 2^-11, parity.tolerances.with_operands), the port to its float32 bounds, and the sides may "
+                 "(u = 2^-11, parity.core.tolerances.with_operands), the port to its float32 bounds, and the sides may "
                  "differ by the sum.")
     forward_note = "skipped: the port has no `forward` method"
     if m.forward:
@@ -255,7 +255,7 @@ def section(m: Measured) -> str:
         "E = fl32(A B^T) and is held to gamma_(in+2) |x|(|W| + |E|)^T around x (W + E)^T; the sides then differ by "
         "at most both bounds plus |x (E - A B^T)^T|, computed exactly.",
         "",
-        forward_note + " Allowed: the first-order float32 bound of parity.tolerances.ForwardBound (rounding "
+        forward_note + " Allowed: the first-order float32 bound of parity.core.tolerances.ForwardBound (rounding "
         "of each perturbed product, bias additions, the layer norm's mean/variance/sqrt/division, propagated "
         "through |W| + |A||B|^T and the layer norm's 1/s Jacobian), both sides. A port whose logits match a "
         "different activation's float64 MLP is diagnosed as an activation drift." + tf32_note,

@@ -21,7 +21,7 @@ parted. Each epoch's comparison is re-synchronised so that it isolates one piece
 
 Every row beyond tolerance gets a cause: the isolated check that explains it (UPSTREAM), or what this check
 reads off the port (sigma schedule, optimizer, lr schedule, a learning rate no knob names). Tolerances: the
-float32 bounds of parity.tolerances and those derived in parity.lockstep and parity.sigma_schedule; the statistical
+float32 bounds of parity.core.tolerances and those derived in parity.lockstep and parity.sigma_schedule; the statistical
 rows (the sigma F test of each epoch after the first, from fresh draws, and the schedule's slope test) split the
 check's share of the false-alarm budget evenly (`statistical_alpha`), so a faithful port fails one of them with
 probability at most check_alpha("trajectory") = 1e-4 per run.
@@ -34,11 +34,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose, lockstep, noiseform, sigma_schedule
+from parity.core import diagnose
+from parity import lockstep, noiseform, sigma_schedule
 from parity.noiseform import SplitNoise
-from parity.repro import Var, step as repro_step
-from parity.tolerances import ForwardBound, bias_grad_bound, check_alpha, shaping_bound, weight_grad_bound
-from parity.verdict import Recorder, fmt, summarize
+from parity.core.repro import Var, step as repro_step
+from parity.core.tolerances import ForwardBound, bias_grad_bound, check_alpha, shaping_bound, weight_grad_bound
+from parity.core.verdict import Recorder, fmt, summarize
 from rollout import cartpole
 from rollout.episodes import run_episodes, sample_actions
 
@@ -134,7 +135,7 @@ class Measured(NamedTuple):
     optimizer: str                         # the reference run's settings the diagnosis compares with
     lr_decay: float
     sigma_decay: float
-    scale_fits: tuple = ()                 # on a first step that differs: parity.optscale.ScaleFit per optimizer
+    scale_fits: tuple = ()                 # on a first step that differs: parity.core.optscale.ScaleFit per optimizer
     sigma: float = 0.0
     schedule_epochs: int = 0               # es_ask/es_tell epochs the sigma schedule reading ran
 
@@ -157,7 +158,7 @@ class _Run(NamedTuple):
     moments: lockstep.Moments  # float64 moments and their rounding bounds (stateful optimizers)
     noise0: tuple | None       # (the port's, the reference's) epoch-0 noise
     history: tuple             # per epoch: (port params before es_tell, its gradient, port params after)
-    calls: tuple = ()          # the port's ES calls so far as repro steps (parity.repro.Step): a failing step's replay
+    calls: tuple = ()          # the port's ES calls so far as repro steps (parity.core.repro.Step): a failing step's replay
 
 
 def _noise_obs(ctx, e: int, run: _Run, alpha: float):
@@ -425,7 +426,7 @@ def section(m: Measured) -> str:
         + "shaped fitness of the same returns; the gradient on the reference's noise and shaped fitness; its "
         f"parameters after es_tell against one {m.optimizer} step (lr_decay {fmt(m.lr_decay)}) from its own "
         "parameters on its own gradient of its own shaping, and that step's size (lr). Allowed: float32 bounds "
-        "(parity.tolerances, parity.lockstep).",
+        "(parity.core.tolerances, parity.lockstep).",
         "",
         *verdict_lines,
     ])

@@ -5,7 +5,7 @@ fitness vector. The port runs `optimizer_step`; the reference runs its optax sol
 run's optimizer and lr schedule) on the gradient the PORT computes (`gradient()`), so only the
 optimizer and its schedule are compared here (the gradients check covers the estimate). Allowed:
 per step u |p_new| + gamma_24 |update| on each side, accumulated over epochs; deterministic.
-A mismatch is matched against optax sgd, adam and adamw, each also up to a fitted gradient scale (parity.optscale:
+A mismatch is matched against optax sgd, adam and adamw, each also up to a fitted gradient scale (parity.core.optscale:
 "adam on a gradient 1/sigma times the reference's", "sgd without the sqrt(N) factor"), and against a fitted
 per-epoch lr factor.
 """
@@ -15,10 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import diagnose, optscale
-from parity.repro import Var, step
-from parity.tolerances import update_bound
-from parity.verdict import Recorder, fmt, summarize
+from parity.core import diagnose, optscale
+from parity.core.repro import Var, step
+from parity.core.tolerances import update_bound
+from parity.core.verdict import Recorder, fmt, summarize
 
 NAME = "updates"
 MATCH = 1e-4   # an optimizer candidate reproduces the port's first update within this share of its largest entry
@@ -45,7 +45,7 @@ class Measured(NamedTuple):
     epochs: int
     optimizer: str
     lr_decay: float
-    scale_fits: tuple = ()                # on a mismatch: parity.optscale.ScaleFit per optax optimizer (first update)
+    scale_fits: tuple = ()                # on a mismatch: parity.core.optscale.ScaleFit per optax optimizer (first update)
     sigma: float = 0.0
 
 
@@ -57,7 +57,7 @@ def _delta(chain, e: int, start) -> np.ndarray:
 
 def _port_chain(ctx, params0, sigmas, rng):
     """The port's own optimizer_step over the epochs, the gradients it computed, and its calls as repro steps
-    (parity.repro.Step: optimizer_init, then one optimizer_step per epoch, arguments as the port receives them)."""
+    (parity.core.repro.Step: optimizer_init, then one optimizer_step per epoch, arguments as the port receives them)."""
     shapes, n = ctx.shapes, ctx.cfg.pop
     steps = [step("optimizer_init", params0, out="state")]
     port_params, port_state = dict(params0), ctx.port.optimizer_init(params0)
@@ -179,7 +179,7 @@ def section(m: Measured) -> str:
         "Allowed: per step and side u |p_new| (the rounding of p + update) + gamma_24 |update| (the optimizer's "
         "elementwise arithmetic), accumulated over epochs; deterministic. On a mismatch the port's first update is "
         "matched against optax sgd, adam and adamw, each also on the port's gradient times a fitted scale "
-        "(parity.optscale: least squares in the step for sgd, in Adam's eps deficit for adam; named 1/sigma, "
+        "(parity.core.optscale: least squares in the step for sgd, in Adam's eps deficit for adam; named 1/sigma, "
         "1/sqrt(N), ... when inside the fit's worst-case interval, a match only within 1e-4 of the largest entry), "
         "and the ratio of update sizes per epoch against lr_decay^e.",
     ])

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
-from parity import repro_script
+from parity.core import repro_script
 from parity.adapter import UsageError
 
 FORMAT_VERSION = 1
@@ -149,7 +149,7 @@ def _recording_kind(node: Mapping) -> Any:
 
 
 def decode(node: Mapping, arrays: Mapping[str, np.ndarray]) -> Any:
-    """encode's inverse: parity/repro_script.py's decoder (copied into every repro folder, so it stays numpy-only)
+    """encode's inverse: parity/core/repro_script.py's decoder (copied into every repro folder, so it stays numpy-only)
     with the recording's own kinds."""
     return repro_script.decode(node, arrays, _recording_kind)
 

@@ -58,7 +58,7 @@ class CheckResult:
     seconds: float = 0.0
     warnings: tuple[str, ...] = ()   # what the port does that is no drift but deserves advice (shown in the terminal)
     trace: str = ""          # an `error` verdict: the port's own frames of the exception it raised
-    repro: str = ""          # a failed check: the folder parity.repro wrote (the failing port call, alone)
+    repro: str = ""          # a failed check: the folder parity.core.repro wrote (the failing port call, alone)
     repro_note: str = ""     # a failed check without one: why
 
     @property

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from parity.verdict import Cause, fmt
+from parity.core.verdict import Cause, fmt
 from spec.knobs import DESCRIPTIONS
 from spec.platform import backend_sentence
 
@@ -402,7 +402,7 @@ def decay_estimate(ratios: dict[int, float], ref_decay: float) -> float | None:
 
 
 def optimizer_cause(matched: str | None, ref_opt: str, worst: str, scale: str = "") -> Cause:
-    """The optimizer the port's updates match (scale: the words of parity.optscale.words when its gradient scale
+    """The optimizer the port's updates match (scale: the words of parity.core.optscale.words when its gradient scale
     was fitted and is not 1), or none of them."""
     if matched is not None and matched != ref_opt:
         on = f" {scale}" if scale else ""
@@ -413,7 +413,7 @@ def optimizer_cause(matched: str | None, ref_opt: str, worst: str, scale: str = 
 
 
 def scaled_optimizer_cause(fit, ref_opt: str, words: str, worst: str) -> Cause:
-    """A port whose first step is an optax optimizer on its gradient times a fitted scale (parity.optscale): the
+    """A port whose first step is an optax optimizer on its gradient times a fitted scale (parity.core.optscale): the
     optimizer knob when it is not the reference's, else the scale alone (for sgd the same as an lr factor)."""
     if fit.optimizer != ref_opt:
         return optimizer_cause(fit.optimizer, ref_opt, worst, words)

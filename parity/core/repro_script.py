@@ -19,8 +19,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def decode(node, arrays, other=None):
-    """The arguments from call.json's structure (parity.tape's encoding, whose own decode is this one) and the npz's
-    arrays. other(node), where given, rebuilds the kinds only a recording holds (parity.tape's tokens, raised
+    """The arguments from call.json's structure (parity.core.tape's encoding, whose own decode is this one) and the npz's
+    arrays. other(node), where given, rebuilds the kinds only a recording holds (parity.core.tape's tokens, raised
     errors), at any depth."""
     kind = node["t"]
     if kind == "none":

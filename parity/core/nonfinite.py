@@ -3,7 +3,7 @@
 The checked wrappers (parity.adapter.CheckedPort, parity.tree_adapter.CheckedTreePort) raise adapter.NonFinite when
 an output of the right form holds NaN or inf. The check that made the call then fails (parity.suite.run_check, or
 parity.tree_check.run for the LM suite) with a row per array that holds them, the call's input in words, where the
-NaN / inf lie and the likely cause (parity.diagnose.nonfinite_cause); the repro folder holds that input (the call as
+NaN / inf lie and the likely cause (parity.core.diagnose.nonfinite_cause); the repro folder holds that input (the call as
 the port received it, for the methods the tape keeps). The reference is asked the same call first: where its answer
 is non-finite too, nothing here judges the port and it stays the protocol error it was. Calls on the port's own state
 (its optimizer, its ES loop) cannot be put to the reference; the reference's own run is validated the same way.
@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from parity import diagnose
+from parity.core import diagnose
 from parity.adapter import NonFinite, PortError
-from parity.repro import Call, Evidence
-from parity.tape import NotRecorded
-from parity.verdict import Recorder, fmt, summarize
+from parity.core.repro import Call, Evidence
+from parity.core.tape import NotRecorded
+from parity.core.verdict import Recorder, fmt, summarize
 
 # The CheckedPort methods the reference answers on the same arguments (the others carry the port's own state).
 RECALLED = frozenset({"noise", "perturbed_linear", "shape_fitness", "gradient", "forward", "init_params",
@@ -133,7 +133,7 @@ def witness(repro: Any, check: str, err: NonFinite, answer: Answer) -> None:
 
 # ----------------------------------------------------------------------------- what a check reports
 def cause(err: NonFinite, answer: Answer):
-    """The diagnosis' Cause for this call (parity.diagnose.nonfinite_cause)."""
+    """The diagnosis' Cause for this call (parity.core.diagnose.nonfinite_cause)."""
     return diagnose.nonfinite_cause(err.method, named_args(err), err.where, answer.note)
 
 

@@ -6,7 +6,7 @@ by element, it hands both and the allowed difference to `Collector.witness`; the
 beyond its bound becomes that check's `Evidence`. For a failed check with evidence, `write_repros` writes
 <out>/repro/<check>/: inputs.npz (the arguments, the reference's output, the allowed difference, the port's output
 during the check), call.json (the method, how to build the port, the exact commands) and repro.py
-(parity/repro_script.py: imports numpy and the port only, calls the one method and exits 1 while it still fails).
+(parity/core/repro_script.py: imports numpy and the port only, calls the one method and exits 1 while it still fails).
 A failure that shows only after a sequence of calls (the updates check's optimizer, the trajectory's ES loop) is a
 `Replay` (`Collector.replay`): its steps from the start up to the first failing epoch, replayed by the same script.
 A statistical failure of one call's output (the noise's scale) is a `Statistic`: the script calls the port afresh and
@@ -26,8 +26,8 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from parity.tape import encode
-from parity.verdict import FAIL, CheckResult
+from parity.core.tape import encode
+from parity.core.verdict import FAIL, CheckResult
 
 FOLDER = "repro"
 MARKER = "call.json"          # a folder under <out>/repro holding it is ours to replace
@@ -244,7 +244,7 @@ class Collector:
 
     def keep(self, evidence: Evidence) -> None:
         """Make `evidence` the running check's, in place of any comparison it kept: a failure that stopped the check
-        (a port output holding NaN or inf, parity.nonfinite)."""
+        (a port output holding NaN or inf, parity.core.nonfinite)."""
         self.evidence[self.check] = evidence
 
     def replay(self, label: str, steps: Sequence[Step], result: str, port: Mapping, reference: Mapping,
@@ -321,7 +321,7 @@ def tree_torch_recipe(profile: str, knobs: Sequence[str], cfg: Any) -> Recipe:
 
 # ---------------------------------------------------------------- the folder
 def _arrays_and_call(ev: Evidence) -> tuple[dict[str, np.ndarray], dict]:
-    """The npz's arrays and the JSON structure of the call's arguments (parity.tape's encoding)."""
+    """The npz's arrays and the JSON structure of the call's arguments (parity.core.tape's encoding)."""
     arrays: dict[str, np.ndarray] = {}
     args = encode(list(ev.call.args), arrays)
     kwargs = encode(dict(ev.call.kwargs), arrays)

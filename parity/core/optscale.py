@@ -6,7 +6,7 @@ sqrt(N) factor. Compared by exact equality such a step matches no optimizer. Her
 space where the first step is linear in the unknown and each entry's rounding error is bounded:
 
 - sgd: the step is c s with s the sgd step at c = 1 (lr sqrt(N) g): linear in c. Weighted least squares in the
-  parameter-change space, weight 1/e_i^2 with e_i the entry's float32 bound (parity.tolerances.update_bound):
+  parameter-change space, weight 1/e_i^2 with e_i the entry's float32 bound (parity.core.tolerances.update_bound):
   c_hat = sum(p s / e^2) / sum(s^2 / e^2); worst case |c_hat - c| <= sum(|s| / e) / sum(s^2 / e^2), since each
   |p_i - c s_i| <= e_i. For sgd a gradient scale and a learning-rate factor are the same thing (said so).
 - adam, adamw (optax's defaults): the first step is bias-corrected, m_hat = c d, sqrt(v_hat) = c |d| (d = g sqrt N),
@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity.tolerances import update_bound
+from parity.core.tolerances import update_bound
 
 ADAM_EPS = 1e-8     # optax.adam's and adamw's default eps
 ADAMW_DECAY = 1e-4  # optax.adamw's default weight decay

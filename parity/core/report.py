@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from parity.verdict import CSV_COLUMNS, ERROR, FAIL, PASS, CheckResult, rows_table, worst
+from parity.core.verdict import CSV_COLUMNS, ERROR, FAIL, PASS, CheckResult, rows_table, worst
 from reporting import atomic_write, markdown_table
 from spec.platform import ReferencePlatform
 
@@ -96,7 +96,7 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
         f"- device: {info.device}",
         f"- started: {info.started}; took {info.seconds:.1f} s",
         f"- statistical tests: family-wise false-alarm rate <= {alpha:.2g} for this run (Bonferroni: the sum of the "
-        "per-test levels; each check spends at most its share of 1e-3, see parity/tolerances.py); every other "
+        "per-test levels; each check spends at most its share of 1e-3, see parity/core/tolerances.py); every other "
         "tolerance is a float32 rounding bound (no false alarms)",
         *[f"- {k}: {v}" for k, v in info.extra.items()],
         "",
