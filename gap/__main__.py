@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default=None,
                    help="comma-separated subset of the planned arms (see --plan), or jax_reference / torch:<profile>")
     p.add_argument("--port", action="append", default=[], metavar="MODULE:ATTR",
-                   help="also train this port through its adapter's es_* methods (parity/adapter.py) as a main arm, "
+                   help="also train this port through its adapter's es_* methods (parity/mlp/adapter.py) as a main arm, "
                         "compared with the reference like the profiles (repeatable)")
     p.add_argument("--no-ladder", action="store_true", help="the same as --design none")
     p.add_argument("--executor", choices=("local", "ray"), default="local",

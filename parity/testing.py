@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from parity.adapter import UsageError
+from parity.mlp.adapter import UsageError
 
 TASKS = ("cartpole", "lm", "tree")
 EXPECT_ITEM = "expect"          # the run-level item: every expected knob named by some check
@@ -82,7 +82,7 @@ def check_names(task: str) -> tuple[str, ...]:
     if task in ("lm", "tree"):
         from parity.tree_check import CHECKS
     else:
-        from parity.suite import CHECKS
+        from parity.mlp.suite import CHECKS
     return CHECKS
 
 
@@ -93,7 +93,7 @@ def size_names(task: str) -> tuple[str, ...]:
     if task == "lm":
         from parity.tree_check import sizes
         return tuple(sizes())
-    from parity.suite import SIZES
+    from parity.mlp.suite import SIZES
     return tuple(SIZES)
 
 
@@ -280,8 +280,8 @@ def run_failures(outcomes: Sequence[Outcome], request: ParityRequest) -> list[st
 
 # ----------------------------------------------------------------------------- running
 def _run_cartpole(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
-    from parity.adapter import built_adapter, check_adapter, load_port
-    from parity.suite import SIZES, run_suite
+    from parity.mlp.adapter import built_adapter, check_adapter, load_port
+    from parity.mlp.suite import SIZES, run_suite
 
     sizes = SIZES[request.size]
     if isinstance(request.adapter, str):
@@ -293,7 +293,7 @@ def _run_cartpole(request: ParityRequest, log: Callable[[str], None]) -> tuple[O
 
 def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
     from parity import tree_check
-    from parity.adapter import PortError, built_adapter
+    from parity.mlp.adapter import PortError, built_adapter
     from parity.tree_adapter import CheckedTreePort, PortSide, load_tree_port, port_tree
     from spec.tree_knobs import TreeKnobs
 
@@ -314,7 +314,7 @@ def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome
 def _run_tree(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
     """The tree suite on the port's own declared tree (its settings, the size's defaults for the rest)."""
     from parity import tree_check
-    from parity.adapter import PortError
+    from parity.mlp.adapter import PortError
     from parity.tree_adapter import CheckedTreePort, PortSide, built_tree_port, declared_run, load_tree_port
     from spec.tree_knobs import TreeKnobs
 

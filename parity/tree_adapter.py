@@ -2,7 +2,7 @@
 `python -m parity check --task tree --port module:attr` (the port's own declared tree: a GPT, or anything upstream's
 noiser takes) or `--task lm --port module:attr` (a port of the project's byte-level LM, spec/lm.py).
 
-Like parity/adapter.py's MLP protocol, every array crosses the boundary as numpy float32 (tokens and member
+Like parity/mlp/adapter.py's MLP protocol, every array crosses the boundary as numpy float32 (tokens and member
 indices: int64). Parameters are a flat dict {path: array} with the tree's paths and shapes (nested dict keys joined
 by "."; a stack of layers on the leading axes: "blocks.attn.q" (L, d, d) with scan axes (0,)).
 
@@ -74,7 +74,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from parity.adapter import PortError, UsageError, _array, call_port, finite_outputs, has_methods
+from parity.mlp.adapter import PortError, UsageError, _array, call_port, finite_outputs, has_methods
 from spec.lm import LMConfig, lm_tree
 from spec.tree import CLASSES, Leaf, Tree, TreeError, TreeRun, check_params, leading_scan, tree_from_maps
 
@@ -257,7 +257,7 @@ def _leaf_noise(method: str, leaf: Leaf, value: Any, m: int, rank: int):
                 "update", "es_ask", "es_params")
 class CheckedTreePort:
     """A tree adapter wrapped so that every call is validated against the run's tree (PortError when broken; NaN or
-    inf in an output: parity.adapter.NonFinite, a failed check where the reference is finite, parity.tree_check); cfg:
+    inf in an output: parity.mlp.adapter.NonFinite, a failed check where the reference is finite, parity.tree_check); cfg:
     spec.lm.LMConfig (its tree the LM's) or spec.tree.TreeRun (the port's declared tree)."""
 
     def __init__(self, port: Any, cfg: LMConfig | TreeRun):

@@ -528,7 +528,7 @@ def fresh_params(R, cfg, seed: int, rng) -> dict[str, np.ndarray]:
 
 
 class NumpyOptimizers:
-    """optax's sgd, adam and adamw in numpy (parity.numpy_reference) behind the two calls parity.core.optscale.verified
+    """optax's sgd, adam and adamw in numpy (parity.mlp.numpy_reference) behind the two calls parity.core.optscale.verified
     makes of a reference: the candidate optimizers a step that is not the reference's sgd is matched against."""
 
     def __init__(self, lr: float, optimizer: str = "sgd"):
@@ -538,20 +538,20 @@ class NumpyOptimizers:
         return NumpyOptimizers(self.lr, optimizer)
 
     def optimizer_init(self, params: dict):
-        from parity.numpy_reference import optimizer_init
+        from parity.mlp.numpy_reference import optimizer_init
         return optimizer_init(self.optimizer, params)
 
     def optimizer_apply(self, params: dict, state, grads: dict, n: int, epoch: int):
-        from parity.numpy_reference import optimizer_apply
+        from parity.mlp.numpy_reference import optimizer_apply
         return optimizer_apply(params, state, grads, n, self.lr)
 
 
 def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
     """Which optax optimizer, on the port's gradient times which scale, reproduces the port's step (parity.core.optscale
-    over sgd, adam and adamw, verified within parity.lockstep.MATCH), in the MLP suite's words: the knob `optimizer`
+    over sgd, adam and adamw, verified within parity.mlp.lockstep.MATCH), in the MLP suite's words: the knob `optimizer`
     when it is not sgd, else the scale; or that none does."""
     from parity.core import optscale
-    from parity.lockstep import MATCH
+    from parity.mlp.lockstep import MATCH
     fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
                                cfg.sigma)
     fit = optscale.best_match(fits, MATCH)
@@ -820,7 +820,7 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     `against`: a bundle folder in place of `reference` (UsageError, before any work, for one that does not hold
     this configuration and seed). `platform`: where the live reference runs (spec.platform; default where JAX
     runs); `device`: the torch side's device."""
-    from parity.adapter import NonFinite
+    from parity.mlp.adapter import NonFinite
     from parity.core.tape import NotRecorded
     if against is not None:
         from parity.tree_vectors import bundle_reference

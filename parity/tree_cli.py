@@ -72,7 +72,7 @@ def parse(argv: list[str]):
         from parity import tree_reference
         reference = tree_reference.on_platform(tree_reference.platform_for(request_of(args)))
     if args.device.startswith("cuda"):
-        from parity.torch_adapter import check_device
+        from parity.mlp.torch_adapter import check_device
         check_device(args.device)
     platform = recorded_platform(bundle.manifest) if reference is None else reference.platform
     knobs, args.followed = follow_reference_rng(knobs, platform)
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
         print(f"parity check: {err}", file=sys.stderr)
         return 2
     from parity import tree_check
-    from parity.adapter import PortError
+    from parity.mlp.adapter import PortError
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
     collector, recipe = repro_setup(args, cfg)

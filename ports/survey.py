@@ -11,9 +11,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from parity.adapter import GROUPS, CheckedPort, UsageError, load_port
+from parity.mlp.adapter import GROUPS, CheckedPort, UsageError, load_port
 from parity.core.report import RunInfo, overall, write_report
-from parity.suite import Sizes, param_shapes, run_suite
+from parity.mlp.suite import Sizes, param_shapes, run_suite
 from parity.core.verdict import CheckResult
 from ports import probes as pr
 from ports.readings import Agreement, agreement

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from parity.adapter import CheckedPort, UsageError, load_port
+from parity.mlp.adapter import CheckedPort, UsageError, load_port
 from rollout import cartpole
 from rollout.episodes import run_episodes, sample_actions
 from spec.config import SOLVED_RETURN, Config

@@ -39,8 +39,8 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
 }
 # The few modules that reach further, each for one stated reason.
 EXCEPTIONS: dict[str, set[str]] = {
-    "parity/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
-    "parity/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
+    "parity/mlp/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
+    "parity/mlp/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
     "torch_impl/random_native.py": {"c_rng"},                      # the C generator behind random.normal/bits
     "torch_impl/triton_rng.py": {"triton"},                        # the fused Triton kernel behind CUDA draws
     "torch_impl/__main__.py": {"c_rng"},                           # its env switch, checked before any work
@@ -124,7 +124,7 @@ def test_every_knob_table_has_exactly_the_vocabularys_values():
 
 
 def test_the_suites_input_streams_are_distinct():
-    from parity.suite import RNG_PURPOSES
+    from parity.mlp.suite import RNG_PURPOSES
 
     assert len(set(RNG_PURPOSES.values())) == len(RNG_PURPOSES)
 

@@ -20,10 +20,10 @@ import pytest
 from parity.core import diagnose
 from parity import tree_check
 from parity.__main__ import main
-from parity.adapter import CheckedPort, NonFinite, nonfinite_arrays
-from parity.noiseform import SplitNoise
-from parity.reference_port import ReferencePort
-from parity.suite import SELFTEST, Context, run_check
+from parity.mlp.adapter import CheckedPort, NonFinite, nonfinite_arrays
+from parity.mlp.noiseform import SplitNoise
+from parity.mlp.reference_port import ReferencePort
+from parity.mlp.suite import SELFTEST, Context, run_check
 from tests.test_port_adapter import verdict_table
 
 pytest_plugins = ["pytester"]          # the plugin's scenario runs a port author's file (tests/test_pytest_plugin.py)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity import numpy_reference as npr
+from parity.mlp import numpy_reference as npr
 from parity.core.tolerances import (ForwardBound, bias_grad_bound, linear_bound, shaping_bound, update_bound,
                                     weight_grad_bound)
 from spec.config import Config
@@ -15,7 +15,7 @@ from spec.knobs import CHOICES, RunSettings
 from spec.layout import param_shapes
 
 pytest.importorskip("jax")
-from parity.reference_port import ReferencePort  # noqa: E402
+from parity.mlp.reference_port import ReferencePort  # noqa: E402
 
 SIZES = [Config(pop=32, hidden=8, rank=4), Config(pop=64, hidden=16, rank=2, layers=2)]
 

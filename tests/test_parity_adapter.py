@@ -7,9 +7,9 @@ import types
 import numpy as np
 import pytest
 
-from parity.adapter import CheckedPort, PortError, UsageError, load_port
-from parity.reference_port import ReferencePort
-from parity.suite import SELFTEST, Context, param_shapes, run_check
+from parity.mlp.adapter import CheckedPort, PortError, UsageError, load_port
+from parity.mlp.reference_port import ReferencePort
+from parity.mlp.suite import SELFTEST, Context, param_shapes, run_check
 from spec.config import Config
 
 CFG = Config(pop=8, hidden=8)
@@ -185,7 +185,7 @@ class Recording(ReferencePort):
 @pytest.mark.parametrize("m", [2, 5])
 def test_a_dense_port_receives_e_in_place_of_factors(m):
     """E = fl32(A B^T) for every method that takes noise, the same object for the same noise (ports cache on it)."""
-    from parity.noiseform import dense_of
+    from parity.mlp.noiseform import dense_of
 
     rng = np.random.default_rng(m)
     port = CheckedPort(Recording(CFG, dense=True))

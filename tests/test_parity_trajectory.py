@@ -21,10 +21,10 @@ if str(ROOT) not in sys.path:        # tests.ports and examples import from the 
     sys.path.insert(0, str(ROOT))
 
 from examples.hooks_adapter import HooksAdapter  # noqa: E402
-from parity import lockstep  # noqa: E402
-from parity.suite import SELFTEST, run_suite  # noqa: E402
+from parity.mlp import lockstep  # noqa: E402
+from parity.mlp.suite import SELFTEST, run_suite  # noqa: E402
 from parity.core.tolerances import U32  # noqa: E402
-from parity.torch_adapter import TorchPort  # noqa: E402
+from parity.mlp.torch_adapter import TorchPort  # noqa: E402
 from spec.config import Config  # noqa: E402
 from spec.knobs import Knobs, RunSettings  # noqa: E402
 from tests.ports.numpy_port import Drift, NumpyPort  # noqa: E402

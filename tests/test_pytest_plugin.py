@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.adapter import UsageError
+from parity.mlp.adapter import UsageError
 from parity.testing import (EXPECT_ITEM, Outcome, ParityRequest, SuiteCache, SuiteCrash,
                             assert_port_parity, check_failure, checked_expect, expect_failure, outcomes_of_rows,
                             parity_request)
@@ -95,8 +95,8 @@ def test_the_worked_example_passes_one_item_per_check(pytester, monkeypatch):
 
 TORCH_FILE = """
     import pytest
-    from parity.suite import SELFTEST
-    from parity.torch_adapter import TorchPort
+    from parity.mlp.suite import SELFTEST
+    from parity.mlp.torch_adapter import TorchPort
     from spec.knobs import Knobs
 
     halves = TorchPort(SELFTEST.cfg, Knobs(antithetic="halves"))

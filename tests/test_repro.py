@@ -25,8 +25,8 @@ MINIMAL = ROOT / "examples" / "minimal_adapter.py"
 # parity.torch_adapter, `parity` itself stays allowed), plus what REPRO_TEST_BLOCK lists.
 BLOCKER = """
 import os, runpy, sys
-BLOCKED = ("jax", "jaxlib", "optax", "parity.suite", "parity.core.tape", "parity.adapter", "parity.core.repro",
-           "parity.checks", "parity.reference_port", "jax_reference") + tuple(os.environ["REPRO_TEST_BLOCK"].split())
+BLOCKED = ("jax", "jaxlib", "optax", "parity.mlp.suite", "parity.core.tape", "parity.mlp.adapter", "parity.core.repro",
+           "parity.mlp.checks", "parity.mlp.reference_port", "jax_reference") + tuple(os.environ["REPRO_TEST_BLOCK"].split())
 class Block:
     def find_spec(self, name, path=None, target=None):
         if any(name == b or name.startswith(b + ".") for b in BLOCKED):

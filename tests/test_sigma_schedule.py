@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:        # tests.ports imports from the repository root
     sys.path.insert(0, str(ROOT))
 
-from parity import sigma_schedule as ss  # noqa: E402
-from parity.checks.trajectory import statistical_alpha as trajectory_alpha  # noqa: E402
-from parity.suite import FULL, QUICK, SELFTEST, run_suite  # noqa: E402
-from parity.torch_adapter import TorchPort, one_thread  # noqa: E402
+from parity.mlp import sigma_schedule as ss  # noqa: E402
+from parity.mlp.checks.trajectory import statistical_alpha as trajectory_alpha  # noqa: E402
+from parity.mlp.suite import FULL, QUICK, SELFTEST, run_suite  # noqa: E402
+from parity.mlp.torch_adapter import TorchPort, one_thread  # noqa: E402
 from spec.config import Config  # noqa: E402
 from spec.knobs import Knobs  # noqa: E402
 from tests.ports.numpy_port import Drift, NumpyPort  # noqa: E402

@@ -19,7 +19,7 @@ space where the first step is linear in the unknown and each entry's rounding er
 
 Tolerance for "matches up to scale": a named scale is taken when its value lies in the fitted worst-case interval
 (deterministic: no false-alarm rate), else the fitted value is given. Whatever the name, the candidate optimizer fed
-c g must reproduce the port's first step within MATCH of its largest entry (parity.lockstep.MATCH, the threshold
+c g must reproduce the port's first step within MATCH of its largest entry (parity.mlp.lockstep.MATCH, the threshold
 an unscaled candidate must meet): that verification, not the fit, decides a match.
 """
 from __future__ import annotations
@@ -133,7 +133,7 @@ def words(f: ScaleFit, sigma: float, pop: int) -> str:
 
 
 def verified(reference, f: ScaleFit, old: dict, grad: dict, new: dict, pop: int) -> ScaleFit:
-    """The fit with its residual: `reference` (parity.reference_port.ReferencePort) under f's optimizer, one step at
+    """The fit with its residual: `reference` (parity.mlp.reference_port.ReferencePort) under f's optimizer, one step at
     epoch 0 from `old` on c x grad, against the port's step, as a share of the candidate's largest entry."""
     if not (math.isfinite(f.c) and f.c > 0):
         return f

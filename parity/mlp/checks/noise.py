@@ -15,8 +15,8 @@ import numpy as np
 from scipy import stats
 
 from parity.core import diagnose
-from parity.checks import dense
-from parity.noiseform import SplitNoise, dense_mismatch, draws, independent_entries, perturbation, update_of
+from parity.mlp.checks import dense
+from parity.mlp.noiseform import SplitNoise, dense_mismatch, draws, independent_entries, perturbation, update_of
 from parity.core.tolerances import (ULP_TOLERANCE, check_alpha, chi2_interval, ks_critical, mean_interval,
                                     normal_mean_interval, ulp_distance)
 from parity.core.verdict import Recorder, fmt, summarize
@@ -148,7 +148,7 @@ def _bias_tests(noise: dict, reps: np.ndarray, shapes, sigma: float) -> list[Tes
 
 def _dense_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int) -> list[Test]:
     """A dense port's E: per weight and pooled, the exact KS distance of independent entries of E / sigma to
-    EGGROLL's entry distribution (parity.checks.dense); each failure's cause says scale or distribution."""
+    EGGROLL's entry distribution (parity.mlp.checks.dense); each failure's cause says scale or distribution."""
     samples = {w: independent_entries(noise, w, reps) / sigma for w in _weights(shapes)}
     per_leaf, pooled_cause = dense.causes(samples, r)
     tests = []
@@ -169,7 +169,7 @@ def _moment_tests(noise: dict, reps: np.ndarray, shapes, sigma: float, r: int, i
     Under the reference's behaviour the entries of A / (sigma/sqrt r), of B and of eps / sigma are iid
     standard normal across independent members, so their scale (chi-square), mean (normal) and
     shape (Kolmogorov-Smirnov) have exact null distributions. A dense port's E is tested on its independent
-    entries instead (parity.checks.dense).
+    entries instead (parity.mlp.checks.dense).
     """
     weights = (_dense_tests(noise, reps, shapes, sigma, r) if is_dense
                else _scale_tests(noise, reps, shapes, sigma, r) + _pooled_tests(noise, reps, shapes, sigma, r))
@@ -369,7 +369,7 @@ class Measured(NamedTuple):
     generator: Generator
     split: Split | None = None                 # a port that gives forward and update noise apart
     dense: bool = False                        # a port with dense_noise (E in place of A, B)
-    ranks: tuple = ()                          # dense: parity.checks.dense.Rank per weight that can exceed rank r
+    ranks: tuple = ()                          # dense: parity.mlp.checks.dense.Rank per weight that can exceed rank r
     seed_dependence: SeedDependence | None = None
     platform: ReferencePlatform = ReferencePlatform()   # where the reference drew (its backend's normals)
 
@@ -394,7 +394,7 @@ def _split(noise: dict, shapes) -> Split | None:
 def _zero_columns(noise: dict, reps: np.ndarray, shapes) -> tuple[tuple[str, int], ...]:
     """Weights whose factors have columns that are zero in A and B for every independent member: noise of a lower
     rank padded with zero columns (a fixed rank, or one clipped to min(r, out, in)). Exact: a column of normal draws
-    is zero with probability 0. Dense noise has no columns (its rank is checked in parity.checks.dense)."""
+    is zero with probability 0. Dense noise has no columns (its rank is checked in parity.mlp.checks.dense)."""
     out = []
     for w in _weights(shapes):
         if isinstance(noise[w], tuple):
@@ -780,7 +780,7 @@ DENSE_NOTE = (
     "entries (the diagonal of each E): per weight and pooled the exact Kolmogorov-Smirnov distance of E / sigma "
     "(sigma known) to EGGROLL's entry distribution sqrt(chi2_r / r) N(0,1) (variance 1, kurtosis 3 + 6/r); their "
     "variance and kurtosis are reported and name the cause: a wrong scale when the entries are EGGROLL-shaped at "
-    "another variance, else another distribution. See parity/checks/dense.py.")
+    "another variance, else another distribution. See parity/mlp/checks/dense.py.")
 
 
 def run(ctx):

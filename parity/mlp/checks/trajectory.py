@@ -7,9 +7,9 @@ policy and actions (rollout.episodes.run_episodes itself), so the returns are th
 parted. Each epoch's comparison is re-synchronised so that it isolates one piece of that epoch:
 
 - noise: the port's own `es_ask` (element by element for a JAX-compatible port);
-- sigma: its sigma_e / sigma_0 read off its own noise against its own epoch 0 (parity.lockstep);
+- sigma: its sigma_e / sigma_0 read off its own noise against its own epoch 0 (parity.mlp.lockstep);
 - schedule: apart from the lockstep, Sizes.sigma_epochs epochs of the port's own es_ask / es_tell on synthetic
-  fitness, its noise's log mean square over the reference's sigma_e^2 against the epoch (parity.sigma_schedule):
+  fitness, its noise's log mean square over the reference's sigma_e^2 against the epoch (parity.mlp.sigma_schedule):
   exact where the draws repeat, else a t test of the slope over enough fresh draws to resolve a 0.999 decay;
 - outputs: the port's forward on the REFERENCE's parameters and noise along the reference's episodes, judged
   at every step (the steps where the port's own action would differ are counted);
@@ -21,7 +21,7 @@ parted. Each epoch's comparison is re-synchronised so that it isolates one piece
 
 Every row beyond tolerance gets a cause: the isolated check that explains it (UPSTREAM), or what this check
 reads off the port (sigma schedule, optimizer, lr schedule, a learning rate no knob names). Tolerances: the
-float32 bounds of parity.core.tolerances and those derived in parity.lockstep and parity.sigma_schedule; the statistical
+float32 bounds of parity.core.tolerances and those derived in parity.mlp.lockstep and parity.mlp.sigma_schedule; the statistical
 rows (the sigma F test of each epoch after the first, from fresh draws, and the schedule's slope test) split the
 check's share of the false-alarm budget evenly (`statistical_alpha`), so a faithful port fails one of them with
 probability at most check_alpha("trajectory") = 1e-4 per run.
@@ -35,8 +35,8 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity import lockstep, noiseform, sigma_schedule
-from parity.noiseform import SplitNoise
+from parity.mlp import lockstep, noiseform, sigma_schedule
+from parity.mlp.noiseform import SplitNoise
 from parity.core.repro import Var, step as repro_step
 from parity.core.tolerances import ForwardBound, bias_grad_bound, check_alpha, shaping_bound, weight_grad_bound
 from parity.core.verdict import Recorder, fmt, summarize
@@ -277,12 +277,12 @@ def _step_obs(ctx, e: int, run: _Run, n_ref: dict, returns, sigma_port: float, s
     if step.worst > 1:      # the repro collector keeps the first: the ES loop replayed up to this epoch
         ctx.replay(size, calls + (repro_step("es_params", Var("state"), out="params"),), "params", new, expected,
                    allowed, f"one {reference.run.optimizer} step from the port's parameters on its own gradient "
-                   "(the expected parameters), float32 bound of both sides (parity.lockstep)")
+                   "(the expected parameters), float32 bound of both sides (parity.mlp.lockstep)")
     new_ref = ctx.ref.es_params(ref_state, shapes)
     apart = max(float(np.max(np.abs(new[k].astype(np.float64) - new_ref[k]))) for k in shapes)
     obs = [Observation(e, "step", "step: max |port - expected| / bound", "both", size, step.worst, ("bound", 1.0),
                        f"one {reference.run.optimizer} step from the port's parameters on its own gradient, "
-                       "float32 bound of both sides (parity.lockstep)"),
+                       "float32 bound of both sides (parity.mlp.lockstep)"),
            Observation(e, "lr", "lr: port's step along the expected one, |ratio - 1|", "both",
                        f"{size} lr={fmt(reference.lr_at(e))}", abs(step.lr_ratio - 1), ("bound", step.lr_allowed),
                        "|step bound|_2 / |expected step|_2") if step.moved > 0 else
@@ -296,7 +296,7 @@ def _step_obs(ctx, e: int, run: _Run, n_ref: dict, returns, sigma_port: float, s
 
 def _schedule_obs(ctx, params0: dict, alpha: float) -> tuple[list[Observation], int]:
     """The sigma schedule over Sizes.sigma_epochs epochs of the port's own es_ask / es_tell on the suite's synthetic
-    fitness stream (parity.sigma_schedule). Returns (observations, epochs read)."""
+    fitness stream (parity.mlp.sigma_schedule). Returns (observations, epochs read)."""
     cfg = ctx.cfg
     fitness = ctx.rng("sigma schedule fitness").standard_normal((ctx.sizes.sigma_epochs, cfg.pop))
     draws = sigma_schedule.collect(ctx.port, ctx.reference, params0, ctx.seed, ctx.shapes, cfg.pop, cfg.rank, fitness)
@@ -306,7 +306,7 @@ def _schedule_obs(ctx, params0: dict, alpha: float) -> tuple[list[Observation], 
         ex = reading.exact
         obs.append(Observation(ex.epoch, "schedule", "sigma schedule: repeated draws, |port's sigma_e/sigma_b over "
                                "the reference's - 1|", "both", f"epochs {ex.first} to {ex.epoch} pop={cfg.pop}",
-                               ex.value, ("bound", ex.allowed), "same draws: A_e / A_b, 8u (parity.sigma_schedule)",
+                               ex.value, ("bound", ex.allowed), "same draws: A_e / A_b, 8u (parity.mlp.sigma_schedule)",
                                ("exact", ex)))
     if reading.trend is not None:
         tr = reading.trend
@@ -314,7 +314,7 @@ def _schedule_obs(ctx, params0: dict, alpha: float) -> tuple[list[Observation], 
                                "over fresh draws", "both", f"{tr.epochs} fresh epochs pop={cfg.pop}, slope "
                                f"{fmt(tr.slope)} +- {fmt(tr.stderr)} per epoch", tr.t, ("stat", -tr.crit, tr.crit,
                                                                                        tr.alpha),
-                               f"t({tr.epochs - 2}), alpha={tr.alpha:.2g} (parity.sigma_schedule)", ("trend", tr)))
+                               f"t({tr.epochs - 2}), alpha={tr.alpha:.2g} (parity.mlp.sigma_schedule)", ("trend", tr)))
     if not obs:
         obs.append(Observation(reading.epochs - 1, None, "sigma schedule: too few fresh epochs for a slope", "both",
                                f"{reading.epochs} epochs pop={cfg.pop}", float(reading.epochs), ("info",)))
@@ -420,13 +420,13 @@ def section(m: Measured) -> str:
         + "its sigma_e / sigma_0 against its own epoch 0 (exact from repeated draws, else an F test); "
         + f"apart from the lockstep, its sigma schedule over {m.schedule_epochs} epochs of its own es_ask / es_tell "
         "on synthetic fitness (exact where the draws repeat, else a t test of the slope of the noise's log mean "
-        "square over the reference's sigma_e^2, resolving a 0.999 decay: parity.sigma_schedule); "
+        "square over the reference's sigma_e^2, resolving a 0.999 decay: parity.mlp.sigma_schedule); "
         + ("its logits on the reference's parameters and noise at every step; " if m.has_forward else
            "(no `forward`: logits not compared); ")
         + "shaped fitness of the same returns; the gradient on the reference's noise and shaped fitness; its "
         f"parameters after es_tell against one {m.optimizer} step (lr_decay {fmt(m.lr_decay)}) from its own "
         "parameters on its own gradient of its own shaping, and that step's size (lr). Allowed: float32 bounds "
-        "(parity.core.tolerances, parity.lockstep).",
+        "(parity.core.tolerances, parity.mlp.lockstep).",
         "",
         *verdict_lines,
     ])
@@ -435,7 +435,7 @@ def section(m: Measured) -> str:
 def run(ctx):
     if not ctx.port.has("es_init"):
         return summarize(NAME, Recorder(NAME), "Skipped: the port has no es_init / es_ask / es_tell / es_params "
-                                               "(see parity/adapter.py).")
+                                               "(see parity/mlp/adapter.py).")
     m = measure(ctx)
     upstream = {check: ctx.causes_of(check) for checks in UPSTREAM.values() for check in checks}
     return summarize(NAME, judge(m, upstream), section(m))

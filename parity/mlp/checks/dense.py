@@ -3,7 +3,7 @@
 Used by the noise check. Rank (exact, deterministic): the singular values of each independent member's E above
 parity.core.tolerances.rank_threshold (the most float32 rounding can give a rank-r product); at most r of them.
 Scale and distribution (statistical, exact), on independent entries (the diagonal of each E, see
-parity.noiseform.independent_entries): per weight and pooled, the Kolmogorov-Smirnov distance of E / sigma
+parity.mlp.noiseform.independent_entries): per weight and pooled, the Kolmogorov-Smirnov distance of E / sigma
 (sigma known) to EGGROLL's entry distribution sqrt(chi2_r / r) N(0,1) (variance 1, kurtosis 3 + 6/r), against
 its exact critical value. Variance and kurtosis are reported and name the cause (a wrong scale, or another
 distribution), not tested: their normal approximations under-cover at the suite's per-test levels (the mean
@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity.noiseform import perturbation
+from parity.mlp.noiseform import perturbation
 from parity.core.tolerances import entry_ks, entry_moment, ks_critical, rank_threshold
 from parity.core.verdict import Recorder, fmt
 

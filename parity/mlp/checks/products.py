@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity.noiseform import bias_names, dense_of, update_of
+from parity.mlp.noiseform import bias_names, dense_of, update_of
 from parity.core.tolerances import (ForwardBound, dense_linear_bound, dense_linear_exact, gamma, linear_bound,
                                     linear_bound_tf32, linear_exact, U_TF32, with_operands)
 from parity.core.verdict import Recorder, fmt, summarize

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from parity.adapter import CheckedPort, NonFinite, PortError, declared_config, port_trace
+from parity.mlp.adapter import CheckedPort, NonFinite, PortError, declared_config, port_trace
 from parity.core.tape import Bundle, NotRecorded
 from parity.core.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_status_row
 from spec.config import PRESETS, Config
@@ -55,7 +55,7 @@ class Sizes:
     traj_epochs: int = 3
     traj_max_steps: int = 500
     sigma_epochs: int = 32           # es_ask/es_tell epochs of the sigma schedule reading: the least that resolve a
-                                     # 0.999 decay (parity.sigma_schedule.epochs_needed at this size's effective n and alpha)
+                                     # 0.999 decay (parity.mlp.sigma_schedule.epochs_needed at this size's effective n and alpha)
 
 
 QUICK = Sizes("quick", Config())
@@ -89,7 +89,7 @@ class Context:
 
     port: CheckedPort
     ref: CheckedPort                 # the reference behind the same validation
-    reference: Any                   # parity.reference_port.ReferencePort (candidates, schedules, extra probes)
+    reference: Any                   # parity.mlp.reference_port.ReferencePort (candidates, schedules, extra probes)
     sizes: Sizes
     seed: int
     results: dict[str, CheckResult] = field(default_factory=dict)
@@ -151,7 +151,7 @@ def protocol_error(name: str, err: PortError, port) -> CheckResult:
                     + textwrap.indent(trace, "    ") + "\n\n")
     elif where:
         section += f"The port's `{err.method}` is defined at {where}.\n\n"
-    section += "See parity/adapter.py for what each method must return."
+    section += "See parity/mlp/adapter.py for what each method must return."
     observed = f"{err}" + ((f" [at {where}]" if trace else f" [{err.method} defined at {where}]") if where else "")
     result = summarize(name, Recorder(name), section, verdict=ERROR, observed=observed, allowed="the adapter protocol")
     return dataclasses.replace(result, trace=trace)
@@ -166,7 +166,7 @@ def not_recorded(name: str, err: NotRecorded) -> CheckResult:
 def run_check(name: str, ctx: Context) -> CheckResult:
     """Run one check; a PortError becomes an `error` verdict that names the method, what was expected and where; the
     port's NaN or inf where the reference's answer is finite a `fail` (parity.core.nonfinite)."""
-    module = importlib.import_module(f"parity.checks.{name}")
+    module = importlib.import_module(f"parity.mlp.checks.{name}")
     start = time.perf_counter()
     try:
         result = module.run(ctx)
@@ -195,15 +195,15 @@ def log_result(log: Callable[[str], None], result: CheckResult) -> None:
 
 def reference_side(sizes: Sizes, seed: int, reference_run: RunSettings | None, against: Bundle | Path | str | None,
                    platform: ReferencePlatform | None = None):
-    """The reference the checks talk to: parity.reference_port.ReferencePort (JAX, imported only here) on `platform`
-    (default: where JAX runs), or with `against` (a bundle or its folder) parity.vectors.ReferenceReplay, which
+    """The reference the checks talk to: parity.mlp.reference_port.ReferencePort (JAX, imported only here) on `platform`
+    (default: where JAX runs), or with `against` (a bundle or its folder) parity.mlp.vectors.ReferenceReplay, which
     imports no JAX."""
     if against is None:
-        from parity.reference_port import ReferencePort, enable_compile_cache
+        from parity.mlp.reference_port import ReferencePort, enable_compile_cache
 
         enable_compile_cache()
         return ReferencePort(sizes.cfg, reference_run or RunSettings(), platform)
-    from parity import vectors
+    from parity.mlp import vectors
 
     bundle = against if isinstance(against, Bundle) else vectors.open_bundle(against, sizes.name, int(seed))
     return vectors.ReferenceReplay(bundle, sizes.cfg, reference_run or RunSettings(**bundle.manifest["run"]))
@@ -215,8 +215,8 @@ def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings
               repro: Any = None, platform: ReferencePlatform | None = None) -> list[CheckResult]:
     """Run the checks against `port` (an adapter object); returns their results in order.
 
-    against: a recorded bundle (parity.vectors) answers for the reference, so no JAX is needed; reference: a
-    ready reference object (parity.vectors.record passes a recording one) in place of both; repro: a
+    against: a recorded bundle (parity.mlp.vectors) answers for the reference, so no JAX is needed; reference: a
+    ready reference object (parity.mlp.vectors.record passes a recording one) in place of both; repro: a
     parity.core.repro.Collector, given each check's failing port call (written beside the report by the caller);
     platform: where the live reference runs (spec.platform; default where JAX runs), else the reference's own
     `platform` attribute (a bundle's, a recording's)."""

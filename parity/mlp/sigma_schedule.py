@@ -1,6 +1,6 @@
 """The port's sigma schedule read over many epochs of its own es_ask / es_tell, with no rollout.
 
-Why: the lockstep trajectory reads sigma_e / sigma_0 over its few epochs (parity.lockstep.read_sigma). A port that
+Why: the lockstep trajectory reads sigma_e / sigma_0 over its few epochs (parity.mlp.lockstep.read_sigma). A port that
 keeps its draws across epochs is read exactly there; a port that draws afresh every epoch is read by an F test of
 two epochs' mean squares, which cannot resolve the reference's 0.999^e over 3 epochs (0.4% in variance at epoch 2
 against an interval of about +-3%). This reading takes enough epochs to resolve it.
@@ -10,15 +10,15 @@ es_ask and es_tell on a fixed synthetic fitness stream (standard normal per memb
 generator): the same for every port and independent of the noise, so no rollout is needed and whatever the port's
 shaping or update does, it does to a stream that carries no signal about the noise. Per epoch e, the sigma-carrying
 entries of every weight (A of the factors, or E of a dense port; a mirror repeats its pair's squares, which leaves
-the mean unchanged) give y_e = log(mean square) - 2 log sigma_e, sigma_e the reference run's (parity.reference_port,
+the mean unchanged) give y_e = log(mean square) - 2 log sigma_e, sigma_e the reference run's (parity.mlp.reference_port,
 the preset's sigma_decay). A port with the reference's schedule has E[y_e] constant; a port decaying by d_port per
 epoch has slope 2 log(d_port / d_ref). So the faithful side is compared with the reference's decay, never with 1.
 
-Two readings, by whether the draws repeat (parity.noiseform.same_draws with the previous epoch):
+Two readings, by whether the draws repeat (parity.mlp.noiseform.same_draws with the previous epoch):
 
 - **repeated draws** (noise_reuse 0 or k > 1): epochs are not independent, but the ratio is exact. The epoch whose
   draws repeat its predecessor's gives c = (A_e / A_b) / (sigma_e / sigma_b)_ref, b the epoch that first drew them;
-  |c - 1| <= 8u (parity.lockstep.SIGMA_OWN_DRAWS, whose derivation holds at any lag). One such ratio resolves any
+  |c - 1| <= 8u (parity.mlp.lockstep.SIGMA_OWN_DRAWS, whose derivation holds at any lag). One such ratio resolves any
   decay difference above 8u per epoch, far below the resolution wanted, so the run stops there.
 - **fresh draws**: the y of epochs that drew their own noise are independent. The OLS slope of y on e over K of
   them is tested against 0 by its t statistic with K - 2 degrees of freedom, two-sided at `alpha`
@@ -39,7 +39,7 @@ A dense port's E = A B^T mixes each member's A and B fluctuations into every ent
 more than that of n independent normals: 3.1x at selftest, 3.6x at quick, 4.5x at 4-16-2 (simulated,
 tests/test_sigma_schedule.py). The epochs are therefore derived for `effective_entries` = n / DENSE_VARIANCE, with
 DENSE_VARIANCE = 5 covering either form: quick needs 32 epochs, selftest 113, full 14. A port with more independent
-entries (no antithetic pairs) is resolved better; one with fewer (a clipped rank) a little worse. False alarm: alpha per run (its share of the trajectory's budget, parity.checks.trajectory); missed
+entries (no antithetic pairs) is resolved better; one with fewer (a clipped rank) a little worse. False alarm: alpha per run (its share of the trajectory's budget, parity.mlp.checks.trajectory); missed
 decay of 0.999 against the reference: at most 1 - POWER at the epoch count derived.
 """
 from __future__ import annotations
@@ -50,8 +50,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy import special, stats
 
-from parity import noiseform
-from parity.lockstep import SIGMA_OWN_DRAWS
+from parity.mlp import noiseform
+from parity.mlp.lockstep import SIGMA_OWN_DRAWS
 
 RESOLUTION = -math.log(0.999)   # |log(d_port / d_ref)| per epoch the reading must resolve: 0.999 against 1
 POWER = 0.999                   # chance of naming a decay that far from the reference's, at the derived epochs
@@ -114,8 +114,8 @@ def log_mean_square(noise: dict) -> float:
 def collect(port, reference, params0: dict, seed: int, shapes: dict, pop: int, rank: int,
             fitness: np.ndarray) -> tuple[Draw, ...]:
     """es_ask / es_tell for len(fitness) epochs (fitness (epochs, pop): the synthetic stream), stopping at the first
-    epoch whose draws repeat the previous epoch's (its ratio is exact). port: a parity.adapter.CheckedPort;
-    reference: a parity.reference_port.ReferencePort (its sigma schedule)."""
+    epoch whose draws repeat the previous epoch's (its ratio is exact). port: a parity.mlp.adapter.CheckedPort;
+    reference: a parity.mlp.reference_port.ReferencePort (its sigma schedule)."""
     state = port.es_init(params0, seed)
     draws: list[Draw] = []
     prev = first = None

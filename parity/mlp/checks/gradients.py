@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity.noiseform import forward_of, members
+from parity.mlp.noiseform import forward_of, members
 from parity.core.tolerances import (bias_grad_bound, check_alpha, dense_grad_bound, representation_bound,
                                     two_sample_interval, weight_grad_bound)
 from parity.core.verdict import Recorder, fmt, summarize

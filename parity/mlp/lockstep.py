@@ -52,7 +52,7 @@ import numpy as np
 from scipy import stats
 
 from parity.core import diagnose, optscale
-from parity import noiseform
+from parity.mlp import noiseform
 from parity.core.tolerances import U32, gamma, update_bound
 from parity.core.verdict import Cause, fmt
 from spec.knobs import CHOICES

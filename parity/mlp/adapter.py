@@ -104,7 +104,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from parity.noiseform import SplitNoise, dense_of, forward_of, is_dense, to_dense, update_of
+from parity.mlp.noiseform import SplitNoise, dense_of, forward_of, is_dense, to_dense, update_of
 
 REQUIRED = ("noise", "perturbed_linear", "shape_fitness", "gradient")
 OPTIONAL = ("forward", "init_params", "optimizer_init", "optimizer_step", "es_init", "es_ask", "es_tell",
@@ -132,7 +132,7 @@ GROUPS = {
     "es": ("es_init", "es_ask", "es_tell", "es_params"),
 }
 
-Noise = dict  # {weight name: (A, B) or E, bias name: eps}; parity.noiseform.SplitNoise when given apart
+Noise = dict  # {weight name: (A, B) or E, bias name: eps}; parity.mlp.noiseform.SplitNoise when given apart
 Shapes = Mapping[str, tuple]
 
 
@@ -283,7 +283,7 @@ def check_declarations(obj: Any, spec: str) -> None:
 
 
 # ----------------------------------------------------------------------------- where a port failed
-SUITE_DIR = Path(__file__).resolve().parent
+SUITE_DIR = Path(__file__).resolve().parent.parent      # parity/: every suite's own frames
 
 
 def _shown(path: str) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 from scipy import stats
 
 from parity.core import diagnose
-from parity.checks.noise import other_backend
+from parity.mlp.checks.noise import other_backend
 from parity.core.tolerances import check_alpha, chi2_interval, ks_critical, ulp_distance
 from parity.core.verdict import Recorder, fmt, summarize
 from spec.platform import ReferencePlatform

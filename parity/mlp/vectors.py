@@ -6,7 +6,7 @@ episodes, init, the ES loop, action uniforms) is stored under the key of its inp
 ports trigger (a dense port's larger noise draw); draws are stored as digests. `ReferenceReplay` stands in for
 ReferencePort on `check --against`: recorded calls are answered from the bundle, draws by parity.core.numpy_random
 checked against their digests, and the calls whose inputs come from the port (the reference optimizer on the
-port's gradient from the port's parameters; everything at a shape the port declares) by parity.numpy_reference.
+port's gradient from the port's parameters; everything at a shape the port declares) by parity.mlp.numpy_reference.
 A call on a recorded ES state that the bundle does not hold, or a draw that fails its digest, raises
 tape.NotRecorded, which the suite reports as a skipped check. Nothing here imports JAX except `record`, lazily.
 """
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from parity.core import tape
-from parity.adapter import CheckedPort, UsageError
-from parity.numpy_reference import NumpyReference
+from parity.mlp.adapter import CheckedPort, UsageError
+from parity.mlp.numpy_reference import NumpyReference
 from spec.config import Config
 from spec.knobs import RunSettings
 from spec.platform import ReferencePlatform, recorded_platform
@@ -73,8 +73,8 @@ class RecordingReference(tape.Recording):
 def _extra_calls(ref: CheckedPort, sizes, seed: int) -> None:
     """The reference calls some ports trigger and the reference as a port does not: a dense port's noise check
     draws dense.population(shapes) members."""
-    from parity.checks import dense
-    from parity.suite import param_shapes
+    from parity.mlp.checks import dense
+    from parity.mlp.suite import param_shapes
 
     shapes, cfg = param_shapes(sizes.cfg), sizes.cfg
     pop = dense.population(shapes)
@@ -86,8 +86,8 @@ def record(sizes, seed: int, checks, log=lambda line: None,
     """Run the suite with the JAX reference on both sides, the reference side recorded; (store, results). The
     recorded side runs on `platform` (default where JAX runs); the other is the same reference at float32
     (highest), so a TF32 platform's recording checks itself against its own float32 products."""
-    from parity.reference_port import ReferencePort
-    from parity.suite import run_suite
+    from parity.mlp.reference_port import ReferencePort
+    from parity.mlp.suite import run_suite
 
     recorder = RecordingReference(ReferencePort(sizes.cfg, platform=platform))
     exact = (recorder.platform.replace(precision_requested="highest", precision="float32") if recorder.platform.tf32
@@ -101,7 +101,7 @@ def record(sizes, seed: int, checks, log=lambda line: None,
 def recording_manifest(sizes, seed: int, checks, command: str, platform: ReferencePlatform | None = None) -> dict:
     """What a bundle says about itself besides its calls: task, size, seed, sizes, run settings, versions, device
     and the reference's platform (spec.platform's fields, which `check --against` takes as the reference's)."""
-    from parity.reference_port import backend_info
+    from parity.mlp.reference_port import backend_info
     from reporting import versions
 
     return {"task": TASK, "size": sizes.name, "seed": int(seed), "checks": list(checks),
@@ -199,7 +199,7 @@ def sizes_record(sizes) -> dict:
 
 def _same_sizes(folder, manifest: dict) -> None:
     """UsageError when this harness's sizes of that name are not the ones the bundle was recorded at."""
-    from parity.suite import SIZES
+    from parity.mlp.suite import SIZES
 
     name = manifest.get("size")
     if name in SIZES and sizes_record(SIZES[name]) == manifest.get("sizes"):
@@ -223,14 +223,14 @@ def open_bundle(folder: Path | str, size: str | None = None, seed: int | None = 
 def describe(bundle: tape.Bundle) -> str:
     """The report's line on where the reference side came from."""
     return (f"recorded {tape.recording_of(bundle)}; draws by parity.core.numpy_random, each checked against the bundle's "
-            "digest; calls whose inputs came from the port computed by parity.numpy_reference")
+            "digest; calls whose inputs came from the port computed by parity.mlp.numpy_reference")
 
 
 # ---------------------------------------------------------------- python -m parity record
 def _record_parser():
     import argparse
 
-    from parity.suite import SIZES
+    from parity.mlp.suite import SIZES
     from spec.limits import device_arg, seed_arg
     from spec.platform import add_reference_flags
 
@@ -271,7 +271,7 @@ def _record_tree(args, platform: ReferencePlatform) -> int:
 def record_platform(args) -> ReferencePlatform:
     """The platform the bundle is recorded on, from --device and the reference flags (UsageError, exit 2, for a
     contradiction or a CUDA device JAX does not see), before any work."""
-    from parity.reference_port import PlatformError, platform_for
+    from parity.mlp.reference_port import PlatformError, platform_for
     from spec.limits import cuda_missing
     from spec.platform import PlatformRequest, request_of
 
@@ -292,7 +292,7 @@ def record_main(argv: list[str]) -> int:
     """`python -m parity record`: exit 0 with the bundle written, 2 on bad usage (nothing written)."""
     import sys
 
-    from parity.suite import CHECKS, SIZES
+    from parity.mlp.suite import CHECKS, SIZES
     from spec.limits import check_out_dir
 
     try:
