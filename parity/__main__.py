@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
-from parity.mlp.adapter import UsageError
+from parity.core.port import UsageError
 from parity.mlp.suite import CHECKS, SIZES, Sizes, at_port_rank
 from reporting import cpu_name, versions
 from spec.config import for_profile

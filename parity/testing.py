@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from parity.mlp.adapter import UsageError
+from parity.core.port import UsageError
 
 TASKS = ("cartpole", "lm", "tree")
 EXPECT_ITEM = "expect"          # the run-level item: every expected knob named by some check
@@ -293,7 +293,8 @@ def _run_cartpole(request: ParityRequest, log: Callable[[str], None]) -> tuple[O
 
 def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
     from parity import tree_check
-    from parity.mlp.adapter import PortError, built_adapter
+    from parity.core.port import PortError
+    from parity.mlp.adapter import built_adapter
     from parity.tree_adapter import CheckedTreePort, PortSide, load_tree_port, port_tree
     from spec.tree_knobs import TreeKnobs
 
@@ -314,7 +315,7 @@ def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome
 def _run_tree(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
     """The tree suite on the port's own declared tree (its settings, the size's defaults for the rest)."""
     from parity import tree_check
-    from parity.mlp.adapter import PortError
+    from parity.core.port import PortError
     from parity.tree_adapter import CheckedTreePort, PortSide, built_tree_port, declared_run, load_tree_port
     from spec.tree_knobs import TreeKnobs
 

@@ -74,7 +74,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from parity.mlp.adapter import PortError, UsageError, _array, call_port, finite_outputs, has_methods
+from parity.core.port import PortError, UsageError, _array, call_port, finite_outputs, has_methods
 from spec.lm import LMConfig, lm_tree
 from spec.tree import CLASSES, Leaf, Tree, TreeError, TreeRun, check_params, leading_scan, tree_from_maps
 
@@ -257,7 +257,7 @@ def _leaf_noise(method: str, leaf: Leaf, value: Any, m: int, rank: int):
                 "update", "es_ask", "es_params")
 class CheckedTreePort:
     """A tree adapter wrapped so that every call is validated against the run's tree (PortError when broken; NaN or
-    inf in an output: parity.mlp.adapter.NonFinite, a failed check where the reference is finite, parity.tree_check); cfg:
+    inf in an output: parity.core.port.NonFinite, a failed check where the reference is finite, parity.tree_check); cfg:
     spec.lm.LMConfig (its tree the LM's) or spec.tree.TreeRun (the port's declared tree)."""
 
     def __init__(self, port: Any, cfg: LMConfig | TreeRun):

@@ -820,7 +820,7 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     `against`: a bundle folder in place of `reference` (UsageError, before any work, for one that does not hold
     this configuration and seed). `platform`: where the live reference runs (spec.platform; default where JAX
     runs); `device`: the torch side's device."""
-    from parity.mlp.adapter import NonFinite
+    from parity.core.port import NonFinite
     from parity.core.tape import NotRecorded
     if against is not None:
         from parity.tree_vectors import bundle_reference

@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
         print(f"parity check: {err}", file=sys.stderr)
         return 2
     from parity import tree_check
-    from parity.mlp.adapter import PortError
+    from parity.core.port import PortError
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
     collector, recipe = repro_setup(args, cfg)

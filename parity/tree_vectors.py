@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from parity.mlp.adapter import UsageError
+from parity.core.port import UsageError
 from parity.core.tape import Bundle, Recording, Replay, Store, check_holds, read_bundle, write_bundle
 from parity.tree_numpy_reference import NumpyTreeReference, perturbs
 from spec.lm import LMConfig, lm_tree

@@ -11,7 +11,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from parity.mlp.adapter import GROUPS, CheckedPort, UsageError, load_port
+from parity.mlp.adapter import GROUPS, CheckedPort, load_port
+from parity.core.port import UsageError
 from parity.core.report import RunInfo, overall, write_report
 from parity.mlp.suite import Sizes, param_shapes, run_suite
 from parity.core.verdict import CheckResult

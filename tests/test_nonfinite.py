@@ -20,8 +20,8 @@ import pytest
 from parity.core import diagnose
 from parity import tree_check
 from parity.__main__ import main
-from parity.mlp.adapter import CheckedPort, NonFinite, nonfinite_arrays
-from parity.mlp.noiseform import SplitNoise
+from parity.mlp.adapter import CheckedPort
+from parity.core.port import NonFinite, SplitNoise, nonfinite_arrays
 from parity.mlp.reference_port import ReferencePort
 from parity.mlp.suite import SELFTEST, Context, run_check
 from tests.test_port_adapter import verdict_table

@@ -7,7 +7,8 @@ import types
 import numpy as np
 import pytest
 
-from parity.mlp.adapter import CheckedPort, PortError, UsageError, load_port
+from parity.mlp.adapter import CheckedPort, load_port
+from parity.core.port import PortError, UsageError
 from parity.mlp.reference_port import ReferencePort
 from parity.mlp.suite import SELFTEST, Context, param_shapes, run_check
 from spec.config import Config

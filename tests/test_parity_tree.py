@@ -200,7 +200,7 @@ def test_a_port_that_breaks_the_protocol_mid_run_exits_2_naming_the_method(tmp_p
 
 # ----------------------------------------------------------------------------- the pytest plugin's assert
 def test_assert_port_parity_takes_a_declared_tree():
-    from parity.mlp.adapter import UsageError
+    from parity.core.port import UsageError
     from parity.testing import SuiteCache, assert_port_parity
     runs = SuiteCache()           # one suite run per port, as the plugin shares them
     outcomes = assert_port_parity(ports.Small, task="tree", seed=3, cache=runs)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.mlp.adapter import UsageError
+from parity.core.port import UsageError
 from parity.testing import (EXPECT_ITEM, Outcome, ParityRequest, SuiteCache, SuiteCrash,
                             assert_port_parity, check_failure, checked_expect, expect_failure, outcomes_of_rows,
                             parity_request)

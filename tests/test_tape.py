@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.mlp.adapter import UsageError
+from parity.core.port import UsageError
 from parity.core.tape import (ARRAYS, FORMAT_VERSION, MANIFEST, NotRecorded, Recording, Replay, Store, Token, call_key,
                               read_bundle, write_bundle)
 

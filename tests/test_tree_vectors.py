@@ -250,7 +250,7 @@ def test_the_port_authors_assert_takes_the_lm_bundle(bundle):
     """parity.testing.assert_port_parity(task="lm", against=BUNDLE): the faithful example passes, a drifted one fails
     naming its knob, and a bundle of another size is refused before any work."""
     from examples.lm_adapter import LMAdapter
-    from parity.mlp.adapter import UsageError
+    from parity.core.port import UsageError
     from parity.testing import assert_port_parity
     outcomes = assert_port_parity(LMAdapter, task="lm", size=SIZE, against=bundle, seed=SEED)
     assert {o.verdict for o in outcomes} <= {"pass", "skip"} and any(o.verdict == "pass" for o in outcomes)

@@ -272,7 +272,7 @@ def test_the_plugin_api_checks_against_the_committed_bundle():
     """parity.testing.assert_port_parity(..., against=) reaches run_suite's bundle: a pass, and a size the bundle
     does not hold refused."""
     from examples.minimal_adapter import adapter
-    from parity.mlp.adapter import UsageError
+    from parity.core.port import UsageError
     from parity.testing import assert_port_parity
 
     assert_port_parity(adapter, size="quick", against=str(QUICK))

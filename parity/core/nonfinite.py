@@ -1,6 +1,6 @@
 """A port's NaN or inf where the reference's answer is finite: a failed check (exit 1), not a protocol break.
 
-The checked wrappers (parity.mlp.adapter.CheckedPort, parity.tree_adapter.CheckedTreePort) raise adapter.NonFinite when
+The checked wrappers (parity.mlp.adapter.CheckedPort, parity.tree_adapter.CheckedTreePort) raise parity.core.port.NonFinite when
 an output of the right form holds NaN or inf. The check that made the call then fails (parity.mlp.suite.run_check, or
 parity.tree_check.run for the LM suite) with a row per array that holds them, the call's input in words, where the
 NaN / inf lie and the likely cause (parity.core.diagnose.nonfinite_cause); the repro folder holds that input (the call as
@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity.mlp.adapter import NonFinite, PortError
+from parity.core.port import NonFinite, PortError
 from parity.core.repro import Call, Evidence
 from parity.core.tape import NotRecorded
 from parity.core.verdict import Recorder, fmt, summarize

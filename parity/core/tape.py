@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 import numpy as np
 
 from parity.core import repro_script
-from parity.mlp.adapter import UsageError
+from parity.core.port import UsageError
 
 FORMAT_VERSION = 1
 ARRAYS, MANIFEST = "arrays.npz", "manifest.json"

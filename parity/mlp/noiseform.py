@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from parity.core.port import SplitNoise
 from parity.core.tolerances import chi2_interval, entry_ks, gamma, ks_critical, ulp_distance
 
 CHUNK = 64                 # members per float64 product when factors are turned dense (bounds the temporary)
 SAME_DRAWS = 1e-4          # ||E_a - c E_b||_F / ||E_a||_F below this: one dense draw at two sigmas (float32 rounding
                            # of a rank-r product is ~1e-6 of it; independent draws are O(1) apart)
-
-
-class SplitNoise(dict):
-    """A port's forward noise (this dict; also `forward`, a plain copy) and its update noise (`update`)."""
-
-    def __init__(self, forward: dict, update: dict):
-        super().__init__(forward)
-        self.forward = dict(forward)
-        self.update = dict(update)
 
 
 def forward_of(noise: dict) -> dict:

@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from parity.mlp.adapter import CheckedPort, NonFinite, PortError, declared_config, port_trace
+from parity.mlp.adapter import CheckedPort, declared_config
+from parity.core.port import NonFinite, PortError, port_trace
 from parity.core.tape import Bundle, NotRecorded
 from parity.core.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_status_row
 from spec.config import PRESETS, Config

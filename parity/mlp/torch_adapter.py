@@ -41,7 +41,7 @@ def check_device(device: str) -> None:
     """UsageError (exit 2, before any work) for a CUDA device on a machine where torch sees none: every suite's
     --device (check, check --task lm, int8) refuses it with spec.limits' sentence."""
     if device.startswith("cuda") and not torch.cuda.is_available():
-        from parity.mlp.adapter import UsageError
+        from parity.core.port import UsageError
         raise UsageError(cuda_missing(device))
 
 

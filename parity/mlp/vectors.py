@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from parity.core import tape
-from parity.mlp.adapter import CheckedPort, UsageError
+from parity.mlp.adapter import CheckedPort
+from parity.core.port import UsageError
 from parity.mlp.numpy_reference import NumpyReference
 from spec.config import Config
 from spec.knobs import RunSettings

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity.mlp.adapter import NonFinite, PortError
+from parity.core.port import NonFinite, PortError
 from parity.core.tolerances import shaping_bound
 from parity.core.verdict import Recorder, fmt, summarize
 

@@ -16,7 +16,8 @@ from scipy import stats
 
 from parity.core import diagnose
 from parity.mlp.checks import dense
-from parity.mlp.noiseform import SplitNoise, dense_mismatch, draws, independent_entries, perturbation, update_of
+from parity.core.port import SplitNoise
+from parity.mlp.noiseform import dense_mismatch, draws, independent_entries, perturbation, update_of
 from parity.core.tolerances import (ULP_TOLERANCE, check_alpha, chi2_interval, ks_critical, mean_interval,
                                     normal_mean_interval, ulp_distance)
 from parity.core.verdict import Recorder, fmt, summarize

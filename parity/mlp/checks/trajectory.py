@@ -36,7 +36,7 @@ import numpy as np
 
 from parity.core import diagnose
 from parity.mlp import lockstep, noiseform, sigma_schedule
-from parity.mlp.noiseform import SplitNoise
+from parity.core.port import SplitNoise
 from parity.core.repro import Var, step as repro_step
 from parity.core.tolerances import ForwardBound, bias_grad_bound, check_alpha, shaping_bound, weight_grad_bound
 from parity.core.verdict import Recorder, fmt, summarize
