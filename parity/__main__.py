@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from parity.core.port import UsageError
-from parity.mlp.suite import CHECKS, SIZES, Sizes, at_port_rank
+from parity.mlp.suite import CHECKS, at_port_rank
+from parity.mlp.sizes import SIZES, Sizes
 from reporting import cpu_name, versions
 from spec.config import for_profile
 from spec.knobs import CHOICES, NUMERIC, PROFILES
@@ -128,8 +129,8 @@ def _int8(argv: list[str]) -> int:
 
 
 def _record(argv: list[str]) -> int:
-    from parity.mlp import vectors
-    return vectors.record_main(argv)
+    from parity.record import record_main
+    return record_main(argv)
 
 
 def _lm(argv: list[str]) -> int:

@@ -93,7 +93,7 @@ def size_names(task: str) -> tuple[str, ...]:
     if task == "lm":
         from parity.tree_check import sizes
         return tuple(sizes())
-    from parity.mlp.suite import SIZES
+    from parity.mlp.sizes import SIZES
     return tuple(SIZES)
 
 
@@ -281,7 +281,8 @@ def run_failures(outcomes: Sequence[Outcome], request: ParityRequest) -> list[st
 # ----------------------------------------------------------------------------- running
 def _run_cartpole(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
     from parity.mlp.adapter import built_adapter, check_adapter, load_port
-    from parity.mlp.suite import SIZES, run_suite
+    from parity.mlp.sizes import SIZES
+    from parity.mlp.suite import run_suite
 
     sizes = SIZES[request.size]
     if isinstance(request.adapter, str):

@@ -14,7 +14,8 @@ import numpy as np
 from parity.mlp.adapter import GROUPS, CheckedPort, load_port
 from parity.core.port import UsageError
 from parity.core.report import RunInfo, overall, write_report
-from parity.mlp.suite import Sizes, param_shapes, run_suite
+from parity.mlp.sizes import Sizes
+from parity.mlp.suite import param_shapes, run_suite
 from parity.core.verdict import CheckResult
 from ports import probes as pr
 from ports.readings import Agreement, agreement

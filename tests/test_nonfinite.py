@@ -23,7 +23,8 @@ from parity.__main__ import main
 from parity.mlp.adapter import CheckedPort
 from parity.core.port import NonFinite, SplitNoise, nonfinite_arrays
 from parity.mlp.reference_port import ReferencePort
-from parity.mlp.suite import SELFTEST, Context, run_check
+from parity.mlp.sizes import SELFTEST
+from parity.mlp.suite import Context, run_check
 from tests.test_port_adapter import verdict_table
 
 pytest_plugins = ["pytester"]          # the plugin's scenario runs a port author's file (tests/test_pytest_plugin.py)

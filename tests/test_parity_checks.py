@@ -7,7 +7,8 @@ import pytest
 from parity.mlp.adapter import CheckedPort
 from parity.mlp.checks.gradients import _objective_values
 from parity.mlp.reference_port import ReferencePort
-from parity.mlp.suite import SELFTEST, Context, run_check
+from parity.mlp.sizes import SELFTEST
+from parity.mlp.suite import Context, run_check
 
 
 def _run(port, check: str, seed: int = 0):

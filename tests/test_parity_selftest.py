@@ -11,7 +11,8 @@ import pytest
 
 from parity import __main__ as cli
 from parity.core.report import overall
-from parity.mlp.suite import SELFTEST, run_suite
+from parity.mlp.sizes import SELFTEST
+from parity.mlp.suite import run_suite
 from parity.mlp.torch_adapter import TorchPort
 import re
 from pathlib import Path

@@ -22,7 +22,8 @@ if str(ROOT) not in sys.path:        # tests.ports and examples import from the 
 
 from examples.hooks_adapter import HooksAdapter  # noqa: E402
 from parity.mlp import lockstep  # noqa: E402
-from parity.mlp.suite import SELFTEST, run_suite  # noqa: E402
+from parity.mlp.sizes import SELFTEST  # noqa: E402
+from parity.mlp.suite import run_suite
 from parity.core.tolerances import U32  # noqa: E402
 from parity.mlp.torch_adapter import TorchPort  # noqa: E402
 from spec.config import Config  # noqa: E402

@@ -15,7 +15,8 @@ import pytest
 
 from jax_reference import emulation
 from parity import __main__ as cli
-from parity.mlp.suite import SIZES, run_suite
+from parity.mlp.sizes import SIZES
+from parity.mlp.suite import run_suite
 from spec.knobs import resolve
 from spec.platform import (PlatformRequest, ReferencePlatform, backend_sentence, recorded_platform,
                            resolve_precision)

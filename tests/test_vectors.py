@@ -237,7 +237,8 @@ def test_another_shape_is_answered_in_numpy(knobs, selftest_bundle):
     it (draws, ES loop, optimizer): the verdicts and causes are still the live check's."""
     import dataclasses
 
-    from parity.mlp.suite import SELFTEST, run_suite
+    from parity.mlp.sizes import SELFTEST
+    from parity.mlp.suite import run_suite
     from parity.mlp.torch_adapter import TorchPort, one_thread
     from spec.knobs import resolve
 

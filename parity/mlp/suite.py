@@ -22,7 +22,8 @@ from parity.mlp.adapter import CheckedPort, declared_config
 from parity.core.port import NonFinite, PortError, port_trace
 from parity.core.tape import Bundle, NotRecorded
 from parity.core.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_status_row
-from spec.config import PRESETS, Config
+from parity.mlp.sizes import Sizes
+from spec.config import Config
 from spec.knobs import RunSettings
 from spec.layout import param_shapes as layout_shapes
 from spec.platform import ReferencePlatform
@@ -32,43 +33,6 @@ CHECKS = ("fitness", "products", "actions", "noise", "gradients", "updates", "in
 RNG_PURPOSES = {"fitness vectors": 11, "non-finite fitness": 12, "linear products": 20, "forward inputs": 21,
                 "shared-noise fitness": 41, "synthetic targets": 42, "update fitness": 51, "actions": 61,
                 "sigma schedule fitness": 71}
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """How big each check runs. `cfg` carries pop, rank, sigma, lr and the MLP widths."""
-
-    name: str
-    cfg: Config
-    noise_pop: int = 512             # members drawn for noise statistics and pairing
-    probe_pop: int = 8               # members drawn per probed epoch (schedule, reuse across epochs)
-    probe_epochs: tuple = tuple(range(18)) + (24, 31, 32, 33, 48, 64, 100, 128, 256, 1000, 1024, 4096, 10_000,
-                                              65_536, 1_000_000)
-    product_members: int = 8         # members in the perturbed-product and forward checks
-    product_batch: int = 4           # inputs per member in perturbed_linear
-    extra_linear: tuple = ((64, 4), (128, 128))   # (out, in) of perturbed_linear shapes besides the MLP's
-    fitness_sizes: tuple = (2, 8, 256, 2048)
-    grad_pops: tuple = (256,)        # populations of the shared-noise gradient check
-    synthetic_pops: tuple = (16, 64, 256)
-    synthetic_repeats: int = 6
-    update_epochs: int = 4
-    init_seeds: int = 3
-    traj_epochs: int = 3
-    traj_max_steps: int = 500
-    sigma_epochs: int = 32           # es_ask/es_tell epochs of the sigma schedule reading: the least that resolve a
-                                     # 0.999 decay (parity.mlp.sigma_schedule.epochs_needed at this size's effective n and alpha)
-
-
-QUICK = Sizes("quick", Config())
-FULL = Sizes("full", PRESETS["paper"][0], noise_pop=2048, extra_linear=((256, 4), (256, 256), (2, 256)),
-             fitness_sizes=(2, 8, 256, 2048, 8192), grad_pops=(256, 2048), synthetic_pops=(16, 64, 256, 1024),
-             synthetic_repeats=8, update_epochs=8, init_seeds=4, traj_epochs=8, sigma_epochs=14)
-SELFTEST = Sizes("selftest", Config(pop=32, hidden=8), noise_pop=128, probe_pop=8,
-                 probe_epochs=(0, 1, 2, 3, 4, 5, 7, 8, 16, 100, 1000, 1_000_000), product_members=4,
-                 extra_linear=((16, 4),), fitness_sizes=(2, 8, 64), grad_pops=(32,), synthetic_pops=(32,),
-                 synthetic_repeats=3, update_epochs=3, init_seeds=2, traj_epochs=2, traj_max_steps=200,
-                 sigma_epochs=113)
-SIZES = {s.name: s for s in (QUICK, FULL, SELFTEST)}
 
 
 def at_port_rank(sizes: Sizes, port: Any) -> Sizes:
@@ -217,7 +181,7 @@ def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings
     """Run the checks against `port` (an adapter object); returns their results in order.
 
     against: a recorded bundle (parity.mlp.vectors) answers for the reference, so no JAX is needed; reference: a
-    ready reference object (parity.mlp.vectors.record passes a recording one) in place of both; repro: a
+    ready reference object (parity.mlp.recording.record passes a recording one) in place of both; repro: a
     parity.core.repro.Collector, given each check's failing port call (written beside the report by the caller);
     platform: where the live reference runs (spec.platform; default where JAX runs), else the reference's own
     `platform` attribute (a bundle's, a recording's)."""
