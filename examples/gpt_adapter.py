@@ -1,5 +1,5 @@
 """The worked example of the tree suite on a port's own tree: a small GPT (examples/gpt_port.py) behind the tree
-protocol (parity/tree_adapter.py).
+protocol (parity/tree/adapter.py).
 
     python -m parity check --task tree --port examples.gpt_adapter:GPTAdapter
 

@@ -1,4 +1,4 @@
-"""The worked example of the tree protocol (parity/tree_adapter.py): a torch port of the byte-level LM behind it.
+"""The worked example of the tree protocol (parity/tree/adapter.py): a torch port of the byte-level LM behind it.
 
     python -m parity check --task lm --port examples.lm_adapter:LMAdapter
 
@@ -13,7 +13,7 @@ noise, products, shaping, gradient, forward and step. What a port keeps differen
 caught through the protocol too (tests/test_parity_lm.py).
 
 A port on torch's own generator (most real ports) sets `jax_compatible_rng = False` and is checked in distribution
-(parity/tree_dist.py): `TorchRngLMAdapter` is this port with knob rng=torch,
+(parity/tree/dist.py): `TorchRngLMAdapter` is this port with knob rng=torch,
 
     python -m parity check --task lm --port examples.lm_adapter:TorchRngLMAdapter
 """

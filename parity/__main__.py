@@ -134,7 +134,7 @@ def _record(argv: list[str]) -> int:
 
 
 def _lm(argv: list[str]) -> int:
-    from parity import tree_cli
+    from parity.tree import cli as tree_cli
     return tree_cli.main(argv)
 
 
@@ -145,7 +145,7 @@ def _unknown_task(task: str) -> int:
 
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"int8": _int8, "record": _record, **{name: _moved(name) for name in MOVED}}
-TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm, "tree": _lm}     # one parser: parity/tree_cli.py
+TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm, "tree": _lm}     # one parser: parity/tree/cli.py
 
 
 def main(argv: Sequence[str] | None = None, stream=None) -> int:

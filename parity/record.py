@@ -45,7 +45,7 @@ def _record_parser():
 
 def _record_tree(args, platform: ReferencePlatform) -> int:
     """`record --task tree --port X`: the port's tree and settings checked before any work (UsageError, exit 2)."""
-    from parity import tree_vectors
+    from parity.tree import vectors as tree_vectors
     log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     written = tree_vectors.record_tree(args.port, args.size, args.seed, Path(args.out), log, platform)
     size = sum(p.stat().st_size for p in Path(written).iterdir())
@@ -88,7 +88,7 @@ def record_main(argv: list[str]) -> int:
         if args.task == "cartpole" and args.size not in SIZES:
             raise UsageError(f"--size {args.size}: unknown; known: {', '.join(sorted(SIZES))}")
         if args.task == "lm":
-            from parity.tree_vectors import lm_sizes
+            from parity.tree.vectors import lm_sizes
             if args.size not in lm_sizes():
                 raise UsageError(f"--task lm --size {args.size}: unknown; the LM suite's sizes: "
                                  f"{', '.join(lm_sizes())}")
@@ -102,7 +102,7 @@ def record_main(argv: list[str]) -> int:
         return 2
     log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     if args.task == "lm":
-        from parity import tree_vectors
+        from parity.tree import vectors as tree_vectors
 
         written = tree_vectors.record_lm(args.size, args.seed, Path(args.out), log, platform,
                                          tree_vectors.faithful_knobs(platform))

@@ -44,8 +44,8 @@ EXCEPTIONS: dict[str, set[str]] = {
     "torch_impl/random_native.py": {"c_rng"},                      # the C generator behind random.normal/bits
     "torch_impl/triton_rng.py": {"triton"},                        # the fused Triton kernel behind CUDA draws
     "torch_impl/__main__.py": {"c_rng"},                           # its env switch, checked before any work
-    "parity/tree_reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
-    "parity/tree_torch.py": {"torch_impl", "torch"},               # the torch side of the LM suite
+    "parity/tree/reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
+    "parity/tree/torch_side.py": {"torch_impl", "torch"},               # the torch side of the LM suite
     "parity/int8_reference.py": {"jax_reference", "jax"},          # the reference side of the int8 check
     "parity/int8_torch.py": {"torch_impl", "torch"},               # the torch side of the int8 check
     "parity/int8_c.py": {"c_int8"},                                # the C side (and the knob signatures)
@@ -150,9 +150,9 @@ def test_no_function_outside_the_hot_path_is_longer_than_60_lines():
 def test_the_lm_replay_path_never_imports_the_reference():
     """`check --task lm --against BUNDLE` runs without jax: the numpy reference and the replay import neither jax nor
     jax_reference (the replay's recording side reaches tree_reference only inside record_lm / recording_reference)."""
-    for rel in ("parity/tree_numpy_reference.py", "parity/core/tape.py", "parity/tree_dist.py", "parity/tree_adapter.py"):
+    for rel in ("parity/tree/numpy_reference.py", "parity/core/tape.py", "parity/tree/dist.py", "parity/tree/adapter.py"):
         assert not imported_roots(ROOT / rel) & {"jax", "jax_reference", "optax"}, rel
     import inspect
-    from parity import tree_vectors
+    from parity.tree import vectors as tree_vectors
     source = inspect.getsource(tree_vectors.replay_reference) + inspect.getsource(tree_vectors.open_bundle)
     assert "tree_reference" not in source

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from parity.core import diagnose
-from parity import tree_check
+from parity.tree import check as tree_check
 from parity.__main__ import main
 from parity.mlp.adapter import CheckedPort
 from parity.core.port import NonFinite, SplitNoise, nonfinite_arrays
@@ -213,7 +213,7 @@ LM_INJECTED = [("LMNaNProduct", "products", "perturbed_mm"), ("LMInfNoise", "noi
 @pytest.mark.parametrize("size", ["selftest", "quick"])
 @pytest.mark.parametrize("port, check_name, method", LM_INJECTED, ids=[i[0] for i in LM_INJECTED])
 def test_nan_or_inf_from_a_tree_method_fails_the_lm_check_that_calls_it(port, check_name, method, size, monkeypatch):
-    from parity.tree_adapter import CheckedTreePort, PortSide
+    from parity.tree.adapter import CheckedTreePort, PortSide
     from spec.tree_knobs import TreeKnobs
     from tests.ports import nonfinite
 
@@ -243,7 +243,7 @@ def test_the_lm_cli_exits_1_on_a_nan_live_and_against_with_its_repro_and_2_on_a_
 def test_the_faithful_lm_port_is_never_flagged_by_the_finite_outputs(monkeypatch):
     """Every output of the worked example passes finite_outputs (the products and fitness checks, two sizes)."""
     from examples.lm_adapter import LMAdapter
-    from parity.tree_adapter import CheckedTreePort, PortSide
+    from parity.tree.adapter import CheckedTreePort, PortSide
     from spec.tree_knobs import TreeKnobs
 
     only(monkeypatch, "products", "fitness")
@@ -259,7 +259,7 @@ def test_a_tree_port_s_nan_the_lm_reference_gives_too_is_not_judged_here():
     """nonfinite.tree_rows: rows where the LM reference's product on the same call is finite, None (the caller raises
     the protocol error) where it is NaN too."""
     from parity.core import nonfinite
-    from parity.tree_adapter import CheckedTreePort
+    from parity.tree.adapter import CheckedTreePort
     from tests.ports.nonfinite import LMNaNProduct
 
     cfg = tree_check.sizes()["selftest"]

@@ -224,7 +224,7 @@ def test_the_tape_keeps_only_the_last_calls():
 @pytest.fixture
 def lm_fitness_only(monkeypatch):
     """The LM suite's CLI with only its fitness and products checks (the others take minutes on 2 cores)."""
-    from parity import tree_check
+    from parity.tree import check as tree_check
 
     plan = tree_check._plan
     monkeypatch.setattr(tree_check, "_plan", lambda *a, **k: [p for p in plan(*a, **k)

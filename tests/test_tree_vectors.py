@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from parity import tree_check
+from parity.tree import check as tree_check
 from parity.__main__ import main
 from parity.core.tape import Bundle, Recording, Replay, Store, write_bundle
-from parity.tree_adapter import CheckedTreePort, PortSide
-from parity.tree_vectors import RECORDED, config_record, open_bundle, replay_reference
+from parity.tree.adapter import CheckedTreePort, PortSide
+from parity.tree.vectors import RECORDED, config_record, open_bundle, replay_reference
 from spec.tree_knobs import TreeKnobs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def test_the_bundle_says_what_it_holds(bundle):
 def live():
     """The live JAX reference, each answer kept by its inputs' bytes (the functions are deterministic), so the
     sides below share its compile time: every call is still JAX's."""
-    from parity import tree_reference
+    from parity.tree import reference as tree_reference
     store = Store()
     return Replay(store, LIVE_METHODS, fallback=Recording(tree_reference, LIVE_METHODS, store))
 
@@ -203,7 +203,7 @@ def test_a_bundle_that_cannot_be_used_exits_2_before_any_work(bundle, tmp_path, 
     assert not out.exists()
 
 
-from parity.tree_dist import INVISIBLE                                 # noqa: E402
+from parity.tree.dist import INVISIBLE                                 # noqa: E402
 from spec.tree_knobs import TREE_CHOICES                               # noqa: E402
 
 COMMITTED_SIDES = [(rng, None) for rng in ("jax", "torch")] + [

@@ -1,8 +1,8 @@
 """A port's NaN or inf where the reference's answer is finite: a failed check (exit 1), not a protocol break.
 
-The checked wrappers (parity.mlp.adapter.CheckedPort, parity.tree_adapter.CheckedTreePort) raise parity.core.port.NonFinite when
+The checked wrappers (parity.mlp.adapter.CheckedPort, parity.tree.adapter.CheckedTreePort) raise parity.core.port.NonFinite when
 an output of the right form holds NaN or inf. The check that made the call then fails (parity.mlp.suite.run_check, or
-parity.tree_check.run for the LM suite) with a row per array that holds them, the call's input in words, where the
+parity.tree.check.run for the LM suite) with a row per array that holds them, the call's input in words, where the
 NaN / inf lie and the likely cause (parity.core.diagnose.nonfinite_cause); the repro folder holds that input (the call as
 the port received it, for the methods the tape keeps). The reference is asked the same call first: where its answer
 is non-finite too, nothing here judges the port and it stays the protocol error it was. Calls on the port's own state
@@ -169,7 +169,7 @@ def section(err: NonFinite, answer: Answer) -> str:
 
 
 def tree_reference_answer(R: Any, cfg: Any, err: NonFinite) -> Answer:
-    """The LM reference (parity.tree_reference, or a bundle's) asked a tree port's call where it has the same one:
+    """The LM reference (parity.tree.reference, or a bundle's) asked a tree port's call where it has the same one:
     shaping at the run's group size, the mm / tmm products."""
     args = err.args
     try:
@@ -186,7 +186,7 @@ def tree_reference_answer(R: Any, cfg: Any, err: NonFinite) -> Answer:
 
 
 def tree_rows(name: str, err: NonFinite, R: Any, cfg: Any, repro: Any, row: Any) -> list | None:
-    """The LM check's failing rows (parity.tree_check.Row, passed as `row`) for a tree port's NaN or inf, or None
+    """The LM check's failing rows (parity.tree.check.Row, passed as `row`) for a tree port's NaN or inf, or None
     where the reference's answer is non-finite too (the caller keeps it a protocol error)."""
     answer = tree_reference_answer(R, cfg, err)
     if answer.finite is False:

@@ -35,7 +35,7 @@ SCRIPT = Path(__file__).with_name("repro_script.py")
 TAPED = frozenset({"noise", "perturbed_linear", "shape_fitness", "gradient", "forward", "init_params", "actions"})
 TAPED_TREE = frozenset({"shape_fitness", "perturbed_mm", "perturbed_tmm", "gradient", "init_params", "noise",
                         "forward"})      # a tree port (noise and forward: the repro of a NaN or inf they return)
-TAPED_TREE_TORCH = frozenset({"shape", "products", "grads", "init"})     # parity.tree_torch.TorchTree
+TAPED_TREE_TORCH = frozenset({"shape", "products", "grads", "init"})     # parity.tree.torch_side.TorchTree
 KEEP = 16                     # calls kept on the tape: a check compares right after the calls it makes
 # The checks that witness comparisons (both suites' names): the tape copies inputs only while one of them runs, so a
 # trajectory's thousands of forward calls cost nothing.
@@ -171,7 +171,7 @@ class Tape:
 
 class RecordedPort:
     """`target` with each call of a method its tape wants recorded (inputs copied first); all else passes through.
-    Wraps a tree port under parity.tree_adapter.CheckedTreePort, or the LM suite's torch side."""
+    Wraps a tree port under parity.tree.adapter.CheckedTreePort, or the LM suite's torch side."""
 
     def __init__(self, target: Any, tape: Tape):
         self._target, self._tape = target, tape
@@ -314,9 +314,9 @@ def torch_recipe(profile: str, knobs: Sequence[str], device: str, cfg: Any) -> R
 
 
 def tree_torch_recipe(profile: str, knobs: Sequence[str], cfg: Any) -> Recipe:
-    """The LM suite's torch side: parity.tree_torch.TorchTree(LMConfig, TreeKnobs)."""
-    return Recipe("builtin", profile, tuple(knobs), dataclasses.asdict(cfg), module_root("parity.tree_torch"),
-                  ("parity.tree_torch:TorchTree", "spec.lm:LMConfig", "spec.tree_knobs:resolve_tree"))
+    """The LM suite's torch side: parity.tree.torch_side.TorchTree(LMConfig, TreeKnobs)."""
+    return Recipe("builtin", profile, tuple(knobs), dataclasses.asdict(cfg), module_root("parity.tree.torch_side"),
+                  ("parity.tree.torch_side:TorchTree", "spec.lm:LMConfig", "spec.tree_knobs:resolve_tree"))
 
 
 # ---------------------------------------------------------------- the folder

@@ -3,12 +3,12 @@ leaf and class by class, with each tree drift named in the knob table's words (s
 same checks and bounds on a port's own declared tree (cfg a spec.tree.TreeRun; _tree_plan): init on the laws the port
 states (tree_dist.check_init_laws), every mm/tmm leaf's product with rows (batch, seq) as a transformer layer's, one
 more fitness vector of tiny spread, the forward reported as the port's own, the trajectory as the port's es_* loop on
-synthetic fitness (parity/es_lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
+synthetic fitness (parity/tree/es_lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
 a gradient scale: parity.core.optscale) and the noise and gradient scales.
 
 Two modes. A side that draws JAX's numbers (rng=jax, or a port with jax_compatible_rng True) is checked draw by draw
 (below). A side on its own generator (`--torch rng=torch`, or jax_compatible_rng False: most real torch ports) is
-checked in distribution (parity/tree_dist.py, whose docstring states each test, bound and alpha): init and noise
+checked in distribution (parity/tree/dist.py, whose docstring states each test, bound and alpha): init and noise
 against their laws (exact KS and chi-square at init's, noise's and trajectory's shares of the false-alarm budget,
 6.5e-4 per run in all) and exact structure (antithetic pairs, one key per stacked slice, fresh noise per epoch,
 leaves the reference never perturbs unperturbed); gradients, forward and the lockstep trajectory with the reference
@@ -686,7 +686,7 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
     allowance.
 
     step(params, epoch, tokens) -> (reference, port, magnitudes, the reference at float32 or None) replaces the
-    default (both sides on their own draws, rng=jax) for the in-distribution mode (parity.tree_dist.trajectory_step:
+    default (both sides on their own draws, rng=jax) for the in-distribution mode (parity.tree.dist.trajectory_step:
     the reference on the side's es_ask noise)."""
     from rollout.corpus import load_corpus, member_tokens, train_windows
     corpus = load_corpus(seq_len=cfg.seq_len)
@@ -735,7 +735,7 @@ FOREIGN_FORWARD = ("the model's forward is the port's own: it is not checked on 
 
 def _noise_plan(R, side, cfg, seed, exact: bool, state: dict):
     """The noise check (element by element, or in distribution), keeping which leaves parted and its causes."""
-    from parity import tree_dist as D
+    from parity.tree import dist as D
 
     def noise():
         rows, state["parted"] = (check_noise if exact else D.check_noise)(R, side, cfg, seed)
@@ -745,7 +745,7 @@ def _noise_plan(R, side, cfg, seed, exact: bool, state: dict):
 
 
 def _gradients_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness):
-    from parity import tree_dist as D
+    from parity.tree import dist as D
     return lambda: check_gradients(R, side, cfg, seed, rng, state["parted"], witness) if exact else \
         D.check_gradients(R, side, cfg, seed, rng, state["parted"])
 
@@ -753,9 +753,9 @@ def _gradients_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness):
 def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
     """The checks on a declared tree (--task tree): init on the laws the port states, noise, products at every leaf,
     fitness (one more trial of tiny spread, from its own stream), gradients, updates, the forward said not checked,
-    and the trajectory as the es_* lockstep on synthetic fitness (parity.es_lockstep)."""
-    from parity import es_lockstep
-    from parity import tree_dist as D
+    and the trajectory as the es_* lockstep on synthetic fitness (parity.tree.es_lockstep)."""
+    from parity.tree import es_lockstep
+    from parity.tree import dist as D
     spread = np.random.default_rng([seed, 21])
     return [("init", "init", lambda: D.check_init_laws(side, cfg, seed)),
             ("noise", None, _noise_plan(R, side, cfg, seed, exact, state)),
@@ -769,10 +769,10 @@ def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_wit
 
 def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
     """(check, the side's method it needs or None, the function) in order: draws compared element by element
-    (exact) or in distribution (parity.tree_dist); products, fitness and updates are draw-free in both modes.
+    (exact) or in distribution (parity.tree.dist); products, fitness and updates are draw-free in both modes.
     `witness` is told of each element-wise comparison of a port output (parity.core.repro). The LM (an LMConfig) adds
     its own init, forward and corpus trajectory; any other tree runs _tree_plan."""
-    from parity import tree_dist as D
+    from parity.tree import dist as D
     if not isinstance(cfg, LMConfig):
         return _tree_plan(R, side, cfg, seed, rng, exact, state, witness)
 
@@ -811,11 +811,11 @@ def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
 
 def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
         against=None, platform: ReferencePlatform | None = None, device: str = "cpu") -> list[Row]:
-    """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree_adapter.PortSide).
+    """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree.adapter.PortSide).
     Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
-    distribution (parity.tree_dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
+    distribution (parity.tree.dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
     parity.core.repro.Collector (its tape on a port's side, see tree_cli), collects each check's failing port call.
-    `reference`: the reference's functions (default parity.tree_reference, live JAX; parity.tree_vectors.
+    `reference`: the reference's functions (default parity.tree.reference, live JAX; parity.tree.vectors.
     replay_reference: a bundle); a check needing a call the bundle cannot answer is skipped with the reason.
     `against`: a bundle folder in place of `reference` (UsageError, before any work, for one that does not hold
     this configuration and seed). `platform`: where the live reference runs (spec.platform; default where JAX
@@ -823,14 +823,14 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     from parity.core.port import NonFinite
     from parity.core.tape import NotRecorded
     if against is not None:
-        from parity.tree_vectors import bundle_reference
+        from parity.tree.vectors import bundle_reference
         reference = bundle_reference(against, cfg, seed)
     if reference is None:
-        from parity import tree_reference
+        from parity.tree import reference as tree_reference
         reference = tree_reference.on_platform(platform)
     R = reference
     if side is None:
-        from parity.tree_torch import TorchTree
+        from parity.tree.torch_side import TorchTree
         side = TorchTree(cfg, knobs, device)
         if repro is not None:
             side = repro.recorded(side)

@@ -1,4 +1,4 @@
-"""The JAX reference's tree math (parity/tree_reference.py) in numpy, for a check replayed from a bundle without JAX:
+"""The JAX reference's tree math (parity/tree/reference.py) in numpy, for a check replayed from a bundle without JAX:
 the noise, shaping, gradient, step and products on any declared tree (cfg: spec.lm.LMConfig or spec.tree.TreeRun), and
 the LM's forward.
 
@@ -7,7 +7,7 @@ tree_reference.draws); everything else is arithmetic: the noise (signs, sigma / 
 gradient, the optax-sgd step, the perturbed products and the forward. Each function has tree_reference's signature and
 output dtype. Precision: each computes the reference's expression in float64 from the same float32 inputs (factors
 scaled in float32 as JAX scales them, W + E rounded once where the reference rounds it) and rounds its outputs once
-to float32, so it sits within the reference's own float32 error of the exact value: any bound of parity.tree_check
+to float32, so it sits within the reference's own float32 error of the exact value: any bound of parity.tree.check
 that admits the JAX reference admits this (tests/test_tree_vectors.py holds each to the check's own bound at two sizes).
 """
 from __future__ import annotations

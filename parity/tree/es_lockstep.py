@@ -5,7 +5,7 @@ own; each epoch is judged on its own against one reference step from the port's 
 - noise: what es_ask hands out at epoch e. A port drawing JAX's numbers: against the reference's draws at
   true_epoch(e, noise_reuse), within the noise check's bound (2 gamma_r |A||B|^T; param leaves exact). A port on its
   own generator: epochs e - 1 and e draw alike exactly when the reference's generations are alike, and (after the
-  loop) its pairs and law (parity.tree_dist's rows for es_ask's noise: antithetic pairs exactly, one KS of every
+  loop) its pairs and law (parity.tree.dist's rows for es_ask's noise: antithetic pairs exactly, one KS of every
   low-rank leaf's entries, the epochs pooled, at check_alpha("trajectory")). Named: `noise_reuse` (another
   generation's draws, or fresh draws where the reference reuses them and the reverse), `sigma_decay` (the same
   draws at a scale that moves with the epoch, parity.core.diagnose.sigma_schedule_cause).
@@ -14,7 +14,7 @@ own; each epoch is judged on its own against one reference step from the port's 
   reference's estimate from the same scores (shaped by the reference; its own draws, or the port's es_ask noise),
   within lr sqrt(N) times the gradient's bound (both sides' einsum bounds, 2 gamma_n |f| |noise| averaged, plus the
   shaping error shaping_pair_bound times |noise|) plus both sides' update_bound. Named at the first epoch by
-  parity.tree_check.step_text (optax sgd, adam or adamw up to a gradient scale: knob `optimizer`, or the scale);
+  parity.tree.check.step_text (optax sgd, adam or adamw up to a gradient scale: knob `optimizer`, or the scale);
   later, a step along the reference's at a steady factor per epoch names `lr_decay`.
 - untouched leaves (those the reference never perturbs: embedding, excluded, frozen params): given back bit for bit.
 The first epoch with a failing row ends the check: what follows from it is not judged.
@@ -27,10 +27,10 @@ import numpy as np
 
 from parity.core import diagnose
 from parity.core.tolerances import gamma, update_bound
-from parity.tree_check import (Row, fitness_text, fresh_params, pairing_text, ref_perturbs, shaping_pair_bound,
+from parity.tree.check import (Row, fitness_text, fresh_params, pairing_text, ref_perturbs, shaping_pair_bound,
                                step_text, unchanged_cause)
-from parity.tree_dist import asked_rows, dense64, estimate, magnitude, unperturbed_row
-from parity.tree_numpy_reference import true_epoch
+from parity.tree.dist import asked_rows, dense64, estimate, magnitude, unperturbed_row
+from parity.tree.numpy_reference import true_epoch
 
 MAX_EPOCHS = 7
 STREAM_SCORES, STREAM_PARAMS = 22, 23        # the run seed's numpy streams for the scores and the initial params
@@ -251,5 +251,5 @@ def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
 
 def reference_draws(cfg) -> list[tuple[object, int]]:
     """(configuration, epoch) of every draw this check may ask the reference for: its epochs, and every generation
-    up to one past them (naming noise_reuse). What a recorded bundle must hold (parity.tree_vectors)."""
+    up to one past them (naming noise_reuse). What a recorded bundle must hold (parity.tree.vectors)."""
     return [(cfg, e) for e in range(epochs(cfg))] + [(generations(cfg), g) for g in range(epochs(cfg) + 1)]

@@ -1,6 +1,6 @@
 """`python -m parity check --task lm` and `--task tree` (one parser, so every flag reaches both): argument parsing,
 input checks (exit 2 before any work), the run, the report. --task lm checks torch_impl or a port of the project's
-LM; --task tree a port on its own declared tree (parity/tree_adapter.py), with the LM's checks and bounds."""
+LM; --task tree a port on its own declared tree (parity/tree/adapter.py), with the LM's checks and bounds."""
 from __future__ import annotations
 
 import argparse
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
                    help="; ".join(f"{k}: {'|'.join(v)}" for k, v in TREE_CHOICES.items()))
     p.add_argument("--port", metavar="MODULE:ATTR",
-                   help="check a foreign tree port through the tree protocol (parity/tree_adapter.py; worked examples "
+                   help="check a foreign tree port through the tree protocol (parity/tree/adapter.py; worked examples "
                         "examples.lm_adapter:LMAdapter for --task lm, examples.gpt_adapter:GPTAdapter for --task "
                         "tree) instead of torch_impl")
     p.add_argument("--size", choices=("quick", "selftest"), default=None,
@@ -60,16 +60,16 @@ def parse(argv: list[str]):
         raise ValueError("--device places torch_impl's tensors; with --port the port places its own (drop --device)")
     reference, bundle = None, None
     if args.against and args.task == "tree":       # its reference is made once the port declares its tree
-        from parity.tree_vectors import open_tree_bundle
+        from parity.tree.vectors import open_tree_bundle
         bundle = open_tree_bundle(args.against, args.size, args.seed)
         check_against_bundle(args, recorded_platform(bundle.manifest), args.against)
     elif args.against:
-        from parity.tree_vectors import open_bundle, replay_reference
+        from parity.tree.vectors import open_bundle, replay_reference
         bundle = open_bundle(args.against, args.size, args.seed)
         check_against_bundle(args, recorded_platform(bundle.manifest), args.against)
         reference = replay_reference(bundle)
     else:
-        from parity import tree_reference
+        from parity.tree import reference as tree_reference
         reference = tree_reference.on_platform(tree_reference.platform_for(request_of(args)))
     if args.device.startswith("cuda"):
         from parity.mlp.torch_adapter import check_device
@@ -101,13 +101,13 @@ def main(argv: list[str]) -> int:
     except (KnobError, ValueError) as err:         # UsageError (a bundle that cannot be used) is a ValueError
         print(f"parity check: {err}", file=sys.stderr)
         return 2
-    from parity import tree_check
+    from parity.tree import check as tree_check
     from parity.core.port import PortError
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
     collector, recipe = repro_setup(args, cfg)
     if args.port:
-        from parity.tree_adapter import CheckedTreePort, PortSide
+        from parity.tree.adapter import CheckedTreePort, PortSide
         try:
             port, cfg, notes, reference = load_port(args, cfg, bundle, reference)
         except ValueError as err:                      # UsageError: the port cannot be checked as declared
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
         rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference,
                               device=args.device)
     except PortError as err:
-        print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree_adapter.py)", file=sys.stderr)
+        print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree/adapter.py)", file=sys.stderr)
         return 2
     failed = [r for r in rows if r.verdict == "fail"]
     verdict = "FAIL" if failed else "PASS"
@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
 def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle, reference,
                   seconds: float) -> list[str]:
     """summary.md's head: the verdict, the reference's platform in one sentence, then the run's facts."""
-    from parity import tree_check, tree_dist
+    from parity.tree import check as tree_check, dist as tree_dist
     from reporting import versions
     packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
     platform = reference.platform
@@ -160,9 +160,9 @@ def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle,
             f"- device: torch side on {args.device}; JAX reference on {platform.where()[len('JAX on '):]}; reference "
             f"platform: {platform.fields_text()}",
             f"- took {seconds:.1f} s",
-            "- tolerances: see parity/tree_check.py's docstring (float32 product and shaping bounds, exact draws, "
+            "- tolerances: see parity/tree/check.py's docstring (float32 product and shaping bounds, exact draws, "
             f"{tree_check.FORWARD_ULPS} ulps of scale for the forward; a TF32 reference's own bounds and measured "
-            "rounding); a side without JAX's draws is checked in distribution: parity/tree_dist.py's docstring (each "
+            "rounding); a side without JAX's draws is checked in distribution: parity/tree/dist.py's docstring (each "
             f"test's alpha, {tree_dist.FALSE_ALARM:.2g} per run in all)"]
 
 
@@ -173,9 +173,9 @@ def bundle_lines(bundle, reference) -> list[str]:
     if bundle.manifest.get("task") == "tree":
         return [f"- reference: the {recording_of(bundle)}",
                 "- JAX's draws replayed from the bundle; the rest of the reference (the noise from them, shaping, "
-                "gradients, the step, the products) is numpy arithmetic on them (parity/tree_numpy_reference.py)"]
+                "gradients, the step, the products) is numpy arithmetic on them (parity/tree/numpy_reference.py)"]
     return [f"- reference: the {recording_of(bundle)}",
-            "- answered by the reference's math in numpy (inputs from the port, parity/tree_numpy_reference.py): "
+            "- answered by the reference's math in numpy (inputs from the port, parity/tree/numpy_reference.py): "
             + (", ".join(f"{k} x{misses.count(k)}" for k in dict.fromkeys(misses)) or "none")
             + "; update and the forward on the port's own noise always are"]
 
@@ -184,15 +184,15 @@ def load_port(args, cfg, bundle, reference):
     """(the port, the run's configuration, the report's lines on its tree, the reference) for --port; UsageError
     before any work. --task lm: the port built with the LM's cfg, its tree the LM's; --task tree: built with no
     arguments, the run its declared tree and settings (the size's defaults for the rest), a bundle held to them."""
-    from parity import tree_check
-    from parity.tree_adapter import declared_run, load_tree_port, port_tree
+    from parity.tree import check as tree_check
+    from parity.tree.adapter import declared_run, load_tree_port, port_tree
     if args.task == "lm":
         port = load_tree_port(args.port, cfg)
         return port, cfg, port_tree(port, cfg)[1], reference
     port = load_tree_port(args.port, None)
     run, lines = declared_run(port, tree_check.TREE_SIZES[args.size])
     if bundle is not None:
-        from parity.tree_vectors import tree_bundle_reference
+        from parity.tree.vectors import tree_bundle_reference
         reference = tree_bundle_reference(bundle, run)
     return port, run, lines + [f"forward: {tree_check.FOREIGN_FORWARD}"], reference
 

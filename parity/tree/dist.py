@@ -62,8 +62,8 @@ from scipy import stats
 
 from parity.mlp.checks.dense import is_rescaled, scale_cause
 from parity.core.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
-from parity.tree_adapter import dense_of
-from parity.tree_check import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u
+from parity.tree.adapter import dense_of
+from parity.tree.check import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u
 from spec.lm import H0_SCALE, LMConfig, init_plan, lm_tree
 from spec.tree import Leaf
 
@@ -429,7 +429,7 @@ def check_trajectory(R, side, cfg: LMConfig, seed: int, parted: set[str]) -> lis
     """tree_check.check_trajectory with the reference's step on the side's es_ask noise, then that noise's own rows
     (its pairs and law: the lockstep alone computes everything on it, so a loop drawing at another scale than the
     port's noise() would otherwise pass)."""
-    from parity.tree_check import check_trajectory as lockstep
+    from parity.tree.check import check_trajectory as lockstep
     asked: list = []
     rows = lockstep(R, side, cfg, seed, parted, step=trajectory_step(R, side, cfg, seed, asked))
     return rows + asked_rows(cfg, asked)

@@ -86,7 +86,7 @@ def draws(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> 
     """The raw JAX normals behind one leaf's noise, one draw per antithetic pair p (members 2p and 2p+1 share it):
     normal(fold_in(fold_in(slice key, true epoch), p)) of shape (a + b, r) (low-rank) or the slice shape (param),
     laid out (pop // 2, *stack, ...) float32; keys as slice_keys(variant). Everything else about the noise (signs,
-    scales, products) is numpy arithmetic on these (parity.tree_numpy_reference)."""
+    scales, products) is numpy arithmetic on these (parity.tree.numpy_reference)."""
     keys = slice_keys(cfg, seed, leaf, variant)
     g = true_epoch(epoch, cfg.noise_reuse)
     shape = (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
@@ -154,7 +154,7 @@ def scores(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarra
 def scores_dense(cfg: LMConfig, params: dict, dense: dict, tokens: np.ndarray):
     """(scores (m,), intermediates) of the reference's forward with noise off on member i's params + dense[path][i]
     (E (m, *shape) float32 for the leaves given; W + E rounded once in float32): the reference on a port's own
-    draws, for the in-distribution mode (parity.tree_dist)."""
+    draws, for the in-distribution mode (parity.tree.dist)."""
     frozen, nparams = noiser(cfg)
     m = tokens.shape[0]
     batched = {k: jnp.asarray(v)[None] + jnp.asarray(dense[k]) if k in dense else

@@ -17,7 +17,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def protocol_noise(noise: TreeNoise, tree) -> dict:
-    """The tree protocol's noise dict (parity/tree_adapter.py) of every member: low-rank leaves as (A, B) on the
+    """The tree protocol's noise dict (parity/tree/adapter.py) of every member: low-rank leaves as (A, B) on the
     stored slice (a leaf factored transposed gives (B, A)), stack axes first; param leaves eps at the stored shape."""
     noise, out = per_member(noise), {}
     for path, role in noise.roles.items():

@@ -1,13 +1,13 @@
 """The LM suite's conformance vectors: the JAX reference's answers to `check --task lm` at one (size, seed), recorded
 into a bundle (parity.core.tape) and replayed without JAX (`check --task lm --against BUNDLE`).
 
-The checks reach the reference only through parity/tree_reference.py's functions. Each call is one of two kinds:
+The checks reach the reference only through parity/tree/reference.py's functions. Each call is one of two kinds:
 - inputs fixed by (size, seed) alone, recorded: `init`, `draws` (JAX's normals of every perturbed leaf at both epochs,
   under the faithful key scheme and the two drifted ones the noise check names: shared slice keys, declaration-order
   keys), `shape` and `grads` (on fitness from the suite's own seeded stream), `product` (fresh seeded factors),
   `scores` (the forward on seeded params) and `epoch_step` (the lockstep trajectory from the reference's init);
 - inputs that come from the port (the update on the port's gradient; in distribution the forward, shaping, gradient
-  and step on the port's own noise): answered by parity.tree_numpy_reference, the same math in numpy.
+  and step on the port's own noise): answered by parity.tree.numpy_reference, the same math in numpy.
 dense_noise and factors_abs_product are numpy on the recorded draws (a fraction of the bytes of the dense noise). A
 recorded call whose inputs differ on replay (e.g. a port without `update` leaves the seeded stream elsewhere) goes to
 numpy where numpy can answer it and is otherwise skipped with the reason (parity.core.tape.NotRecorded).
@@ -21,7 +21,7 @@ from typing import Any
 
 from parity.core.port import UsageError
 from parity.core.tape import Bundle, Recording, Replay, Store, check_holds, read_bundle, write_bundle
-from parity.tree_numpy_reference import NumpyTreeReference, perturbs
+from parity.tree.numpy_reference import NumpyTreeReference, perturbs
 from spec.lm import LMConfig, lm_tree
 from spec.platform import ReferencePlatform, recorded_platform
 from spec.tree_knobs import TreeKnobs
@@ -66,7 +66,7 @@ class LMReference:
 
 def recording_reference(store: Store, platform: ReferencePlatform | None = None) -> LMReference:
     """The live reference on `platform`, every RECORDED call stored in `store`; noise as the replay will compute it."""
-    from parity import tree_reference
+    from parity.tree import reference as tree_reference
     live = tree_reference.on_platform(platform)
     source = Recording(live, RECORDED, store)
     return LMReference(source, NumpyTreeReference(source.draws), platform=live.platform, live=live)
@@ -93,12 +93,12 @@ def config_record(cfg: LMConfig) -> dict:
 def faithful_knobs(platform: ReferencePlatform) -> TreeKnobs:
     """The faithful tree side that drives a recording: rng following the reference's normals where the knob has
     per-backend values (jax-cpu, jax-gpu)."""
-    from parity.tree_cli import follow_reference_rng
+    from parity.tree.cli import follow_reference_rng
     return follow_reference_rng(TreeKnobs(), platform)[0]
 
 
 def lm_sizes() -> dict[str, LMConfig]:
-    from parity.tree_check import sizes
+    from parity.tree.check import sizes
     return sizes()
 
 
@@ -108,7 +108,7 @@ def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: 
     atomically), the reference on `platform` (default where JAX runs); the checks are driven by the faithful torch
     side (`knobs`: its rng following the reference's normals), which must pass them all (else nothing is written: a
     recording the faithful side fails would hold a wrong reference)."""
-    from parity import tree_check
+    from parity.tree import check as tree_check
     from reporting import cpu_name, versions
     sizes = lm_sizes()
     if size not in sizes:
@@ -120,7 +120,7 @@ def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: 
     if failed:
         raise RuntimeError("the faithful torch side did not pass every LM check while recording, so no bundle was "
                            "written:\n  " + "\n  ".join(failed))
-    from parity.tree_check import EPOCHS
+    from parity.tree.check import EPOCHS
     for epoch in EPOCHS:
         for leaf in lm_tree(cfg).leaves:
             if perturbs(cfg, leaf):
@@ -134,7 +134,7 @@ def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: 
                 "matmul_precision": ref.platform.precision_words(), "platform": ref.platform.fields(),
                 "command": regenerate(size, seed, str(out)), "recorded": list(RECORDED),
                 "numpy_answers": "update, scores_dense and any call whose inputs come from the port "
-                                 "(parity/tree_numpy_reference.py)"}
+                                 "(parity/tree/numpy_reference.py)"}
     return write_bundle(out, store, manifest)
 
 
@@ -177,9 +177,9 @@ def regenerate_tree(port: str = "PORT", size: str = "quick", seed: int = 0, out:
 def tree_draws(run) -> list[tuple[Any, int, Any, str]]:
     """(configuration, epoch, leaf, variant) of every draw the tree suite may ask the reference for on this run:
     the noise check's epochs under the faithful key scheme and the drifted ones it names, the gradients' epoch, and
-    the trajectory's epochs and generations (parity.es_lockstep.reference_draws)."""
-    from parity.es_lockstep import reference_draws
-    from parity.tree_check import EPOCHS
+    the trajectory's epochs and generations (parity.tree.es_lockstep.reference_draws)."""
+    from parity.tree.es_lockstep import reference_draws
+    from parity.tree.check import EPOCHS
     leaves = [leaf for leaf in run.tree.leaves if perturbs(run, leaf)]
     out = [(run, epoch, leaf, variant) for epoch in EPOCHS for leaf in leaves for variant in drift_variants(leaf)]
     out += [(cfg, epoch, leaf, "faithful") for cfg, epoch in reference_draws(run) for leaf in leaves]
@@ -192,9 +192,9 @@ def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line
     seed) into the bundle folder `out` (written atomically), the reference on `platform` (default where JAX runs);
     UsageError before any work for a port or tree that cannot be checked. The rest of the reference is numpy on these
     draws, on replay as when recorded."""
-    from parity import tree_reference
-    from parity.tree_adapter import declared_run, load_tree_port
-    from parity.tree_check import TREE_SIZES
+    from parity.tree import reference as tree_reference
+    from parity.tree.adapter import declared_run, load_tree_port
+    from parity.tree.check import TREE_SIZES
     from reporting import cpu_name, versions
     if size not in TREE_SIZES:
         raise UsageError(f"--task tree --size {size!r}: the tree suite's sizes are {', '.join(TREE_SIZES)}")
@@ -213,7 +213,7 @@ def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line
                 "matmul_precision": live.platform.precision_words(), "platform": live.platform.fields(),
                 "command": regenerate_tree(port_spec, size, seed, str(out)), "recorded": list(TREE_RECORDED),
                 "numpy_answers": "shaping, gradients, the step and the products: numpy on the recorded draws "
-                                 "(parity/tree_numpy_reference.py)"}
+                                 "(parity/tree/numpy_reference.py)"}
     return write_bundle(out, store, manifest)
 
 
