@@ -305,9 +305,13 @@ def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome
     else:
         port = built_adapter(request.adapter, cfg, request.label)
     port_tree(port, cfg)
+    reference = None
+    if request.against is not None:
+        from parity.tree.vectors import bundle_reference
+        reference = bundle_reference(request.against, cfg, request.seed)
     try:
         rows = tree_check.run(cfg, TreeKnobs(), request.seed, log, side=PortSide(CheckedTreePort(port, cfg), cfg),
-                              against=request.against)
+                              reference=reference)
     except PortError as err:
         raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree/adapter.py)") from err
     return outcomes_of_rows(rows, tree_check.CHECKS)

@@ -67,16 +67,18 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity.core.tolerances import (U32, U_TF32, gamma, linear_bound, linear_exact, shaping_bound, update_bound,
-                                    with_operands)
+from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, update_bound, with_operands
+from parity.tree import dist as D
+from parity.tree import es_lockstep
+from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, group_var,
+                              pairing_text, ref_perturbs, ref_u, shaping_pair_bound, step_text, unchanged_cause)
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
 from spec.platform import ReferencePlatform
 from spec.tree import slice_index
-from spec.tree_knobs import TREE_DESCRIPTIONS, TreeKnobs
+from spec.tree_knobs import TreeKnobs
 
 FORWARD_ULPS = 64
-EPOCHS = (0, 1)
 PRODUCT_MEMBERS, PRODUCT_BATCH = 3, 5
 EXTRA_PRODUCT_SHAPES = ((5, 7), (33, 17), (12, 12))   # beside the LM's own slices: wide, tall and square
 TREE_PRODUCT_ROWS = (2, 3)      # a declared tree's products: (batch, seq) rows per member, as a transformer layer's
@@ -86,25 +88,8 @@ TRAJECTORY_EPOCHS = 2
 CHECKS = ("init", "noise", "products", "fitness", "gradients", "updates", "forward", "trajectory")
 
 
-class Row(NamedTuple):
-    check: str
-    quantity: str
-    value: float
-    allowed: str
-    verdict: str          # pass | fail | skip
-    cause: str = ""
-
-
 def no_witness(*args, **kwargs) -> None:
     """The default witness: no repro collected (parity.core.repro.Collector.witness when the CLI writes repros)."""
-
-
-def cause(knob: str, detail: str) -> str:
-    return f"{TREE_DESCRIPTIONS[knob]} differs (knob `{knob}`): {detail}"
-
-
-def ref_perturbs(cfg: LMConfig, leaf) -> bool:
-    return leaf.cls in ("mm", "tmm") or (leaf.cls == "param" and not cfg.freeze_nonlora)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -168,13 +153,6 @@ def _noise_cause(R, cfg, seed, epoch, leaf, port) -> str:
         f"{leaf.path}: noise differs and matches no known tree drift (rng or key scheme)"
 
 
-def pairing_text(leaf, dense: np.ndarray) -> str:
-    """The pairing cause (the MLP's knob `antithetic`) when the members' mirrors are not (2k, 2k+1), else ''."""
-    mirror = diagnose.mirror_map(np.asarray(dense, np.float64).reshape(dense.shape[0], -1))
-    found = diagnose.pairing_cause(mirror, np.arange(dense.shape[0]) ^ 1)
-    return f"{leaf.path}: {found.text}" if found is not None else ""
-
-
 def scale_text(leaf, port: np.ndarray, ref: np.ndarray, cfg) -> str:
     """'noise scaling differs' when the port's noise is the reference's times one factor c != 1 (named when it is
     sqrt(r), 1/sqrt(r), sigma or 1/sigma), else ''."""
@@ -226,19 +204,6 @@ def check_noise(R, side, cfg, seed) -> tuple[list[Row], set[str]]:
     return rows, parted
 
 
-def _group_var(f: np.ndarray, g: int) -> np.ndarray:
-    x = f.astype(np.float64).reshape(-1, g or f.size)
-    return ((x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)).ravel()
-
-
-def shaping_pair_bound(f: np.ndarray, g: int) -> np.ndarray:
-    """Both sides' float32 bound for group shaping (group means, the global variance), per member."""
-    g = g or f.size
-    centred = f.astype(np.float64).reshape(-1, g) - f.astype(np.float64).reshape(-1, g).mean(1, keepdims=True)
-    return 2 * (shaping_bound(f) + (gamma(g) * np.abs(f).mean() + U32 * np.abs(centred.ravel())) /
-                math.sqrt(f.astype(np.float64).var() + 1e-5))
-
-
 def fitness_trials(cfg, rng, spread_rng=None) -> list[tuple[str, np.ndarray]]:
     """(label, f (pop,) float32): three fresh fitness vectors with group offsets; with spread_rng (the tree task)
     one more of tiny spread (variance about 1e-6, where the reference's + 1e-5 inside the root dominates, so a
@@ -251,22 +216,6 @@ def fitness_trials(cfg, rng, spread_rng=None) -> list[tuple[str, np.ndarray]]:
         out.append((f"tiny spread (variance ~1e-6), groups of {g}",
                     (1e-3 * spread_rng.standard_normal(cfg.pop)).astype(np.float32)))
     return out
-
-
-def fitness_text(f: np.ndarray, port: np.ndarray, g: int) -> str:
-    """The cause of a shaping that differs: `group_fitness` (each group by its own spread), else the MLP suite's
-    knob `fitness` when one of its known shapings (parity.core.diagnose.FITNESS_CANDIDATES) reproduces the port's."""
-    if np.allclose(port, _group_var(f, g), rtol=1e-4, atol=1e-5):
-        return cause("group_fitness", "each group is divided by its own spread, not by the global variance")
-    f64 = f.astype(np.float64)
-    for groups, note in ((g, " with group means"), (0, " over the whole population (its groups ignored)")):
-        for name, (words, formula, knob_value) in diagnose.FITNESS_CANDIDATES.items():
-            if name != "jax" and np.allclose(port, formula(f64, groups), rtol=1e-4, atol=1e-5):
-                return diagnose.cause("fitness", f"the port's shaped fitness is {words}{note}"
-                                                 + (f" (as fitness={knob_value})" if knob_value else "")
-                                                 + f", the reference's {diagnose.FITNESS_CANDIDATES['jax'][0]} with "
-                                                   f"group means and the global variance").text
-    return "fitness shaping differs"
 
 
 def check_fitness(R, side, cfg, rng, witness=no_witness, spread_rng=None) -> list[Row]:
@@ -282,11 +231,6 @@ def check_fitness(R, side, cfg, rng, witness=no_witness, spread_rng=None) -> lis
                         "<= 1 (both sides' float32 shaping bounds)", "pass" if ok else "fail",
                         "" if ok else fitness_text(f, port, g)))
     return rows
-
-
-def ref_u(R) -> float:
-    """The unit the reference rounds matmul operands to (U_TF32 on a TF32 platform, else 0)."""
-    return U_TF32 if getattr(R, "platform", ReferencePlatform()).tf32 else 0.0
 
 
 def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witness) -> list[Row]:
@@ -359,16 +303,6 @@ def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str, gap: dict | None 
     allowed = f"<= {FORWARD_ULPS}" + (" beyond the reference's own TF32 rounding" if gap else "")
     return Row("forward", f"{label}: max ulps of an intermediate's scale", worst, allowed,
                "pass" if first is None else "fail", why)
-
-
-def float32_of(R):
-    """The reference pinned to float32 (R.float32()); a replayed bundle has none: NotRecorded (the check is skipped
-    with the reason)."""
-    from parity.core.tape import NotRecorded
-    if getattr(type(R), "float32", None) is None:
-        raise NotRecorded("float32", "this reference cannot be evaluated at float32, which bounds its own TF32 "
-                                     "rounding here; check against the live reference")
-    return R.float32()
 
 
 def gap_of(ri: dict, r32: dict) -> dict:
@@ -509,60 +443,6 @@ def _product_row(R, side, case: ProductCase, inputs, witness) -> Row:
                "<= 1 (gamma_{in + r + 1} |x| (|W| + |A||B|^T))", "pass" if ok else "fail", why)
 
 
-def unchanged_cause(cfg: LMConfig, leaf, what: str) -> str:
-    if leaf.cls == "embedding":
-        return cause("embedding", f"{leaf.path} is {what}; the reference never updates embedding leaves")
-    if leaf.cls == "param":
-        return cause("frozen_leaves", f"{leaf.path} is {what}; the reference leaves param leaves as they are "
-                                      f"under freeze_nonlora")
-    return f"{leaf.path} ({leaf.cls}) is {what}; the reference never updates {leaf.cls} leaves"
-
-
-def fresh_params(R, cfg, seed: int, rng) -> dict[str, np.ndarray]:
-    """The LM: the reference's init plus fresh normal values * 0.05 (no leaf left at the init's ones and zeros). A
-    declared tree (no reference init): fresh normal values * 0.1 at every leaf's shape."""
-    if not isinstance(cfg, LMConfig):
-        return {leaf.path: (rng.standard_normal(leaf.shape) * 0.1).astype(np.float32) for leaf in cfg.tree.leaves}
-    return {k: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.05).astype(np.float32)
-            for k, v in R.init(cfg, seed).items()}
-
-
-class NumpyOptimizers:
-    """optax's sgd, adam and adamw in numpy (parity.mlp.numpy_reference) behind the two calls parity.core.optscale.verified
-    makes of a reference: the candidate optimizers a step that is not the reference's sgd is matched against."""
-
-    def __init__(self, lr: float, optimizer: str = "sgd"):
-        self.lr, self.optimizer = lr, optimizer
-
-    def with_run_knobs(self, optimizer: str) -> "NumpyOptimizers":
-        return NumpyOptimizers(self.lr, optimizer)
-
-    def optimizer_init(self, params: dict):
-        from parity.mlp.numpy_reference import optimizer_init
-        return optimizer_init(self.optimizer, params)
-
-    def optimizer_apply(self, params: dict, state, grads: dict, n: int, epoch: int):
-        from parity.mlp.numpy_reference import optimizer_apply
-        return optimizer_apply(params, state, grads, n, self.lr)
-
-
-def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
-    """Which optax optimizer, on the port's gradient times which scale, reproduces the port's step (parity.core.optscale
-    over sgd, adam and adamw, verified within parity.mlp.lockstep.MATCH), in the MLP suite's words: the knob `optimizer`
-    when it is not sgd, else the scale; or that none does."""
-    from parity.core import optscale
-    from parity.mlp.lockstep import MATCH
-    fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
-                               cfg.sigma)
-    fit = optscale.best_match(fits, MATCH)
-    if fit is None:                 # no optimizer explains it: no knob is named
-        return diagnose.other("optimizer step", f"the port's step matches none of optax sgd, adam, adamw at the "
-                                                f"reference's learning rate, at any gradient scale ({worst})").text
-    if fit.name == "1" and fit.optimizer != "sgd":
-        return diagnose.optimizer_cause(fit.optimizer, "sgd", worst).text
-    return diagnose.scaled_optimizer_cause(fit, "sgd", optscale.words(fit, cfg.sigma, cfg.pop), worst).text
-
-
 def check_updates(R, side, cfg, seed, rng) -> list[Row]:
     """One step from the same params: the side's new params against the reference's optax-sgd step on the side's
     own gradient (so only the step is judged), within both sides' update_bound; leaves the reference never updates
@@ -630,7 +510,7 @@ def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str,
     why = ""
     if ratio > 1:
         why = (cause("group_fitness", "each group is divided by its own spread, not by the global variance")
-               if np.allclose(port["shaped"], _group_var(port["scores"], cfg.group_size), rtol=1e-4, atol=1e-5)
+               if np.allclose(port["shaped"], group_var(port["scores"], cfg.group_size), rtol=1e-4, atol=1e-5)
                else "fitness shaping differs")
     rows.append(Row("trajectory", f"{at}: shaped fitness, max |port - ref| / bound", ratio,
                     f"<= 1 (shaping bounds + the scores' bound propagated{plus})", "pass" if ratio <= 1 else "fail",
@@ -716,6 +596,16 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
     return rows
 
 
+def trajectory_in_distribution(R, side, cfg, seed, parted: set[str]) -> list[Row]:
+    """check_trajectory with the reference's step on the side's es_ask noise (parity.tree.dist.trajectory_step),
+    then that noise's own rows (its pairs and law: the lockstep alone computes everything on it, so a loop drawing at
+    another scale than the port's noise() would otherwise pass)."""
+    asked: list = []
+    rows = check_trajectory(R, side, cfg, seed, parted, step=D.trajectory_step(R, side, cfg, seed, asked))
+    return rows + D.asked_rows(cfg, asked)
+
+
+
 # ----------------------------------------------------------------------------- the run
 def forward_after_noise(rows: list[Row], noise_causes) -> list[Row]:
     """The forward's rows, a failing noise-on row given the noise check's causes when the noise-off row passes: each
@@ -735,7 +625,6 @@ FOREIGN_FORWARD = ("the model's forward is the port's own: it is not checked on 
 
 def _noise_plan(R, side, cfg, seed, exact: bool, state: dict):
     """The noise check (element by element, or in distribution), keeping which leaves parted and its causes."""
-    from parity.tree import dist as D
 
     def noise():
         rows, state["parted"] = (check_noise if exact else D.check_noise)(R, side, cfg, seed)
@@ -745,7 +634,6 @@ def _noise_plan(R, side, cfg, seed, exact: bool, state: dict):
 
 
 def _gradients_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness):
-    from parity.tree import dist as D
     return lambda: check_gradients(R, side, cfg, seed, rng, state["parted"], witness) if exact else \
         D.check_gradients(R, side, cfg, seed, rng, state["parted"])
 
@@ -754,8 +642,6 @@ def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_wit
     """The checks on a declared tree (--task tree): init on the laws the port states, noise, products at every leaf,
     fitness (one more trial of tiny spread, from its own stream), gradients, updates, the forward said not checked,
     and the trajectory as the es_* lockstep on synthetic fitness (parity.tree.es_lockstep)."""
-    from parity.tree import es_lockstep
-    from parity.tree import dist as D
     spread = np.random.default_rng([seed, 21])
     return [("init", "init", lambda: D.check_init_laws(side, cfg, seed)),
             ("noise", None, _noise_plan(R, side, cfg, seed, exact, state)),
@@ -772,7 +658,6 @@ def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness)
     (exact) or in distribution (parity.tree.dist); products, fitness and updates are draw-free in both modes.
     `witness` is told of each element-wise comparison of a port output (parity.core.repro). The LM (an LMConfig) adds
     its own init, forward and corpus trajectory; any other tree runs _tree_plan."""
-    from parity.tree import dist as D
     if not isinstance(cfg, LMConfig):
         return _tree_plan(R, side, cfg, seed, rng, exact, state, witness)
 
@@ -792,7 +677,7 @@ def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness)
             ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
             ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
             ("forward", "scores", forward),
-            ("trajectory", "epoch_step", lambda: (check_trajectory if exact else D.check_trajectory)(
+            ("trajectory", "epoch_step", lambda: (check_trajectory if exact else trajectory_in_distribution)(
                 R, side, cfg, seed, state["parted"]))]
 
 
@@ -810,21 +695,17 @@ def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
 
 
 def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
-        against=None, platform: ReferencePlatform | None = None, device: str = "cpu") -> list[Row]:
+        platform: ReferencePlatform | None = None, device: str = "cpu") -> list[Row]:
     """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree.adapter.PortSide).
     Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
     distribution (parity.tree.dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
     parity.core.repro.Collector (its tape on a port's side, see tree_cli), collects each check's failing port call.
-    `reference`: the reference's functions (default parity.tree.reference, live JAX; parity.tree.vectors.
-    replay_reference: a bundle); a check needing a call the bundle cannot answer is skipped with the reason.
-    `against`: a bundle folder in place of `reference` (UsageError, before any work, for one that does not hold
-    this configuration and seed). `platform`: where the live reference runs (spec.platform; default where JAX
-    runs); `device`: the torch side's device."""
+    `reference`: the reference's functions (default parity.tree.reference, live JAX; a bundle's replay:
+    parity.tree.vectors.replay_reference, or bundle_reference for a bundle folder at this configuration and seed); a
+    check needing a call the bundle cannot answer is skipped with the reason. `platform`: where the live reference
+    runs (spec.platform; default where JAX runs); `device`: the torch side's device."""
     from parity.core.port import NonFinite
     from parity.core.tape import NotRecorded
-    if against is not None:
-        from parity.tree.vectors import bundle_reference
-        reference = bundle_reference(against, cfg, seed)
     if reference is None:
         from parity.tree import reference as tree_reference
         reference = tree_reference.on_platform(platform)

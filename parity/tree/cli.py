@@ -74,23 +74,13 @@ def parse(argv: list[str]):
     if args.device.startswith("cuda"):
         from parity.mlp.torch_adapter import check_device
         check_device(args.device)
+    from parity.tree.base import follow_reference_rng
     platform = recorded_platform(bundle.manifest) if reference is None else reference.platform
     knobs, args.followed = follow_reference_rng(knobs, platform)
     args.pinned = args.torch + [f"rng={knobs.rng}"] if args.followed else args.torch    # what a repro rebuilds
     from parity.core.tape import run_size_and_seed
     args.size, args.seed = run_size_and_seed(bundle, args.size, args.seed)
     return args, knobs, bundle, reference
-
-
-def follow_reference_rng(knobs, platform) -> tuple:
-    """(knobs, words): the tree side's rng=jax follows the reference's normals: plain jax is JAX's CPU normals, so on
-    a GPU-normals reference it becomes rng=jax-gpu where spec.tree_knobs has that value; a side pinned to one
-    backend (jax-cpu, jax-gpu) stays as pinned."""
-    value = f"jax-{platform.normals}"
-    if knobs.rng != "jax" or platform.normals == "cpu" or value not in TREE_CHOICES["rng"]:
-        return knobs, ""
-    import dataclasses
-    return dataclasses.replace(knobs, rng=value), f"rng=jax follows the reference's backend: rng={value}"
 
 
 def main(argv: list[str]) -> int:

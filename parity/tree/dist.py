@@ -63,7 +63,7 @@ from scipy import stats
 from parity.mlp.checks.dense import is_rescaled, scale_cause
 from parity.core.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
 from parity.tree.adapter import dense_of
-from parity.tree.check import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u
+from parity.tree.base import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u
 from spec.lm import H0_SCALE, LMConfig, init_plan, lm_tree
 from spec.tree import Leaf
 
@@ -392,9 +392,9 @@ def reference_step(R, cfg: LMConfig, params: dict, noise: dict, tokens: np.ndarr
 
 def trajectory_step(R, side, cfg: LMConfig, seed: int, asked: list | None = None) -> Callable:
     """(params, epoch, tokens) -> (reference, port, {path: (|noise|, roundings)}, the reference's step at float32
-    or None): the side's epoch, then the reference's step on the noise its es_ask drew, for check_trajectory's
-    lockstep (each epoch's noise appended to `asked` when given); a TF32 reference's step is also taken at float32,
-    its own rounding measured."""
+    or None): the side's epoch, then the reference's step on the noise its es_ask drew, for the lockstep of
+    parity.tree.check.check_trajectory (each epoch's noise appended to `asked` when given); a TF32 reference's step
+    is also taken at float32, its own rounding measured."""
     def step(params, epoch, tokens):
         port = side.epoch_step(seed, params, epoch, tokens)
         noise = port["noise"]
@@ -423,13 +423,3 @@ def asked_rows(cfg: LMConfig, asked: list) -> list[Row]:
                                          f"entries of E / sigma", np.concatenate(x), check_alpha("trajectory"),
                            "the training loop's (es_ask) low-rank noise over sigma", cfg.rank))
     return rows
-
-
-def check_trajectory(R, side, cfg: LMConfig, seed: int, parted: set[str]) -> list[Row]:
-    """tree_check.check_trajectory with the reference's step on the side's es_ask noise, then that noise's own rows
-    (its pairs and law: the lockstep alone computes everything on it, so a loop drawing at another scale than the
-    port's noise() would otherwise pass)."""
-    from parity.tree.check import check_trajectory as lockstep
-    asked: list = []
-    rows = lockstep(R, side, cfg, seed, parted, step=trajectory_step(R, side, cfg, seed, asked))
-    return rows + asked_rows(cfg, asked)

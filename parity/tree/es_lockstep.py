@@ -27,8 +27,8 @@ import numpy as np
 
 from parity.core import diagnose
 from parity.core.tolerances import gamma, update_bound
-from parity.tree.check import (Row, fitness_text, fresh_params, pairing_text, ref_perturbs, shaping_pair_bound,
-                               step_text, unchanged_cause)
+from parity.tree.base import (Row, fitness_text, fresh_params, pairing_text, ref_perturbs, shaping_pair_bound,
+                              step_text, unchanged_cause)
 from parity.tree.dist import asked_rows, dense64, estimate, magnitude, unperturbed_row
 from parity.tree.numpy_reference import true_epoch
 

@@ -21,6 +21,9 @@ from typing import Any
 
 from parity.core.port import UsageError
 from parity.core.tape import Bundle, Recording, Replay, Store, check_holds, read_bundle, write_bundle
+from parity.tree import check as tree_check
+from parity.tree.base import EPOCHS, follow_reference_rng
+from parity.tree.es_lockstep import reference_draws
 from parity.tree.numpy_reference import NumpyTreeReference, perturbs
 from spec.lm import LMConfig, lm_tree
 from spec.platform import ReferencePlatform, recorded_platform
@@ -93,13 +96,11 @@ def config_record(cfg: LMConfig) -> dict:
 def faithful_knobs(platform: ReferencePlatform) -> TreeKnobs:
     """The faithful tree side that drives a recording: rng following the reference's normals where the knob has
     per-backend values (jax-cpu, jax-gpu)."""
-    from parity.tree.cli import follow_reference_rng
     return follow_reference_rng(TreeKnobs(), platform)[0]
 
 
 def lm_sizes() -> dict[str, LMConfig]:
-    from parity.tree.check import sizes
-    return sizes()
+    return tree_check.sizes()
 
 
 def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: ReferencePlatform | None = None,
@@ -108,7 +109,6 @@ def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: 
     atomically), the reference on `platform` (default where JAX runs); the checks are driven by the faithful torch
     side (`knobs`: its rng following the reference's normals), which must pass them all (else nothing is written: a
     recording the faithful side fails would hold a wrong reference)."""
-    from parity.tree import check as tree_check
     from reporting import cpu_name, versions
     sizes = lm_sizes()
     if size not in sizes:
@@ -120,7 +120,6 @@ def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: 
     if failed:
         raise RuntimeError("the faithful torch side did not pass every LM check while recording, so no bundle was "
                            "written:\n  " + "\n  ".join(failed))
-    from parity.tree.check import EPOCHS
     for epoch in EPOCHS:
         for leaf in lm_tree(cfg).leaves:
             if perturbs(cfg, leaf):
@@ -154,8 +153,8 @@ def open_bundle(folder: str | Path, size: str | None, seed: int | None) -> Bundl
 
 
 def bundle_reference(folder: str | Path, cfg: LMConfig, seed: int) -> LMReference:
-    """The replayed reference of the bundle in `folder` for a run at (cfg, seed) (tree_check.run(against=), the pytest
-    plugin's against=); UsageError when the bundle holds another configuration or seed."""
+    """The replayed reference of the bundle in `folder` for a run at (cfg, seed) (the pytest plugin's against=);
+    UsageError when the bundle holds another configuration or seed."""
     bundle = open_bundle(folder, None, seed)
     if bundle.manifest["config"] != config_record(cfg):
         raise UsageError(f"bundle {folder} holds size {bundle.manifest['size']!r} ({bundle.manifest['sizes']}), not "
@@ -178,8 +177,6 @@ def tree_draws(run) -> list[tuple[Any, int, Any, str]]:
     """(configuration, epoch, leaf, variant) of every draw the tree suite may ask the reference for on this run:
     the noise check's epochs under the faithful key scheme and the drifted ones it names, the gradients' epoch, and
     the trajectory's epochs and generations (parity.tree.es_lockstep.reference_draws)."""
-    from parity.tree.es_lockstep import reference_draws
-    from parity.tree.check import EPOCHS
     leaves = [leaf for leaf in run.tree.leaves if perturbs(run, leaf)]
     out = [(run, epoch, leaf, variant) for epoch in EPOCHS for leaf in leaves for variant in drift_variants(leaf)]
     out += [(cfg, epoch, leaf, "faithful") for cfg, epoch in reference_draws(run) for leaf in leaves]
@@ -194,11 +191,10 @@ def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line
     draws, on replay as when recorded."""
     from parity.tree import reference as tree_reference
     from parity.tree.adapter import declared_run, load_tree_port
-    from parity.tree.check import TREE_SIZES
     from reporting import cpu_name, versions
-    if size not in TREE_SIZES:
-        raise UsageError(f"--task tree --size {size!r}: the tree suite's sizes are {', '.join(TREE_SIZES)}")
-    run, lines = declared_run(load_tree_port(port_spec, None), TREE_SIZES[size])
+    if size not in tree_check.TREE_SIZES:
+        raise UsageError(f"--task tree --size {size!r}: the tree suite's sizes are {', '.join(tree_check.TREE_SIZES)}")
+    run, lines = declared_run(load_tree_port(port_spec, None), tree_check.TREE_SIZES[size])
     store = Store()
     live = tree_reference.on_platform(platform)
     source = Recording(live, TREE_RECORDED, store)
