@@ -124,7 +124,7 @@ def _moved(name: str) -> Callable[[list[str]], int]:
 
 
 def _int8(argv: list[str]) -> int:
-    from parity import int8_cli
+    from parity.int8 import cli as int8_cli
     return int8_cli.main(argv)
 
 

@@ -46,9 +46,9 @@ EXCEPTIONS: dict[str, set[str]] = {
     "torch_impl/__main__.py": {"c_rng"},                           # its env switch, checked before any work
     "parity/tree/reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
     "parity/tree/torch_side.py": {"torch_impl", "torch"},               # the torch side of the LM suite
-    "parity/int8_reference.py": {"jax_reference", "jax"},          # the reference side of the int8 check
-    "parity/int8_torch.py": {"torch_impl", "torch"},               # the torch side of the int8 check
-    "parity/int8_c.py": {"c_int8"},                                # the C side (and the knob signatures)
+    "parity/int8/reference.py": {"jax_reference", "jax"},          # the reference side of the int8 check
+    "parity/int8/torch_side.py": {"torch_impl", "torch"},               # the torch side of the int8 check
+    "parity/int8/c_side.py": {"c_int8"},                                # the C side (and the knob signatures)
     "parity/__main__.py": {"jax", "torch"},                        # device line; --device cuda check
     "parity/pytest_plugin.py": {"pytest"},                         # the pytest plugin for port authors
     "gap/runs.py": {"torch_impl", "jax_reference", "torch", "ports", "rollout"},   # the trainers, loaded lazily per run

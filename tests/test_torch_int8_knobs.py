@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import c_int8
-from parity.int8_pieces import first_parting, make_case, name_knobs
+from parity.int8.pieces import first_parting, make_case, name_knobs
 from spec.int8 import INT8_PRESETS
 from spec.int8_knobs import ALL_INT8_KNOBS, INT8_KNOBS, NANO_EGG, int8_profile
 
@@ -25,20 +25,20 @@ class Bench:
     """One size: the case, the C side's signatures (cached per knob setting) and the torch side's pieces."""
 
     def __init__(self, size: str):
-        from parity.int8_reference import lookups
+        from parity.int8.reference import lookups
         self.cfg, self.seed = SIZES[size]
         self.case = make_case(self.cfg, self.seed, 3)
         self.lut, self.init_lut = lookups()
         self._c: dict = {}
 
     def c(self, knobs):
-        from parity.int8_c import CSide
+        from parity.int8.c_side import CSide
         if knobs not in self._c:
             self._c[knobs] = CSide(self.cfg, self.seed, self.lut, self.init_lut, knobs).pieces(self.case)
         return self._c[knobs]
 
     def torch(self, knobs):
-        from parity.int8_torch import TorchSide
+        from parity.int8.torch_side import TorchSide
         return TorchSide(self.cfg, self.seed, knobs).pieces(self.case)
 
 
@@ -105,7 +105,7 @@ def test_torch_cli_takes_int8_knobs_and_refuses_bad_ones(capsys):
 @pytest.mark.parametrize("size", list(SIZES))
 @pytest.mark.parametrize("setting", [f"{k}={v.egg_c}" for k, v in INT8_KNOBS.items()] + ["egg.c"])
 def test_parity_int8_exits_1_and_names_the_knob(size, setting, tmp_path, capsys):
-    from parity import int8_cli
+    from parity.int8 import cli as int8_cli
     argv = ["--size", size, "--epochs", "2", "--out", str(tmp_path), "--quiet"]
     argv += ["--profile", "egg.c"] if setting == "egg.c" else ["--torch", setting]
     assert int8_cli.main(argv) == 1

@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from parity.int8_pieces import Case, Pieces, noise_pieces
+from parity.int8.pieces import Case, Pieces, noise_pieces
 from spec.int8 import LEAF_CLASSES, thresholds
 from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves
 

@@ -1,6 +1,6 @@
 """`python -m parity int8` (`make int8`): integer EGGROLL three ways — JAX reference, torch port, C side — bit for bit.
 
-Every side computes every piece of one Case (parity/int8_pieces.py: init, window starts, member noise, each op of the
+Every side computes every piece of one Case (parity/int8/pieces.py: init, window starts, member noise, each op of the
 forward, logits, scores, fitness signs, votes Z, the update, a K-epoch trajectory) and each is compared with the
 reference for equality. A side that parts is reported at its first differing piece and element; a departing torch
 side (--torch KNOB=VALUE, --profile egg.c) is then named by the C side's knob signatures: the smallest set of egg.c's
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from parity.int8_pieces import Case, Naming, first_parting, group_table, make_case, name_knobs
+from parity.int8.pieces import Case, Naming, first_parting, group_table, make_case, name_knobs
 from spec.int8 import EGG_C_ORIGINAL, INT8_PRESETS, NANO_EGG_ORIGINAL, Int8Config
 from spec.int8_knobs import ALL_INT8_KNOBS, INT8_PROFILES, Int8KnobError, Int8Knobs, parse_int8_knobs
 from spec.limits import check_out_dir, device_arg, seed_arg
@@ -85,13 +85,13 @@ class Plan:
         if args.device.startswith("cuda"):
             from parity.mlp.torch_adapter import check_device
             check_device(args.device)
-        from parity.int8_reference import platform_for
+        from parity.int8.reference import platform_for
         self.platform = platform_for(request_of(args))
         self.c_reason = None
         if args.no_c:
             self.c_reason = "C side left out (--no-c)"
         else:
-            from parity.int8_c import unavailable_reason
+            from parity.int8.c_side import unavailable_reason
             reason = unavailable_reason()
             if reason is not None and not reason.startswith("C side skipped: no C compiler"):
                 raise ValueError(f"{reason}\n  fix the C side's build (make c-side shows it), or run with --no-c")
@@ -112,8 +112,8 @@ def cause_text(naming: Naming) -> str:
 
 def run(plan: Plan, seed: int, epochs: int, log) -> dict:
     """The three sides' pieces, their partings from the reference and, for a departing torch side, the named knobs."""
-    from parity.int8_reference import ReferenceSide, lookups
-    from parity.int8_torch import TorchSide
+    from parity.int8.reference import ReferenceSide, lookups
+    from parity.int8.torch_side import TorchSide
     case = make_case(plan.cfg, seed, epochs, plan.corpus)
     sides, rows = [], []
     t0 = time.perf_counter()
@@ -126,7 +126,7 @@ def run(plan: Plan, seed: int, epochs: int, log) -> dict:
     sides.append(("torch", torch_side, plan.knobs))
     signature = None
     if plan.c_reason is None:
-        from parity.int8_c import CSide
+        from parity.int8.c_side import CSide
         lut, init_lut = lookups(plan.platform)              # the reference's own look-ups, on its platform
         sides.append(("C", CSide(plan.cfg, seed, lut, init_lut), Int8Knobs()))
         signature = lambda knobs: CSide(plan.cfg, seed, lut, init_lut, knobs).pieces(case)
@@ -205,7 +205,7 @@ def lookup_lines(platform) -> list[str]:
     look-ups that changes (measured here), so that every side is seen to use the same look-up."""
     if platform.normals == "cpu":
         return []
-    from parity.int8_reference import lookups_differ
+    from parity.int8.reference import lookups_differ
     noise, init = lookups_differ(platform)
     return [f"- JAX's {platform.normals.upper()} normals against its CPU normals: {noise} of 2^23 noise look-up "
             f"entries int8(normal * 16) and {init} of 2^23 init look-up entries round(normal * 16) differ; the C side "
@@ -234,7 +234,7 @@ def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int
              f"reference platform: {plan.platform.fields_text()}",
              f"- took {seconds:.1f} s",
              "- the bar: equality at every element of every piece (integer arithmetic has no rounding); pieces and "
-             "their order: parity/int8_pieces.py",
+             "their order: parity/int8/pieces.py",
              f"- the originals (conformance tests, skipped where the source is absent): {NANO_EGG_ORIGINAL[0]} "
              f"{NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} is reproduced by the JAX reference "
              f"(tests/test_int8_nano_egg.py); {EGG_C_ORIGINAL[0]} {EGG_C_ORIGINAL[1]} at {EGG_C_ORIGINAL[2][:7]} by "

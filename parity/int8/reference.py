@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from parity.int8_pieces import Case, Pieces, noise_pieces
+from parity.int8.pieces import Case, Pieces, noise_pieces
 from spec.platform import PlatformRequest, ReferencePlatform
 
 NAME = "JAX (jax_reference.int8)"

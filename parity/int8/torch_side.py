@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from parity.int8_pieces import Case, Pieces
+from parity.int8.pieces import Case, Pieces
 from spec.int8_knobs import NANO_EGG, Int8Knobs
 
 NAME = "torch (torch_impl int8 port)"
