@@ -230,7 +230,7 @@ def parse(argv: list[str]):
         args.platform = recorded_platform(args.bundle.manifest)
         check_against_bundle(args, args.platform, args.against)
     else:
-        from parity.mlp.reference_port import platform_for
+        from parity.core.platform import platform_for
 
         args.platform = platform_for(request_of(args))
     from parity.core.tape import run_size_and_seed
@@ -333,7 +333,8 @@ def _make_port(args, sizes: Sizes):
     followed, words = follow_reference_rng(knobs, args.platform)
     text += words
     pinned = args.torch + [f"rng={followed.rng}"] if followed.rng != knobs.rng else args.torch   # the repro's side
-    from parity.mlp.torch_adapter import TorchPort, check_device, one_thread
+    from parity.mlp.torch_adapter import TorchPort, one_thread
+    from parity.core.device import check_device
 
     check_device(args.device)
     port = TorchPort(sizes.cfg, followed, args.device)

@@ -56,7 +56,7 @@ def _record_tree(args, platform: ReferencePlatform) -> int:
 def record_platform(args) -> ReferencePlatform:
     """The platform the bundle is recorded on, from --device and the reference flags (UsageError, exit 2, for a
     contradiction or a CUDA device JAX does not see), before any work."""
-    from parity.mlp.reference_port import PlatformError, platform_for
+    from parity.core.platform import PlatformError, platform_for
     from spec.limits import cuda_missing
     from spec.platform import PlatformRequest, request_of
 

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from parity.core.tolerances import entry_ks, entry_moment, ks_critical
 from parity.core.verdict import Cause, fmt
 from spec.knobs import DESCRIPTIONS
 from spec.platform import backend_sentence
@@ -483,3 +484,35 @@ def init_cause(var_in: float, kurtosis: float, bias_zero: bool, bias_bound_ok: b
                              "with zero biases")
     return cause("init", f"weights have var*in {fmt(var_in)} and kurtosis {fmt(kurtosis)} and {bias}; the reference "
                          "draws normal/sqrt(in) (var*in 1, kurtosis 3) with zero biases")
+
+
+# ----------------------------------------------------------------------------- EGGROLL's dense entries: scale or shape
+DIAGNOSTIC_ALPHA = 1e-6     # level of the scale-free KS test that tells a wrong scale from a wrong shape (a cause's
+                            # wording only, never a verdict)
+
+
+def kurtosis(x: np.ndarray) -> float:
+    """E x^4 / (E x^2)^2 of a sample (3 for a normal, 3 + 6/r for EGGROLL's entries)."""
+    return float(np.mean(x ** 4) / np.mean(x ** 2) ** 2)
+
+
+def distribution_cause(x: np.ndarray, r: int):
+    return other("noise distribution", f"the port's noise is not distributed as EGGROLL's: its independent "
+                                       f"entries of E have kurtosis {fmt(kurtosis(x))} and variance "
+                                       f"{fmt(float(np.mean(x ** 2)))} x sigma^2; an entry of EGGROLL's "
+                                       f"A B^T is sqrt(chi2_r / r) N(0, sigma^2), kurtosis 3 + 6/r = "
+                                       f"{fmt(entry_moment(2, r))}")
+
+
+def scale_cause(name: str, x: np.ndarray):
+    return other("noise scaling", f"entries of E of '{name}' have variance {fmt(float(np.mean(x ** 2)))} "
+                                  "x sigma^2; EGGROLL's A B^T (A times sigma/sqrt(r)) has sigma^2")
+
+
+def is_rescaled(x: np.ndarray, r: int) -> bool:
+    """Whether x looks like EGGROLL's entries at another scale: shaped like them once divided by their own RMS
+    (scale-free KS at DIAGNOSTIC_ALPHA) while the variance is clearly off (5 standard errors)."""
+    v = float(np.mean(x ** 2))
+    shaped, _ = entry_ks(x / np.sqrt(v), r)
+    off = abs(v - 1) > 5 * np.sqrt((entry_moment(2, r) - 1) / x.size)
+    return shaped <= ks_critical(x.size, DIAGNOSTIC_ALPHA) and off

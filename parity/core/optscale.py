@@ -19,7 +19,7 @@ space where the first step is linear in the unknown and each entry's rounding er
 
 Tolerance for "matches up to scale": a named scale is taken when its value lies in the fitted worst-case interval
 (deterministic: no false-alarm rate), else the fitted value is given. Whatever the name, the candidate optimizer fed
-c g must reproduce the port's first step within MATCH of its largest entry (parity.mlp.lockstep.MATCH, the threshold
+c g must reproduce the port's first step within MATCH of its largest entry (MATCH below, the threshold
 an unscaled candidate must meet): that verification, not the fit, decides a match.
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ from parity.core.tolerances import update_bound
 
 ADAM_EPS = 1e-8     # optax.adam's and adamw's default eps
 ADAMW_DECAY = 1e-4  # optax.adamw's default weight decay
+MATCH = 1e-4        # an optimizer candidate reproduces the port's first step within this share of its largest entry
 
 
 class ScaleFit(NamedTuple):

@@ -83,7 +83,7 @@ class Plan:
         self.corpus = load_int8_corpus(check_corpus_path(args.corpus), self.cfg)
         self.device = args.device
         if args.device.startswith("cuda"):
-            from parity.mlp.torch_adapter import check_device
+            from parity.core.device import check_device
             check_device(args.device)
         from parity.int8.reference import platform_for
         self.platform = platform_for(request_of(args))

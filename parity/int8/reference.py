@@ -49,7 +49,7 @@ def _flat_noise(noise) -> dict:
 
 def platform_for(request: PlatformRequest, gpu: bool = False) -> ReferencePlatform:
     """The int8 reference's platform for a command line's request (ValueError, exit 2, where it cannot run here)."""
-    from parity.mlp.reference_port import platform_for as resolve_here
+    from parity.core.platform import platform_for as resolve_here
     return resolve_here(request, gpu)
 
 

@@ -52,6 +52,7 @@ import numpy as np
 from scipy import stats
 
 from parity.core import diagnose, optscale
+from parity.core.optscale import MATCH
 from parity.mlp import noiseform
 from parity.core.tolerances import U32, gamma, update_bound
 from parity.core.verdict import Cause, fmt
@@ -62,7 +63,6 @@ SIGMA_SHARED_DRAWS = 12 * U32   # ... with the reference's draws at both epochs
 ADAM = {"b1": 0.9, "b2": 0.999, "eps": 1e-8}   # optax.adam's defaults (the reference's SOLVERS)
 ADAMW_DECAY = 1e-4                              # optax.adamw's default weight decay
 ALIGNED = 1 - 1e-6   # cosine above which two steps point the same way: their sizes differ, not their directions
-MATCH = 1e-4         # an optimizer candidate reproduces the port's first step within this share of its largest entry
 
 
 # ----------------------------------------------------------------------------- sigma

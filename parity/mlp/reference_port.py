@@ -23,7 +23,7 @@ import optax
 from jax_reference import emulation
 from jax_reference.models import MLP, MM_PARAM, PARAM, simple_es_tree_key
 from jax_reference.noiser import EggRoll, factor_grad, lowrank_sigma, member_key, noise_grad, solver_input
-from jax_reference.platform import PlatformError, normals_available, resolve, scope  # noqa: F401 (record's)
+from jax_reference.platform import normals_available, resolve, scope
 from jax_reference.population import CachedNoise, flat_to_params, params_to_flat
 from jax_reference.train import SOLVERS
 from rollout.cartpole import MAX_STEPS
@@ -61,16 +61,6 @@ def backend_info(platform: ReferencePlatform | None = None) -> dict:
     platform = platform or resolve()
     return {"device": f"JAX reference on {platform.backend}; host CPU {cpu_name()}",
             "matmul_precision": platform.precision_words(), "platform": platform.fields()}
-
-
-def platform_for(request, gpu: bool = False) -> ReferencePlatform:
-    """The reference's platform for a command line's request (spec.platform.PlatformRequest), checked before any
-    work: ValueError (exit 2) where it cannot run here (a GPU JAX does not see, GPU normals without their table)."""
-    platform = resolve(request, gpu)
-    if not normals_available(platform):
-        raise ValueError(f"--reference-platform {request.platform}: JAX's {platform.normals.upper()} normals on "
-                         f"{platform.backend} need jax_reference/normals.py's table, which this checkout lacks")
-    return platform
 
 
 def on_platform(cls):

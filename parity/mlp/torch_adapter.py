@@ -14,7 +14,6 @@ import torch
 from spec.config import OBS_DIM, Config
 from spec.knobs import Knobs, drifts
 from spec.layout import leaf_names, n_layers_of
-from spec.limits import cuda_missing
 from torch_impl import es, model
 from torch_impl.fitness import shape_fitness
 from torch_impl.gradient import es_gradient
@@ -35,14 +34,6 @@ def _config_for(cfg: Config, shapes) -> Config:
     if shapes["0.weight"][1] != OBS_DIM:
         raise ValueError(f"torch_impl's MLP takes {OBS_DIM} inputs, the shapes say {shapes['0.weight'][1]}")
     return cfg.replace(layers=n_layers, hidden=hidden)
-
-
-def check_device(device: str) -> None:
-    """UsageError (exit 2, before any work) for a CUDA device on a machine where torch sees none: every suite's
-    --device (check, check --task lm, int8) refuses it with spec.limits' sentence."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        from parity.core.port import UsageError
-        raise UsageError(cuda_missing(device))
 
 
 @lru_cache(maxsize=32)

@@ -116,20 +116,20 @@ class NumpyOptimizers:
         return NumpyOptimizers(self.lr, optimizer)
 
     def optimizer_init(self, params: dict):
-        from parity.mlp.numpy_reference import optimizer_init
+        from parity.core.optimizers import optimizer_init
         return optimizer_init(self.optimizer, params)
 
     def optimizer_apply(self, params: dict, state, grads: dict, n: int, epoch: int):
-        from parity.mlp.numpy_reference import optimizer_apply
+        from parity.core.optimizers import optimizer_apply
         return optimizer_apply(params, state, grads, n, self.lr)
 
 
 def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
     """Which optax optimizer, on the port's gradient times which scale, reproduces the port's step (parity.core.optscale
-    over sgd, adam and adamw, verified within parity.mlp.lockstep.MATCH), in the MLP suite's words: the knob `optimizer`
+    over sgd, adam and adamw, verified within parity.core.optscale.MATCH), in the MLP suite's words: the knob `optimizer`
     when it is not sgd, else the scale; or that none does."""
     from parity.core import optscale
-    from parity.mlp.lockstep import MATCH
+    from parity.core.optscale import MATCH
     fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
                                cfg.sigma)
     fit = optscale.best_match(fits, MATCH)

@@ -72,7 +72,7 @@ def parse(argv: list[str]):
         from parity.tree import reference as tree_reference
         reference = tree_reference.on_platform(tree_reference.platform_for(request_of(args)))
     if args.device.startswith("cuda"):
-        from parity.mlp.torch_adapter import check_device
+        from parity.core.device import check_device
         check_device(args.device)
     from parity.tree.base import follow_reference_rng
     platform = recorded_platform(bundle.manifest) if reference is None else reference.platform

@@ -60,7 +60,7 @@ from typing import Callable
 import numpy as np
 from scipy import stats
 
-from parity.mlp.checks.dense import is_rescaled, scale_cause
+from parity.core.diagnose import is_rescaled, scale_cause
 from parity.core.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
 from parity.tree.adapter import dense_of
 from parity.tree.base import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u

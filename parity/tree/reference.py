@@ -232,7 +232,7 @@ def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.nd
 
 def platform_for(request: PlatformRequest, gpu: bool = False) -> ReferencePlatform:
     """The LM reference's platform for a command line's request (ValueError, exit 2, where it cannot run here)."""
-    from parity.mlp.reference_port import platform_for as resolve_here
+    from parity.core.platform import platform_for as resolve_here
     return resolve_here(request, gpu)
 
 

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
+from parity.core.diagnose import distribution_cause, is_rescaled, kurtosis, scale_cause
 from parity.mlp.noiseform import perturbation
 from parity.core.tolerances import entry_ks, entry_moment, ks_critical, rank_threshold
 from parity.core.verdict import Recorder, fmt
@@ -82,35 +83,6 @@ def judge_rank(rec: Recorder, ranks: tuple[Rank, ...], r: int) -> None:
 
 
 # ----------------------------------------------------------------------------- scale and distribution
-DIAGNOSTIC_ALPHA = 1e-6     # level of the scale-free KS test that tells a wrong scale from a wrong shape (a cause's
-                            # wording only, never a verdict)
-
-
-def kurtosis(x: np.ndarray) -> float:
-    """E x^4 / (E x^2)^2 of a sample (3 for a normal, 3 + 6/r for EGGROLL's entries)."""
-    return float(np.mean(x ** 4) / np.mean(x ** 2) ** 2)
-
-
-def distribution_cause(x: np.ndarray, r: int):
-    return diagnose.other("noise distribution", f"the port's noise is not distributed as EGGROLL's: its independent "
-                                                f"entries of E have kurtosis {fmt(kurtosis(x))} and variance "
-                                                f"{fmt(float(np.mean(x ** 2)))} x sigma^2; an entry of EGGROLL's "
-                                                f"A B^T is sqrt(chi2_r / r) N(0, sigma^2), kurtosis 3 + 6/r = "
-                                                f"{fmt(entry_moment(2, r))}")
-
-
-def scale_cause(name: str, x: np.ndarray):
-    return diagnose.other("noise scaling", f"entries of E of '{name}' have variance {fmt(float(np.mean(x ** 2)))} "
-                                           "x sigma^2; EGGROLL's A B^T (A times sigma/sqrt(r)) has sigma^2")
-
-
-def is_rescaled(x: np.ndarray, r: int) -> bool:
-    """Whether x looks like EGGROLL's entries at another scale: shaped like them once divided by their own RMS
-    (scale-free KS at DIAGNOSTIC_ALPHA) while the variance is clearly off (5 standard errors)."""
-    v = float(np.mean(x ** 2))
-    shaped, _ = entry_ks(x / np.sqrt(v), r)
-    off = abs(v - 1) > 5 * np.sqrt((entry_moment(2, r) - 1) / x.size)
-    return shaped <= ks_critical(x.size, DIAGNOSTIC_ALPHA) and off
 
 
 def causes(samples: dict[str, np.ndarray], r: int) -> tuple[dict, object]:
