@@ -111,7 +111,8 @@ def lm_cases(preset: str, seed: int, device: torch.device, backend=None) -> tupl
     """One LM training step per call (epoch 0's noise, scores, update), each side; and the tokens a step scores."""
     from bench.lm import tokens
     from spec.lm import LM_PRESETS
-    from torch_impl import cuda_graphs, lm, lm_es
+    from torch_impl import cuda_graphs
+    from torch_impl.tree import es as lm_es, lm
 
     cfg = LM_PRESETS[preset]
     es = lm_es.make(cfg)

@@ -30,7 +30,7 @@ import torch
 from examples import gpt_port
 from examples.gpt_port import EggrollGPT, ESConfig, GPTConfig
 from spec.tree_knobs import TreeKnobs
-from torch_impl.tree_noise import TreeNoise
+from torch_impl.tree.noise import TreeNoise
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

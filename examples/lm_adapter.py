@@ -2,7 +2,7 @@
 
     python -m parity check --task lm --port examples.lm_adapter:LMAdapter
 
-The port here is torch_impl's tree ES (torch_impl.lm, lm_es, tree_noise); an adapter for another port has the same
+The port here is torch_impl's tree ES (torch_impl.tree: lm, es, noise); an adapter for another port has the same
 shape: declare the tree, convert at the boundary (numpy float32 in and out), and hand the suite the port's OWN
 noise, products, shaping, gradient, forward and step. What a port keeps differently is mapped here, never changed:
   - its noise is stack-first with one row per antithetic pair: expanded to one row per member (`per_member`);
@@ -24,8 +24,8 @@ import torch
 
 from spec.lm import LMConfig, lm_tree
 from spec.tree_knobs import TreeKnobs
-from torch_impl import lm, lm_es
-from torch_impl.tree_noise import TreeNoise, from_stack_first, per_member, sample, to_stack_first
+from torch_impl.tree import es as lm_es, lm
+from torch_impl.tree.noise import TreeNoise, from_stack_first, per_member, sample, to_stack_first
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

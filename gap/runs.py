@@ -246,7 +246,7 @@ def train_lm_spec(spec):
         from jax_reference.lm_train import train_lm
         result = train_lm(spec.config, spec.seed, corpus=corpus, progress=False)
     else:
-        from torch_impl.lm_train import train_lm
+        from torch_impl.tree.train import train_lm
         result = train_lm(spec.config, spec.seed, knobs=spec.arm.knobs, corpus=corpus, progress=False, threads=1)
     host, vers = where()
     history = [{k: _plain(v) for k, v in dict(row).items()} for row in _field(result, "history")]

@@ -158,7 +158,7 @@ def test_cartpole_captured_forward_holds_no_capture_hazard():
 @pytest.mark.parametrize("preset,epochs", [("selftest", 3), ("quick", 4)])
 def test_lm_runs_with_captured_forwards_equal_the_eager_runs(preset, epochs):
     from spec.lm import LM_PRESETS
-    from torch_impl.lm_train import train_lm
+    from torch_impl.tree.train import train_lm
 
     cfg = LM_PRESETS[preset].replace(epochs=epochs, eval_every=2)
     eager = train_lm(cfg, 1, progress=False)
@@ -173,7 +173,7 @@ def test_lm_runs_with_captured_forwards_equal_the_eager_runs(preset, epochs):
 @pytest.mark.parametrize("preset", ["selftest", "quick"])
 def test_lm_forward_holds_no_capture_hazard(preset):
     from spec.lm import LM_PRESETS
-    from torch_impl import lm, lm_es
+    from torch_impl.tree import es as lm_es, lm
 
     cfg = LM_PRESETS[preset]
     es = lm_es.make(cfg)
@@ -294,7 +294,7 @@ def test_cuda_cartpole_training_with_graphs_equals_the_eager_cuda_run(monkeypatc
 @on_gpu
 def test_cuda_lm_training_with_graphs_equals_the_eager_cuda_run(monkeypatch):
     from spec.lm import LM_PRESETS
-    from torch_impl.lm_train import train_lm
+    from torch_impl.tree.train import train_lm
 
     cfg = LM_PRESETS["cpu"].replace(epochs=6, eval_every=3)
     monkeypatch.setenv(G.SWITCH, "never")

@@ -311,7 +311,7 @@ def test_the_reference_draws_a_two_axis_stack_as_torch_impl_and_its_numpy_replay
     from parity.core.tolerances import gamma
     from parity.tree.numpy_reference import NumpyTreeReference
     from spec.tree import Leaf, TreeRun, make_tree
-    from torch_impl.tree_noise import dense, make_plan, sample
+    from torch_impl.tree.noise import dense, make_plan, sample
     tree = make_tree([Leaf("experts.w", (2, 3, 5, 4), "mm", (0, 1)), Leaf("experts.b", (2, 3, 5), "param", (0, 1)),
                       Leaf("out", (4, 6), "tmm")])
     run = TreeRun(tree, pop=8, rank=2, sigma=0.1, freeze_nonlora=False)

@@ -168,7 +168,7 @@ def test_knob_values_jax_cpu_and_jax_gpu_pin_the_torch_side_to_a_backend():
     from spec.knobs import CHOICES
     from spec.tree_knobs import TREE_CHOICES
     from torch_impl.keys import GENERATORS
-    from torch_impl.tree_keys import TREE_GENERATORS
+    from torch_impl.tree.keys import TREE_GENERATORS
 
     assert CHOICES["rng"][:2] == TREE_CHOICES["rng"][:2] == ("jax", "torch")
     assert {"jax-cpu", "jax-gpu"} <= set(CHOICES["rng"]) & set(TREE_CHOICES["rng"])

@@ -107,7 +107,7 @@ def test_cpu_keys_never_take_the_kernel():
 @on_gpu
 def test_on_the_gpu_all_mantissas_and_routed_draws_equal_the_definition():
     from torch_impl.keys import _jax_draws
-    from torch_impl.tree_keys import jax_member_normals
+    from torch_impl.tree.keys import jax_member_normals
     m = torch.arange(_M)
     got = T.launch("normal_of_words", torch.zeros(1, 2, dtype=torch.int64, device="cuda"), 0,
                    counters=(m << 9).cuda()).cpu()

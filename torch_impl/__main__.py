@@ -107,7 +107,7 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except (KnobError, OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
     check_cuda(parser, args.device)
-    from torch_impl.lm_train import train_lm   # torch import only once the arguments are known good
+    from torch_impl.tree.train import train_lm   # torch import only once the arguments are known good
 
     if not args.quiet:
         print(f"torch EGGROLL  byte LM  seed {args.seed}  {cfg}  {knobs}  corpus {corpus.path}", flush=True)

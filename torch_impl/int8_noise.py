@@ -33,7 +33,7 @@ from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves, table_noise
 from spec.tree import Leaf, Tree
 from torch_impl import int8_xorshift, triton_rng
 from torch_impl import random as rnd
-from torch_impl.tree_keys import es_leaf_keys
+from torch_impl.tree.keys import es_leaf_keys
 
 _MASK32 = 0xFFFFFFFF
 _BLOCK = 1 << 16             # counters hashed per block (stays in cache, as torch_impl.random's blocks do)

@@ -360,7 +360,7 @@ def draw(kind: str, keys: torch.Tensor, n: int, backend: str = "cpu") -> torch.T
 def member_normals(slice_keys: torch.Tensor, generation: int, n_draws: int, n: int, device: str | torch.device,
                    backend: str = "cpu") -> torch.Tensor | None:
     """(n_draws, S, n) float32: normal(fold_in(fold_in(k_s, generation), p), n) for draw p and slice key k_s of
-    slice_keys (S, 2) (keys.py's and tree_keys.py's member draws), in one launch on a CUDA device, the keys folded
+    slice_keys (S, 2) (keys.py's and tree/keys.py's member draws), in one launch on a CUDA device, the keys folded
     in the kernel; None when the kernel is not used there."""
     device = torch.device(device)
     if not (1 <= n < (1 << 31) and 0 <= generation < (1 << 32) and 1 <= n_draws < (1 << 32)) or \

@@ -7,8 +7,8 @@ import torch
 from spec.lm import LMConfig
 from spec.tree import Leaf
 from spec.tree_knobs import TreeKnobs
-from torch_impl import lm, lm_es
-from torch_impl.tree_noise import LeafRole, TreeNoise, dense, from_stack_first, per_member, sample
+from torch_impl.tree import es as lm_es, lm
+from torch_impl.tree.noise import LeafRole, TreeNoise, dense, from_stack_first, per_member, sample
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -93,7 +93,7 @@ class TorchTree:
         return {k: _np(v) for k, v in g.items()}
 
     def products(self, W, A, B, x, form: str) -> np.ndarray:
-        """torch_impl.lm's perturbed mm / tmm (`_linear`) on given per-member factors of one slice."""
+        """torch_impl.tree.lm's perturbed mm / tmm (`_linear`) on given per-member factors of one slice."""
         a, b = W.shape
         noise = TreeNoise({"w": self._t(A)}, {"w": self._t(B)}, {}, {"w": LeafRole("lowrank", form, (a, b))}, None)
         with torch.inference_mode():

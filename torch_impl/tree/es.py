@@ -22,8 +22,8 @@ from spec.tree import Tree
 from spec.tree_knobs import TreeKnobs
 from torch_impl.fitness import JAX_EPS, check_fitness, shape_jax
 from torch_impl.optim import Optimizer, apply_updates, make_optimizer
-from torch_impl.tree_keys import init_lm
-from torch_impl.tree_noise import (NoisePlan, TreeNoise, from_stack_first, make_plan, per_member,
+from torch_impl.tree.keys import init_lm
+from torch_impl.tree.noise import (NoisePlan, TreeNoise, from_stack_first, make_plan, per_member,
                                    sample)
 
 Params = dict[str, torch.Tensor]

@@ -18,7 +18,8 @@ from rollout.corpus import check_corpus_fits, load_corpus, member_tokens, train_
 from spec.lm import LMConfig
 from spec.lm_run import LMProgress, LMTrainResult, lm_epoch_row
 from spec.tree_knobs import TreeKnobs
-from torch_impl import cuda_graphs, lm, lm_es
+from torch_impl import cuda_graphs
+from torch_impl.tree import es as lm_es, lm
 from torch_impl.train import intra_op_threads
 
 

@@ -23,7 +23,7 @@ import torch
 from spec.tree import Leaf, Tree
 from spec.tree_knobs import TreeKnobs
 from torch_impl.keys import true_epoch
-from torch_impl.tree_keys import TREE_GENERATORS, TreeGenerator, check_sources
+from torch_impl.tree.keys import TREE_GENERATORS, TreeGenerator, check_sources
 
 SIGNS = (1.0, -1.0)          # members 2p, 2p+1 use draw p with + then - (interleaved antithetic pairs)
 

@@ -1,6 +1,6 @@
 """The byte-level LM of spec/lm.py as plain tensors: the whole population's forward in batched calls.
 
-params: {path: float32 tensor} at lm_tree's shapes (blocks stacked on axis 0); noise: a tree_noise.TreeNoise
+params: {path: float32 tensor} at lm_tree's shapes (blocks stacked on axis 0); noise: a tree.noise.TreeNoise
 (None: noise off); tokens (m, T + 1) -> scores (m,), each member's log2-likelihood per byte. Members are
 batched in every op (a loop over blocks and over the recurrence's time steps is inherent). The perturbed ops,
 float32 in the reference's order of operations:
@@ -30,7 +30,7 @@ import math
 import torch
 
 from spec.lm import RMS_EPS
-from torch_impl.tree_noise import TreeNoise
+from torch_impl.tree.noise import TreeNoise
 
 LN2 = torch.tensor(math.log(2.0), dtype=torch.float32)   # the score divides by float32(ln 2)
 Params = dict[str, torch.Tensor]
