@@ -171,9 +171,10 @@ def int8_inputs(cfg, seed: int) -> np.ndarray:
 def int8_cases(preset: str, seed: int, device: torch.device, backend=None) -> tuple[dict[str, Case], int]:
     """One integer LM training step per call (epoch 0: noise, scores from zero states, votes), each side."""
     from spec.int8 import INT8_PRESETS
-    from torch_impl import cuda_graphs, int8_es
-    from torch_impl.int8_model import default_state, scores
-    from torch_impl.int8_noise import member_view
+    from torch_impl import cuda_graphs
+    from torch_impl.int8 import es as int8_es
+    from torch_impl.int8.model import default_state, scores
+    from torch_impl.int8.noise import member_view
 
     cfg = INT8_PRESETS[preset]
     es = int8_es.make(cfg)

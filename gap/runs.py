@@ -257,7 +257,7 @@ def train_int8_spec(spec):
     """One run of the integer study (`gap.int8_study.Int8RunSpec`) on the torch int8 port: (history rows, versions,
     host). A worker trains with one thread (EGGROLL_SINGLE_THREAD)."""
     from rollout.corpus import load_corpus
-    from torch_impl.int8_train import train_int8
+    from torch_impl.int8.train import train_int8
     corpus = load_corpus(spec.corpus, seq_len=spec.config.tokens_per_update)
     result = train_int8(spec.config, spec.seed, corpus, progress=False, threads=1, knobs=spec.arm.knobs)
     host, vers = where()

@@ -190,7 +190,7 @@ def test_knob_values_jax_cpu_and_jax_gpu_pin_the_torch_side_to_a_backend():
 def test_the_int8_lut_follows_the_backend_and_no_entry_moves(gpu_table):
     """int8(normal * 16) truncates: a normal moved 1-3 ULP changes its entry only across a multiple of 1/16, which
     none of the 394,727 moved normals is near (measured: 0 entries differ, and 0 of round(normal * 16))."""
-    from torch_impl.int8_noise import normal_lut
+    from torch_impl.int8.noise import normal_lut
 
     lut = normal_lut(backend="gpu")
     assert torch.equal(lut, torch.from_numpy((gpu_table * np.float32(16)).astype(np.int8)))

@@ -82,7 +82,7 @@ def test_the_faithful_torch_side_equals_the_c_side_and_names_nothing(bench):
 def test_xorshift_values_are_egg_cs_generator_over_many_seeds():
     import torch
     from tests.test_c_int8 import _xorshift_values as reference     # egg.c's generator, one value at a time
-    from torch_impl import int8_xorshift
+    from torch_impl.int8 import xorshift as int8_xorshift
     seeds = np.random.default_rng(3).integers(0, 2 ** 32, 40, dtype=np.uint64).tolist() + [1, 2 ** 32 - 1]
     got = int8_xorshift.values(torch.tensor(seeds, dtype=torch.int64), 70)
     assert [row.tolist() for row in got] == [reference(s, 70) for s in seeds]

@@ -77,7 +77,7 @@ def test_bits_and_normals_of_keys_equal_the_eager_draws(n_keys, n, interpreted):
 
 @pytest.mark.parametrize("seed", [3, 2 ** 32 - 1])
 def test_the_int8_table_entries_equal_the_eager_hash_and_look_up(seed, interpreted):
-    from torch_impl.int8_noise import normal_lut, table_bits
+    from torch_impl.int8.noise import normal_lut, table_bits
 
     gen = torch.Generator().manual_seed(seed % 1000)
     counters = torch.randint(0, 1 << 30, (40, 9), generator=gen)

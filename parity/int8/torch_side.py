@@ -28,7 +28,7 @@ class TorchSide:
 
     def pieces(self, case: Case, log: Callable[[str], None] = lambda s: None) -> Pieces:
         import torch
-        from torch_impl import int8_es, int8_model as tm, int8_noise as tn
+        from torch_impl.int8 import es as int8_es, model as tm, noise as tn
         from torch_impl.train import intra_op_threads
         cfg = case.cfg
         dev = torch.device(self.device)
@@ -69,7 +69,7 @@ class TorchSide:
         return out
 
     def trajectory(self, case: Case) -> Pieces:
-        from torch_impl.int8_train import train_int8
+        from torch_impl.int8.train import train_int8
         out: Pieces = {}
 
         def observe(epoch, scores, params, info):

@@ -21,9 +21,10 @@ from spec.int8 import Int8Config, bits_per_byte
 from spec.int8_knobs import NANO_EGG, Int8Knobs
 from spec.lm_run import LMProgress, LMTrainResult, lm_epoch_row
 from spec.tree import Tree
-from torch_impl import cuda_graphs, int8_es
-from torch_impl.int8_model import default_state, scores as model_scores
-from torch_impl.int8_noise import member_view
+from torch_impl import cuda_graphs
+from torch_impl.int8 import es as int8_es
+from torch_impl.int8.model import default_state, scores as model_scores
+from torch_impl.int8.noise import member_view
 from torch_impl.train import intra_op_threads
 
 

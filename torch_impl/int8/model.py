@@ -35,7 +35,7 @@ from spec.int8 import (FIXED_POINT, LOG2_THRESHOLDS, LOGMAX, MAX, Int8Config, ex
                        out_divisor)
 from spec.int8_knobs import NANO_EGG, Int8Knobs
 from torch_impl import random as rnd
-from torch_impl.int8_noise import PairNoise, run_keys
+from torch_impl.int8.noise import PairNoise, run_keys
 
 I8, I16, I32, I64 = torch.int8, torch.int16, torch.int32, torch.int64
 _F64_EXACT = 2 ** 53

@@ -2,7 +2,7 @@
 
     es = make(cfg)                      # the tree, the threshold schedule
     state = init(es, seed)              # int8 params, the leaf keys, epoch 0
-    noise, state = ask(es, state)       # the epoch's PairNoise (per pair; int8_noise.member_view signs it)
+    noise, state = ask(es, state)       # the epoch's PairNoise (per pair; noise.member_view signs it)
     state, info = tell(es, state, noise, scores)   # fitness signs, votes Z, the +-1 update; epoch + 1
 
 tell, with the pairs' signs f_k = sign(s_2k - s_2k+1) (int8) and each pair's (+) noise (thread 2k: the pair's
@@ -10,7 +10,7 @@ windows unsigned):
     low rank (the embedding too)  Z = sum_k f_k A_k B_k^T           (use_clt off: sign(A_k) sign(B_k)^T)
     full rank                     Z = sum_k f_k E_k                 (use_clt off: sign(E_k))
     P' = clip(P if |Z| * 16 < thr_e * isqrt(pairs) * (256 if use_clt else 1) else P + (+1 if Z > 0 else -1))
-in int32 as XLA computes it (products cast to int64 and reduced mod 2^32: exact, see int8_model). At thr_e = 0 every
+in int32 as XLA computes it (products cast to int64 and reduced mod 2^32: exact, see int8/model.py). At thr_e = 0 every
 entry moves and Z = 0 moves DOWN (nano-egg's quirk, kept). Every leaf is one batched product over its slices and the
 pairs; the loop over the 13 leaves is there because their shapes differ.
 """
@@ -25,8 +25,8 @@ from spec.int8 import FIXED_POINT, Int8Config, int8_tree, threshold_at, threshol
 from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves
 from spec.jax_rng import check_backend
 from spec.tree import Tree
-from torch_impl.int8_model import I32, I64, clip8, init_params, int_matmul
-from torch_impl.int8_noise import PairNoise, leaf_keys, normal_lut, population_noise
+from torch_impl.int8.model import I32, I64, clip8, init_params, int_matmul
+from torch_impl.int8.noise import PairNoise, leaf_keys, normal_lut, population_noise
 
 Params = dict[str, torch.Tensor]
 

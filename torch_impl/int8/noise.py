@@ -31,7 +31,8 @@ import torch
 from spec.int8 import FIXED_POINT, HASH_MULT, LUT_BITS, TABLE_MASK, TABLE_SIZE, Int8Config, int8_tree
 from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves, table_noise
 from spec.tree import Leaf, Tree
-from torch_impl import int8_xorshift, triton_rng
+from torch_impl import triton_rng
+from torch_impl.int8 import xorshift
 from torch_impl import random as rnd
 from torch_impl.tree.keys import es_leaf_keys
 
@@ -175,7 +176,7 @@ def population_noise(tree: Tree, keys: dict[str, torch.Tensor], seed: int, epoch
     """PairNoise of pairs 0..n_pairs-1 at epoch (the members 2p, 2p + 1 share pair p's windows).
 
     knobs: a leaf that does not evolve (evolving=matrices) gets no entry; a matrix under int8_noise=xorshift gets
-    egg.c's xorshift factors (torch_impl.int8_xorshift, seeded from the run's seed and the raw epoch)."""
+    egg.c's xorshift factors (torch_impl.int8.xorshift, seeded from the run's seed and the raw epoch)."""
     if rank != 1:
         raise ValueError(f"rank must be 1 (nano-egg's integer noiser), got {rank}")
     noised = [leaf for leaf in tree.leaves if evolves(leaf.cls, knobs)]
@@ -187,7 +188,7 @@ def population_noise(tree: Tree, keys: dict[str, torch.Tensor], seed: int, epoch
     for leaf in noised:
         if leaf.path not in windows:                          # egg.c's xorshift matrix
             a, b = leaf.slice_shape
-            A[leaf.path], B[leaf.path] = int8_xorshift.factors(
+            A[leaf.path], B[leaf.path] = xorshift.factors(
                 leaf.path, a, b, seed, epoch, pairs.to(next(iter(keys.values())).device),
                 leaf.shape[0] if leaf.scan_axes else None)
             continue
