@@ -31,9 +31,9 @@ import torch
 from spec.int8 import FIXED_POINT, HASH_MULT, LUT_BITS, TABLE_MASK, TABLE_SIZE, Int8Config, int8_tree
 from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves, table_noise
 from spec.tree import Leaf, Tree
-from torch_impl import triton_rng
-from torch_impl.int8 import xorshift
 from torch_impl import random as rnd
+from torch_impl import random_eager, triton_rng
+from torch_impl.int8 import xorshift
 from torch_impl.tree.keys import es_leaf_keys
 
 _MASK32 = 0xFFFFFFFF
@@ -79,7 +79,7 @@ def table_bits(seed: int, counters: torch.Tensor) -> torch.Tensor:
     for s in range(0, flat.numel(), _BLOCK):
         x1 = flat[s:s + _BLOCK].clone()
         x0 = torch.zeros_like(x1)
-        rnd._rounds_(x0, x1, k0, k1)            # the project's threefry2x32 rounds, in place (int32, wrapping)
+        random_eager._rounds_(x0, x1, k0, k1)   # the project's threefry2x32 rounds, in place (int32, wrapping)
         out[s:s + _BLOCK] = x0.bitwise_xor_(x1)
     return out.reshape(counters.shape)
 
