@@ -25,28 +25,15 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
+from bench import gpu_report
+from bench.gpu_names import COMPILED, EAGER, FIRST_CALL_S, FORWARD_MS, GRAPHED, JAX, RATIO, STEP_MS, STEP_TOKENS, TORCH, \
+    Aim
 from bench.measure import Skipped, time_round_robin, torch_sync
 from bench.report import RowLog
 from bench.runners import Case, ModelSpec, forward_case, jax_device, jax_forward_case, jax_setup, make_inputs, \
     make_params, torch_noise
 
 CARTPOLE = ModelSpec("cartpole", (4, 256, 256, 2))      # the paper preset's policy (bench.__main__.CARTPOLE)
-
-TORCH, GRAPHED, EAGER, JAX = "torch_impl", "torch_impl_graphed", "torch_impl_eager", "jax_reference"
-COMPILED = "torch_impl_compiled"
-STEP_TOKENS = "step_tokens_per_s"         # LM / int8: tokens scored and learned from per second
-FORWARD_MS = "forward_ms"
-STEP_MS = "step_ms"
-FIRST_CALL_S = "first_call_s"             # a case's first call: a capture, a compilation, lazy inits
-RATIO = "ratio_over_jax"                  # the row's impl's speed over jax_reference's, round by round
-
-
-class Aim(NamedTuple):
-    model: str                            # cartpole, lm, int8
-    pop: int                              # the population the aim is judged at (0: the preset's)
-    impl: str                             # whose ratio over jax_reference
-    target: float                         # the ratio aimed at
-    label: str
 
 
 class GpuPlan(NamedTuple):
@@ -338,7 +325,7 @@ def write_section(plan: GpuPlan, device: torch.device, seed: int, out, command: 
     """Run the section and write bench.csv and summary.md under `out` (atomically, once everything is measured)."""
     from pathlib import Path
 
-    from bench import gpu_report, report
+    from bench import report
     from reporting import atomic_write, versions
 
     r = run(plan, device, seed, log, backend)
