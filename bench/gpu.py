@@ -136,8 +136,8 @@ def _jax_lm_step(cfg, seed: int) -> Case:
     import jax
 
     from bench.lm import tokens
-    from jax_reference.lm import es_keys, init_lm, population_scores
-    from jax_reference.lm_train import SOLVERS, make_update
+    from jax_reference.lm.model import es_keys, init_lm, population_scores
+    from jax_reference.lm.train import SOLVERS, make_update
     from jax_reference.noiser import EggRoll
 
     init = init_lm(cfg, seed)

@@ -243,7 +243,7 @@ def train_lm_spec(spec):
     from rollout.corpus import load_corpus
     corpus = load_corpus(spec.corpus, seq_len=spec.config.seq_len)
     if spec.arm.side == "jax":
-        from jax_reference.lm_train import train_lm
+        from jax_reference.lm.train import train_lm
         result = train_lm(spec.config, spec.seed, corpus=corpus, progress=False)
     else:
         from torch_impl.lm_train import train_lm
