@@ -199,7 +199,7 @@ def _jax_int8_step(cfg, seed: int) -> Case:
     import jax
     import jax.numpy as jnp
 
-    from jax_reference.int8 import EGG, QEggRoll, init_int8, population_scores, update
+    from jax_reference.int8.model import EGG, QEggRoll, init_int8, population_scores, update
     from spec.int8 import thresholds
 
     init = init_int8(cfg, seed)
