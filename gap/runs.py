@@ -254,7 +254,7 @@ def train_lm_spec(spec):
 
 
 def train_int8_spec(spec):
-    """One run of the integer study (`gap.int8_study.Int8RunSpec`) on the torch int8 port: (history rows, versions,
+    """One run of the integer study (`gap.int8.study.Int8RunSpec`) on the torch int8 port: (history rows, versions,
     host). A worker trains with one thread (EGGROLL_SINGLE_THREAD)."""
     from rollout.corpus import load_corpus
     from torch_impl.int8_train import train_int8

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gap import int8_report, int8_study
+from gap.int8 import report as int8_report
+from gap.int8 import study as int8_study
 from gap import __main__ as gap_main
 from gap.lm_study import read_runs
 from spec.int8_knobs import INT8_KNOBS
