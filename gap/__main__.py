@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     task = _task_of(argv)
     if task == "lm":
-        from gap import lm_cli
+        from gap.lm import cli as lm_cli
         return lm_cli.main(argv, None if trainer is train_spec else trainer)
     if task == "int8":
         from gap.int8 import cli as int8_cli

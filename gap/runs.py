@@ -233,7 +233,7 @@ def run_specs(arms_seeds: Iterable[tuple[Arm, list[int]]], cfg: Config, device: 
 
 
 def train_lm_spec(spec):
-    """One run of the LM study (`gap.lm_study.LmRunSpec`): (history rows, versions, host), trainers loaded lazily.
+    """One run of the LM study (`gap.lm.study.LmRunSpec`): (history rows, versions, host), trainers loaded lazily.
 
     A worker trains with one thread (EGGROLL_SINGLE_THREAD): N runs on N cores, no oversubscription.
     """

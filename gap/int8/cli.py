@@ -10,8 +10,9 @@ import shlex
 import sys
 import time
 
-from gap import executors, lm_study
+from gap import executors
 from gap.int8 import study as int8_study
+from gap.lm import study as lm_study
 from reporting import cpu_name
 
 

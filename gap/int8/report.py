@@ -27,7 +27,7 @@ import pandas as pd
 
 from gap import stats
 from gap.int8.study import KNOBS, arms, describe_knob, design_matrix
-from gap.lm_study import outcome, read_epochs, read_runs
+from gap.lm.study import outcome, read_epochs, read_runs
 from reporting import atomic_write, fmt, markdown_table
 from spec.int8 import EGG_C_ORIGINAL, NANO_EGG_ORIGINAL
 
