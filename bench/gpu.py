@@ -124,8 +124,8 @@ def _jax_lm_step(cfg, seed: int) -> Case:
     import jax
 
     from bench.lm import tokens
-    from jax_reference.lm import es_keys, init_lm, population_scores
-    from jax_reference.lm_train import SOLVERS, make_update
+    from jax_reference.lm.model import es_keys, init_lm, population_scores
+    from jax_reference.lm.train import SOLVERS, make_update
     from jax_reference.noiser import EggRoll
 
     init = init_lm(cfg, seed)
@@ -188,7 +188,7 @@ def _jax_int8_step(cfg, seed: int) -> Case:
     import jax
     import jax.numpy as jnp
 
-    from jax_reference.int8 import EGG, QEggRoll, init_int8, population_scores, update
+    from jax_reference.int8.model import EGG, QEggRoll, init_int8, population_scores, update
     from spec.int8 import thresholds
 
     init = init_int8(cfg, seed)

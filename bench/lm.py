@@ -68,7 +68,7 @@ def torch_cases(cfg: LMConfig, seed: int, device: torch.device) -> dict[str, Cas
 def jax_case(cfg: LMConfig, seed: int) -> Case:
     """jax_reference's jitted population scores (noise drawn inside, as upstream's do_mm draws it)."""
     import jax
-    from jax_reference import lm as jlm
+    from jax_reference.lm import model as jlm
     from jax_reference.noiser import EggRoll
     init = jlm.init_lm(cfg, seed)
     keys = jlm.es_keys(init.params, init.scan_map, seed)

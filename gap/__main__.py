@@ -284,10 +284,10 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     task = _task_of(argv)
     if task == "lm":
-        from gap import lm_cli
+        from gap.lm import cli as lm_cli
         return lm_cli.main(argv, None if trainer is train_spec else trainer)
     if task == "int8":
-        from gap import int8_cli
+        from gap.int8 import cli as int8_cli
         return int8_cli.main(argv, None if trainer is train_spec else trainer)
     if task != "cartpole":
         print(f"gap: unknown --task {task!r}; known tasks: cartpole, lm, int8", file=sys.stderr)

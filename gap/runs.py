@@ -233,7 +233,7 @@ def run_specs(arms_seeds: Iterable[tuple[Arm, list[int]]], cfg: Config, device: 
 
 
 def train_lm_spec(spec):
-    """One run of the LM study (`gap.lm_study.LmRunSpec`): (history rows, versions, host), trainers loaded lazily.
+    """One run of the LM study (`gap.lm.study.LmRunSpec`): (history rows, versions, host), trainers loaded lazily.
 
     A worker trains with one thread (EGGROLL_SINGLE_THREAD): N runs on N cores, no oversubscription.
     """
@@ -243,7 +243,7 @@ def train_lm_spec(spec):
     from rollout.corpus import load_corpus
     corpus = load_corpus(spec.corpus, seq_len=spec.config.seq_len)
     if spec.arm.side == "jax":
-        from jax_reference.lm_train import train_lm
+        from jax_reference.lm.train import train_lm
         result = train_lm(spec.config, spec.seed, corpus=corpus, progress=False)
     else:
         from torch_impl.tree.train import train_lm
@@ -254,7 +254,7 @@ def train_lm_spec(spec):
 
 
 def train_int8_spec(spec):
-    """One run of the integer study (`gap.int8_study.Int8RunSpec`) on the torch int8 port: (history rows, versions,
+    """One run of the integer study (`gap.int8.study.Int8RunSpec`) on the torch int8 port: (history rows, versions,
     host). A worker trains with one thread (EGGROLL_SINGLE_THREAD)."""
     from rollout.corpus import load_corpus
     from torch_impl.int8.train import train_int8

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from jax_reference import int8 as q
+from jax_reference.int8 import model as q
 from jax_reference.models import CommonParams
 from spec import int8 as s
 from torch_impl.int8 import es as tes
@@ -379,7 +379,7 @@ def test_fitness_is_the_sign_of_pair_differences():
 
 # ----------------------------------------------------------------------------- training: a K-epoch trajectory
 def _lockstep(cfg, seed):
-    from jax_reference.int8_train import train_int8 as jax_train
+    from jax_reference.int8.train import train_int8 as jax_train
     from torch_impl.int8.train import train_int8 as torch_train
     seen = {"jax": [], "torch": []}
     jax_result = jax_train(cfg, seed, progress=False,

@@ -64,7 +64,7 @@ def _scope(platform: ReferencePlatform | None):
 def lookups(platform: ReferencePlatform | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(noise LUT int8(normal * 16), init LUT round(normal * 16)), each (2^23,) int8, from JAX's own normals (those
     of `platform`'s backend: gpu-sim's are the GPU's)."""
-    from jax_reference import int8 as q
+    from jax_reference.int8 import model as q
     with _scope(platform):
         return np.asarray(q.normal_lut()), np.asarray(q.init_lut())
 
@@ -82,7 +82,7 @@ class ReferenceSide:
     name = NAME
 
     def __init__(self, cfg, seed: int, platform: ReferencePlatform | None = None):
-        from jax_reference import int8 as q
+        from jax_reference.int8 import model as q
         self.q, self.cfg, self.seed, self.platform = q, cfg, seed, platform
         with _scope(platform):
             self.init = q.init_int8(cfg, seed)
@@ -147,7 +147,7 @@ class ReferenceSide:
         return out
 
     def trajectory(self, case: Case) -> Pieces:
-        from jax_reference.int8_train import train_int8
+        from jax_reference.int8.train import train_int8
         out: Pieces = {}
 
         def observe(epoch, scores, params):

@@ -26,7 +26,7 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
 - gradients: the reference's estimate einsum(f A, B) / N (param: mean(f eps)) in numpy float64 on the side's own
   noise, within the exact mode's float32 bound 2 gamma_{N r + 3} mean(|f| |A||B|^T) (param 2 gamma_{N + 2}
   mean(|f| |eps|)): one side's float32 einsum bound doubled; the float64 reference uses ~1e-16 of it.
-- forward: the reference's forward (jax_reference.lm.member_score, noise off) on params + E_i per member, E_i the
+- forward: the reference's forward (jax_reference.lm.model.member_score, noise off) on params + E_i per member, E_i the
   side's own perturbation of each leaf the reference perturbs (formed in float64 from the factors, rounded once),
   against the side's forward on its own noise, within the exact mode's FORWARD_ULPS ulps of each intermediate's
   scale. Why it still holds: the dense path changes each low-rank product's rounding from x W^T + (x B) A^T

@@ -123,7 +123,7 @@ def _rms(v: np.ndarray) -> np.ndarray:
 
 def forward(cfg: LMConfig, weights: dict, tokens: np.ndarray) -> tuple[np.ndarray, dict]:
     """(scores (m,), intermediates) of m members, member i on its own float64 weights (weights[path] (m, *shape))
-    and tokens[i] (T + 1,): spec.lm's formula, the intermediates named as jax_reference.lm's, float32 out."""
+    and tokens[i] (T + 1,): spec.lm's formula, the intermediates named as jax_reference.lm.model's, float32 out."""
     W = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     tokens = np.asarray(tokens).astype(np.int64)
     x, target = tokens[:, :-1], tokens[:, 1:]

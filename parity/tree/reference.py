@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_reference import emulation
-from jax_reference import lm as jlm
+from jax_reference.lm import model as jlm
 from jax_reference.models import recursive_scan_split, simple_es_tree_key
 from jax_reference.noiser import EggRoll, apply_grads, es_grads, true_epoch
 from jax_reference.population import population_iterinfos

@@ -1,6 +1,6 @@
 """Train nano-egg's integer LM (spec/int8.py) with the torch int8 port: epochs of ask -> score -> tell -> (validate).
 
-The same loop, data and history rows as jax_reference.int8_train (which documents the integer run's own fields:
+The same loop, data and history rows as jax_reference.int8.train (which documents the integer run's own fields:
 score_sum, fitness_pos, fitness_zero, changed, changed_lowrank, changed_fullrank, threshold); the numbers are
 equal to the JAX reference's, epoch by epoch (tests/test_torch_int8.py).
 """

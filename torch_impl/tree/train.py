@@ -1,6 +1,6 @@
 """Train the byte-level LM (spec/lm.py) with the functional torch EGGROLL: epochs of ask -> score -> tell.
 
-The same loop as jax_reference.lm_train: epoch e scores every member on its group's window of
+The same loop as jax_reference.lm.train: epoch e scores every member on its group's window of
 rollout.corpus.train_windows(corpus, seed, e, ...), then updates; validation bits/byte of the updated,
 unperturbed model every cfg.eval_every epochs and after the last. What a run returns and prints: spec/lm_run.py.
 """

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from gap import stats
-from gap.lm_study import TARGET_BPB, describe_arm, outcome, read_epochs, read_runs
+from gap.lm.study import TARGET_BPB, describe_arm, outcome, read_epochs, read_runs
 from reporting import atomic_write, fmt, markdown_table
 
 

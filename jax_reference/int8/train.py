@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_reference.int8 import (EGG, MM_PARAM, PARAM, QEggRoll, init_int8, population_scores, update,
+from jax_reference.int8.model import (EGG, MM_PARAM, PARAM, QEggRoll, init_int8, population_scores, update,
                                 validation_scores)
 from rollout.corpus import load_corpus
 from rollout.int8_data import (epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows,

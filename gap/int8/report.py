@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from gap import stats
-from gap.int8_study import KNOBS, arms, describe_knob, design_matrix
-from gap.lm_study import outcome, read_epochs, read_runs
+from gap.int8.study import KNOBS, arms, describe_knob, design_matrix
+from gap.lm.study import outcome, read_epochs, read_runs
 from reporting import atomic_write, fmt, markdown_table
 from spec.int8 import EGG_C_ORIGINAL, NANO_EGG_ORIGINAL
 
@@ -396,7 +396,7 @@ def _run_lines(folder: str, header: dict, frame: pd.DataFrame, run_ids: set[str]
 def write(folder: str, header: dict, n_resamples: int, run_ids: set[str] | None = None) -> str:
     """summary.md, outcomes.csv, effects.csv, curves.csv, curves.png and curves_by_point.png in folder; returns the
     summary's text. run_ids: the planned runs (default every run in the folder)."""
-    from gap import int8_curves
+    from gap.int8 import curves as int8_curves
     frame = outcomes(folder, run_ids)
     if frame.empty:
         raise ValueError(f"{folder} holds no finished runs of this plan; train some first (drop --report-only), or "

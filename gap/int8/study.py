@@ -9,7 +9,7 @@ two-factor interaction, and both corners (all nano-egg, all egg.c) among them. E
 six times faster than the C side here).
 
 Outcome per run: validation bits/byte after the last epoch (noise off, lower is better), and the curve every
-validate_every epochs. The store is gap.lm_study's (runs.csv one row per run, epochs.csv its curve, appended and
+validate_every epochs. The store is gap.lm.study's (runs.csv one row per run, epochs.csv its curve, appended and
 fsync'd run by run), so an interrupted study resumes where it stopped.
 """
 from __future__ import annotations

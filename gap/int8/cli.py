@@ -1,4 +1,4 @@
-"""`python -m gap --task int8`: the integer study (gap.int8_study), resumable, then its report (gap.int8_report).
+"""`python -m gap --task int8`: the integer study (gap.int8.study), resumable, then its report (gap.int8.report).
 
 Exit status: 0 complete, 1 some runs failed (rerun to retry them), 2 bad usage or input, 130 interrupted.
 """
@@ -10,7 +10,9 @@ import shlex
 import sys
 import time
 
-from gap import executors, int8_study, lm_study
+from gap import executors
+from gap.int8 import study as int8_study
+from gap.lm import study as lm_study
 from reporting import cpu_name
 
 
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None, trainer=None) -> int:
     failed = lm_study.train_folder(specs, args.out, args.from_dir, trainer, executor, args.report_only)
     if failed is None:
         return 130
-    from gap import int8_report
+    from gap.int8 import report as int8_report
     header = {"command": "python -m gap " + shlex.join(argv), "preset": f"{int8_study.PRESET}: {cfg}",
               "seeds": str(int8_study.seed_list(args.seeds)), "executor": f"{executor.describe()} on {cpu_name()}",
               "this invocation": f"{time.perf_counter() - t0:.0f} s, {len(failed)} failed"}

@@ -1,4 +1,4 @@
-"""`python -m gap --task lm`: the LM study (gap.lm_study), resumable, then its report (gap.lm_report).
+"""`python -m gap --task lm`: the LM study (gap.lm.study), resumable, then its report (gap.lm.report).
 
 Exit status: 0 complete, 1 some runs failed (rerun to retry them), 2 bad usage or input, 130 interrupted.
 """
@@ -10,7 +10,9 @@ import shlex
 import sys
 import time
 
-from gap import executors, lm_report, lm_study
+from gap import executors
+from gap.lm import report as lm_report
+from gap.lm import study as lm_study
 from reporting import cpu_name
 from spec.lm import LM_PRESETS
 

@@ -1,6 +1,6 @@
 """Train the byte-level LM (spec/lm.py) with the reference EggRoll, nanoGPT style: init, then epochs of score -> update.
 
-Keys: model_key, es_key, _ = split(key(seed), 3) (jax_reference.lm.init_lm, es_keys). Data: rollout.corpus's
+Keys: model_key, es_key, _ = split(key(seed), 3) (jax_reference.lm.model.init_lm, es_keys). Data: rollout.corpus's
 windows at (seed, epoch). What a run returns and prints: spec/lm_run.py.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jax_reference.lm import es_keys, init_lm, population_scores, val_bits_per_byte
+from jax_reference.lm.model import es_keys, init_lm, population_scores, val_bits_per_byte
 from jax_reference.noiser import EggRoll
 from jax_reference.population import population_iterinfos
 from rollout.corpus import check_corpus_fits, load_corpus, member_tokens, train_windows, val_windows
