@@ -9,6 +9,7 @@ import ast
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -274,6 +275,35 @@ def test_the_cycle_finder_names_a_cycle_closed_by_a_lazy_import(tmp_path):
     (pkg / "c.py").write_text("x = 2\n")
     assert import_cycles(module_graph(tmp_path, ("pkg",))) == []
 
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_cycle_finder_agrees_with_scipys_strong_components(seed):
+    """Our Tarjan against scipy.sparse.csgraph's strongly connected components: on the project's own import graph
+    and on fresh random sparse graphs of two sizes, the same components of more than one module."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    def scipy_cycles(graph):
+        names = sorted(set(graph) | {b for edges in graph.values() for b in edges})
+        at = {n: i for i, n in enumerate(names)}
+        rows = [at[a] for a in graph for b in graph[a]]
+        cols = [at[b] for a in graph for b in graph[a]]
+        m = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(names), len(names)))
+        _, label = connected_components(m, directed=True, connection="strong")
+        groups = {}
+        for n in names:
+            groups.setdefault(label[at[n]], []).append(n)
+        return sorted(sorted(g) for g in groups.values() if len(g) > 1)
+
+    rng = np.random.default_rng(seed)
+    graphs = [module_graph()]
+    for n, p in ((30, 0.05), (200, 0.008)):
+        adj = rng.random((n, n)) < p
+        graphs.append({f"m{i}": {f"m{j}": 1 for j in np.flatnonzero(adj[i]) if j != i} for i in range(n)})
+    assert any(scipy_cycles(g) for g in graphs[1:])          # the random graphs do hold cycles
+    for graph in graphs:
+        assert sorted(import_cycles(graph)) == scipy_cycles(graph)
 
 # Within the four packages laid out by family: which parts each part may import. A part is a family's folder (or
 # parity's core), or the package's top-level modules ("top"). The commands (parity's top, each __main__) may import
