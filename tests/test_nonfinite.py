@@ -1,4 +1,4 @@
-"""A numerical failure is a drift, not a protocol break, on every suite (parity/nonfinite.py).
+"""A numerical failure is a drift, not a protocol break, on every suite (parity/core/nonfinite.py).
 
 A port returning NaN or inf where the reference's answer to the same call is finite fails the check that made the call
 (exit 1), with the input, where the NaN / inf lie, the likely cause and a repro folder holding the call; a wrong shape,

@@ -1,7 +1,7 @@
-"""parity.numpy_reference equals the JAX reference (parity.reference_port.ReferencePort) within float32 bounds.
+"""parity.mlp.numpy_reference equals the JAX reference (parity.mlp.reference_port.ReferencePort) within float32 bounds.
 
 Fresh random inputs every run (the seed is in each failure message), two sizes. Each bound is one side's float32
-error bound from parity.tolerances, taken twice (both sides round)."""
+error bound from parity.core.tolerances, taken twice (both sides round)."""
 from __future__ import annotations
 
 import numpy as np

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MINIMAL = ROOT / "examples" / "minimal_adapter.py"
 
 # Runs a script with jax and the parity suite's own modules unimportable (for the torch side, whose port module is
-# parity.torch_adapter, `parity` itself stays allowed), plus what REPRO_TEST_BLOCK lists.
+# parity.mlp.torch_adapter, `parity` itself stays allowed), plus what REPRO_TEST_BLOCK lists.
 BLOCKER = """
 import os, runpy, sys
 BLOCKED = ("jax", "jaxlib", "optax", "parity.mlp.suite", "parity.core.tape", "parity.mlp.adapter", "parity.core.repro",

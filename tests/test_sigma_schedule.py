@@ -1,4 +1,4 @@
-"""The sigma schedule over many epochs (parity.sigma_schedule): a 0.999 decay is resolved with fresh draws.
+"""The sigma schedule over many epochs (parity.mlp.sigma_schedule): a 0.999 decay is resolved with fresh draws.
 
 The epoch counts in Sizes are the least that resolve it; the slope test's false-alarm rate and power are checked
 by simulation of the log mean squares it reads; through the suite, a drifted sigma_decay is caught and named at two

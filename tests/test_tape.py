@@ -1,4 +1,4 @@
-"""parity.tape: call keys, recording and replay, and the bundle on disk (with every way it can be refused)."""
+"""parity.core.tape: call keys, recording and replay, and the bundle on disk (with every way it can be refused)."""
 import json
 import zipfile
 from pathlib import Path

@@ -235,7 +235,7 @@ def test_the_committed_quick_bundle_names_each_drift_the_live_check_names(rng, d
 
 @pytest.mark.skipif(not COMMITTED.is_dir(), reason="vectors/lm-quick is not in this checkout")
 def test_a_failed_check_against_the_bundle_writes_its_repro(tmp_path):
-    """A repro (parity.repro) from a replayed reference: its script, run alone, still fails on the drifted side."""
+    """A repro (parity.core.repro) from a replayed reference: its script, run alone, still fails on the drifted side."""
     out = tmp_path / "report"
     assert main(["check", "--task", "lm", "--against", str(COMMITTED), "--torch", "group_fitness=group_var",
                  "--out", str(out), "--quiet"]) == 1

@@ -1,4 +1,4 @@
-"""Conformance vectors (parity.vectors): bad bundles refused before any work, checks without JAX, and the same
+"""Conformance vectors (parity.mlp.vectors): bad bundles refused before any work, checks without JAX, and the same
 verdicts and causes as the live check."""
 from __future__ import annotations
 
