@@ -25,28 +25,15 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
+from bench import gpu_report
+from bench.gpu_names import COMPILED, EAGER, FIRST_CALL_S, FORWARD_MS, GRAPHED, JAX, RATIO, STEP_MS, STEP_TOKENS, TORCH, \
+    Aim
 from bench.measure import Skipped, time_round_robin, torch_sync
 from bench.report import RowLog
 from bench.runners import Case, ModelSpec, forward_case, jax_device, jax_forward_case, jax_setup, make_inputs, \
     make_params, torch_noise
 
 CARTPOLE = ModelSpec("cartpole", (4, 256, 256, 2))      # the paper preset's policy (bench.__main__.CARTPOLE)
-
-TORCH, GRAPHED, EAGER, JAX = "torch_impl", "torch_impl_graphed", "torch_impl_eager", "jax_reference"
-COMPILED = "torch_impl_compiled"
-STEP_TOKENS = "step_tokens_per_s"         # LM / int8: tokens scored and learned from per second
-FORWARD_MS = "forward_ms"
-STEP_MS = "step_ms"
-FIRST_CALL_S = "first_call_s"             # a case's first call: a capture, a compilation, lazy inits
-RATIO = "ratio_over_jax"                  # the row's impl's speed over jax_reference's, round by round
-
-
-class Aim(NamedTuple):
-    model: str                            # cartpole, lm, int8
-    pop: int                              # the population the aim is judged at (0: the preset's)
-    impl: str                             # whose ratio over jax_reference
-    target: float                         # the ratio aimed at
-    label: str
 
 
 class GpuPlan(NamedTuple):
@@ -111,7 +98,8 @@ def lm_cases(preset: str, seed: int, device: torch.device, backend=None) -> tupl
     """One LM training step per call (epoch 0's noise, scores, update), each side; and the tokens a step scores."""
     from bench.lm import tokens
     from spec.lm import LM_PRESETS
-    from torch_impl import cuda_graphs, lm, lm_es
+    from torch_impl import cuda_graphs
+    from torch_impl.tree import es as lm_es, lm
 
     cfg = LM_PRESETS[preset]
     es = lm_es.make(cfg)
@@ -136,8 +124,8 @@ def _jax_lm_step(cfg, seed: int) -> Case:
     import jax
 
     from bench.lm import tokens
-    from jax_reference.lm import es_keys, init_lm, population_scores
-    from jax_reference.lm_train import SOLVERS, make_update
+    from jax_reference.lm.model import es_keys, init_lm, population_scores
+    from jax_reference.lm.train import SOLVERS, make_update
     from jax_reference.noiser import EggRoll
 
     init = init_lm(cfg, seed)
@@ -170,9 +158,10 @@ def int8_inputs(cfg, seed: int) -> np.ndarray:
 def int8_cases(preset: str, seed: int, device: torch.device, backend=None) -> tuple[dict[str, Case], int]:
     """One integer LM training step per call (epoch 0: noise, scores from zero states, votes), each side."""
     from spec.int8 import INT8_PRESETS
-    from torch_impl import cuda_graphs, int8_es
-    from torch_impl.int8_model import default_state, scores
-    from torch_impl.int8_noise import member_view
+    from torch_impl import cuda_graphs
+    from torch_impl.int8 import es as int8_es
+    from torch_impl.int8.model import default_state, scores
+    from torch_impl.int8.noise import member_view
 
     cfg = INT8_PRESETS[preset]
     es = int8_es.make(cfg)
@@ -199,7 +188,7 @@ def _jax_int8_step(cfg, seed: int) -> Case:
     import jax
     import jax.numpy as jnp
 
-    from jax_reference.int8 import EGG, QEggRoll, init_int8, population_scores, update
+    from jax_reference.int8.model import EGG, QEggRoll, init_int8, population_scores, update
     from spec.int8 import thresholds
 
     init = init_int8(cfg, seed)
@@ -336,7 +325,7 @@ def write_section(plan: GpuPlan, device: torch.device, seed: int, out, command: 
     """Run the section and write bench.csv and summary.md under `out` (atomically, once everything is measured)."""
     from pathlib import Path
 
-    from bench import gpu_report, report
+    from bench import report
     from reporting import atomic_write, versions
 
     r = run(plan, device, seed, log, backend)

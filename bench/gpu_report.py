@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Sequence
 
-from bench.gpu import COMPILED, EAGER, FIRST_CALL_S, FORWARD_MS, GRAPHED, JAX, RATIO, STEP_TOKENS, Aim
+from bench.gpu_names import COMPILED, EAGER, FIRST_CALL_S, FORWARD_MS, GRAPHED, JAX, RATIO, STEP_TOKENS, Aim
 from bench.names import CI_HIGH, CI_LOW
 from bench.report import Measurement, lookup
 from reporting import fmt, markdown_table

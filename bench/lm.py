@@ -53,8 +53,8 @@ def tokens(cfg: LMConfig, seed: int) -> np.ndarray:
 
 def torch_cases(cfg: LMConfig, seed: int, device: torch.device) -> dict[str, Case]:
     """torch_impl's forward alone (noise fixed) and noise + forward, both rng=jax."""
-    from torch_impl import lm, lm_es
-    from torch_impl.tree_noise import sample
+    from torch_impl.tree import es as lm_es, lm
+    from torch_impl.tree.noise import sample
     es = lm_es.make(cfg)
     state = lm_es.init(es, seed, device)
     toks = torch.as_tensor(tokens(cfg, seed), device=device)
@@ -68,7 +68,7 @@ def torch_cases(cfg: LMConfig, seed: int, device: torch.device) -> dict[str, Cas
 def jax_case(cfg: LMConfig, seed: int) -> Case:
     """jax_reference's jitted population scores (noise drawn inside, as upstream's do_mm draws it)."""
     import jax
-    from jax_reference import lm as jlm
+    from jax_reference.lm import model as jlm
     from jax_reference.noiser import EggRoll
     init = jlm.init_lm(cfg, seed)
     keys = jlm.es_keys(init.params, init.scan_map, seed)

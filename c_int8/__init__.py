@@ -11,7 +11,7 @@ intermediate (the state reset at byte 0), fitness signs, votes Z, the +-1 update
 one ES epoch over the whole population (the loop over members runs in C).
 
 The 2^23-entry int8 normal look-up (int8(normal * 16) for every bits >> 9) is passed in by the caller
-(jax_reference.int8.normal_lut(), or int8 of torch_impl.random.normal_table() * 16): computing JAX's float32 normal
+(jax_reference.int8.model.normal_lut(), or int8 of torch_impl.random.normal_table() * 16): computing JAX's float32 normal
 bit for bit in C would need XLA's erfinv polynomial step by step; a standalone C build would need that port.
 nano-egg's init, round(normal * 16), reads a second 2^23 look-up the same way (`init_params`; the caller passes the
 rounded values, e.g. np.round(torch_impl.random.normal_table() * 16)).
@@ -600,7 +600,7 @@ def init_params(cfg: Int8Config, seed: int, init_lut) -> dict:
 
 def train_epochs(cfg: Int8Config, seed: int, lut, params: dict, epochs: int | None = None, corpus=None,
                  observe: Callable | None = None, knobs: dict | str | None = None) -> dict:
-    """cfg.epochs (or `epochs`) ES epochs on the corpus as jax_reference.int8_train lays it out, from params
+    """cfg.epochs (or `epochs`) ES epochs on the corpus as jax_reference.int8.train lays it out, from params
     (nano-egg's init, given); observe(epoch, EpochResult) sees each. The final params."""
     from rollout.corpus import load_corpus
     from rollout.int8_data import epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows

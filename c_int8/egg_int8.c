@@ -5,7 +5,7 @@
  * Inputs the caller provides:
  *   lut     (2^23,) int8: int8(normal * 16) of JAX's float32 normal for every value of bits >> 9. Computing JAX's
  *           normal bit for bit needs XLA's float32 erfinv polynomial step by step; this library takes the table
- *           from Python (jax_reference.int8.normal_lut or torch_impl.random.normal_table) instead. A standalone
+ *           from Python (jax_reference.int8.model.normal_lut or torch_impl.random.normal_table) instead. A standalone
  *           build would need its own port of that polynomial (not done here). NULL is fine where no table noise is
  *           drawn: int8_noise=xorshift with evolving=matrices (every leaf is a matrix or frozen).
  *   tkey    (2,) uint32: the table key's words, (0, seed).

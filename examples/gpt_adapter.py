@@ -1,5 +1,5 @@
 """The worked example of the tree suite on a port's own tree: a small GPT (examples/gpt_port.py) behind the tree
-protocol (parity/tree_adapter.py).
+protocol (parity/tree/adapter.py).
 
     python -m parity check --task tree --port examples.gpt_adapter:GPTAdapter
 
@@ -30,7 +30,7 @@ import torch
 from examples import gpt_port
 from examples.gpt_port import EggrollGPT, ESConfig, GPTConfig
 from spec.tree_knobs import TreeKnobs
-from torch_impl.tree_noise import TreeNoise
+from torch_impl.tree.noise import TreeNoise
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

@@ -27,8 +27,8 @@ import torch
 
 from spec.tree import Leaf, Tree, make_tree
 from spec.tree_knobs import TreeKnobs
-from torch_impl.lm_es import GROUP_FITNESS, leaf_gradients
-from torch_impl.tree_noise import TreeNoise, make_plan, per_member, sample
+from torch_impl.tree.es import GROUP_FITNESS, leaf_gradients
+from torch_impl.tree.noise import TreeNoise, make_plan, per_member, sample
 
 Params = dict[str, torch.Tensor]
 

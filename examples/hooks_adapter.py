@@ -1,4 +1,4 @@
-"""examples/hooks_port.py behind the parity suite's port protocol (see parity/adapter.py).
+"""examples/hooks_port.py behind the parity suite's port protocol (see parity/mlp/adapter.py).
 
     python -m parity check --port examples.hooks_adapter:adapter
 

@@ -1,8 +1,8 @@
-"""The worked example of the tree protocol (parity/tree_adapter.py): a torch port of the byte-level LM behind it.
+"""The worked example of the tree protocol (parity/tree/adapter.py): a torch port of the byte-level LM behind it.
 
     python -m parity check --task lm --port examples.lm_adapter:LMAdapter
 
-The port here is torch_impl's tree ES (torch_impl.lm, lm_es, tree_noise); an adapter for another port has the same
+The port here is torch_impl's tree ES (torch_impl.tree: lm, es, noise); an adapter for another port has the same
 shape: declare the tree, convert at the boundary (numpy float32 in and out), and hand the suite the port's OWN
 noise, products, shaping, gradient, forward and step. What a port keeps differently is mapped here, never changed:
   - its noise is stack-first with one row per antithetic pair: expanded to one row per member (`per_member`);
@@ -13,7 +13,7 @@ noise, products, shaping, gradient, forward and step. What a port keeps differen
 caught through the protocol too (tests/test_parity_lm.py).
 
 A port on torch's own generator (most real ports) sets `jax_compatible_rng = False` and is checked in distribution
-(parity/tree_dist.py): `TorchRngLMAdapter` is this port with knob rng=torch,
+(parity/tree/dist.py): `TorchRngLMAdapter` is this port with knob rng=torch,
 
     python -m parity check --task lm --port examples.lm_adapter:TorchRngLMAdapter
 """
@@ -24,8 +24,8 @@ import torch
 
 from spec.lm import LMConfig, lm_tree
 from spec.tree_knobs import TreeKnobs
-from torch_impl import lm, lm_es
-from torch_impl.tree_noise import TreeNoise, from_stack_first, per_member, sample, to_stack_first
+from torch_impl.tree import es as lm_es, lm
+from torch_impl.tree.noise import TreeNoise, from_stack_first, per_member, sample, to_stack_first
 
 
 def _np(t: torch.Tensor) -> np.ndarray:

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default=None,
                    help="comma-separated subset of the planned arms (see --plan), or jax_reference / torch:<profile>")
     p.add_argument("--port", action="append", default=[], metavar="MODULE:ATTR",
-                   help="also train this port through its adapter's es_* methods (parity/adapter.py) as a main arm, "
+                   help="also train this port through its adapter's es_* methods (parity/mlp/adapter.py) as a main arm, "
                         "compared with the reference like the profiles (repeatable)")
     p.add_argument("--no-ladder", action="store_true", help="the same as --design none")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -284,10 +284,10 @@ def main(argv: list[str] | None = None, trainer=train_spec) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     task = _task_of(argv)
     if task == "lm":
-        from gap import lm_cli
+        from gap.lm import cli as lm_cli
         return lm_cli.main(argv, None if trainer is train_spec else trainer)
     if task == "int8":
-        from gap import int8_cli
+        from gap.int8 import cli as int8_cli
         return int8_cli.main(argv, None if trainer is train_spec else trainer)
     if task != "cartpole":
         print(f"gap: unknown --task {task!r}; known tasks: cartpole, lm, int8", file=sys.stderr)

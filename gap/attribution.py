@@ -16,8 +16,10 @@ from typing import NamedTuple
 import numpy as np
 
 from gap import stats
-from gap.arms import Arm, dedupe, jax_arm, torch_arm
-from spec.knobs import DESCRIPTIONS, PROFILES, KnobError, Knobs, RunSettings, as_knobs, profile
+from gap.arms import Arm, dedupe, jax_arm, profile_arm, torch_arm
+from gap.drifts import drift_order
+from gap.factorial import design as factorial_design
+from spec.knobs import Knobs, RunSettings, as_knobs, profile
 
 
 class Rung(NamedTuple):
@@ -54,15 +56,6 @@ class Study(NamedTuple):
         return [a for a in dedupe(rest) if a.name not in main]
 
 
-def drift_order(profile_name: str, reference: RunSettings | Knobs | None = None) -> list[str]:
-    """Knobs where the profile departs from the reference, in the order the profile lists them."""
-    if profile_name not in PROFILES:
-        raise KnobError(f"unknown profile {profile_name!r}; known profiles: {', '.join(PROFILES)}")
-    reference = as_knobs(reference)
-    drifted = profile(profile_name, reference)
-    return [k for k in PROFILES[profile_name].drifts if getattr(drifted, k) != getattr(reference, k)]
-
-
 def ladder(profile_name: str, reference: RunSettings | Knobs | None = None) -> list[Rung]:
     """Rung 0 = the profile; rung k = the profile with its first k drifts switched back; last = reference."""
     reference = as_knobs(reference)
@@ -89,9 +82,6 @@ def study(profile_name: str = "oop-port", reference: RunSettings | Knobs | None 
           others: tuple[str, ...] = ()) -> Study:
     """jax_reference, torch:jax, torch:<profile> (and torch:<other> for each of `others`), and the attribution
     arms of `design`: the ladder and single drifts, a fractional factorial over the profile's drifts, or none."""
-    from gap.arms import profile_arm
-    from gap.factorial import design as factorial_design
-
     if design not in DESIGNS:
         raise ValueError(f"--design must be one of {', '.join(DESIGNS)}, got {design!r}")
     ref = as_knobs(reference)
@@ -105,13 +95,6 @@ def study(profile_name: str = "oop-port", reference: RunSettings | Knobs | None 
         others=tuple(profile_arm(f"torch:{name}", ref.run) for name in others),
         design=factorial_design(profile_name, ref) if design == "factorial" else None,
     )
-
-
-def describe_drift(knob: str, profile_name: str, reference: RunSettings | Knobs | None = None) -> str:
-    """`hidden activation (pqn -> tanh)`: the knob in the verdicts' words with both values."""
-    reference = as_knobs(reference)
-    drifted = profile(profile_name, reference)
-    return f"{DESCRIPTIONS.get(knob, knob)} ({getattr(reference, knob)} -> {getattr(drifted, knob)})"
 
 
 # ---------------------------------------------------------------- analysis

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from gap.arms import Arm, torch_arm
-from gap.attribution import describe_drift, drift_order
+from gap.drifts import describe_drift, drift_order
 from spec.knobs import Knobs, RunSettings, as_knobs, profile
 
 RESOLUTION = 4

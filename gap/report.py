@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from gap import attribution as attr
+from gap.drifts import describe_drift
 from gap import factorial, factorial_report, imported, plots, precision_report, published, results, stats
 from gap.runs import RunSpec
 from gap.store import RunStore
@@ -198,7 +199,7 @@ def _drift_lines(st: attr.Study, steps: list[attr.Step]) -> list[str]:
             share_text = "" if math.isnan(share) else f", {share:.0%} of the log gap"
             parts.append(f"ladder step x{_ratio(ladder[k].cmp)} (Holm p {_p(ladder[k].holm_p)}{share_text})")
         groups[attr.verdict(steps, k, ALPHA)].append(
-            f"{attr.describe_drift(k, st.profile)}: " + ("; ".join(parts) if parts else "no runs"))
+            f"{describe_drift(k, st.profile)}: " + ("; ".join(parts) if parts else "no runs"))
     titles = {"matters": "**Drifts that matter** (Holm-adjusted Gehan p < 0.05 in either view)",
               "possible": "**Possible effects** (95% interval excludes 1, not significant after Holm)",
               "no effect detected": "**No effect detected**", "not run": "**Not run**"}
@@ -419,7 +420,7 @@ def _attribution_section(st, steps) -> list[str]:
     for view, title in (("ladder", "Ladder (cumulative)"), ("single", "Each drift alone")):
         rows = []
         for s in (s for s in steps if s.view == view):
-            base = [attr.describe_drift(s.knob, st.profile), f"`{s.with_drift}` / `{s.without}`"]
+            base = [describe_drift(s.knob, st.profile), f"`{s.with_drift}` / `{s.without}`"]
             if s.cmp is None:
                 rows.append(base + ["not run"] + [""] * 4)
                 continue

@@ -233,7 +233,7 @@ def run_specs(arms_seeds: Iterable[tuple[Arm, list[int]]], cfg: Config, device: 
 
 
 def train_lm_spec(spec):
-    """One run of the LM study (`gap.lm_study.LmRunSpec`): (history rows, versions, host), trainers loaded lazily.
+    """One run of the LM study (`gap.lm.study.LmRunSpec`): (history rows, versions, host), trainers loaded lazily.
 
     A worker trains with one thread (EGGROLL_SINGLE_THREAD): N runs on N cores, no oversubscription.
     """
@@ -243,10 +243,10 @@ def train_lm_spec(spec):
     from rollout.corpus import load_corpus
     corpus = load_corpus(spec.corpus, seq_len=spec.config.seq_len)
     if spec.arm.side == "jax":
-        from jax_reference.lm_train import train_lm
+        from jax_reference.lm.train import train_lm
         result = train_lm(spec.config, spec.seed, corpus=corpus, progress=False)
     else:
-        from torch_impl.lm_train import train_lm
+        from torch_impl.tree.train import train_lm
         result = train_lm(spec.config, spec.seed, knobs=spec.arm.knobs, corpus=corpus, progress=False, threads=1)
     host, vers = where()
     history = [{k: _plain(v) for k, v in dict(row).items()} for row in _field(result, "history")]
@@ -254,10 +254,10 @@ def train_lm_spec(spec):
 
 
 def train_int8_spec(spec):
-    """One run of the integer study (`gap.int8_study.Int8RunSpec`) on the torch int8 port: (history rows, versions,
+    """One run of the integer study (`gap.int8.study.Int8RunSpec`) on the torch int8 port: (history rows, versions,
     host). A worker trains with one thread (EGGROLL_SINGLE_THREAD)."""
     from rollout.corpus import load_corpus
-    from torch_impl.int8_train import train_int8
+    from torch_impl.int8.train import train_int8
     corpus = load_corpus(spec.corpus, seq_len=spec.config.tokens_per_update)
     result = train_int8(spec.config, spec.seed, corpus, progress=False, threads=1, knobs=spec.arm.knobs)
     host, vers = where()

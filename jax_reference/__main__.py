@@ -63,7 +63,7 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         corpus = load_corpus(path, cfg.seq_len)   # refuses a corpus too short for windows of seq_len + 1 bytes
     except (OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
-    from jax_reference.lm_train import train_lm   # jax only once the input is known good
+    from jax_reference.lm.train import train_lm   # jax only once the input is known good
     if not args.quiet:
         print(f"JAX reference EggRoll  byte LM  seed {args.seed}  {cfg}  corpus {corpus.path}", flush=True)
     result = train_lm(cfg, args.seed, corpus, progress=not args.quiet)
@@ -81,7 +81,7 @@ def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         corpus = load_int8_corpus(check_corpus_path(args.corpus), cfg)
     except (OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
-    from jax_reference.int8_train import train_int8     # jax only once the input is known good
+    from jax_reference.int8.train import train_int8     # jax only once the input is known good
     if not args.quiet:
         print(f"JAX reference QEggRoll  int8 LM  seed {args.seed}  {cfg}  corpus {corpus.path}", flush=True)
     result = train_int8(cfg, args.seed, corpus, progress=not args.quiet)

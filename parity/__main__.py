@@ -2,7 +2,7 @@
 
 Exit codes: 0 every check within tolerance; 1 a mismatch; 2 bad usage or input (unknown knob,
 value or profile, an unloadable port, a port that breaks the adapter protocol).
---profile / --torch configure the torch side (torch_impl through parity.torch_adapter); the
+--profile / --torch configure the torch side (torch_impl through parity.mlp.torch_adapter); the
 reference run keeps the preset's knobs, so e.g. `--torch noise_reuse=3` is a drift to be caught.
 """
 from __future__ import annotations
@@ -19,8 +19,9 @@ import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
-from parity.adapter import UsageError
-from parity.suite import CHECKS, SIZES, Sizes, at_port_rank
+from parity.core.port import UsageError
+from parity.mlp.suite import CHECKS, at_port_rank
+from parity.mlp.sizes import SIZES, Sizes
 from reporting import cpu_name, versions
 from spec.config import for_profile
 from spec.knobs import CHOICES, NUMERIC, PROFILES
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
                    help=f"torch-side knob, repeatable, applied after the profile ({knob_help})")
     p.add_argument("--port", metavar="MODULE:ATTR", help="check a foreign port through the adapter protocol "
-                                                         "(parity/adapter.py) instead of torch_impl")
+                                                         "(parity/mlp/adapter.py) instead of torch_impl")
     p.add_argument("--out", default="runs/parity",
                    help="report folder (default runs/parity, which git ignores; the published one is reports/parity)")
     p.add_argument("--seed", type=seed_arg, default=None,
@@ -81,8 +82,8 @@ def reference_note(bundle) -> dict[str, str]:
     """The report's line on the reference side: a recorded bundle (which, its hash, versions, device) or none."""
     if bundle is None:
         return {}
-    from parity.report import REFERENCE_SIDE
-    from parity.vectors import describe
+    from parity.core.report import REFERENCE_SIDE
+    from parity.mlp.vectors import describe
 
     return {REFERENCE_SIDE: describe(bundle)}
 
@@ -123,17 +124,17 @@ def _moved(name: str) -> Callable[[list[str]], int]:
 
 
 def _int8(argv: list[str]) -> int:
-    from parity import int8_cli
+    from parity.int8 import cli as int8_cli
     return int8_cli.main(argv)
 
 
 def _record(argv: list[str]) -> int:
-    from parity import vectors
-    return vectors.record_main(argv)
+    from parity.record import record_main
+    return record_main(argv)
 
 
 def _lm(argv: list[str]) -> int:
-    from parity import tree_cli
+    from parity.tree import cli as tree_cli
     return tree_cli.main(argv)
 
 
@@ -144,7 +145,7 @@ def _unknown_task(task: str) -> int:
 
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"int8": _int8, "record": _record, **{name: _moved(name) for name in MOVED}}
-TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm, "tree": _lm}     # one parser: parity/tree_cli.py
+TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm, "tree": _lm}     # one parser: parity/tree/cli.py
 
 
 def main(argv: Sequence[str] | None = None, stream=None) -> int:
@@ -165,9 +166,9 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
         print(f"parity check: {err}", file=sys.stderr)
         return EXIT_USAGE
 
-    from parity.repro import Collector, with_repros
-    from parity.report import overall, write_report
-    from parity.suite import run_suite
+    from parity.core.repro import Collector, with_repros
+    from parity.core.report import overall, write_report
+    from parity.mlp.suite import run_suite
 
     text_out = sys.stderr if args.json else stream     # --json: stdout holds the JSON alone
     log = (lambda line: None) if args.quiet else (lambda line: print(line, file=text_out, flush=True))
@@ -203,7 +204,7 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
 
 def run_info(args, sizes: Sizes, command: str, label: str, configuration: str, seconds: float):
     """What the report records about the run: command, port, sizes, seed, versions, device, the reference's platform."""
-    from parity.report import RunInfo
+    from parity.core.report import RunInfo
 
     return RunInfo(
         command=command, port=label, configuration=configuration,
@@ -223,16 +224,16 @@ def parse(argv: list[str]):
     check_out_dir(args.out)
     args.bundle = None
     if args.against:
-        from parity.vectors import open_bundle
+        from parity.mlp.vectors import open_bundle
 
         args.bundle = open_bundle(args.against, args.size, args.seed)
         args.platform = recorded_platform(args.bundle.manifest)
         check_against_bundle(args, args.platform, args.against)
     else:
-        from parity.reference_port import platform_for
+        from parity.core.platform import platform_for
 
         args.platform = platform_for(request_of(args))
-    from parity.tape import run_size_and_seed
+    from parity.core.tape import run_size_and_seed
 
     args.size, args.seed = run_size_and_seed(args.bundle, args.size, args.seed)
     sizes = suite_sizes(args)
@@ -311,12 +312,12 @@ def suite_sizes(args) -> Sizes:
 def _make_port(args, sizes: Sizes):
     """(adapter, configuration text, label, the context to run the suite in, how a repro builds it) from --port or
     --profile/--torch."""
-    from parity.repro import port_recipe, torch_recipe
+    from parity.core.repro import port_recipe, torch_recipe
 
     if args.port:
         if args.torch or args.profile != "jax":
             raise UsageError("--profile and --torch configure the torch side; they do not apply with --port")
-        from parity.adapter import load_port
+        from parity.mlp.adapter import load_port
 
         cfg = sizes.cfg
         port = load_port(args.port, cfg)
@@ -332,7 +333,8 @@ def _make_port(args, sizes: Sizes):
     followed, words = follow_reference_rng(knobs, args.platform)
     text += words
     pinned = args.torch + [f"rng={followed.rng}"] if followed.rng != knobs.rng else args.torch   # the repro's side
-    from parity.torch_adapter import TorchPort, check_device, one_thread
+    from parity.mlp.torch_adapter import TorchPort, one_thread
+    from parity.core.device import check_device
 
     check_device(args.device)
     port = TorchPort(sizes.cfg, followed, args.device)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from parity.adapter import UsageError
+from parity.core.port import UsageError
 from parity.testing import (EXPECT_ITEM, ParityRequest, SuiteCache, check_failure, expect_failure, parity_request,
                             warn_about)
 

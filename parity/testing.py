@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from parity.adapter import UsageError
+from parity.core.port import UsageError
 
 TASKS = ("cartpole", "lm", "tree")
 EXPECT_ITEM = "expect"          # the run-level item: every expected knob named by some check
@@ -29,7 +29,7 @@ NOT_DRIFTS = {"cartpole": {("rng", "torch"), ("compile", "on")}, "lm": {("rng", 
 # The MLP suite's knobs the tree suite names on a declared tree (pairing, fitness, optimizer; the trajectory's
 # schedules): task="tree" takes them in expect= beside the tree knobs.
 TREE_MLP_KNOBS = ("antithetic", "fitness", "optimizer", "noise_reuse", "lr_decay", "sigma_decay")
-KNOB_IN_CAUSE = re.compile(r"knob `(\w+)`")     # how both suites name a knob in a cause (parity.diagnose.cause)
+KNOB_IN_CAUSE = re.compile(r"knob `(\w+)`")     # how both suites name a knob in a cause (parity.core.diagnose.cause)
 LOG = logging.getLogger("parity.testing")
 
 
@@ -80,20 +80,20 @@ class ParityRequest:
 def check_names(task: str) -> tuple[str, ...]:
     """The task's checks in the order its suite runs them (importing neither jax nor torch)."""
     if task in ("lm", "tree"):
-        from parity.tree_check import CHECKS
+        from parity.tree.check import CHECKS
     else:
-        from parity.suite import CHECKS
+        from parity.mlp.suite import CHECKS
     return CHECKS
 
 
 def size_names(task: str) -> tuple[str, ...]:
     if task == "tree":
-        from parity.tree_check import TREE_SIZES
+        from parity.tree.check import TREE_SIZES
         return tuple(TREE_SIZES)
     if task == "lm":
-        from parity.tree_check import sizes
+        from parity.tree.check import sizes
         return tuple(sizes())
-    from parity.suite import SIZES
+    from parity.mlp.sizes import SIZES
     return tuple(SIZES)
 
 
@@ -199,7 +199,7 @@ class Outcome:
 
 
 def outcome_of_result(result) -> Outcome:
-    """The Outcome of a parity.verdict.CheckResult (the CartPole suite)."""
+    """The Outcome of a parity.core.verdict.CheckResult (the CartPole suite)."""
     uncaused = sum(1 for r in result.rows if r.verdict == "fail" and not r.cause)
     causes = tuple(dict.fromkeys((c.knob, c.text) for c in result.causes))
     return Outcome(result.name, result.verdict, result.observed, result.allowed, causes, uncaused, result.trace,
@@ -207,11 +207,11 @@ def outcome_of_result(result) -> Outcome:
 
 
 def outcomes_of_rows(rows: Sequence, names: Sequence[str]) -> tuple[Outcome, ...]:
-    """One Outcome per check of the LM suite's rows (parity.tree_check.Row), in `names`' order; a check's verdict is
+    """One Outcome per check of the LM suite's rows (parity.tree.check.Row), in `names`' order; a check's verdict is
     its worst row's, its knobs those its failing rows' causes name."""
     unknown = sorted({r.check for r in rows} - set(names))
     if unknown:
-        raise SuiteCrash(f"the LM suite returned rows of check(s) {unknown} that parity.tree_check.CHECKS lacks")
+        raise SuiteCrash(f"the LM suite returned rows of check(s) {unknown} that parity.tree.check.CHECKS lacks")
     return tuple(_lm_outcome(name, [r for r in rows if r.check == name]) for name in names)
 
 
@@ -280,8 +280,9 @@ def run_failures(outcomes: Sequence[Outcome], request: ParityRequest) -> list[st
 
 # ----------------------------------------------------------------------------- running
 def _run_cartpole(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
-    from parity.adapter import built_adapter, check_adapter, load_port
-    from parity.suite import SIZES, run_suite
+    from parity.mlp.adapter import built_adapter, check_adapter, load_port
+    from parity.mlp.sizes import SIZES
+    from parity.mlp.suite import run_suite
 
     sizes = SIZES[request.size]
     if isinstance(request.adapter, str):
@@ -292,9 +293,10 @@ def _run_cartpole(request: ParityRequest, log: Callable[[str], None]) -> tuple[O
 
 
 def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
-    from parity import tree_check
-    from parity.adapter import PortError, built_adapter
-    from parity.tree_adapter import CheckedTreePort, PortSide, load_tree_port, port_tree
+    from parity.tree import check as tree_check
+    from parity.core.port import PortError
+    from parity.mlp.adapter import built_adapter
+    from parity.tree.adapter import CheckedTreePort, PortSide, load_tree_port, port_tree
     from spec.tree_knobs import TreeKnobs
 
     cfg = tree_check.sizes()[request.size]
@@ -303,19 +305,23 @@ def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome
     else:
         port = built_adapter(request.adapter, cfg, request.label)
     port_tree(port, cfg)
+    reference = None
+    if request.against is not None:
+        from parity.tree.vectors import bundle_reference
+        reference = bundle_reference(request.against, cfg, request.seed)
     try:
         rows = tree_check.run(cfg, TreeKnobs(), request.seed, log, side=PortSide(CheckedTreePort(port, cfg), cfg),
-                              against=request.against)
+                              reference=reference)
     except PortError as err:
-        raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree_adapter.py)") from err
+        raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree/adapter.py)") from err
     return outcomes_of_rows(rows, tree_check.CHECKS)
 
 
 def _run_tree(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
     """The tree suite on the port's own declared tree (its settings, the size's defaults for the rest)."""
-    from parity import tree_check
-    from parity.adapter import PortError
-    from parity.tree_adapter import CheckedTreePort, PortSide, built_tree_port, declared_run, load_tree_port
+    from parity.tree import check as tree_check
+    from parity.core.port import PortError
+    from parity.tree.adapter import CheckedTreePort, PortSide, built_tree_port, declared_run, load_tree_port
     from spec.tree_knobs import TreeKnobs
 
     if isinstance(request.adapter, str):
@@ -325,13 +331,13 @@ def _run_tree(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outco
     run, _ = declared_run(port, tree_check.TREE_SIZES[request.size])
     reference = None
     if request.against is not None:
-        from parity.tree_vectors import open_tree_bundle, tree_bundle_reference
+        from parity.tree.vectors import open_tree_bundle, tree_bundle_reference
         reference = tree_bundle_reference(open_tree_bundle(request.against, request.size, request.seed), run)
     try:
         rows = tree_check.run(run, TreeKnobs(), request.seed, log, side=PortSide(CheckedTreePort(port, run), run),
                               reference=reference)
     except PortError as err:
-        raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree_adapter.py)") from err
+        raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree/adapter.py)") from err
     return outcomes_of_rows(rows, tree_check.CHECKS)
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from parity.suite import SIZES
+from parity.mlp.sizes import SIZES
 from ports import registry
 from ports.report import SurveyInfo, write
 from ports.survey import SUITE_PACKAGES, survey_entry

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from parity.suite import CHECKS
+from parity.mlp.suite import CHECKS
 from ports.readings import Reading
 
 

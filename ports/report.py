@@ -7,8 +7,8 @@ import io
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from parity.report import likely_causes
-from parity.suite import CHECKS
+from parity.core.report import likely_causes
+from parity.mlp.suite import CHECKS
 from ports.survey import PortResult
 from reporting import atomic_write, fmt, markdown_table
 

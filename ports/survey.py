@@ -11,10 +11,12 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from parity.adapter import GROUPS, CheckedPort, UsageError, load_port
-from parity.report import RunInfo, overall, write_report
-from parity.suite import Sizes, param_shapes, run_suite
-from parity.verdict import CheckResult
+from parity.mlp.adapter import GROUPS, CheckedPort, load_port
+from parity.core.port import UsageError
+from parity.core.report import RunInfo, overall, write_report
+from parity.mlp.sizes import Sizes
+from parity.mlp.suite import param_shapes, run_suite
+from parity.core.verdict import CheckResult
 from ports import probes as pr
 from ports.readings import Agreement, agreement
 from ports.registry import Entry

@@ -17,7 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
-from parity.adapter import CheckedPort, UsageError, load_port
+from parity.mlp.adapter import CheckedPort, load_port
+from parity.core.port import UsageError
 from rollout import cartpole
 from rollout.episodes import run_episodes, sample_actions
 from spec.config import SOLVED_RETURN, Config

@@ -22,7 +22,7 @@ One member's score on a window of T + 1 bytes x_0..x_T (both sides compute exact
     score = mean_t log_softmax(logits_t)[x_{t+1}] / float32(ln 2)   log2-likelihood per byte (fitness: higher is better)
 Bits per byte = -score. Validation is scored with noise off (the mean of -score over the validation windows).
 
-Readings, as upstream's modules do it (jax_reference/lm.py): ln1, ln2, ln_f, shift and bz go through the noiser's
+Readings, as upstream's modules do it (jax_reference/lm/model.py): ln1, ln2, ln_f, shift and bz go through the noiser's
 full-rank rule (`get_noisy_standard`: perturbed only when freeze_nonlora is off); wz, wh, down, head through `do_mm`
 and up through `do_Tmm`; embed through `do_emb` and h0 read directly (upstream reads its excluded leaves as stored),
 so neither is ever perturbed. The recurrence runs sequentially over t, in the formula's order of operations.
@@ -156,7 +156,7 @@ def init_plan(cfg: LMConfig) -> dict[str, InitRule]:
 
 
 # Intermediates of one member's forward, in forward order, each named after the leaf whose op produced it, so the
-# first entry where two sides part names the block and leaf (jax_reference.lm documents each entry's formula):
+# first entry where two sides part names the block and leaf (jax_reference.lm.model documents each entry's formula):
 # embed (T, d); per block l: ln1 u, shift s, wz mm(wz, s) before bz, bz z, wh c, h0 the states h, ln2 v, up tmm(up, v)
 # before the relu, down its mm, out e after the block; ln_f y; head logits (T, 256); score ().
 BLOCK_INTERMEDIATES = ("ln1", "shift", "wz", "bz", "wh", "h0", "ln2", "up", "down", "out")

@@ -80,7 +80,7 @@ def test_build_is_current_and_named_for_its_source(tmp_path):
 def jq():
     if REASON is not None:
         pytest.skip(REASON)
-    from jax_reference import int8 as q
+    from jax_reference.int8 import model as q
     return q
 
 
@@ -469,8 +469,8 @@ def test_epoch_scores_fitness_votes_and_updated_params_equal_jaxs(side):
 
 @needs_c
 def test_k_epoch_trajectory_at_the_selftest_preset_equals_jaxs(lut):
-    from jax_reference.int8 import init_int8
-    from jax_reference.int8_train import train_int8
+    from jax_reference.int8.model import init_int8
+    from jax_reference.int8.train import train_int8
     cfg, seed = s.INT8_PRESETS["selftest"], 3
     jax_rows, c_rows = [], []
     train_int8(cfg, seed, progress=False, observe=lambda e, scores, params: jax_rows.append((e, scores,
@@ -715,7 +715,7 @@ def test_never_resetting_the_state_equals_jaxs_forward_stepped_without_the_reset
 
 @needs_c
 def test_egg_c_profile_trains_deterministically_and_freezes_what_egg_c_freezes(lut):
-    from jax_reference.int8 import init_int8
+    from jax_reference.int8.model import init_int8
     cfg, seed = s.INT8_PRESETS["selftest"], 3
     init = _flat(init_int8(cfg, seed).params)
     runs = [c_int8.train_epochs(cfg, seed, lut, init, knobs="egg.c") for _ in range(2)]

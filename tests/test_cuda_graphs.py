@@ -158,7 +158,7 @@ def test_cartpole_captured_forward_holds_no_capture_hazard():
 @pytest.mark.parametrize("preset,epochs", [("selftest", 3), ("quick", 4)])
 def test_lm_runs_with_captured_forwards_equal_the_eager_runs(preset, epochs):
     from spec.lm import LM_PRESETS
-    from torch_impl.lm_train import train_lm
+    from torch_impl.tree.train import train_lm
 
     cfg = LM_PRESETS[preset].replace(epochs=epochs, eval_every=2)
     eager = train_lm(cfg, 1, progress=False)
@@ -173,7 +173,7 @@ def test_lm_runs_with_captured_forwards_equal_the_eager_runs(preset, epochs):
 @pytest.mark.parametrize("preset", ["selftest", "quick"])
 def test_lm_forward_holds_no_capture_hazard(preset):
     from spec.lm import LM_PRESETS
-    from torch_impl import lm, lm_es
+    from torch_impl.tree import es as lm_es, lm
 
     cfg = LM_PRESETS[preset]
     es = lm_es.make(cfg)
@@ -200,7 +200,7 @@ def _cuda_rules_mm(calls: list):
 
 @pytest.mark.parametrize("m,k,n", [(3, 4, 2), (17, 8, 8), (32, 64, 256), (9, 20, 13), (40, 256, 64)])
 def test_int_mm_padded_meets_cudas_shape_rules_and_equals_the_exact_product(m, k, n):
-    from torch_impl.int8_model import int_mm_padded
+    from torch_impl.int8.model import int_mm_padded
 
     gen = torch.Generator().manual_seed(m * 1000 + k * 10 + n)
     a = torch.randint(-127, 128, (m, k), generator=gen, dtype=torch.int8)
@@ -219,9 +219,9 @@ def test_int8_scores_through_the_cuda_gemm_path_equal_the_cpu_path(preset, monke
     """The whole model with every int8 GEMM routed as on CUDA (padded torch._int_mm under CUDA's rules, each shape
     probed first) gives the integers of the CPU path; fresh params, noise, tokens and states."""
     from spec.int8 import INT8_PRESETS
-    from torch_impl import int8_es
-    from torch_impl import int8_model as tm
-    from torch_impl.int8_noise import member_view
+    from torch_impl.int8 import es as int8_es
+    from torch_impl.int8 import model as tm
+    from torch_impl.int8.noise import member_view
 
     cfg = INT8_PRESETS[preset]
     es = int8_es.make(cfg)
@@ -242,9 +242,9 @@ def test_int8_scores_through_the_cuda_gemm_path_equal_the_cpu_path(preset, monke
 
 def test_int8_scores_hold_no_capture_hazard_on_the_cuda_gemm_path(monkeypatch):
     from spec.int8 import INT8_PRESETS
-    from torch_impl import int8_es
-    from torch_impl import int8_model as tm
-    from torch_impl.int8_noise import member_view
+    from torch_impl.int8 import es as int8_es
+    from torch_impl.int8 import model as tm
+    from torch_impl.int8.noise import member_view
 
     cfg = INT8_PRESETS["quick"]
     es = int8_es.make(cfg)
@@ -266,7 +266,7 @@ def test_int8_scores_hold_no_capture_hazard_on_the_cuda_gemm_path(monkeypatch):
 def test_int8_runs_with_captured_scores_equal_the_eager_runs(preset, epochs):
     from rollout.corpus import load_corpus
     from spec.int8 import INT8_PRESETS
-    from torch_impl.int8_train import train_int8
+    from torch_impl.int8.train import train_int8
 
     cfg = INT8_PRESETS[preset].replace(epochs=epochs, validate_every=2, val_rows=4)
     corpus = load_corpus()
@@ -294,7 +294,7 @@ def test_cuda_cartpole_training_with_graphs_equals_the_eager_cuda_run(monkeypatc
 @on_gpu
 def test_cuda_lm_training_with_graphs_equals_the_eager_cuda_run(monkeypatch):
     from spec.lm import LM_PRESETS
-    from torch_impl.lm_train import train_lm
+    from torch_impl.tree.train import train_lm
 
     cfg = LM_PRESETS["cpu"].replace(epochs=6, eval_every=3)
     monkeypatch.setenv(G.SWITCH, "never")
@@ -309,12 +309,12 @@ def test_cuda_lm_training_with_graphs_equals_the_eager_cuda_run(monkeypatch):
 @pytest.mark.parametrize("preset", ["quick", "cpu"])
 def test_cuda_int8_training_with_graphs_and_int_mm_equals_the_cpu_run(preset):
     from spec.int8 import INT8_PRESETS
-    from torch_impl.int8_train import train_int8
+    from torch_impl.int8.train import train_int8
 
     cfg = INT8_PRESETS[preset].replace(epochs=3, validate_every=3)
     cpu = train_int8(cfg, 0, progress=False)
     cuda = train_int8(cfg, 0, progress=False, device="cuda")
-    from torch_impl import int8_model as tm
+    from torch_impl.int8 import model as tm
     assert any(key[0] == "cuda" and ok for key, ok in tm._INT8_GEMM_EXACT.items()), "no CUDA shape took _int_mm"
     assert _rows(cuda.history) == _rows(cpu.history)
     assert all(torch.equal(cuda.params[k].cpu(), cpu.params[k]) for k in cpu.params)
@@ -322,7 +322,7 @@ def test_cuda_int8_training_with_graphs_and_int_mm_equals_the_cpu_run(preset):
 
 @on_gpu
 def test_cuda_int_mm_padded_equals_the_exact_product_on_the_device():
-    from torch_impl.int8_model import int_mm_padded
+    from torch_impl.int8.model import int_mm_padded
 
     gen = torch.Generator().manual_seed(0)
     for m, k, n in ((3, 4, 2), (256, 64, 64), (256, 256, 64), (300, 64, 256)):

@@ -216,9 +216,9 @@ def test_the_torch_port_in_egg_c_mode_reproduces_egg_cs_program_too(tmp_path):
     from rollout.int8_data import egg_c_step_tokens
     from spec.int8 import Int8Config
     from spec.int8_knobs import int8_profile
-    from torch_impl import int8_es
-    from torch_impl.int8_model import scores as model_scores
-    from torch_impl.int8_noise import member_view
+    from torch_impl.int8 import es as int8_es
+    from torch_impl.int8.model import scores as model_scores
+    from torch_impl.int8.noise import member_view
     if str(tmp_path.resolve()).startswith(str(ROOT)):
         pytest.skip("the scratch folder must lie outside the repository")
     run = RUNS["d64L2"]

@@ -7,6 +7,7 @@ import pytest
 from gap import attribution as attr
 from gap import stats
 from gap.arms import Arm, dedupe, jax_arm, profile_arm, torch_name
+from gap.drifts import drift_order
 from spec.knobs import KNOB_NAMES, PROFILE_DRIFTS, KnobError, Knobs, RunSettings, drifts, profile
 
 
@@ -17,7 +18,7 @@ def _diff(k1: Knobs, k2: Knobs) -> list[str]:
 @pytest.mark.parametrize("name", ["oop-port", "functional-port", "jax-torchrng"])
 def test_ladder_switches_one_drift_back_per_rung(name):
     rungs = attr.ladder(name)
-    order = attr.drift_order(name)
+    order = drift_order(name)
     assert order == [k for k in PROFILE_DRIFTS[name]]                   # the profile's own order
     assert len(rungs) == len(order) + 1
     assert rungs[0].arm.knobs == profile(name) and rungs[0].switched is None

@@ -6,7 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from gap import lm_cli, lm_report, lm_study
+from gap.lm import cli as lm_cli
+from gap.lm import report as lm_report
+from gap.lm import study as lm_study
 from spec.lm import LM_PRESETS
 
 

@@ -42,7 +42,7 @@ STANDINS = {
                  "            pickle.dump(stats, f)\n\n\ndef init(*a, **k):\n    return _Run()\n"),
     "datasets.py": "def load_dataset(*a, **k):\n    raise RuntimeError('the data files should already exist')\n",
     "egg_tables.py": '''import jax, jax.numpy as jnp, numpy as np
-from jax_reference.int8 import normal_lut, table_entries, table_key
+from jax_reference.int8.model import normal_lut, table_entries, table_key
 
 STEP = 2 ** 24
 
@@ -170,7 +170,7 @@ def _available_gb() -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("run", sorted(RUNS))
 def test_reference_reproduces_nano_eggs_run_py(tmp_path, run):
-    from jax_reference.int8_train import train_int8
+    from jax_reference.int8.train import train_int8
     if str(tmp_path.resolve()).startswith(str(ROOT)):
         pytest.skip("the scratch folder must lie outside the repository")
     if _available_gb() < 6:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from jax_reference import int8 as q
+from jax_reference.int8 import model as q
 from jax_reference.models import CommonParams
 from rollout.corpus import load_corpus
 from rollout.int8_data import (StreamLayout, epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows,
@@ -414,7 +414,7 @@ TINY = s.Int8Config(n_embd=16, n_layer=1, pop=64, tokens_per_update=16, epochs=3
 
 
 def test_tiny_training_is_deterministic_and_learns():
-    from jax_reference.int8_train import train_int8
+    from jax_reference.int8.train import train_int8
     first = train_int8(TINY, 3, progress=False)
     again = train_int8(TINY, 3, progress=False)
     drop = ("tokens_per_s", "wall_s")

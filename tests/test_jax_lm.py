@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from jax_reference import __main__ as cli
-from jax_reference import lm
-from jax_reference.lm_train import make_update
+from jax_reference.lm import model as lm
+from jax_reference.lm.train import make_update
 from jax_reference.noiser import EggRoll
 from jax_reference.population import leaf_names, params_to_flat
 from spec.lm import LM_PRESETS, init_plan, intermediate_names, lm_tree
@@ -190,7 +190,7 @@ def test_one_update_moves_exactly_the_classes_it_should(size):
 # ----------------------------------------------------------------------------- the trainer and the CLI
 def test_training_the_selftest_preset_reports_finite_numbers():
     pytest.importorskip("rollout.corpus")
-    from jax_reference.lm_train import train_lm
+    from jax_reference.lm.train import train_lm
 
     cfg = LM_PRESETS["selftest"].replace(epochs=4, eval_every=2)
     result = train_lm(cfg, seed=1, progress=False)
@@ -220,7 +220,7 @@ def code_of(argv) -> int:
     (["--epochs", "3"], "does not apply to --task cartpole"),
 ])
 def test_the_cli_refuses_bad_input_with_exit_2_before_any_work(argv, message, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("jax_reference.lm_train.train_lm", lambda *a, **k: pytest.fail("trained on bad input"))
+    monkeypatch.setattr("jax_reference.lm.train.train_lm", lambda *a, **k: pytest.fail("trained on bad input"))
     monkeypatch.setattr("jax_reference.train.train", lambda *a, **k: pytest.fail("trained on bad input"))
     files = {"EMPTY": tmp_path / "empty.txt", "SHORT": tmp_path / "short.txt"}
     files["EMPTY"].write_bytes(b"")

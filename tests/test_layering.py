@@ -9,6 +9,7 @@ import ast
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,16 +40,18 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
 }
 # The few modules that reach further, each for one stated reason.
 EXCEPTIONS: dict[str, set[str]] = {
-    "parity/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
-    "parity/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
+    "parity/mlp/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
+    "parity/core/platform.py": {"jax_reference"},                 # the reference's platform for every suite
+    "parity/core/device.py": {"torch"},                           # every suite's --device cuda check
+    "parity/mlp/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
     "torch_impl/random_native.py": {"c_rng"},                      # the C generator behind random.normal/bits
     "torch_impl/triton_rng.py": {"triton"},                        # the fused Triton kernel behind CUDA draws
     "torch_impl/__main__.py": {"c_rng"},                           # its env switch, checked before any work
-    "parity/tree_reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
-    "parity/tree_torch.py": {"torch_impl", "torch"},               # the torch side of the LM suite
-    "parity/int8_reference.py": {"jax_reference", "jax"},          # the reference side of the int8 check
-    "parity/int8_torch.py": {"torch_impl", "torch"},               # the torch side of the int8 check
-    "parity/int8_c.py": {"c_int8"},                                # the C side (and the knob signatures)
+    "parity/tree/reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
+    "parity/tree/torch_side.py": {"torch_impl", "torch"},               # the torch side of the LM suite
+    "parity/int8/reference.py": {"jax_reference", "jax"},          # the reference side of the int8 check
+    "parity/int8/torch_side.py": {"torch_impl", "torch"},               # the torch side of the int8 check
+    "parity/int8/c_side.py": {"c_int8"},                                # the C side (and the knob signatures)
     "parity/__main__.py": {"jax", "torch"},                        # device line; --device cuda check
     "parity/pytest_plugin.py": {"pytest"},                         # the pytest plugin for port authors
     "gap/runs.py": {"torch_impl", "jax_reference", "torch", "ports", "rollout"},   # the trainers, loaded lazily per run
@@ -124,7 +127,7 @@ def test_every_knob_table_has_exactly_the_vocabularys_values():
 
 
 def test_the_suites_input_streams_are_distinct():
-    from parity.suite import RNG_PURPOSES
+    from parity.mlp.suite import RNG_PURPOSES
 
     assert len(set(RNG_PURPOSES.values())) == len(RNG_PURPOSES)
 
@@ -150,9 +153,208 @@ def test_no_function_outside_the_hot_path_is_longer_than_60_lines():
 def test_the_lm_replay_path_never_imports_the_reference():
     """`check --task lm --against BUNDLE` runs without jax: the numpy reference and the replay import neither jax nor
     jax_reference (the replay's recording side reaches tree_reference only inside record_lm / recording_reference)."""
-    for rel in ("parity/tree_numpy_reference.py", "parity/tape.py", "parity/tree_dist.py", "parity/tree_adapter.py"):
+    for rel in ("parity/tree/numpy_reference.py", "parity/core/tape.py", "parity/tree/dist.py", "parity/tree/adapter.py"):
         assert not imported_roots(ROOT / rel) & {"jax", "jax_reference", "optax"}, rel
     import inspect
-    from parity import tree_vectors
+    from parity.tree import vectors as tree_vectors
     source = inspect.getsource(tree_vectors.replay_reference) + inspect.getsource(tree_vectors.open_bundle)
     assert "tree_reference" not in source
+
+
+# ----------------------------------------------------------------------------- import cycles and families
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_graph(root: Path = ROOT, packages=OURS) -> dict[str, dict[str, int]]:
+    """{module: {project module it imports: first line}} over every module of `packages` under `root`, imports inside
+    functions included. `from p import m` names the submodule p.m when there is one, else p; a relative import is
+    resolved against the importing module's package."""
+    files = {}
+    for package in packages:
+        single = root / f"{package}.py"
+        for path in ([single] if single.exists() else sorted((root / package).rglob("*.py"))):
+            files[_module_name(path, root)] = path
+
+    def ours(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in files.items():
+        edges = graph.setdefault(module, {})
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                names = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                target = ours(name)
+                if target and target != module:
+                    edges.setdefault(target, node.lineno)
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative), each sorted."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, {})))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return cycles
+
+
+def describe_cycle(graph: dict[str, dict[str, int]], cycle: list[str]) -> str:
+    """One cycle in words: its modules, then each import between them with its line."""
+    arrows = [f"{a.replace('.', '/')}.py:{graph[a][b]} imports {b}" for a in cycle for b in cycle if b in graph[a]]
+    return f"import cycle among {', '.join(cycle)}: " + "; ".join(arrows)
+
+
+def test_no_import_cycle_among_the_projects_modules():
+    """Module level or inside a function, no project module reaches itself through its imports: a cycle is broken by
+    moving the shared part down a level, never by importing late (which this test sees through)."""
+    graph = module_graph()
+    cycles = import_cycles(graph)
+    assert not cycles, "\n".join(describe_cycle(graph, c) for c in cycles)
+
+
+def test_the_cycle_finder_names_a_cycle_closed_by_a_lazy_import(tmp_path):
+    """The finder itself: a three-module cycle whose last arrow is a function-level `from pkg import a` is found and
+    named with its lines; a diamond (no cycle) and a relative import are read right."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import x\n")
+    (pkg / "b.py").write_text("import os\nfrom . import c\nx = 1\n")
+    (pkg / "c.py").write_text("def f():\n    from pkg import a\n    return a\n")
+    (pkg / "d.py").write_text("from pkg import b, c\n")
+    graph = module_graph(tmp_path, ("pkg",))
+    assert graph["pkg.b"] == {"pkg.c": 2} and graph["pkg.d"] == {"pkg.b": 1, "pkg.c": 1}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert describe_cycle(graph, ["pkg.a", "pkg.b", "pkg.c"]) == (
+        "import cycle among pkg.a, pkg.b, pkg.c: pkg/a.py:1 imports pkg.b; pkg/b.py:2 imports pkg.c; "
+        "pkg/c.py:2 imports pkg.a")
+    (pkg / "c.py").write_text("x = 2\n")
+    assert import_cycles(module_graph(tmp_path, ("pkg",))) == []
+
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_cycle_finder_agrees_with_scipys_strong_components(seed):
+    """Our Tarjan against scipy.sparse.csgraph's strongly connected components: on the project's own import graph
+    and on fresh random sparse graphs of two sizes, the same components of more than one module."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    def scipy_cycles(graph):
+        names = sorted(set(graph) | {b for edges in graph.values() for b in edges})
+        at = {n: i for i, n in enumerate(names)}
+        rows = [at[a] for a in graph for b in graph[a]]
+        cols = [at[b] for a in graph for b in graph[a]]
+        m = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(names), len(names)))
+        _, label = connected_components(m, directed=True, connection="strong")
+        groups = {}
+        for n in names:
+            groups.setdefault(label[at[n]], []).append(n)
+        return sorted(sorted(g) for g in groups.values() if len(g) > 1)
+
+    rng = np.random.default_rng(seed)
+    graphs = [module_graph()]
+    for n, p in ((30, 0.05), (200, 0.008)):
+        adj = rng.random((n, n)) < p
+        graphs.append({f"m{i}": {f"m{j}": 1 for j in np.flatnonzero(adj[i]) if j != i} for i in range(n)})
+    assert any(scipy_cycles(g) for g in graphs[1:])          # the random graphs do hold cycles
+    for graph in graphs:
+        assert sorted(import_cycles(graph)) == scipy_cycles(graph)
+
+# Within the four packages laid out by family: which parts each part may import. A part is a family's folder (or
+# parity's core), or the package's top-level modules ("top"). The commands (parity's top, each __main__) may import
+# any part; a family imports the shared top (or core) and itself, never a sibling family except as listed.
+FAMILIES: dict[str, dict[str, set[str]]] = {
+    "parity": {"core": {"core"}, "mlp": {"core", "mlp"}, "tree": {"core", "tree"}, "int8": {"core", "int8"}},
+    "torch_impl": {"top": {"top"}, "tree": {"top", "tree"},
+                   "int8": {"top", "tree", "int8"}},               # the integer LM draws on the tree's key sources
+    "jax_reference": {"top": {"top"}, "lm": {"top", "lm"}, "int8": {"top", "int8"}},
+    "gap": {"top": {"top"}, "lm": {"top", "lm"},
+            "int8": {"top", "lm", "int8"}},                        # the integer study runs on the LM study's store
+}
+COMMANDS = {"parity": "top"}         # parity's top is its commands and public surface: it may import any part
+# Old import paths kept working for port authors (examples/, docs/, outside adapters): re-exports only.
+REEXPORTS = {"parity/adapter.py", "parity/tree_adapter.py"}
+FAMILY_PREFIXES = ("tree_", "lm_", "int8_")
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in FAMILIES[parts[0]] else "top"
+
+
+@pytest.mark.parametrize("package", sorted(FAMILIES))
+def test_each_family_imports_only_the_shared_part_and_itself(package):
+    broken = []
+    for module, edges in module_graph().items():
+        if module.split(".")[0] != package or module.endswith("__main__") or COMMANDS.get(package) == _part(module):
+            continue
+        allowed = FAMILIES[package][_part(module)]
+        broken += [f"{module} imports {target}" for target in edges
+                   if target.split(".")[0] == package and _part(target) not in allowed]
+    assert not broken, broken
+
+
+@pytest.mark.parametrize("package", sorted(FAMILIES))
+def test_no_family_prefixed_module_is_left_beside_its_folder(package):
+    """A file-name prefix is a package: no `tree_*`, `lm_*` or `int8_*` module at a package's top, other than the
+    declared re-exports of old import paths."""
+    left = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / package).glob("*.py"))
+            if p.name.startswith(FAMILY_PREFIXES) and p.relative_to(ROOT).as_posix() not in REEXPORTS]
+    assert not left, left
+
+
+@pytest.mark.parametrize("rel", sorted(REEXPORTS))
+def test_a_kept_old_import_path_is_a_thin_reexport(rel):
+    """A kept old path says so in its docstring and holds imports only (no code of its own to drift)."""
+    tree = ast.parse((ROOT / rel).read_text())
+    doc = ast.get_docstring(tree) or ""
+    assert "re-export" in doc.lower(), f"{rel}: its docstring should say it is a re-export, and of what"
+    body = tree.body[1:]
+    assert body and all(isinstance(n, (ast.ImportFrom, ast.Import)) or (
+        isinstance(n, ast.Assign) and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"])
+        for n in body), f"{rel} holds more than imports"

@@ -1,4 +1,4 @@
-"""A numerical failure is a drift, not a protocol break, on every suite (parity/nonfinite.py).
+"""A numerical failure is a drift, not a protocol break, on every suite (parity/core/nonfinite.py).
 
 A port returning NaN or inf where the reference's answer to the same call is finite fails the check that made the call
 (exit 1), with the input, where the NaN / inf lie, the likely cause and a repro folder holding the call; a wrong shape,
@@ -17,12 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity import diagnose, tree_check
+from parity.core import diagnose
+from parity.tree import check as tree_check
 from parity.__main__ import main
-from parity.adapter import CheckedPort, NonFinite, nonfinite_arrays
-from parity.noiseform import SplitNoise
-from parity.reference_port import ReferencePort
-from parity.suite import SELFTEST, Context, run_check
+from parity.mlp.adapter import CheckedPort
+from parity.core.port import NonFinite, SplitNoise, nonfinite_arrays
+from parity.mlp.reference_port import ReferencePort
+from parity.mlp.sizes import SELFTEST
+from parity.mlp.suite import Context, run_check
 from tests.test_port_adapter import verdict_table
 
 pytest_plugins = ["pytester"]          # the plugin's scenario runs a port author's file (tests/test_pytest_plugin.py)
@@ -211,7 +213,7 @@ LM_INJECTED = [("LMNaNProduct", "products", "perturbed_mm"), ("LMInfNoise", "noi
 @pytest.mark.parametrize("size", ["selftest", "quick"])
 @pytest.mark.parametrize("port, check_name, method", LM_INJECTED, ids=[i[0] for i in LM_INJECTED])
 def test_nan_or_inf_from_a_tree_method_fails_the_lm_check_that_calls_it(port, check_name, method, size, monkeypatch):
-    from parity.tree_adapter import CheckedTreePort, PortSide
+    from parity.tree.adapter import CheckedTreePort, PortSide
     from spec.tree_knobs import TreeKnobs
     from tests.ports import nonfinite
 
@@ -241,7 +243,7 @@ def test_the_lm_cli_exits_1_on_a_nan_live_and_against_with_its_repro_and_2_on_a_
 def test_the_faithful_lm_port_is_never_flagged_by_the_finite_outputs(monkeypatch):
     """Every output of the worked example passes finite_outputs (the products and fitness checks, two sizes)."""
     from examples.lm_adapter import LMAdapter
-    from parity.tree_adapter import CheckedTreePort, PortSide
+    from parity.tree.adapter import CheckedTreePort, PortSide
     from spec.tree_knobs import TreeKnobs
 
     only(monkeypatch, "products", "fitness")
@@ -256,8 +258,8 @@ def test_the_faithful_lm_port_is_never_flagged_by_the_finite_outputs(monkeypatch
 def test_a_tree_port_s_nan_the_lm_reference_gives_too_is_not_judged_here():
     """nonfinite.tree_rows: rows where the LM reference's product on the same call is finite, None (the caller raises
     the protocol error) where it is NaN too."""
-    from parity import nonfinite
-    from parity.tree_adapter import CheckedTreePort
+    from parity.core import nonfinite
+    from parity.tree.adapter import CheckedTreePort
     from tests.ports.nonfinite import LMNaNProduct
 
     cfg = tree_check.sizes()["selftest"]

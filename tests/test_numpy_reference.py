@@ -1,21 +1,21 @@
-"""parity.numpy_reference equals the JAX reference (parity.reference_port.ReferencePort) within float32 bounds.
+"""parity.mlp.numpy_reference equals the JAX reference (parity.mlp.reference_port.ReferencePort) within float32 bounds.
 
 Fresh random inputs every run (the seed is in each failure message), two sizes. Each bound is one side's float32
-error bound from parity.tolerances, taken twice (both sides round)."""
+error bound from parity.core.tolerances, taken twice (both sides round)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from parity import numpy_reference as npr
-from parity.tolerances import (ForwardBound, bias_grad_bound, linear_bound, shaping_bound, update_bound,
-                               weight_grad_bound)
+from parity.mlp import numpy_reference as npr
+from parity.core.tolerances import (ForwardBound, bias_grad_bound, linear_bound, shaping_bound, update_bound,
+                                    weight_grad_bound)
 from spec.config import Config
 from spec.knobs import CHOICES, RunSettings
 from spec.layout import param_shapes
 
 pytest.importorskip("jax")
-from parity.reference_port import ReferencePort  # noqa: E402
+from parity.mlp.reference_port import ReferencePort  # noqa: E402
 
 SIZES = [Config(pop=32, hidden=8, rank=4), Config(pop=64, hidden=16, rank=2, layers=2)]
 
@@ -152,7 +152,7 @@ def test_unknown_names_refused():
 def test_generator_bit_for_bit(rng):
     import jax
 
-    from parity import numpy_random as nr
+    from parity.core import numpy_random as nr
     for seed in (0, int(rng.integers(2 ** 32)), 2 ** 32 - 1):
         k, jk = nr.key(seed), jax.random.key(seed)
         assert np.array_equal(nr.split(k, 5), np.asarray(jax.random.key_data(jax.random.split(jk, 5))))
@@ -188,7 +188,7 @@ def test_es_loop(cfg, rng):
     """es_init / es_ask / es_tell / es_params over three epochs on fresh fitness: the asked noise bit for bit; the
     parameters within the sum over epochs of each side's step bound plus lr sqrt(N) times the gradient's bound
     (fitness shaping's error included). Noise and fitness do not depend on the parameters, so errors only add up."""
-    from parity.tolerances import gamma
+    from parity.core.tolerances import gamma
 
     run = RunSettings(sigma_decay=0.99, lr_decay=0.95)
     ref, shapes, params, _ = _inputs(cfg, rng, run)

@@ -7,9 +7,11 @@ import types
 import numpy as np
 import pytest
 
-from parity.adapter import CheckedPort, PortError, UsageError, load_port
-from parity.reference_port import ReferencePort
-from parity.suite import SELFTEST, Context, param_shapes, run_check
+from parity.mlp.adapter import CheckedPort, load_port
+from parity.core.port import PortError, UsageError
+from parity.mlp.reference_port import ReferencePort
+from parity.mlp.sizes import SELFTEST
+from parity.mlp.suite import Context, param_shapes, run_check
 from spec.config import Config
 
 CFG = Config(pop=8, hidden=8)
@@ -185,7 +187,7 @@ class Recording(ReferencePort):
 @pytest.mark.parametrize("m", [2, 5])
 def test_a_dense_port_receives_e_in_place_of_factors(m):
     """E = fl32(A B^T) for every method that takes noise, the same object for the same noise (ports cache on it)."""
-    from parity.noiseform import dense_of
+    from parity.mlp.noiseform import dense_of
 
     rng = np.random.default_rng(m)
     port = CheckedPort(Recording(CFG, dense=True))

@@ -4,10 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity.adapter import CheckedPort
-from parity.checks.gradients import _objective_values
-from parity.reference_port import ReferencePort
-from parity.suite import SELFTEST, Context, run_check
+from parity.mlp.adapter import CheckedPort
+from parity.mlp.checks.gradients import _objective_values
+from parity.mlp.reference_port import ReferencePort
+from parity.mlp.sizes import SELFTEST
+from parity.mlp.suite import Context, run_check
 
 
 def _run(port, check: str, seed: int = 0):

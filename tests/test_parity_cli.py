@@ -40,7 +40,7 @@ def test_a_passing_subset_exits_0_and_writes_the_report(tmp_path, capsys):
 
 
 def test_a_port_that_breaks_the_protocol_exits_2(tmp_path, monkeypatch):
-    from parity.reference_port import ReferencePort
+    from parity.mlp.reference_port import ReferencePort
 
     class Broken(ReferencePort):
         def shape_fitness(self, f, group_size=0):
@@ -76,13 +76,13 @@ def test_module_entry_point_runs_as_a_process():
 
 def test_internal_crash_is_not_read_as_a_mismatch(monkeypatch, tmp_path, capsys):
     """A bug inside the suite exits 3 with a message, never 1 (which means 'mismatch found')."""
-    import parity.suite
+    import parity.mlp.suite
     from parity import __main__ as cli
 
     def broken(*args, **kwargs):
         raise RuntimeError("deliberate crash")
 
-    monkeypatch.setattr(parity.suite, "run_suite", broken)
+    monkeypatch.setattr(parity.mlp.suite, "run_suite", broken)
     code = cli.main(["--size", "selftest", "--out", str(tmp_path / "out"), "--quiet"])
     assert code == cli.EXIT_INTERNAL == 3
     assert "internal error in the suite" in capsys.readouterr().err
@@ -92,7 +92,7 @@ def test_internal_crash_is_not_read_as_a_mismatch(monkeypatch, tmp_path, capsys)
 def test_a_port_accepting_nan_passes_with_the_warning_in_the_terminal(tmp_path, capsys):
     """The reference accepts NaN fitness, as upstream EggRoll: exit 0, and the terminal says so with advice, in the
     check's progress line and again after the verdict (stderr, shown with --quiet too)."""
-    rc = cli.main(["--port", "parity.reference_port:ReferencePort", "--size", "selftest", "--checks", "fitness",
+    rc = cli.main(["--port", "parity.mlp.reference_port:ReferencePort", "--size", "selftest", "--checks", "fitness",
                    "--out", str(tmp_path)])
     captured = capsys.readouterr()
     assert rc == 0

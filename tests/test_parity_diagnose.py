@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from parity import diagnose
+from parity.core import diagnose
 from torch_impl.fitness import shape_fitness
 
 
@@ -128,7 +128,7 @@ def test_fresh_bias_noise_is_named_update_only_when_the_forward_leaves_it_out(up
 
 
 def test_a_forward_without_bias_noise_is_off_or_update_only_by_the_ports_own_noise():
-    from parity.checks.products import Forward, _forward_causes
+    from parity.mlp.checks.products import Forward, _forward_causes
 
     f = Forward("perturbed", 9.0, 9.0, 0.1, True, ("pqn", False), 1.0)
     assert "bias_noise=off" in _forward_causes(f, "pqn", own_bias_noise=False)[0].text

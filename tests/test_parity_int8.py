@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity import int8_cli
-from parity.int8_pieces import element_text, equal_counts, first_parting, make_case, name_knobs
+from parity.int8 import cli as int8_cli
+from parity.int8.pieces import element_text, equal_counts, first_parting, make_case, name_knobs
 from spec.int8 import INT8_PRESETS
 from spec.int8_knobs import ALL_INT8_KNOBS, INT8_KNOBS, NANO_EGG, Int8Knobs
 
@@ -150,8 +150,8 @@ def test_bad_input_exits_2_before_any_work_and_writes_nothing(args, message, tmp
 
 
 def test_a_failed_c_build_exits_2_with_the_compilers_error(tmp_path, capsys, monkeypatch):
-    import parity.int8_c
-    monkeypatch.setattr(parity.int8_c, "unavailable_reason",
+    import parity.int8.c_side
+    monkeypatch.setattr(parity.int8.c_side, "unavailable_reason",
                         lambda: "C side not built: the C compiler failed:\negg_int8.c:3: error: 'x' undeclared")
     code = int8_cli.main(["--out", str(tmp_path / "out"), "--size", "selftest"])
     err = capsys.readouterr().err
@@ -160,8 +160,8 @@ def test_a_failed_c_build_exits_2_with_the_compilers_error(tmp_path, capsys, mon
 
 
 def test_no_compiler_leaves_the_c_side_out_and_says_why(tmp_path, capsys, monkeypatch):
-    import parity.int8_c
-    monkeypatch.setattr(parity.int8_c, "unavailable_reason",
+    import parity.int8.c_side
+    monkeypatch.setattr(parity.int8.c_side, "unavailable_reason",
                         lambda: "C side skipped: no C compiler: none of cc, gcc, clang is on PATH")
     code = int8_cli.main(["--out", str(tmp_path / "out"), "--size", "selftest", "--epochs", "2", "--quiet"])
     assert code == 0, capsys.readouterr()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity import tree_check
+from parity.tree import check as tree_check
 from parity.__main__ import main
 from spec.tree_knobs import TREE_CHOICES, TreeKnobs
 
@@ -55,7 +55,7 @@ def test_bad_input_exits_2_before_any_work(tmp_path, capsys, argv, says):
 
 # ----------------------------------------------------------------------------- ports through the tree protocol
 from examples.lm_adapter import LMAdapter                      # noqa: E402
-from parity.tree_adapter import CheckedTreePort, PortSide      # noqa: E402
+from parity.tree.adapter import CheckedTreePort, PortSide      # noqa: E402
 
 
 def port_causes(knobs: TreeKnobs, size: str, seed: int) -> list[str]:
@@ -110,7 +110,7 @@ def test_a_port_that_breaks_the_protocol_exits_2_naming_the_method(tmp_path, cap
 
 def test_a_tree_given_as_classes_is_read_with_init_params():
     from spec.lm import LM_PRESETS, lm_tree
-    from parity.tree_adapter import port_tree
+    from parity.tree.adapter import port_tree
     from tests.ports.lm_ports import ByClasses
     cfg = LM_PRESETS["selftest"]
     tree, notes = port_tree(ByClasses(cfg), cfg)
@@ -128,7 +128,7 @@ def test_the_lockstep_trajectory_sees_a_training_loop_that_steps_otherwise():
 
 
 # ----------------------------------------------------------------------------- in distribution (rng=torch)
-from parity.tree_dist import INVISIBLE            # noqa: E402
+from parity.tree.dist import INVISIBLE            # noqa: E402
 
 TORCH_RNG = TreeKnobs(rng="torch")
 VISIBLE = [(k, v) for k, v in DRIFTS if k not in INVISIBLE]
@@ -233,8 +233,8 @@ def test_each_in_distribution_test_can_fail(attr, check, says, size):
 def test_the_statistical_rows_spend_exactly_the_stated_budget(size):
     """Init's, noise's and the trajectory's statistical rows split their check_alpha evenly: as many rows as the split
     assumes, so a faithful run fails by chance at most FALSE_ALARM (<= the suite's FAMILY_ALPHA)."""
-    from parity.tolerances import FAMILY_ALPHA
-    from parity.tree_dist import FALSE_ALARM, noise_tests
+    from parity.core.tolerances import FAMILY_ALPHA
+    from parity.tree.dist import FALSE_ALARM, noise_tests
     from spec.lm import init_plan
     cfg = tree_check.sizes()[size]
     rows = torch_rng_rows(TreeKnobs(), size, 0)

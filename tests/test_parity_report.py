@@ -7,8 +7,8 @@ import os
 import pytest
 
 import reporting
-from parity import report
-from parity.verdict import CSV_COLUMNS, Cause, CheckResult, Recorder, summarize
+from parity.core import report
+from parity.core.verdict import CSV_COLUMNS, Cause, CheckResult, Recorder, summarize
 
 
 def _results():

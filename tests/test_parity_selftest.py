@@ -1,6 +1,6 @@
 """The suite tests itself: every drift knob is caught and named, the faithful profiles never flagged.
 
-Runs the whole suite in-process at the tiny `selftest` size (parity.suite.SELFTEST). Every drift
+Runs the whole suite in-process at the tiny `selftest` size (parity.mlp.sizes.SELFTEST). Every drift
 value of DESIGN.md's knob table (rng=torch and rng=jax-cpu excepted: they are no drift here and must pass) must make
 `check` exit 1 with that knob named in the summary's table; the oop-port and functional-port
 profiles must list each of their drifts; the jax profile must pass at 20 seeds, jax-torchrng too.
@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from parity import __main__ as cli
-from parity.report import overall
-from parity.suite import SELFTEST, run_suite
-from parity.torch_adapter import TorchPort
+from parity.core.report import overall
+from parity.mlp.sizes import SELFTEST
+from parity.mlp.suite import run_suite
+from parity.mlp.torch_adapter import TorchPort
 import re
 from pathlib import Path
 

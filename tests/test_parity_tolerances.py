@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from parity import tolerances as tol
+from parity.core import tolerances as tol
 
 
 def test_gamma_values_and_overflow():
@@ -195,7 +195,7 @@ def test_entry_cdf_is_the_distribution_of_a_b_t_entries(r):
 def test_dense_bounds_hold_for_float32_evaluations(out_dim, in_dim):
     """x (W + E)^T and sum f E / N in float32 (materialised, split, einsum) within their bounds; E = fl32(A B^T)
     moves the exact estimate by no more than representation_bound; none of the bounds is vacuous."""
-    from parity.noiseform import dense_of
+    from parity.mlp.noiseform import dense_of
 
     rng = np.random.default_rng(out_dim * 11 + in_dim)
     m, n, r = 6, 64, 4

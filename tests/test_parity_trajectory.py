@@ -5,7 +5,7 @@ size and a wider two-layer one with another population. Pairs of drifts must eac
 trajectory's own causes (where the trajectory can see them at all: `fitness=std` differs from the
 reference's shaping by ~1e-8 relative on CartPole returns, below float32 rounding, so only the fitness check
 names it); the faithful sides (torch, its torch generator, the numpy port, the hooks example, stateful
-reference optimizers) are never flagged. The tolerances of parity.lockstep are tested against float64.
+reference optimizers) are never flagged. The tolerances of parity.mlp.lockstep are tested against float64.
 """
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ if str(ROOT) not in sys.path:        # tests.ports and examples import from the 
     sys.path.insert(0, str(ROOT))
 
 from examples.hooks_adapter import HooksAdapter  # noqa: E402
-from parity import lockstep  # noqa: E402
-from parity.suite import SELFTEST, run_suite  # noqa: E402
-from parity.tolerances import U32  # noqa: E402
-from parity.torch_adapter import TorchPort  # noqa: E402
+from parity.mlp import lockstep  # noqa: E402
+from parity.mlp.sizes import SELFTEST  # noqa: E402
+from parity.mlp.suite import run_suite
+from parity.core.tolerances import U32  # noqa: E402
+from parity.mlp.torch_adapter import TorchPort  # noqa: E402
 from spec.config import Config  # noqa: E402
 from spec.knobs import Knobs, RunSettings  # noqa: E402
 from tests.ports.numpy_port import Drift, NumpyPort  # noqa: E402
@@ -129,7 +130,7 @@ def test_a_port_without_forward_still_gets_its_schedules_checked(seed):
     assert "no `forward`" in traj.section
 
 
-# ----------------------------------------------------------------------------- parity.lockstep's readings
+# ----------------------------------------------------------------------------- parity.mlp.lockstep's readings
 def _factors(rng, pop: int, shapes, sigma: float, rank: int = 4, mirrored: bool = True) -> dict:
     """Interleaved-antithetic factor noise with A = z * sigma / sqrt(r) in float32."""
     out = {}
@@ -190,7 +191,7 @@ def _adam32(grads, b1=0.9, b2=0.999, eps=1e-8, lr=0.1, wd=0.0, pop=64):
 @pytest.mark.parametrize("optimizer", ["adam", "adamw"])
 @pytest.mark.parametrize("shape", [(3, 5), (40,)])
 def test_adam_step_bound_holds_and_is_tight_enough_for_an_lr_drift(optimizer, shape):
-    """The bound of parity.lockstep's moments recursion contains float32 adam's error at every step, and stays
+    """The bound of parity.mlp.lockstep's moments recursion contains float32 adam's error at every step, and stays
     under the 5e-4 relative step change of lr_decay=0.9995 after the first epoch."""
     rng = np.random.default_rng()
     pop, lr, t_max = 64, 0.1, 6

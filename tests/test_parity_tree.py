@@ -13,9 +13,9 @@ import pytest
 
 from examples.gpt_adapter import GPTAdapter
 from examples.gpt_port import GPTConfig
-from parity import tree_check
+from parity.tree import check as tree_check
 from parity.__main__ import main
-from parity.tree_adapter import CheckedTreePort, PortSide, declared_run
+from parity.tree.adapter import CheckedTreePort, PortSide, declared_run
 from spec.tree_knobs import TREE_CHOICES, TreeKnobs
 import tests.ports.gpt_ports as ports
 
@@ -200,7 +200,7 @@ def test_a_port_that_breaks_the_protocol_mid_run_exits_2_naming_the_method(tmp_p
 
 # ----------------------------------------------------------------------------- the pytest plugin's assert
 def test_assert_port_parity_takes_a_declared_tree():
-    from parity.adapter import UsageError
+    from parity.core.port import UsageError
     from parity.testing import SuiteCache, assert_port_parity
     runs = SuiteCache()           # one suite run per port, as the plugin shares them
     outcomes = assert_port_parity(ports.Small, task="tree", seed=3, cache=runs)
@@ -227,7 +227,7 @@ def tree_bundle(tmp_path_factory) -> Path:
 
 
 def test_the_tree_bundle_says_what_it_holds(tree_bundle):
-    from parity.tree_vectors import open_tree_bundle
+    from parity.tree.vectors import open_tree_bundle
     m = open_tree_bundle(tree_bundle, None, None).manifest
     assert (m["task"], m["size"], m["seed"], m["port"]) == ("tree", "selftest", 4, SMALL_PORT)
     assert m["run"]["pop"] == 8 and len(m["run"]["tree"]["leaves"]) == 15 and m["versions"]["jax"] != "not installed"
@@ -307,11 +307,11 @@ def test_the_reference_draws_a_two_axis_stack_as_torch_impl_and_its_numpy_replay
     leaves bit for bit, and the numpy gradient is within the gradients check's bound of JAX's."""
     import numpy as np
     import torch
-    from parity import tree_reference as R
-    from parity.tolerances import gamma
-    from parity.tree_numpy_reference import NumpyTreeReference
+    from parity.tree import reference as R
+    from parity.core.tolerances import gamma
+    from parity.tree.numpy_reference import NumpyTreeReference
     from spec.tree import Leaf, TreeRun, make_tree
-    from torch_impl.tree_noise import dense, make_plan, sample
+    from torch_impl.tree.noise import dense, make_plan, sample
     tree = make_tree([Leaf("experts.w", (2, 3, 5, 4), "mm", (0, 1)), Leaf("experts.b", (2, 3, 5), "param", (0, 1)),
                       Leaf("out", (4, 6), "tmm")])
     run = TreeRun(tree, pop=8, rank=2, sigma=0.1, freeze_nonlora=False)

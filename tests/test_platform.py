@@ -15,7 +15,8 @@ import pytest
 
 from jax_reference import emulation
 from parity import __main__ as cli
-from parity.suite import SIZES, run_suite
+from parity.mlp.sizes import SIZES
+from parity.mlp.suite import run_suite
 from spec.knobs import resolve
 from spec.platform import (PlatformRequest, ReferencePlatform, backend_sentence, recorded_platform,
                            resolve_precision)
@@ -112,7 +113,7 @@ def test_gpu_sim_draws_the_gpus_normals_of_the_same_bits(normals):
 
 # ---------------------------------------------------------------- TF32 bounds and who is blamed
 def _run(platform, knobs=(), checks=("products", "gradients")):
-    from parity.torch_adapter import TorchPort, one_thread
+    from parity.mlp.torch_adapter import TorchPort, one_thread
     with one_thread():
         return {r.name: r for r in run_suite(TorchPort(SELFTEST.cfg, resolve("jax", list(knobs))), SELFTEST, 0,
                                              checks=checks, platform=platform)}

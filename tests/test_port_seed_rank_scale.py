@@ -1,7 +1,7 @@
 """Issue 25: ports nobody here has seen. A port that ignores the run seed, a port of fixed rank 1, Adam on a gradient
 1/sigma times the reference's and SGD without the sqrt(N) factor (tests/ports/numpy_port.py's WORDED_DRIFTS and
 RANK_PORTS) are each named in the report's words; faithful ports are never flagged; a declared rank that is not a
-positive int exits 2 with what to do. The fits of parity.optscale recover known scales from fresh random inputs.
+positive int exits 2 with what to do. The fits of parity.core.optscale recover known scales from fresh random inputs.
 
 Every suite run takes a fresh run seed (its inputs change) and runs at two sizes where the claim depends on size:
 selftest (pop 32, 4-8-8-2) and quick (pop 256, 4-64-64-2, only the checks the claim needs).
@@ -21,8 +21,8 @@ if str(ROOT) not in sys.path:        # tests.ports imports from the repository r
     sys.path.insert(0, str(ROOT))
 
 from parity import __main__ as cli  # noqa: E402
-from parity import diagnose, optscale  # noqa: E402
-from parity.tolerances import update_bound  # noqa: E402
+from parity.core import diagnose, optscale  # noqa: E402
+from parity.core.tolerances import update_bound  # noqa: E402
 from tests.ports import numpy_port  # noqa: E402
 
 SIZES = {"selftest": [], "quick": []}
@@ -155,7 +155,7 @@ def test_faithful_steps_and_plain_adam_get_no_scale(name, tmp_path):
         assert code == 0, (seed, rows)
 
 
-# ----------------------------------------------------------------------------- parity.optscale's fits
+# ----------------------------------------------------------------------------- parity.core.optscale's fits
 def _params(rng, n):
     return {"a": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal(n // 4).astype(np.float32)}
 
@@ -198,7 +198,7 @@ def test_named_scales_are_taken_only_inside_the_interval():
 
 
 def test_the_rounding_bound_used_by_the_fits_is_the_updates_check_s():
-    """The fits weigh entries by parity.tolerances.update_bound, the bound the updates check allows per step."""
+    """The fits weigh entries by parity.core.tolerances.update_bound, the bound the updates check allows per step."""
     new, step = np.array([1.0, -2.0]), np.array([0.5, 0.25])
     assert np.array_equal(optscale.update_bound(new, step), update_bound(new, step))
 

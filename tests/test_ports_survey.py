@@ -13,8 +13,8 @@ import pytest
 
 from tests.ports_installed import needs as needs_package
 
-from parity.adapter import CheckedPort, load_port
-from parity.suite import SELFTEST
+from parity.mlp.adapter import CheckedPort, load_port
+from parity.mlp.sizes import SELFTEST
 from ports import __main__ as cli
 from ports import registry
 from ports.probes import leaf_probes, numerical_rank, seed_probe

@@ -12,7 +12,8 @@ from gap.arms import PORT_PREFIX, port_arm
 from gap.executors import Local
 from gap.runs import ReferencePieces, RunSpec, execute, load_port_arm, run_all, train_spec
 from gap.store import RunStore
-from parity.adapter import CheckedPort, UsageError
+from parity.mlp.adapter import CheckedPort
+from parity.core.port import UsageError
 from ports.train import NEEDED, load_trainable, train
 from spec.config import Config
 from spec.knobs import Knobs, RunSettings

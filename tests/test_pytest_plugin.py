@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from parity.adapter import UsageError
+from parity.core.port import UsageError
 from parity.testing import (EXPECT_ITEM, Outcome, ParityRequest, SuiteCache, SuiteCrash,
                             assert_port_parity, check_failure, checked_expect, expect_failure, outcomes_of_rows,
                             parity_request)
-from parity.tree_check import Row, forward_after_noise
+from parity.tree.check import Row, forward_after_noise
 from spec.knobs import CHOICES, NUMERIC
 
 # pytester runs the port authors' files; the plugin itself registers the marker for the example imported below.
@@ -95,8 +95,8 @@ def test_the_worked_example_passes_one_item_per_check(pytester, monkeypatch):
 
 TORCH_FILE = """
     import pytest
-    from parity.suite import SELFTEST
-    from parity.torch_adapter import TorchPort
+    from parity.mlp.sizes import SELFTEST
+    from parity.mlp.torch_adapter import TorchPort
     from spec.knobs import Knobs
 
     halves = TorchPort(SELFTEST.cfg, Knobs(antithetic="halves"))

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from torch_impl import random as R
+from torch_impl import random_eager as E
 from torch_impl import random_compiled as C
 from spec.config import Config
 from spec.knobs import Knobs
@@ -108,7 +109,7 @@ def test_normal_finish_exhaustive_over_all_2_23_mantissas():
 def test_normal_gpu_finish_exhaustive_over_all_2_23_mantissas():
     # JAX's GPU normals (backend="gpu") through the compiled finish, against the table measured on an H100.
     words = torch.arange(1 << 23, dtype=torch.int32) << 9
-    got = C._compiled("normal_gpu")(words, R._gpu_sqrt_offsets("cpu"))
+    got = C._compiled("normal_gpu")(words, E._gpu_sqrt_offsets("cpu"))
     result = agreement(got.numpy(), measured_gpu_table(R.normal_table().numpy()))
     print(f"compiled GPU finish, all 2^23 mantissas vs the measured GPU table: {result}")
     assert result.draws == 1 << 23 and result.identical_fraction == 1.0, result
@@ -199,7 +200,7 @@ def test_cuda_compiled_equal_cpu_eager(monkeypatch):
     result = agreement(C._compiled("normal")(words).cpu().numpy(), R.normal_table().numpy())
     print(f"compiled finish on CUDA, all 2^23 mantissas vs CPU eager: {result}")
     assert result.identical_fraction == 1.0, result
-    got = C._compiled("normal_gpu")(words, R._gpu_sqrt_offsets(str(words.device)))
+    got = C._compiled("normal_gpu")(words, E._gpu_sqrt_offsets(str(words.device)))
     result = agreement(got.cpu().numpy(), measured_gpu_table(R.normal_table().numpy()))
     print(f"compiled GPU finish on CUDA, all 2^23 mantissas vs the measured GPU table: {result}")
     assert result.identical_fraction == 1.0, result

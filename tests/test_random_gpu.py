@@ -1,6 +1,6 @@
 """JAX's GPU normals (spec.jax_rng.normal_of_u_gpu) on every side against the table measured on an H100
 (tests/data/jax-gpu-normal/), bit for bit over all 2^23 mantissas: torch_impl's eager path, the C generator, numpy
-(parity.numpy_random) and jax_reference's numpy table; the compiled path is checked in tests/test_random_compiled.py.
+(parity.core.numpy_random) and jax_reference's numpy table; the compiled path is checked in tests/test_random_compiled.py.
 Also: the measured table's SHA-256, the CPU table unchanged, draws equal table[bits >> 9] on every path, the knob
 values jax-cpu and jax-gpu, the int8 LUT, and spec/data/jax_gpu_sqrt.txt re-derived from the measured table.
 """
@@ -17,7 +17,7 @@ import torch
 
 import c_rng
 from jax_reference import normals as JN
-from parity import numpy_random as NR
+from parity.core import numpy_random as NR
 from spec import jax_rng as J
 from tests.helpers import measured_gpu_table
 from torch_impl import random as R
@@ -168,7 +168,7 @@ def test_knob_values_jax_cpu_and_jax_gpu_pin_the_torch_side_to_a_backend():
     from spec.knobs import CHOICES
     from spec.tree_knobs import TREE_CHOICES
     from torch_impl.keys import GENERATORS
-    from torch_impl.tree_keys import TREE_GENERATORS
+    from torch_impl.tree.keys import TREE_GENERATORS
 
     assert CHOICES["rng"][:2] == TREE_CHOICES["rng"][:2] == ("jax", "torch")
     assert {"jax-cpu", "jax-gpu"} <= set(CHOICES["rng"]) & set(TREE_CHOICES["rng"])
@@ -190,7 +190,7 @@ def test_knob_values_jax_cpu_and_jax_gpu_pin_the_torch_side_to_a_backend():
 def test_the_int8_lut_follows_the_backend_and_no_entry_moves(gpu_table):
     """int8(normal * 16) truncates: a normal moved 1-3 ULP changes its entry only across a multiple of 1/16, which
     none of the 394,727 moved normals is near (measured: 0 entries differ, and 0 of round(normal * 16))."""
-    from torch_impl.int8_noise import normal_lut
+    from torch_impl.int8.noise import normal_lut
 
     lut = normal_lut(backend="gpu")
     assert torch.equal(lut, torch.from_numpy((gpu_table * np.float32(16)).astype(np.int8)))

@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 
 from parity.__main__ import main
-from parity.repro import Collector, Tape, margin
+from parity.core.repro import Collector, Tape, margin
 
 ROOT = Path(__file__).resolve().parent.parent
 MINIMAL = ROOT / "examples" / "minimal_adapter.py"
 
 # Runs a script with jax and the parity suite's own modules unimportable (for the torch side, whose port module is
-# parity.torch_adapter, `parity` itself stays allowed), plus what REPRO_TEST_BLOCK lists.
+# parity.mlp.torch_adapter, `parity` itself stays allowed), plus what REPRO_TEST_BLOCK lists.
 BLOCKER = """
 import os, runpy, sys
-BLOCKED = ("jax", "jaxlib", "optax", "parity.suite", "parity.tape", "parity.adapter", "parity.repro",
-           "parity.checks", "parity.reference_port", "jax_reference") + tuple(os.environ["REPRO_TEST_BLOCK"].split())
+BLOCKED = ("jax", "jaxlib", "optax", "parity.mlp.suite", "parity.core.tape", "parity.mlp.adapter", "parity.core.repro",
+           "parity.mlp.checks", "parity.mlp.reference_port", "jax_reference") + tuple(os.environ["REPRO_TEST_BLOCK"].split())
 class Block:
     def find_spec(self, name, path=None, target=None):
         if any(name == b or name.startswith(b + ".") for b in BLOCKED):
@@ -224,7 +224,7 @@ def test_the_tape_keeps_only_the_last_calls():
 @pytest.fixture
 def lm_fitness_only(monkeypatch):
     """The LM suite's CLI with only its fitness and products checks (the others take minutes on 2 cores)."""
-    from parity import tree_check
+    from parity.tree import check as tree_check
 
     plan = tree_check._plan
     monkeypatch.setattr(tree_check, "_plan", lambda *a, **k: [p for p in plan(*a, **k)

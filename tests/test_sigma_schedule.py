@@ -1,4 +1,4 @@
-"""The sigma schedule over many epochs (parity.sigma_schedule): a 0.999 decay is resolved with fresh draws.
+"""The sigma schedule over many epochs (parity.mlp.sigma_schedule): a 0.999 decay is resolved with fresh draws.
 
 The epoch counts in Sizes are the least that resolve it; the slope test's false-alarm rate and power are checked
 by simulation of the log mean squares it reads; through the suite, a drifted sigma_decay is caught and named at two
@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:        # tests.ports imports from the repository root
     sys.path.insert(0, str(ROOT))
 
-from parity import sigma_schedule as ss  # noqa: E402
-from parity.checks.trajectory import statistical_alpha as trajectory_alpha  # noqa: E402
-from parity.suite import FULL, QUICK, SELFTEST, run_suite  # noqa: E402
-from parity.torch_adapter import TorchPort, one_thread  # noqa: E402
+from parity.mlp import sigma_schedule as ss  # noqa: E402
+from parity.mlp.checks.trajectory import statistical_alpha as trajectory_alpha  # noqa: E402
+from parity.mlp.sizes import FULL, QUICK, SELFTEST  # noqa: E402
+from parity.mlp.suite import run_suite
+from parity.mlp.torch_adapter import TorchPort, one_thread  # noqa: E402
 from spec.config import Config  # noqa: E402
 from spec.knobs import Knobs  # noqa: E402
 from tests.ports.numpy_port import Drift, NumpyPort  # noqa: E402

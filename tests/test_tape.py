@@ -1,4 +1,4 @@
-"""parity.tape: call keys, recording and replay, and the bundle on disk (with every way it can be refused)."""
+"""parity.core.tape: call keys, recording and replay, and the bundle on disk (with every way it can be refused)."""
 import json
 import zipfile
 from pathlib import Path
@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity.adapter import UsageError
-from parity.tape import (ARRAYS, FORMAT_VERSION, MANIFEST, NotRecorded, Recording, Replay, Store, Token, call_key,
-                         read_bundle, write_bundle)
+from parity.core.port import UsageError
+from parity.core.tape import (ARRAYS, FORMAT_VERSION, MANIFEST, NotRecorded, Recording, Replay, Store, Token, call_key,
+                              read_bundle, write_bundle)
 
 
 class Opaque:
@@ -182,7 +182,7 @@ def test_a_truncated_bundle_is_refused(bundle):
 
 def test_an_unreadable_arrays_file_with_a_matching_hash_is_refused(bundle):
     """A bundle rewritten consistently (hash recomputed) around a damaged npz still fails to load, with exit 2."""
-    from parity.tape import content_hash
+    from parity.core.tape import content_hash
 
     manifest = json.loads((bundle / MANIFEST).read_text())
     damaged = b"PK\x03\x04 not a zip"
@@ -222,8 +222,8 @@ def test_writing_over_a_bundle_replaces_it_whole(tmp_path, bundle):
 def test_the_repro_scripts_own_decoder_reads_what_tape_encodes(n):
     """parity/repro_script.py's decoder, alone as a repro folder runs it (numpy and the port only), reads what
     tape encodes: the same values as tape.decode, which adds the recording's own kinds to it."""
-    from parity import repro_script
-    from parity.tape import decode, encode
+    from parity.core import repro_script
+    from parity.core.tape import decode, encode
 
     rng = np.random.default_rng(n)
     value = ({"w": rng.standard_normal((n, 3)).astype(np.float32), "b": (rng.integers(0, 9, n), None)},

@@ -1,4 +1,4 @@
-"""The torch int8 port (torch_impl.int8_noise, int8_model, int8_es, int8_train) against jax_reference.int8: EQUAL.
+"""The torch int8 port (torch_impl.int8: noise, model, es, train) against jax_reference.int8: EQUAL.
 
 Integer arithmetic has no rounding, so every comparison is np.array_equal: window starts and entries, each op,
 every per-token intermediate of member_trace, logits, per-member scores, fitness signs, votes Z, updated params and
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from jax_reference import int8 as q
+from jax_reference.int8 import model as q
 from jax_reference.models import CommonParams
 from spec import int8 as s
-from torch_impl import int8_es as tes
-from torch_impl import int8_model as tm
-from torch_impl import int8_noise as tn
+from torch_impl.int8 import es as tes
+from torch_impl.int8 import model as tm
+from torch_impl.int8 import noise as tn
 
 # two sizes: (n_embd, n_layer, pop, T)
 CONFIGS = [s.INT8_PRESETS["selftest"].replace(n_layer=2),
@@ -379,8 +379,8 @@ def test_fitness_is_the_sign_of_pair_differences():
 
 # ----------------------------------------------------------------------------- training: a K-epoch trajectory
 def _lockstep(cfg, seed):
-    from jax_reference.int8_train import train_int8 as jax_train
-    from torch_impl.int8_train import train_int8 as torch_train
+    from jax_reference.int8.train import train_int8 as jax_train
+    from torch_impl.int8.train import train_int8 as torch_train
     seen = {"jax": [], "torch": []}
     jax_result = jax_train(cfg, seed, progress=False,
                            observe=lambda e, sc, p: seen["jax"].append((np.asarray(sc), _jax_leaves(cfg, p))))

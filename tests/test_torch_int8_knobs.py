@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import c_int8
-from parity.int8_pieces import first_parting, make_case, name_knobs
+from parity.int8.pieces import first_parting, make_case, name_knobs
 from spec.int8 import INT8_PRESETS
 from spec.int8_knobs import ALL_INT8_KNOBS, INT8_KNOBS, NANO_EGG, int8_profile
 
@@ -25,20 +25,20 @@ class Bench:
     """One size: the case, the C side's signatures (cached per knob setting) and the torch side's pieces."""
 
     def __init__(self, size: str):
-        from parity.int8_reference import lookups
+        from parity.int8.reference import lookups
         self.cfg, self.seed = SIZES[size]
         self.case = make_case(self.cfg, self.seed, 3)
         self.lut, self.init_lut = lookups()
         self._c: dict = {}
 
     def c(self, knobs):
-        from parity.int8_c import CSide
+        from parity.int8.c_side import CSide
         if knobs not in self._c:
             self._c[knobs] = CSide(self.cfg, self.seed, self.lut, self.init_lut, knobs).pieces(self.case)
         return self._c[knobs]
 
     def torch(self, knobs):
-        from parity.int8_torch import TorchSide
+        from parity.int8.torch_side import TorchSide
         return TorchSide(self.cfg, self.seed, knobs).pieces(self.case)
 
 
@@ -82,7 +82,7 @@ def test_the_faithful_torch_side_equals_the_c_side_and_names_nothing(bench):
 def test_xorshift_values_are_egg_cs_generator_over_many_seeds():
     import torch
     from tests.test_c_int8 import _xorshift_values as reference     # egg.c's generator, one value at a time
-    from torch_impl import int8_xorshift
+    from torch_impl.int8 import xorshift as int8_xorshift
     seeds = np.random.default_rng(3).integers(0, 2 ** 32, 40, dtype=np.uint64).tolist() + [1, 2 ** 32 - 1]
     got = int8_xorshift.values(torch.tensor(seeds, dtype=torch.int64), 70)
     assert [row.tolist() for row in got] == [reference(s, 70) for s in seeds]
@@ -105,7 +105,7 @@ def test_torch_cli_takes_int8_knobs_and_refuses_bad_ones(capsys):
 @pytest.mark.parametrize("size", list(SIZES))
 @pytest.mark.parametrize("setting", [f"{k}={v.egg_c}" for k, v in INT8_KNOBS.items()] + ["egg.c"])
 def test_parity_int8_exits_1_and_names_the_knob(size, setting, tmp_path, capsys):
-    from parity import int8_cli
+    from parity.int8 import cli as int8_cli
     argv = ["--size", size, "--epochs", "2", "--out", str(tmp_path), "--quiet"]
     argv += ["--profile", "egg.c"] if setting == "egg.c" else ["--torch", setting]
     assert int8_cli.main(argv) == 1

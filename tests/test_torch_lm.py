@@ -21,11 +21,11 @@ from jax_reference.noiser import EggRoll, es_grads, fullrank_noise, lowrank_fact
 from spec.lm import BLOCK, LM_PRESETS, TOP, lm_tree
 from spec.tree import ES_MAP, Leaf, make_tree, slice_index
 from spec.tree_knobs import TREE_CHOICES, TreeKnobs
-from torch_impl import lm, lm_es
+from torch_impl.tree import es as lm_es, lm
 from torch_impl import random as rnd
 from torch_impl.keys import run_keys
-from torch_impl.tree_keys import LEAF_ORDERS, STACK_KEYS, TREE_GENERATORS, es_leaf_keys, init_lm
-from torch_impl.tree_noise import (EMBEDDINGS, FROZEN_LEAVES, TMM_LAYOUTS, dense, make_plan, per_member,
+from torch_impl.tree.keys import LEAF_ORDERS, STACK_KEYS, TREE_GENERATORS, es_leaf_keys, init_lm
+from torch_impl.tree.noise import (EMBEDDINGS, FROZEN_LEAVES, TMM_LAYOUTS, dense, make_plan, per_member,
                                    sample)
 
 U = 2.0 ** -24

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from parity import tree_check, tree_reference as R
-from parity.tolerances import gamma, linear_bound, linear_exact, update_bound
-from parity.tree_numpy_reference import NumpyTreeReference, factors, perturbs
-import parity.tree_numpy_reference as N
+from parity.tree import check as tree_check, reference as R
+from parity.core.tolerances import gamma, linear_bound, linear_exact, update_bound
+from parity.tree.numpy_reference import NumpyTreeReference, factors, perturbs
+from parity.tree import numpy_reference as N
 from spec.lm import lm_tree
 
 # selftest as the suite runs it, and quick with the full-rank leaves perturbed too (freeze_nonlora off)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from parity import tree_check
+from parity.tree import check as tree_check
 from parity.__main__ import main
-from parity.tape import Bundle, Recording, Replay, Store, write_bundle
-from parity.tree_adapter import CheckedTreePort, PortSide
-from parity.tree_vectors import RECORDED, config_record, open_bundle, replay_reference
+from parity.core.tape import Bundle, Recording, Replay, Store, write_bundle
+from parity.tree.adapter import CheckedTreePort, PortSide
+from parity.tree.vectors import RECORDED, config_record, open_bundle, replay_reference
 from spec.tree_knobs import TreeKnobs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def test_the_bundle_says_what_it_holds(bundle):
 def live():
     """The live JAX reference, each answer kept by its inputs' bytes (the functions are deterministic), so the
     sides below share its compile time: every call is still JAX's."""
-    from parity import tree_reference
+    from parity.tree import reference as tree_reference
     store = Store()
     return Replay(store, LIVE_METHODS, fallback=Recording(tree_reference, LIVE_METHODS, store))
 
@@ -203,7 +203,7 @@ def test_a_bundle_that_cannot_be_used_exits_2_before_any_work(bundle, tmp_path, 
     assert not out.exists()
 
 
-from parity.tree_dist import INVISIBLE                                 # noqa: E402
+from parity.tree.dist import INVISIBLE                                 # noqa: E402
 from spec.tree_knobs import TREE_CHOICES                               # noqa: E402
 
 COMMITTED_SIDES = [(rng, None) for rng in ("jax", "torch")] + [
@@ -235,7 +235,7 @@ def test_the_committed_quick_bundle_names_each_drift_the_live_check_names(rng, d
 
 @pytest.mark.skipif(not COMMITTED.is_dir(), reason="vectors/lm-quick is not in this checkout")
 def test_a_failed_check_against_the_bundle_writes_its_repro(tmp_path):
-    """A repro (parity.repro) from a replayed reference: its script, run alone, still fails on the drifted side."""
+    """A repro (parity.core.repro) from a replayed reference: its script, run alone, still fails on the drifted side."""
     out = tmp_path / "report"
     assert main(["check", "--task", "lm", "--against", str(COMMITTED), "--torch", "group_fitness=group_var",
                  "--out", str(out), "--quiet"]) == 1
@@ -250,7 +250,7 @@ def test_the_port_authors_assert_takes_the_lm_bundle(bundle):
     """parity.testing.assert_port_parity(task="lm", against=BUNDLE): the faithful example passes, a drifted one fails
     naming its knob, and a bundle of another size is refused before any work."""
     from examples.lm_adapter import LMAdapter
-    from parity.adapter import UsageError
+    from parity.core.port import UsageError
     from parity.testing import assert_port_parity
     outcomes = assert_port_parity(LMAdapter, task="lm", size=SIZE, against=bundle, seed=SEED)
     assert {o.verdict for o in outcomes} <= {"pass", "skip"} and any(o.verdict == "pass" for o in outcomes)

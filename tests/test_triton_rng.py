@@ -12,6 +12,7 @@ import torch
 from spec import jax_rng as J
 from tests.marks import on_gpu
 from torch_impl import random as R
+from torch_impl import random_eager as E
 from torch_impl import triton_rng as T
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
@@ -71,13 +72,13 @@ def test_a_wrong_step_is_caught(interpreted, monkeypatch):
 def test_bits_and_normals_of_keys_equal_the_eager_draws(n_keys, n, interpreted):
     keys = R.fold_in(R.key(n * 31 + n_keys), torch.arange(n_keys))
     words = T.launch("bits", keys, n)
-    assert torch.equal(words, R._draw(keys, (n,), torch.int32, R._xor_into))
-    assert torch.equal(T.launch("normal", keys, n), R._normal(keys, (n,), False))
+    assert torch.equal(words, E._draw(keys, (n,), torch.int32, E._xor_into))
+    assert torch.equal(T.launch("normal", keys, n), E._normal(keys, (n,), False))
 
 
 @pytest.mark.parametrize("seed", [3, 2 ** 32 - 1])
 def test_the_int8_table_entries_equal_the_eager_hash_and_look_up(seed, interpreted):
-    from torch_impl.int8_noise import normal_lut, table_bits
+    from torch_impl.int8.noise import normal_lut, table_bits
 
     gen = torch.Generator().manual_seed(seed % 1000)
     counters = torch.randint(0, 1 << 30, (40, 9), generator=gen)
@@ -107,7 +108,7 @@ def test_cpu_keys_never_take_the_kernel():
 @on_gpu
 def test_on_the_gpu_all_mantissas_and_routed_draws_equal_the_definition():
     from torch_impl.keys import _jax_draws
-    from torch_impl.tree_keys import jax_member_normals
+    from torch_impl.tree.keys import jax_member_normals
     m = torch.arange(_M)
     got = T.launch("normal_of_words", torch.zeros(1, 2, dtype=torch.int64, device="cuda"), 0,
                    counters=(m << 9).cuda()).cpu()
@@ -129,4 +130,4 @@ def test_member_normals_fold_the_keys_in_the_kernel_as_the_eager_draws_do(slices
     keys = R.fold_in(R.key(slices * 100 + n), torch.arange(slices))
     got = T.launch("member_normal", keys, n, generation=generation, n_draws=draws)
     folded = R.fold_in(R.fold_in(keys, generation).unsqueeze(0), torch.arange(draws).unsqueeze(1))   # (P, S, 2)
-    assert got.shape == (draws, slices, n) and torch.equal(got, R._normal(folded, (n,), False))
+    assert got.shape == (draws, slices, n) and torch.equal(got, E._normal(folded, (n,), False))

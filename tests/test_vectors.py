@@ -1,4 +1,4 @@
-"""Conformance vectors (parity.vectors): bad bundles refused before any work, checks without JAX, and the same
+"""Conformance vectors (parity.mlp.vectors): bad bundles refused before any work, checks without JAX, and the same
 verdicts and causes as the live check."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from parity import tape
+from parity.core import tape
 from parity.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,8 +237,9 @@ def test_another_shape_is_answered_in_numpy(knobs, selftest_bundle):
     it (draws, ES loop, optimizer): the verdicts and causes are still the live check's."""
     import dataclasses
 
-    from parity.suite import SELFTEST, run_suite
-    from parity.torch_adapter import TorchPort, one_thread
+    from parity.mlp.sizes import SELFTEST
+    from parity.mlp.suite import run_suite
+    from parity.mlp.torch_adapter import TorchPort, one_thread
     from spec.knobs import resolve
 
     sizes = dataclasses.replace(SELFTEST, cfg=SELFTEST.cfg.replace(rank=2, hidden=12))
@@ -272,7 +273,7 @@ def test_the_plugin_api_checks_against_the_committed_bundle():
     """parity.testing.assert_port_parity(..., against=) reaches run_suite's bundle: a pass, and a size the bundle
     does not hold refused."""
     from examples.minimal_adapter import adapter
-    from parity.adapter import UsageError
+    from parity.core.port import UsageError
     from parity.testing import assert_port_parity
 
     assert_port_parity(adapter, size="quick", against=str(QUICK))

@@ -107,7 +107,7 @@ def main_lm(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except (KnobError, OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
     check_cuda(parser, args.device)
-    from torch_impl.lm_train import train_lm   # torch import only once the arguments are known good
+    from torch_impl.tree.train import train_lm   # torch import only once the arguments are known good
 
     if not args.quiet:
         print(f"torch EGGROLL  byte LM  seed {args.seed}  {cfg}  {knobs}  corpus {corpus.path}", flush=True)
@@ -137,7 +137,7 @@ def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         parser.error(str(err))   # exits 2
     check_cuda(parser, args.device)
-    from torch_impl.int8_train import train_int8     # torch import only once the input is known good
+    from torch_impl.int8.train import train_int8     # torch import only once the input is known good
 
     if not args.quiet:
         departures = ", ".join(f"{k}={v}" for k, v in knobs.departures().items()) or "nano-egg"

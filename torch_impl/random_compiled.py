@@ -1,6 +1,6 @@
 """Compiled JAX-compatible draws: threefry2x32 in one compiled kernel, then the uniform or XLA's erf_inv in one more.
 
-The same arithmetic as torch_impl.random's eager path (the readable definition), written as pure tensor
+The same arithmetic as torch_impl.random_eager (the readable definition), written as pure tensor
 expressions and handed to torch.compile: inductor's C++ on the CPU, Triton on CUDA. Results are bit-identical
 to the eager path (the tests compare them, normals over all 2^23 mantissas). random.bits/uniform/normal call
 `draw` for large requests; anything this module cannot do (no compiler, a compile error, a failed self-check)
@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from spec import jax_rng as J
-from torch_impl import random as R
+from torch_impl import random_eager as E
 
 __all__ = ["draw", "wanted", "compiled_status", "CompiledStatus", "MIN_DRAWS"]
 
@@ -106,7 +106,7 @@ _OPS = J.Float32Ops(_round32, torch.where, torch.sqrt)   # XLA's float32 steps (
 
 
 def _xla_log(y: torch.Tensor) -> torch.Tensor:
-    """random._xla_log with frexp done on the float32 bits (y is a positive normal float32 in float64)."""
+    """random_eager._xla_log with frexp done on the float32 bits (y is a positive normal float32 in float64)."""
     b = y.float().view(torch.int32)
     m = ((b & 0x007FFFFF) | 0x3F000000).view(torch.float32).double()            # mantissa in [0.5, 1)
     below = m < J.LOG_SQRTHF
@@ -121,15 +121,16 @@ def normal_of_mantissa(m: torch.Tensor) -> torch.Tensor:
 
 
 def _nv_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """random._nv_parts on float64 bits: k = the exponent of 1 + x plus its first fraction bit, and 2^-k."""
+    """random_eager._nv_parts on float64 bits: k = the exponent of 1 + x plus its first fraction bit, and 2^-k."""
     b = (1.0 + x).view(torch.int64)
     k = ((b >> 52) & 0x7FF) - 1023 + ((b >> 51) & 1)
     return k.double(), ((1023 - k) << 52).view(torch.float64)
 
 
 def normal_of_mantissa_gpu(m: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """random.normal_from_mantissa(m, "gpu") as one fusable expression; offsets: random._gpu_sqrt_offsets. A float32
-    step of a float32 value in float64 is 2^29 in its float64 bits (carries into the exponent as float32's would)."""
+    """random.normal_from_mantissa(m, "gpu") as one fusable expression; offsets: random_eager._gpu_sqrt_offsets. A
+    float32 step of a float32 value in float64 is 2^29 in its float64 bits (carries into the exponent as float32's
+    would)."""
     index = torch.where(m < J.GPU_TAIL, m, (m - (J.N_MANTISSAS - 2 * J.GPU_TAIL)).clamp_min(0))
     moved = offsets[index].to(torch.int64) << 29
 
@@ -139,7 +140,7 @@ def normal_of_mantissa_gpu(m: torch.Tensor, offsets: torch.Tensor) -> torch.Tens
 
 
 def _fma32_from_bits(f: torch.Tensor, span: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-    """random._fma32: float32 f * span + lo rounded once (round to odd in float64, TwoSum), then to float32."""
+    """random_eager._fma32: float32 f * span + lo rounded once (round to odd in float64, TwoSum), then to float32."""
     p = f.double() * span
     s = p + lo
     back = s - p
@@ -221,15 +222,15 @@ def _compiled(kind: str):
 
 def _probe(kind: str, device: torch.device, extra: tuple) -> str | None:
     """Compiled against eager on a few keys and odd sizes; None if bit-identical, else what differs."""
-    keys = R.fold_in(R.key(20240601, device=device), torch.arange(3, device=device))      # (3, 2)
+    keys = E.fold_in(E.key(20240601, device=device), torch.arange(3, device=device))      # (3, 2)
     for n in (4099, 2):
         got = _run(kind, keys, n, extra)                                                  # (3, n)
         if kind == "bits":
-            ref = R._u32_to_int64(R._draw(keys, (n,), torch.int32, R._xor_into))
+            ref = E._u32_to_int64(E._draw(keys, (n,), torch.int32, E._xor_into))
         elif kind in ("normal", "normal_gpu"):
-            ref = R._normal(keys, (n,), False, "gpu" if kind == "normal_gpu" else "cpu")
+            ref = E._normal(keys, (n,), False, "gpu" if kind == "normal_gpu" else "cpu")
         else:
-            ref = R._uniform_eager(keys, (n,), *extra)
+            ref = E._uniform_eager(keys, (n,), *extra)
         if not torch.equal(got, ref):
             return f"{kind} differs from the eager path in a self-check ({n} values per key)"
     return None
@@ -239,7 +240,7 @@ def _run(kind: str, keys: torch.Tensor, n: int, extra: tuple) -> torch.Tensor:
     """The compiled stages on a key batch (..., 2) -> (B, n). One key is spread over two rows (counters from 0
     and from ceil(n/2)) and the finish runs on the flat words: a dynamic-shape kernel would specialize, i.e.
     recompile, for a dimension of 1."""
-    k0, k1 = (w.reshape(-1).contiguous() for w in R._key_words(keys))              # (B,) int32
+    k0, k1 = (w.reshape(-1).contiguous() for w in E._key_words(keys))              # (B,) int32
     one_key = k0.shape[0] == 1
     cols = -(-n // 2) if one_key else n
     start = (torch.tensor([0, cols], dtype=torch.int32, device=keys.device) if one_key
@@ -248,12 +249,12 @@ def _run(kind: str, keys: torch.Tensor, n: int, extra: tuple) -> torch.Tensor:
         k0, k1 = k0.expand(2).contiguous(), k1.expand(2).contiguous()
     words = _compiled("words")(k0, k1, start, cols).reshape(-1)[: k0.shape[0] * cols if not one_key else n]
     if kind == "bits":
-        out = words.to(torch.int64) & R._MASK32
+        out = words.to(torch.int64) & E._MASK32
     else:
         if kind == "uniform":   # bounds as 0-d tensors: new bounds do not recompile
             extra = tuple(torch.tensor(v, dtype=torch.float64, device=keys.device) for v in extra)
         elif kind == "normal_gpu":
-            extra = (R._gpu_sqrt_offsets(str(keys.device)),)
+            extra = (E._gpu_sqrt_offsets(str(keys.device)),)
         out = _compiled(kind)(words, *extra)                                    # flat: never a dim of 1
     return out.reshape(-1, n)
 

@@ -2,12 +2,12 @@
 or its GPU backend computes it) in one pass.
 
 Each block of counters is hashed and turned into normals while it sits in L1, so the bits never go through
-memory, and the normal's float32 steps run vectorised (c_rng/jax_normal.c). Bit-identical to torch_impl.random's
-eager definition: all 2^23 normals of each backend are compared in tests/test_random_native.py, and every process
+memory, and the normal's float32 steps run vectorised (c_rng/jax_normal.c). Bit-identical to torch_impl.random_eager,
+the definition: all 2^23 normals of each backend are compared in tests/test_random_native.py, and every process
 checks a sample of draws and the extreme mantissas of both backends against the eager formula before its first C
 draw, staying on the torch paths if they differ. No compiler, a failed build or env TORCH_IMPL_RNG_NATIVE=never:
-`wanted` says no and random.py keeps its torch paths (compiled, table, eager). CPU tensors only; the call runs on
-torch.get_num_threads() threads.
+`wanted` says no and torch_impl.random keeps its torch paths (compiled, table, eager). CPU tensors only; the call
+runs on torch.get_num_threads() threads.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 
 import c_rng
 from spec.jax_rng import BACKENDS, check_backend
-from torch_impl import random as R
+from torch_impl import random_eager as E
 
 __all__ = ["normal", "bits", "wanted", "native_status", "NativeStatus"]
 
@@ -42,19 +42,19 @@ def _check_sample(lib) -> str | None:
     """None when the library agrees with the eager definition, else what differs: for each backend, _SAMPLE_DRAWS
     normals drawn from fresh keys (the hash and both of erf_inv's branches) and the _EDGE lowest and highest mantissas
     (the far tails)."""
-    keys = R.fold_in(R.key(0), torch.arange(16))                             # (16, 2)
+    keys = E.fold_in(E.key(0), torch.arange(16))                             # (16, 2)
     n = _SAMPLE_DRAWS // 16
     for code, backend in enumerate(BACKENDS):
         got = torch.empty(16, n, dtype=torch.float32)
         lib.jr_normal(keys.data_ptr(), 16, n, got.data_ptr(), 1, code)
-        want = R._normal(keys, (n,), False, backend)
+        want = E._normal(keys, (n,), False, backend)
         differ = int((got.view(torch.int32) != want.view(torch.int32)).sum())
         if differ:
             return f"{differ} of {got.numel()} sampled {backend} draws differ from the eager formula"
-        for start in (0, R._N_MANTISSAS - _EDGE):
+        for start in (0, E._N_MANTISSAS - _EDGE):
             edge = torch.empty(_EDGE, dtype=torch.float32)
             lib.jr_normal_of_mantissas(start, _EDGE, edge.data_ptr(), code)
-            want = R.normal_from_mantissa(torch.arange(start, start + _EDGE), backend)
+            want = E.normal_from_mantissa(torch.arange(start, start + _EDGE), backend)
             if not torch.equal(edge.view(torch.int32), want.view(torch.int32)):
                 return f"the {backend} normals of mantissas {start}..{start + _EDGE - 1} differ from the eager formula"
     return None

@@ -4,8 +4,8 @@ draw where the eager path issues a hundred kernels and random_compiled two.
 
 The normal's steps are spec.jax_rng's own: `kernel_source(backend)` runs spec.jax_rng.normal_of_u (or, for JAX's
 GPU normals, normal_of_u_gpu, where spec.jax_rng has it) on symbolic values, each float32 step of the definition
-becoming one line of the kernel, so the kernel holds the steps torch_impl.random evaluates, in the same order. They
-run in the float64 carrier with every rounding to float32 done on the bits (`_r32`: immune to a compiler folding a
+becoming one line of the kernel, so the kernel holds the steps torch_impl.random_eager evaluates, in the same order.
+They run in the float64 carrier with every rounding to float32 done on the bits (`_r32`: immune to a compiler folding a
 float64 -> float32 -> float64 pair or fusing a multiply and an add; a product of two float32 values is exact in
 float64 anyway, so a fused one rounds alike), float64 division and sqrt IEEE-rounded (PTX has no other), and the
 constants passed in as float64 (a float literal in a Triton kernel is a float32).
@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from spec import jax_rng as J
+from torch_impl import random_eager as E
 
 __all__ = ["available", "unavailable_reason", "kernel_source", "launch", "draw", "member_normals", "lut_at", "status",
            "KINDS", "BACKENDS"]
@@ -119,7 +120,8 @@ def _ops(code: _Code) -> J.Float32Ops:
 
 
 def _xla_log(code: _Code, ops: J.Float32Ops) -> Callable[[_Var], _Var]:
-    """random._xla_log's parts from the float32 bits of y (as random_compiled finds them), then spec's log steps."""
+    """random_eager._xla_log's parts from the float32 bits of y (as random_compiled finds them), then spec's log
+    steps."""
     def log(y: _Var) -> _Var:
         b = code.emit(f"{y.name}.to(tl.float32).to(tl.int32, bitcast=True)")
         m = code.emit(f"((({b.name} & 0x007FFFFF) | 0x3F000000).to(tl.float32, bitcast=True)).to(tl.float64)")
@@ -132,7 +134,7 @@ def _xla_log(code: _Code, ops: J.Float32Ops) -> Callable[[_Var], _Var]:
 
 def _nv_parts(code: _Code) -> Callable[[_Var], tuple[_Var, _Var]]:
     """libdevice log1pf's reduction of 1 + x (x a float32 in the float64 carrier): k and 2^-k, from the float64 bits
-    of the exact sum (as random._nv_parts finds them with frexp)."""
+    of the exact sum (as random_eager._nv_parts finds them with frexp)."""
     def parts(x: _Var) -> tuple[_Var, _Var]:
         s = code.emit(f"({x._of(1.0)} + {x.name}).to(tl.int64, bitcast=True)")
         mant = code.emit(f"(({s.name} & 0x000FFFFFFFFFFFFF) | 0x3FE0000000000000).to(tl.float64, bitcast=True)")
@@ -143,8 +145,8 @@ def _nv_parts(code: _Code) -> Callable[[_Var], tuple[_Var, _Var]]:
 
 
 def _gpu_sqrt(code: _Code, m: _Var) -> Callable[[_Var], _Var]:
-    """sqrt.approx.f32 as random._gpu_sqrt has it: the correctly rounded sqrt moved by spec.jax_rng's offsets, read
-    from the table argument by mantissa (tail mantissas only; 0 elsewhere)."""
+    """sqrt.approx.f32 as random_eager._gpu_sqrt has it: the correctly rounded sqrt moved by spec.jax_rng's offsets,
+    read from the table argument by mantissa (tail mantissas only; 0 elsewhere)."""
     def sqrt_approx(w: _Var) -> _Var:
         tail = code.emit(f"tl.where(mi < {J.GPU_TAIL}, mi, tl.maximum(mi - {J.N_MANTISSAS - 2 * J.GPU_TAIL}, 0))")
         moved = code.emit(f"tl.load(table_ptr + {tail.name}, mask=mask & ((mi < {J.GPU_TAIL}) | "
@@ -303,29 +305,26 @@ _checked: dict[str, str | None] = {}      # "kind/backend/device type" -> None (
 
 
 def _probe(kind: str, device: torch.device, backend: str) -> str | None:
-    """The kernel against torch_impl.random's eager path on a few keys and odd sizes; None if bit-identical."""
-    from torch_impl import random as R
-
-    keys = R.fold_in(R.key(20240601, device=device), torch.arange(3, device=device))
+    """The kernel against torch_impl.random_eager (the definition) on a few keys and odd sizes; None if
+    bit-identical."""
+    keys = E.fold_in(E.key(20240601, device=device), torch.arange(3, device=device))
     for n in (4099, 2):
         if kind == "member_normal":
             got = launch(kind, keys, n, backend, generation=7, n_draws=5)
-            folded = R.fold_in(R.fold_in(keys, 7).unsqueeze(0), torch.arange(5, device=device).unsqueeze(1))
+            folded = E.fold_in(E.fold_in(keys, 7).unsqueeze(0), torch.arange(5, device=device).unsqueeze(1))
             want = _eager_normal(folded.reshape(-1, 2), n, backend).view(5, 3, n)
         else:
             got = launch(kind, keys, n, backend)
-            want = R._draw(keys, (n,), torch.int32, R._xor_into) if kind == "bits" else _eager_normal(keys, n, backend)
+            want = E._draw(keys, (n,), torch.int32, E._xor_into) if kind == "bits" else _eager_normal(keys, n, backend)
         if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
             return f"{kind} ({backend}) differs from the eager path in a self-check ({n} values per key)"
     return None
 
 
 def _eager_normal(keys: torch.Tensor, n: int, backend: str) -> torch.Tensor:
-    from torch_impl import random as R
-
-    words = R._draw(keys, (n,), torch.int32, R._xor_into)
+    words = E._draw(keys, (n,), torch.int32, E._xor_into)
     m = (words.to(torch.int64) & _MASK32) >> 9
-    return (R.normal_from_mantissa(m) if backend == "cpu" else R.normal_from_mantissa(m, backend)).to(keys.device)
+    return (E.normal_from_mantissa(m) if backend == "cpu" else E.normal_from_mantissa(m, backend)).to(keys.device)
 
 
 def _usable(kind: str, device: torch.device, backend: str) -> bool:
@@ -360,7 +359,7 @@ def draw(kind: str, keys: torch.Tensor, n: int, backend: str = "cpu") -> torch.T
 def member_normals(slice_keys: torch.Tensor, generation: int, n_draws: int, n: int, device: str | torch.device,
                    backend: str = "cpu") -> torch.Tensor | None:
     """(n_draws, S, n) float32: normal(fold_in(fold_in(k_s, generation), p), n) for draw p and slice key k_s of
-    slice_keys (S, 2) (keys.py's and tree_keys.py's member draws), in one launch on a CUDA device, the keys folded
+    slice_keys (S, 2) (keys.py's and tree/keys.py's member draws), in one launch on a CUDA device, the keys folded
     in the kernel; None when the kernel is not used there."""
     device = torch.device(device)
     if not (1 <= n < (1 << 31) and 0 <= generation < (1 << 32) and 1 <= n_draws < (1 << 32)) or \

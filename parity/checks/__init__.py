@@ -1,1 +1,0 @@
-"""The parity suite's checks: one module per check, each `run(ctx) -> CheckResult` (see parity.suite)."""

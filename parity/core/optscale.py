@@ -1,0 +1,159 @@
+"""The optimizer up to a gradient scale: which optax optimizer, fed the port's gradient times c, reproduces the port's
+first step, and which c (named when it is 1/sigma, 1/sqrt(N), ...).
+
+Ports often step on a gradient in another convention: divided by sigma once more, or without the reference's
+sqrt(N) factor. Compared by exact equality such a step matches no optimizer. Here c is fitted in closed form, in a
+space where the first step is linear in the unknown and each entry's rounding error is bounded:
+
+- sgd: the step is c s with s the sgd step at c = 1 (lr sqrt(N) g): linear in c. Weighted least squares in the
+  parameter-change space, weight 1/e_i^2 with e_i the entry's float32 bound (parity.core.tolerances.update_bound):
+  c_hat = sum(p s / e^2) / sum(s^2 / e^2); worst case |c_hat - c| <= sum(|s| / e) / sum(s^2 / e^2), since each
+  |p_i - c s_i| <= e_i. For sgd a gradient scale and a learning-rate factor are the same thing (said so).
+- adam, adamw (optax's defaults): the first step is bias-corrected, m_hat = c d, sqrt(v_hat) = c |d| (d = g sqrt N),
+  so |step_i| = lr c |d_i| / (c |d_i| + eps) once adamw's lr wd p is removed. Adam is scale-invariant but for eps:
+  y_i = lr / |step_i| - 1 = (eps / |d_i|) k with k = 1/c is linear in k. Weighted least squares in y, x = eps/|d|,
+  weight 1/delta^2 with delta_i = (1 + y_i) e_i / |step_i| (the bound on y_i's error from e_i):
+  k_hat = sum(x y / delta^2) / sum(x^2 / delta^2), worst case |k_hat - k| <= sum(|x| / delta) / sum(x^2 / delta^2).
+  Only entries where c|d_i| is not far above eps carry information; when none does, the interval is wide and the
+  scale is reported as not identified (Adam at any scale then reproduces the step).
+
+Tolerance for "matches up to scale": a named scale is taken when its value lies in the fitted worst-case interval
+(deterministic: no false-alarm rate), else the fitted value is given. Whatever the name, the candidate optimizer fed
+c g must reproduce the port's first step within MATCH of its largest entry (MATCH below, the threshold
+an unscaled candidate must meet): that verification, not the fit, decides a match.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from parity.core.tolerances import update_bound
+
+ADAM_EPS = 1e-8     # optax.adam's and adamw's default eps
+ADAMW_DECAY = 1e-4  # optax.adamw's default weight decay
+MATCH = 1e-4        # an optimizer candidate reproduces the port's first step within this share of its largest entry
+
+
+class ScaleFit(NamedTuple):
+    """A fitted gradient scale c for one optimizer, its worst-case interval and, once verified, the residual."""
+
+    optimizer: str
+    c: float
+    lo: float
+    hi: float
+    name: str | None     # "1/sigma", "1/sqrt(N)", ... when one lies in [lo, hi] (the closest when several)
+    error: float = math.inf   # max |port step - candidate step at c| / max |candidate step|
+
+    @property
+    def identified(self) -> bool:
+        """Whether the interval pins the scale: bounded, positive, within a factor 2 either way."""
+        return 0 < self.lo and math.isfinite(self.hi) and self.hi <= 4 * self.lo
+
+
+def named_scales(sigma: float, pop: int) -> dict[str, float]:
+    """The conventions a port's gradient is seen to differ by, as factors on the reference's gradient."""
+    root = math.sqrt(pop)
+    return {"1": 1.0, "1/sigma": 1 / sigma, "sigma": sigma, "1/sqrt(N)": 1 / root, "sqrt(N)": root,
+            "1/(sigma sqrt(N))": 1 / (sigma * root), "sqrt(N)/sigma": root / sigma, "1/sigma^2": 1 / sigma ** 2}
+
+
+def name_scale(c: float, lo: float, hi: float, sigma: float, pop: int) -> str | None:
+    """The named scale inside [lo, hi], the closest to c in log when several; None when none is."""
+    inside = {n: v for n, v in named_scales(sigma, pop).items() if lo <= v <= hi}
+    if not inside or not (0 < c < math.inf):
+        return None
+    return min(inside, key=lambda n: abs(math.log(inside[n] / c)))
+
+
+def fit_sgd(port_step: np.ndarray, unit_step: np.ndarray, new: np.ndarray) -> tuple[float, float, float]:
+    """(c, lo, hi): port_step ~ c unit_step, weighted least squares with each entry's float32 bound (flat float64)."""
+    e = np.maximum(update_bound(new, port_step), 1e-300)
+    w = unit_step / e
+    den = float(w @ w)
+    if den == 0:
+        return math.nan, -math.inf, math.inf
+    c = float((port_step / e) @ w) / den
+    half = float(np.sum(np.abs(w))) / den
+    return c, c - half, c + half
+
+
+def fit_adam(port_step: np.ndarray, d: np.ndarray, old: np.ndarray, new: np.ndarray, lr: float,
+             weight_decay: float = 0.0) -> tuple[float, float, float]:
+    """(c, lo, hi) from the eps deficit of Adam's first step (flat float64 arrays; d = g sqrt(N), the port's
+    gradient; the step's weight-decay term -lr wd p removed first)."""
+    step = np.abs(port_step + lr * weight_decay * old)
+    use = (step > 0) & (np.abs(d) > 0)
+    if not use.any():
+        return math.nan, -math.inf, math.inf
+    step, d = step[use], np.abs(d[use])
+    y = lr / step - 1
+    x = ADAM_EPS / d
+    delta = np.maximum((1 + np.abs(y)) * update_bound(new[use], step) / step, 1e-300)
+    xw = x / delta
+    den = float(xw @ xw)
+    k = float((y / delta) @ xw) / den
+    half = float(np.sum(np.abs(xw))) / den
+    lo_k, hi_k = k - half, k + half
+    c = 1 / k if k > 0 else math.inf
+    return c, (1 / hi_k if hi_k > 0 else math.inf), (1 / lo_k if lo_k > 0 else math.inf)
+
+
+def fit(optimizer: str, old: dict, grad: dict, new: dict, pop: int, lr: float, sigma: float) -> ScaleFit:
+    """The gradient scale c that makes `optimizer`'s first step (lr, from `old`, on c x the port's gradient `grad`)
+    closest to the port's (`new` - `old`), with its worst-case interval and the named scale inside it."""
+    names = sorted(old)
+    flat = {k: np.concatenate([np.asarray(t[n], np.float64).ravel() for n in names])
+            for k, t in (("old", old), ("grad", grad), ("new", new))}
+    port_step = flat["new"] - flat["old"]
+    d = flat["grad"] * math.sqrt(pop)
+    if optimizer == "sgd":
+        c, lo, hi = fit_sgd(port_step, lr * d, flat["new"])
+    else:
+        c, lo, hi = fit_adam(port_step, d, flat["old"], flat["new"], lr, ADAMW_DECAY if optimizer == "adamw" else 0.0)
+    return ScaleFit(optimizer, c, lo, hi, name_scale(c, lo, hi, sigma, pop))
+
+
+def scaled(grad: dict, c: float) -> dict:
+    """The gradient times c, float32 (what a port stepping on c g hands its optimizer)."""
+    return {k: (np.asarray(v, np.float64) * c).astype(np.float32) for k, v in grad.items()}
+
+
+def words(f: ScaleFit, sigma: float, pop: int) -> str:
+    """The scale in the report's words: 'without the sqrt(N) factor' for sgd at 1/sqrt(N), else 'on a gradient
+    <name> times the reference's', with the fitted value and its interval."""
+    fitted = f"fitted c = {f.c:.6g} in [{f.lo:.6g}, {f.hi:.6g}], sigma={sigma:g}, N={pop}"
+    if not f.identified and f.name is None:
+        return f"on a gradient whose scale its first step cannot pin ({fitted}: eps never matters enough)"
+    if f.name == "1/sqrt(N)" and f.optimizer == "sgd":
+        return f"without the sqrt(N) factor (a gradient 1/sqrt(N) times the reference's; {fitted})"
+    if f.name is None:
+        return f"on a gradient {f.c:.6g} times the reference's ({fitted})"
+    return f"on a gradient {f.name} times the reference's ({fitted})"
+
+
+def verified(reference, f: ScaleFit, old: dict, grad: dict, new: dict, pop: int) -> ScaleFit:
+    """The fit with its residual: `reference` (parity.mlp.reference_port.ReferencePort) under f's optimizer, one step at
+    epoch 0 from `old` on c x grad, against the port's step, as a share of the candidate's largest entry."""
+    if not (math.isfinite(f.c) and f.c > 0):
+        return f
+    cand = reference.with_run_knobs(optimizer=f.optimizer)
+    params, _ = cand.optimizer_apply(old, cand.optimizer_init(old), scaled(grad, f.c), pop, 0)
+    names = sorted(old)
+    step = np.concatenate([(np.asarray(params[k], np.float64) - old[k]).ravel() for k in names])
+    port = np.concatenate([(np.asarray(new[k], np.float64) - old[k]).ravel() for k in names])
+    return f._replace(error=float(np.max(np.abs(port - step)) / max(float(np.max(np.abs(step))), 1e-30)))
+
+
+def candidates(reference, optimizers, old: dict, grad: dict, new: dict, pop: int, lr: float,
+               sigma: float) -> tuple[ScaleFit, ...]:
+    """Each optimizer's fitted and verified scale for the port's first step (old -> new on its gradient grad)."""
+    return tuple(verified(reference, fit(opt, old, grad, new, pop, lr, sigma), old, grad, new, pop)
+                 for opt in optimizers)
+
+
+def best_match(fits, match: float) -> ScaleFit | None:
+    """The verified fit with the smallest residual, when it is within `match`; else None."""
+    ok = [f for f in fits if f.error < match]
+    return min(ok, key=lambda f: f.error) if ok else None

@@ -1,0 +1,280 @@
+"""`python -m parity int8` (`make int8`): integer EGGROLL three ways — JAX reference, torch port, C side — bit for bit.
+
+Every side computes every piece of one Case (parity/int8/pieces.py: init, window starts, member noise, each op of the
+forward, logits, scores, fitness signs, votes Z, the update, a K-epoch trajectory) and each is compared with the
+reference for equality. A side that parts is reported at its first differing piece and element; a departing torch
+side (--torch KNOB=VALUE, --profile egg.c) is then named by the C side's knob signatures: the smallest set of egg.c's
+departures with which the C side reproduces the torch side's every piece exactly.
+
+Exit codes: 0 every side equal to the reference at every piece; 1 a side parts; 2 bad usage or input (nothing is
+run and nothing written): an unknown knob, value, profile or size, a configuration nano-egg's arithmetic cannot take
+(a width not a power of 4, an odd population, sigma_shift out of range), a missing corpus, a C side whose build failed
+(the compiler's error is printed). No C compiler is no error: the C row says why it was skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import io
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from parity.int8.pieces import Case, Naming, first_parting, group_table, make_case, name_knobs
+from spec.int8 import EGG_C_ORIGINAL, INT8_PRESETS, NANO_EGG_ORIGINAL, Int8Config
+from spec.int8_knobs import ALL_INT8_KNOBS, INT8_PROFILES, Int8KnobError, Int8Knobs, parse_int8_knobs
+from spec.limits import check_out_dir, device_arg, seed_arg
+from spec.platform import add_reference_flags, request_of
+
+SIZES = ("selftest", "quick")
+EXIT_PASS, EXIT_PARTS, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise ValueError(f"{message}\n\n{self.format_usage().strip()}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    knob_help = "; ".join(f"{k.name}: {k.nano_egg}|{k.egg_c}" for k in ALL_INT8_KNOBS.values())
+    p = _Parser(prog="python -m parity int8",
+                description="integer EGGROLL three ways (JAX reference, torch port, C side), compared for equality")
+    p.add_argument("--size", default="quick", help=f"int8 preset: {', '.join(SIZES)} (default quick)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
+    p.add_argument("--epochs", type=int, default=4, help="trajectory epochs K (default 4; at most the preset's)")
+    p.add_argument("--profile", default="nano-egg",
+                   help=f"torch-side int8 profile: {', '.join(INT8_PROFILES)} (default nano-egg, the faithful side)")
+    p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
+                   help=f"torch-side knob, repeatable, applied after the profile ({knob_help})")
+    p.add_argument("--hidden", type=int, help="width d (a power of 4)")
+    p.add_argument("--layers", type=int, help="layers")
+    p.add_argument("--pop", type=int, help="population (even)")
+    p.add_argument("--tokens", type=int, help="tokens per member per epoch T")
+    p.add_argument("--sigma-shift", type=int, help="noise shift (sigma = 2^-s)")
+    p.add_argument("--corpus", help="text file for the trajectory (default: the shipped corpus)")
+    p.add_argument("--no-c", action="store_true", help="leave the C side out (two sides, and no knob naming)")
+    p.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
+    add_reference_flags(p)
+    p.add_argument("--out", default="runs/int8", help="report folder (default runs/int8, which git ignores)")
+    p.add_argument("--quiet", action="store_true", help="only the verdict line")
+    return p
+
+
+class Plan:
+    """Everything checked before any work: the config, the torch side's knobs, the corpus, the C side's state."""
+
+    def __init__(self, args):
+        if args.size not in SIZES:
+            raise ValueError(f"--size {args.size!r}: use one of {', '.join(SIZES)}")
+        overrides = {"n_embd": args.hidden, "n_layer": args.layers, "pop": args.pop,
+                     "tokens_per_update": args.tokens, "sigma_shift": args.sigma_shift}
+        self.cfg: Int8Config = INT8_PRESETS[args.size].replace(**{k: v for k, v in overrides.items() if v is not None})
+        if not 1 <= args.epochs <= self.cfg.epochs:
+            raise ValueError(f"--epochs {args.epochs}: the trajectory runs 1..{self.cfg.epochs} epochs at size "
+                             f"{args.size}")
+        self.knobs: Int8Knobs = parse_int8_knobs(args.torch, args.profile)
+        check_out_dir(args.out)
+        from rollout.int8_data import load_int8_corpus    # numpy only: the corpus is part of the input
+        from spec.lm_run import check_corpus_path
+        self.corpus = load_int8_corpus(check_corpus_path(args.corpus), self.cfg)
+        self.device = args.device
+        if args.device.startswith("cuda"):
+            from parity.core.device import check_device
+            check_device(args.device)
+        from parity.int8.reference import platform_for
+        self.platform = platform_for(request_of(args))
+        self.c_reason = None
+        if args.no_c:
+            self.c_reason = "C side left out (--no-c)"
+        else:
+            from parity.int8.c_side import unavailable_reason
+            reason = unavailable_reason()
+            if reason is not None and not reason.startswith("C side skipped: no C compiler"):
+                raise ValueError(f"{reason}\n  fix the C side's build (make c-side shows it), or run with --no-c")
+            self.c_reason = reason
+
+
+def describe_knobs(knobs: Int8Knobs) -> str:
+    dep = knobs.departures()
+    return ", ".join(f"{k}={v}" for k, v in dep.items()) if dep else "nano-egg (faithful)"
+
+
+def cause_text(naming: Naming) -> str:
+    """The knobs in the knob table's words."""
+    if not naming.knobs.departures():
+        return "no egg.c knob explains it"
+    return "; ".join(f"{k}={v}: {ALL_INT8_KNOBS[k].means}" for k, v in naming.knobs.departures().items())
+
+
+def run(plan: Plan, seed: int, epochs: int, log) -> dict:
+    """The three sides' pieces, their partings from the reference and, for a departing torch side, the named knobs."""
+    from parity.int8.reference import ReferenceSide, lookups
+    from parity.int8.torch_side import TorchSide
+    case = make_case(plan.cfg, seed, epochs, plan.corpus)
+    sides, rows = [], []
+    t0 = time.perf_counter()
+    ref = ReferenceSide(plan.cfg, seed, plan.platform)
+    log(f"  {ref.name}: computing every piece")
+    want = ref.pieces(case)
+    rows.append({"side": ref.name, "knobs": "nano-egg (the reference)", "seconds": time.perf_counter() - t0,
+                 "parting": None, "naming": None, "table": group_table(want, want), "pieces": want})
+    torch_side = TorchSide(plan.cfg, seed, plan.knobs, plan.device)
+    sides.append(("torch", torch_side, plan.knobs))
+    signature = None
+    if plan.c_reason is None:
+        from parity.int8.c_side import CSide
+        lut, init_lut = lookups(plan.platform)              # the reference's own look-ups, on its platform
+        sides.append(("C", CSide(plan.cfg, seed, lut, init_lut), Int8Knobs()))
+        signature = lambda knobs: CSide(plan.cfg, seed, lut, init_lut, knobs).pieces(case)
+    for kind, side, knobs in sides:
+        t0 = time.perf_counter()
+        log(f"  {side.name}: computing every piece")
+        got = side.pieces(case)
+        parting = first_parting(want, got, case.threads)
+        row = {"side": side.name, "knobs": describe_knobs(knobs), "seconds": time.perf_counter() - t0,
+               "parting": parting, "naming": None, "table": group_table(want, got), "pieces": got}
+        if parting is not None:
+            log(f"    parts from the reference at {parting.text()}")
+            if kind == "torch" and signature is not None:
+                log("    naming it by the C side's knob signatures")
+                row["naming"] = name_knobs(got, signature, case.threads, log=log)
+        rows.append(row)
+    return {"case": case, "rows": rows}
+
+
+def naming_line(row: dict, c_reason: str | None) -> str:
+    naming: Naming | None = row["naming"]
+    if row["parting"] is None:
+        return "equal at every piece"
+    if naming is None:
+        why = c_reason or "only the torch side is named (by the C side's signatures)"
+        return f"not named: {why}"
+    if naming.exact:
+        return (f"{cause_text(naming)} (the C side with exactly these knobs reproduces every piece; "
+                f"{naming.tried} signatures computed)")
+    return (f"no knob set reproduces it exactly; the closest ({describe_knobs(naming.knobs)}) still parts at "
+            f"{naming.left.text()}")
+
+
+def side_tables(rows: list[dict], c_reason: str | None) -> list[str]:
+    """The Markdown tables: a row per side (pieces equal, first parting, cause), then pieces equal by group."""
+    lines = ["| side | knobs | pieces equal | first parting from the reference | cause | s |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        n_eq = sum(a for a, _ in row["table"].values())
+        n = sum(b for _, b in row["table"].values())
+        parting = row["parting"].text() if row["parting"] is not None else "none"
+        cause = "the reference" if row is rows[0] else naming_line(row, c_reason)
+        lines.append(f"| {row['side']} | {row['knobs']} | {n_eq} of {n} | {parting} | {cause} | "
+                     f"{row['seconds']:.1f} |")
+    if c_reason is not None:
+        lines.append(f"| C (c_int8) | - | - | skipped: {c_reason} | - | - |")
+    groups = list(rows[0]["table"])
+    lines += ["", "Pieces equal to the reference, by group (equal / compared):", "",
+              "| side | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+    for row in rows[1:]:
+        lines.append(f"| {row['side']} | " + " | ".join(f"{row['table'].get(g, (0, 0))[0]}/"
+                                                        f"{row['table'].get(g, (0, 0))[1]}" for g in groups) + " |")
+    return lines
+
+
+def pieces_csv(rows: list[dict], members: tuple[int, ...]) -> str:
+    """A row per piece and side: shape, equal, how many elements differ, the first differing element."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["side", "piece", "shape", "equal", "differing", "first_element"])
+    for row in rows[1:]:
+        for piece, value in rows[0]["pieces"].items():
+            got = {piece: row["pieces"][piece]} if piece in row["pieces"] else {}
+            p = first_parting({piece: value}, got, members)
+            w.writerow([row["side"], piece, "x".join(map(str, value.shape)), p is None,
+                        0 if p is None else p.differing, "" if p is None else p.element])
+    return buf.getvalue()
+
+
+INTEGER_NOTE = ("The integer LM's products take int8 operands and sum in int32: exact under any matmul precision, so "
+                "TF32 or float32 changes nothing here.")
+
+
+def lookup_lines(platform) -> list[str]:
+    """Where the reference draws another backend's normals than JAX's CPU ones: how many entries of its two int8
+    look-ups that changes (measured here), so that every side is seen to use the same look-up."""
+    if platform.normals == "cpu":
+        return []
+    from parity.int8.reference import lookups_differ
+    noise, init = lookups_differ(platform)
+    return [f"- JAX's {platform.normals.upper()} normals against its CPU normals: {noise} of 2^23 noise look-up "
+            f"entries int8(normal * 16) and {init} of 2^23 init look-up entries round(normal * 16) differ; the C side "
+            "gets the reference's own look-ups, the torch side builds its own from JAX's CPU normals"
+            + (", which are therefore the same" if noise == init == 0 else ""), ""]
+
+
+def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int, seconds: float, code: int) -> Path:
+    """summary.md (a row per side), pieces.csv (a row per piece and side), result.json; written only at the end,
+    each file atomically."""
+    from reporting import atomic_write, cpu_name, versions
+    case: Case = result["case"]
+    rows = result["rows"]
+    verdict = "PASS" if code == EXIT_PASS else "FAIL"
+    vers = versions(("torch", "jax", "numpy"))
+    lines = [f"# Integer parity, three ways: {verdict}", "",
+             plan.platform.sentence(bounds=False) + " " + INTEGER_NOTE, "",
+             *lookup_lines(plan.platform),
+             f"- command: `python -m parity int8 {shlex.join(argv)}`",
+             f"- size: {plan.cfg}",
+             f"- seed: {seed}; case epoch {case.epoch}; traced members {', '.join(map(str, case.threads))}; update "
+             f"threshold {case.threshold}; trajectory {case.trajectory_epochs} epochs on "
+             f"{getattr(case.corpus, 'path', None) or 'the shipped corpus'}",
+             f"- versions: {', '.join(f'{k} {v}' for k, v in vers.items())}; CPU {cpu_name()}",
+             f"- device: torch side on {plan.device}; JAX reference on {plan.platform.where()[len('JAX on '):]}; "
+             f"reference platform: {plan.platform.fields_text()}",
+             f"- took {seconds:.1f} s",
+             "- the bar: equality at every element of every piece (integer arithmetic has no rounding); pieces and "
+             "their order: parity/int8/pieces.py",
+             f"- the originals (conformance tests, skipped where the source is absent): {NANO_EGG_ORIGINAL[0]} "
+             f"{NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} is reproduced by the JAX reference "
+             f"(tests/test_int8_nano_egg.py); {EGG_C_ORIGINAL[0]} {EGG_C_ORIGINAL[1]} at {EGG_C_ORIGINAL[2][:7]} by "
+             "the C side and the torch port with profile egg.c-cpumulti (tests/test_egg_c_conformance.py)", ""]
+    atomic_write(out / "summary.md", "\n".join(lines + side_tables(rows, plan.c_reason)) + "\n")
+    atomic_write(out / "pieces.csv", pieces_csv(rows, case.threads))
+    atomic_write(out / "result.json", json.dumps({
+        "verdict": verdict.lower(), "exit_code": code, "seed": seed, "config": str(plan.cfg),
+        "command": "python -m parity int8 " + shlex.join(argv), "versions": vers,
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "sides": [{"side": r["side"], "knobs": r["knobs"],
+                   "parting": None if r["parting"] is None else r["parting"]._asdict(),
+                   "named": None if r["naming"] is None else {"knobs": r["naming"].knobs.departures(),
+                                                              "exact": r["naming"].exact}}
+                  for r in rows],
+        "c_side": plan.c_reason or "ran", "device": plan.device,
+        "reference_platform": plan.platform.fields()}, indent=2) + "\n")
+    return out / "summary.md"
+
+
+def main(argv: list[str]) -> int:
+    started = time.perf_counter()
+    try:
+        args = build_parser().parse_args(argv)
+        plan = Plan(args)
+    except (ValueError, Int8KnobError, OSError) as err:
+        print(f"parity int8: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    log(f"parity int8: JAX reference vs torch ({describe_knobs(plan.knobs)}) vs C, size {args.size}, seed "
+        f"{args.seed}, trajectory {args.epochs} epochs")
+    if plan.c_reason is not None:
+        log(f"  {plan.c_reason}")
+    result = run(plan, args.seed, args.epochs, log)
+    code = EXIT_PARTS if any(r["parting"] is not None for r in result["rows"]) else EXIT_PASS
+    summary = write_report(Path(args.out), result, plan, argv, args.seed, time.perf_counter() - started, code)
+    for row in result["rows"][1:]:
+        state = "equal at every piece" if row["parting"] is None else f"parts at {row['parting'].text()}"
+        log(f"  {row['side']}: {state}")
+        if row["parting"] is not None:
+            log(f"    cause: {naming_line(row, plan.c_reason)}")
+    print(f"{'PASS' if code == EXIT_PASS else 'FAIL'}: report in {summary} ({time.perf_counter() - started:.0f} s)")
+    return code

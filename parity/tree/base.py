@@ -1,0 +1,152 @@
+"""What every check of the tree suite shares, element by element (parity.tree.check), in distribution
+(parity.tree.dist) or along a port's es_* loop (parity.tree.es_lockstep): the row a check writes, the epochs the
+draws are compared at, the causes in the tree knobs' words, both sides' shaping bound, fresh parameters, the
+optimizer step's diagnosis, and which rng the faithful side follows on a reference's platform.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from parity.core import diagnose
+from parity.core.tolerances import U32, U_TF32, gamma, shaping_bound
+from spec.lm import LMConfig
+from spec.platform import ReferencePlatform
+from spec.tree_knobs import TREE_CHOICES, TREE_DESCRIPTIONS
+
+EPOCHS = (0, 1)
+
+
+class Row(NamedTuple):
+    check: str
+    quantity: str
+    value: float
+    allowed: str
+    verdict: str          # pass | fail | skip
+    cause: str = ""
+
+
+def cause(knob: str, detail: str) -> str:
+    return f"{TREE_DESCRIPTIONS[knob]} differs (knob `{knob}`): {detail}"
+
+
+def ref_perturbs(cfg: LMConfig, leaf) -> bool:
+    return leaf.cls in ("mm", "tmm") or (leaf.cls == "param" and not cfg.freeze_nonlora)
+
+
+def pairing_text(leaf, dense: np.ndarray) -> str:
+    """The pairing cause (the MLP's knob `antithetic`) when the members' mirrors are not (2k, 2k+1), else ''."""
+    mirror = diagnose.mirror_map(np.asarray(dense, np.float64).reshape(dense.shape[0], -1))
+    found = diagnose.pairing_cause(mirror, np.arange(dense.shape[0]) ^ 1)
+    return f"{leaf.path}: {found.text}" if found is not None else ""
+
+
+def group_var(f: np.ndarray, g: int) -> np.ndarray:
+    x = f.astype(np.float64).reshape(-1, g or f.size)
+    return ((x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)).ravel()
+
+
+def shaping_pair_bound(f: np.ndarray, g: int) -> np.ndarray:
+    """Both sides' float32 bound for group shaping (group means, the global variance), per member."""
+    g = g or f.size
+    centred = f.astype(np.float64).reshape(-1, g) - f.astype(np.float64).reshape(-1, g).mean(1, keepdims=True)
+    return 2 * (shaping_bound(f) + (gamma(g) * np.abs(f).mean() + U32 * np.abs(centred.ravel())) /
+                math.sqrt(f.astype(np.float64).var() + 1e-5))
+
+
+def fitness_text(f: np.ndarray, port: np.ndarray, g: int) -> str:
+    """The cause of a shaping that differs: `group_fitness` (each group by its own spread), else the MLP suite's
+    knob `fitness` when one of its known shapings (parity.core.diagnose.FITNESS_CANDIDATES) reproduces the port's."""
+    if np.allclose(port, group_var(f, g), rtol=1e-4, atol=1e-5):
+        return cause("group_fitness", "each group is divided by its own spread, not by the global variance")
+    f64 = f.astype(np.float64)
+    for groups, note in ((g, " with group means"), (0, " over the whole population (its groups ignored)")):
+        for name, (words, formula, knob_value) in diagnose.FITNESS_CANDIDATES.items():
+            if name != "jax" and np.allclose(port, formula(f64, groups), rtol=1e-4, atol=1e-5):
+                return diagnose.cause("fitness", f"the port's shaped fitness is {words}{note}"
+                                                 + (f" (as fitness={knob_value})" if knob_value else "")
+                                                 + f", the reference's {diagnose.FITNESS_CANDIDATES['jax'][0]} with "
+                                                   f"group means and the global variance").text
+    return "fitness shaping differs"
+
+
+def ref_u(R) -> float:
+    """The unit the reference rounds matmul operands to (U_TF32 on a TF32 platform, else 0)."""
+    return U_TF32 if getattr(R, "platform", ReferencePlatform()).tf32 else 0.0
+
+
+def float32_of(R):
+    """The reference pinned to float32 (R.float32()); a replayed bundle has none: NotRecorded (the check is skipped
+    with the reason)."""
+    from parity.core.tape import NotRecorded
+    if getattr(type(R), "float32", None) is None:
+        raise NotRecorded("float32", "this reference cannot be evaluated at float32, which bounds its own TF32 "
+                                     "rounding here; check against the live reference")
+    return R.float32()
+
+
+def unchanged_cause(cfg: LMConfig, leaf, what: str) -> str:
+    if leaf.cls == "embedding":
+        return cause("embedding", f"{leaf.path} is {what}; the reference never updates embedding leaves")
+    if leaf.cls == "param":
+        return cause("frozen_leaves", f"{leaf.path} is {what}; the reference leaves param leaves as they are "
+                                      f"under freeze_nonlora")
+    return f"{leaf.path} ({leaf.cls}) is {what}; the reference never updates {leaf.cls} leaves"
+
+
+def fresh_params(R, cfg, seed: int, rng) -> dict[str, np.ndarray]:
+    """The LM: the reference's init plus fresh normal values * 0.05 (no leaf left at the init's ones and zeros). A
+    declared tree (no reference init): fresh normal values * 0.1 at every leaf's shape."""
+    if not isinstance(cfg, LMConfig):
+        return {leaf.path: (rng.standard_normal(leaf.shape) * 0.1).astype(np.float32) for leaf in cfg.tree.leaves}
+    return {k: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.05).astype(np.float32)
+            for k, v in R.init(cfg, seed).items()}
+
+
+class NumpyOptimizers:
+    """optax's sgd, adam and adamw in numpy (parity.mlp.numpy_reference) behind the two calls parity.core.optscale.verified
+    makes of a reference: the candidate optimizers a step that is not the reference's sgd is matched against."""
+
+    def __init__(self, lr: float, optimizer: str = "sgd"):
+        self.lr, self.optimizer = lr, optimizer
+
+    def with_run_knobs(self, optimizer: str) -> "NumpyOptimizers":
+        return NumpyOptimizers(self.lr, optimizer)
+
+    def optimizer_init(self, params: dict):
+        from parity.core.optimizers import optimizer_init
+        return optimizer_init(self.optimizer, params)
+
+    def optimizer_apply(self, params: dict, state, grads: dict, n: int, epoch: int):
+        from parity.core.optimizers import optimizer_apply
+        return optimizer_apply(params, state, grads, n, self.lr)
+
+
+def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
+    """Which optax optimizer, on the port's gradient times which scale, reproduces the port's step (parity.core.optscale
+    over sgd, adam and adamw, verified within parity.core.optscale.MATCH), in the MLP suite's words: the knob `optimizer`
+    when it is not sgd, else the scale; or that none does."""
+    from parity.core import optscale
+    from parity.core.optscale import MATCH
+    fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
+                               cfg.sigma)
+    fit = optscale.best_match(fits, MATCH)
+    if fit is None:                 # no optimizer explains it: no knob is named
+        return diagnose.other("optimizer step", f"the port's step matches none of optax sgd, adam, adamw at the "
+                                                f"reference's learning rate, at any gradient scale ({worst})").text
+    if fit.name == "1" and fit.optimizer != "sgd":
+        return diagnose.optimizer_cause(fit.optimizer, "sgd", worst).text
+    return diagnose.scaled_optimizer_cause(fit, "sgd", optscale.words(fit, cfg.sigma, cfg.pop), worst).text
+
+
+def follow_reference_rng(knobs, platform) -> tuple:
+    """(knobs, words): the tree side's rng=jax follows the reference's normals: plain jax is JAX's CPU normals, so on
+    a GPU-normals reference it becomes rng=jax-gpu where spec.tree_knobs has that value; a side pinned to one
+    backend (jax-cpu, jax-gpu) stays as pinned."""
+    value = f"jax-{platform.normals}"
+    if knobs.rng != "jax" or platform.normals == "cpu" or value not in TREE_CHOICES["rng"]:
+        return knobs, ""
+    import dataclasses
+    return dataclasses.replace(knobs, rng=value), f"rng=jax follows the reference's backend: rng={value}"

@@ -1,0 +1,776 @@
+"""`python -m parity check --task lm`: the torch tree ES against the JAX reference on the byte-level LM, leaf by
+leaf and class by class, with each tree drift named in the knob table's words (spec.tree_knobs). `--task tree`: the
+same checks and bounds on a port's own declared tree (cfg a spec.tree.TreeRun; _tree_plan): init on the laws the port
+states (tree_dist.check_init_laws), every mm/tmm leaf's product with rows (batch, seq) as a transformer layer's, one
+more fitness vector of tiny spread, the forward reported as the port's own, the trajectory as the port's es_* loop on
+synthetic fitness (parity/tree/es_lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
+a gradient scale: parity.core.optscale) and the noise and gradient scales.
+
+Two modes. A side that draws JAX's numbers (rng=jax, or a port with jax_compatible_rng True) is checked draw by draw
+(below). A side on its own generator (`--torch rng=torch`, or jax_compatible_rng False: most real torch ports) is
+checked in distribution (parity/tree/dist.py, whose docstring states each test, bound and alpha): init and noise
+against their laws (exact KS and chi-square at init's, noise's and trajectory's shares of the false-alarm budget,
+6.5e-4 per run in all) and exact structure (antithetic pairs, one key per stacked slice, fresh noise per epoch,
+leaves the reference never perturbs unperturbed); gradients, forward and the lockstep trajectory with the reference
+run on the side's own noise, within this module's bounds. products, fitness and updates are draw-free and the same
+in both modes. `stack_keys`, `frozen_leaves`, `embedding` and `group_fitness` are named in both; `tmm_layout` and
+`leaf_order` only relabel i.i.d. draws, so in distribution the report says they cannot be seen (a skipped row each).
+
+Checks (rng=jax: the sides share keys, so draws are compared element by element):
+- init: every leaf equal (exact; both draw JAX's normals and scale in float32 alike).
+- noise: every leaf and stacked slice, at two epochs (noise_reuse 1: a fresh generation each). Low-rank leaves are
+  compared as each member's A B^T at the stored shape: both sides form it from the same factors, so they may differ
+  by at most 2 gamma_r |A||B|^T (one float32 product of r terms per side, Higham's bound); param leaves exactly. A
+  leaf one side perturbs and the other does not names `embedding` or `frozen_leaves`; a difference that matches the
+  reference's draw with shared slice keys, declaration-order keys or a transposed tmm split names `stack_keys`,
+  `leaf_order` or `tmm_layout`.
+- fitness: fresh random fitness vectors with groups, against the sum of both sides' float32 shaping bounds; a side
+  that matches each group divided by its own spread names `group_fitness`.
+- gradients: per leaf on the same shaped fitness, each side with its own noise (skipped for leaves whose noise
+  already differs), within both sides' einsum bounds (gamma_{N r + 3} sum |f||A||B|^T / N per side); frozen, embedding and
+  excluded leaves must be exactly zero.
+- products: mm (x @ W.T + (x @ B) @ A.T) and tmm (x @ W + (x @ A) @ B.T) at the LM's slice shapes and three more
+  (wide, tall, square), fresh W, factors and inputs, against the expression's float64 value within one side's float32
+  bound (parity.core.tolerances.linear_bound, gamma_{in + r + 1}); the reference's jitted product is held to it too.
+- updates: one optax-sgd step from fresh params on the side's own gradient, against the reference's apply_grads on
+  that gradient, within both sides' update_bound; leaves the reference never updates must come back bit for bit
+  (an updated param or embedding leaf names `frozen_leaves` or `embedding`).
+- trajectory: TRAJECTORY_EPOCHS training epochs on the corpus in lockstep (each from the reference's params): scores,
+  shaped fitness, per-leaf gradients and new params, each stage's bound derived from the one before (see
+  check_trajectory); skipped when the noise or the forward already departs.
+- forward: the members' scores and every intermediate on the reference's params and each side's own noise. Bound:
+  64 float32 ulps of each intermediate's scale (max |entry| per member). Why 64: each block applies about ten
+  correctly rounded or few-ulp operations per entry (XLA rewrites the norm's x / sqrt(m) as x * rsqrt(m), and exp,
+  log and the sigmoid differ by a few ulps between XLA and torch), and the score sums T terms; measured agreement is
+  within 11 ulps at every size here, and any drift of the noise or the math moves entries by sigma-sized amounts,
+  orders above the bound. The first intermediate beyond it, in the forward's order (spec.lm.intermediate_names),
+  names the block and leaf where the sides part; after noise that already differs (draw by draw), a forward that
+  departs with noise on only restates the noise check's cause (forward_after_noise).
+
+A reference on TF32 (its platform's default precision on NVIDIA GPUs of compute capability >= 8.0, or gpu-sim: each
+matmul operand rounded to 10 mantissa bits, u = 2^-11) is held to its own bounds: products with_operands(gamma_{in + r
++ 1}, 4, u) (x and B, then x @ B and A), gradients with_operands(gamma_{N r + 3}, 2, u) on its side (the einsum's f A
+and B), the port keeping its float32 bound. The forward and the trajectory have no closed-form bound (FORWARD_ULPS is
+a measured allowance), so there the reference's own rounding is measured exactly: the same call on the reference
+pinned to float32 (--reference-precision highest), and the port may differ from the TF32 reference by its float32
+allowance plus |reference - reference at float32| (the triangle inequality); that gap itself is a row, within
+FORWARD_ULPS of TF32's ulps (2^-10) of each intermediate's scale. A replayed TF32 bundle cannot be evaluated at
+float32, so those two checks are skipped there with the reason. The port is never blamed for the reference's rounding.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from parity.core import diagnose
+from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, update_bound, with_operands
+from parity.tree import dist as D
+from parity.tree import es_lockstep
+from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, group_var,
+                              pairing_text, ref_perturbs, ref_u, shaping_pair_bound, step_text, unchanged_cause)
+from reporting import atomic_write, markdown_table
+from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
+from spec.platform import ReferencePlatform
+from spec.tree import slice_index
+from spec.tree_knobs import TreeKnobs
+
+FORWARD_ULPS = 64
+PRODUCT_MEMBERS, PRODUCT_BATCH = 3, 5
+EXTRA_PRODUCT_SHAPES = ((5, 7), (33, 17), (12, 12))   # beside the LM's own slices: wide, tall and square
+TREE_PRODUCT_ROWS = (2, 3)      # a declared tree's products: (batch, seq) rows per member, as a transformer layer's
+PRODUCT_SLICES = 3              # slices of a stacked leaf fed to the products check (first, middle, last)
+TRAJECTORY_EPOCHS = 2
+# The checks in the order run() runs them (_plan): what the pytest plugin parametrizes its items over.
+CHECKS = ("init", "noise", "products", "fitness", "gradients", "updates", "forward", "trajectory")
+
+
+def no_witness(*args, **kwargs) -> None:
+    """The default witness: no repro collected (parity.core.repro.Collector.witness when the CLI writes repros)."""
+
+
+# ----------------------------------------------------------------------------- checks
+def other_normals(R):
+    """The reference on the other backend's normals (R.on_other_normals()), or None (a bundle, a missing table)."""
+    flip = getattr(R, "on_other_normals", None)
+    return flip() if callable(flip) else None
+
+
+def backend_cause(R, detail: str) -> str:
+    """knob rng: the side draws the other backend's normals of the reference's bits."""
+    from spec.platform import backend_sentence
+    platform = R.platform
+    other = "cpu" if platform.normals == "gpu" else "gpu"
+    return cause("rng", f"{backend_sentence(other, platform)}; {detail}")
+
+
+def check_init(R, side, cfg, seed, witness=no_witness) -> list[Row]:
+    ref, port = R.init(cfg, seed), side.init(seed)
+    rows, seen = [], {}
+    for path in cfg.tree.paths:
+        witness(f"seed {seed} {path}", port, port[path], ref[path], 0.0, "exact: the same keys and float32 scaling",
+                (path,))
+        diff = float(np.max(np.abs(ref[path] - port[path])))
+        why = "" if diff == 0 else _init_cause(R, cfg, seed, path, port, seen)
+        rows.append(Row("init", f"{path}: max |port - ref|", diff, "== 0 (same keys, same float32 scaling)",
+                        "pass" if diff == 0 else "fail", why))
+    return rows
+
+
+def _init_cause(R, cfg, seed, path: str, port: dict, seen: dict) -> str:
+    """knob rng when the side's init of `path` is the reference's on the other backend's normals, else 'init
+    differs'; `seen` keeps that other init once drawn."""
+    if "other" not in seen:
+        other = other_normals(R)
+        seen["other"] = None if other is None else other.init(cfg, seed)
+    if seen["other"] is not None and np.array_equal(seen["other"][path], port[path]):
+        return backend_cause(R, f"{path}'s init equals the reference's on those normals")
+    return "init differs"
+
+
+def _noise_cause(R, cfg, seed, epoch, leaf, port) -> str:
+    other = other_normals(R)
+    if other is not None:                      # the same draws through the other backend's float32 normal
+        alt = other.dense_noise(cfg, seed, epoch, leaf)
+        bound = 0.0 if leaf.cls == "param" else 2 * gamma(cfg.rank) * R.factors_abs_product(cfg, seed, epoch, leaf)
+        if np.all(np.abs(port.astype(np.float64) - alt) <= bound):
+            return backend_cause(R, f"{leaf.path}'s noise equals the reference's draw on those normals")
+    for variant, knob, detail in (
+            ("shared", "stack_keys", "every slice of the stack drawn from the leaf's own key (the layers share noise)"),
+            ("insertion", "leaf_order", "the leaf's key index is its place in declaration order, not JAX's "
+                                        "flatten order"),
+            ("tmm_transposed", "tmm_layout", "the (in, out) weight was transposed and factored as an mm")):
+        if variant == "shared" and not leaf.scan_axes or variant == "tmm_transposed" and leaf.cls != "tmm":
+            continue
+        alt = R.dense_noise(cfg, seed, epoch, leaf, variant)
+        if np.allclose(alt, port, rtol=0, atol=1e-6 * max(1.0, float(np.abs(alt).max()))):
+            return cause(knob, f"{leaf.path}'s noise equals the reference's draw when {detail}")
+    ref = R.dense_noise(cfg, seed, epoch, leaf)
+    return pairing_text(leaf, port) or scale_text(leaf, port, ref, cfg) or \
+        f"{leaf.path}: noise differs and matches no known tree drift (rng or key scheme)"
+
+
+def scale_text(leaf, port: np.ndarray, ref: np.ndarray, cfg) -> str:
+    """'noise scaling differs' when the port's noise is the reference's times one factor c != 1 (named when it is
+    sqrt(r), 1/sqrt(r), sigma or 1/sigma), else ''."""
+    p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
+    c = float(p @ r / max(float(r @ r), 1e-300))
+    if not (np.allclose(p, c * r, rtol=1e-4, atol=1e-6 * float(np.abs(p).max() + 1e-300)) and abs(c - 1) > 1e-3):
+        return ""
+    names = {"sqrt(r)": math.sqrt(cfg.rank), "1/sqrt(r)": 1 / math.sqrt(cfg.rank), "sigma": cfg.sigma,
+             "1/sigma": 1 / cfg.sigma}
+    named = [n for n, v in names.items() if abs(c / v - 1) < 1e-3]
+    return (f"noise scaling differs: {leaf.path}'s noise is {c:.6g} x the reference's" +
+            (f" (= {named[0]}: sigma/sqrt(r) on A is the reference's, r={cfg.rank}, sigma={cfg.sigma:g})" if named
+             else " (the same draws at another scale)"))
+
+
+def check_noise(R, side, cfg, seed) -> tuple[list[Row], set[str]]:
+    rows, parted = [], set()
+    for epoch in EPOCHS:
+        for leaf in cfg.tree.leaves:
+            port = side.dense_noise(seed, epoch, leaf)
+            q = f"{leaf.path} ({leaf.cls}) epoch {epoch}"
+            if not ref_perturbs(cfg, leaf):
+                ok = port is None or not np.any(port)
+                why = ""
+                if not ok:
+                    knob = "embedding" if leaf.cls == "embedding" else "frozen_leaves"
+                    why = cause(knob, f"{leaf.path} is perturbed (max |noise| {np.abs(port).max():.3g}); the reference "
+                                      f"leaves {leaf.cls} leaves" + (" under freeze_nonlora" if leaf.cls == "param" else "")
+                                      + " unperturbed")
+                    parted.add(leaf.path)
+                rows.append(Row("noise", f"{q}: max |noise|", 0.0 if port is None else float(np.abs(port).max()),
+                                "== 0 (not perturbed)", "pass" if ok else "fail", why))
+                continue
+            ref = R.dense_noise(cfg, seed, epoch, leaf)
+            if port is None:
+                parted.add(leaf.path)
+                rows.append(Row("noise", f"{q}: perturbed", 0.0, "perturbed as the reference", "fail",
+                                f"{leaf.path} is not perturbed; the reference perturbs {leaf.cls} leaves"))
+                continue
+            bound = 0.0 if leaf.cls == "param" else 2 * gamma(cfg.rank) * R.factors_abs_product(cfg, seed, epoch, leaf)
+            excess = np.abs(port.astype(np.float64) - ref) - bound
+            worst = float(np.max(excess))
+            ok = worst <= 0
+            if not ok:
+                parted.add(leaf.path)
+            rows.append(Row("noise", f"{q}: max (|port - ref| - bound)", worst,
+                            "<= 0 (2 gamma_r |A||B|^T; param leaves exact)", "pass" if ok else "fail",
+                            "" if ok else _noise_cause(R, cfg, seed, epoch, leaf, port)))
+    return rows, parted
+
+
+def fitness_trials(cfg, rng, spread_rng=None) -> list[tuple[str, np.ndarray]]:
+    """(label, f (pop,) float32): three fresh fitness vectors with group offsets; with spread_rng (the tree task)
+    one more of tiny spread (variance about 1e-6, where the reference's + 1e-5 inside the root dominates, so a
+    shaping by the plain standard deviation shows)."""
+    g = cfg.group_size
+    out = [(f"trial {trial}, groups of {g}",
+            (rng.standard_normal(cfg.pop) * 2.0 + rng.standard_normal(cfg.pop // (g or cfg.pop)).repeat(g or cfg.pop)
+             * 3.0).astype(np.float32)) for trial in range(3)]
+    if spread_rng is not None:
+        out.append((f"tiny spread (variance ~1e-6), groups of {g}",
+                    (1e-3 * spread_rng.standard_normal(cfg.pop)).astype(np.float32)))
+    return out
+
+
+def check_fitness(R, side, cfg, rng, witness=no_witness, spread_rng=None) -> list[Row]:
+    rows = []
+    g = cfg.group_size
+    for label, f in fitness_trials(cfg, rng, spread_rng):
+        ref, port = R.shape(cfg, f), side.shape(f)
+        bound = shaping_pair_bound(f, g)
+        witness(label, port, port, ref, bound, "both sides' float32 shaping bounds")
+        ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / bound))
+        ok = ratio <= 1
+        rows.append(Row("fitness", f"{label}: max |port - ref| / bound", ratio,
+                        "<= 1 (both sides' float32 shaping bounds)", "pass" if ok else "fail",
+                        "" if ok else fitness_text(f, port, g)))
+    return rows
+
+
+def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witness) -> list[Row]:
+    shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
+    u = ref_u(R)
+    ref, port = R.grads(cfg, seed, 0, shaped), side.grads(seed, 0, shaped)
+    rows = []
+    for leaf in cfg.tree.leaves:
+        q = f"{leaf.path} ({leaf.cls}): max |port - ref|"
+        if leaf.path in parted:
+            rows.append(Row("gradients", q, float("nan"), "-", "skip", f"{leaf.path}'s noise already differs"))
+            continue
+        diff = np.abs(port[leaf.path].astype(np.float64) - ref[leaf.path])
+        if not ref_perturbs(cfg, leaf):
+            witness(f"{leaf.path} ({leaf.cls})", port, port[leaf.path], np.zeros(leaf.shape), 0.0,
+                    "exact: the reference never updates this leaf", (leaf.path,))
+            ok = not np.any(port[leaf.path])
+            rows.append(Row("gradients", q, float(diff.max()), "== 0 (no update)", "pass" if ok else "fail",
+                            "" if ok else f"{leaf.path} gets an update the reference never gives it"))
+            continue
+        w = np.abs(shaped).astype(np.float64).reshape((-1,) + (1,) * len(leaf.shape))     # |f_n|, broadcast
+        if leaf.cls == "param":     # mean_n f_n eps_n: N products and sums, one rounding each, both sides
+            bound = 2 * gamma(cfg.pop + 2) * np.mean(w * np.abs(R.dense_noise(cfg, seed, 0, leaf)), 0)
+        else:                       # einsum over N members and r columns, then / N: gamma_{N r + 3} per side
+            g = gamma(cfg.pop * cfg.rank + 3)                           # the reference's with TF32 operands if any
+            bound = (g + with_operands(g, 2, u)) * np.mean(w * R.factors_abs_product(cfg, seed, 0, leaf), 0)
+        witness(f"{leaf.path} ({leaf.cls})", port, port[leaf.path], ref[leaf.path], bound,
+                "both sides' float32 einsum/mean bounds", (leaf.path,))
+        ratio = float(np.max(diff / np.maximum(bound, 1e-30)))
+        ok = ratio <= 1
+        rows.append(Row("gradients", f"{leaf.path} ({leaf.cls}): max |port - ref| / bound", ratio,
+                        "<= 1 (both sides' float32 einsum/mean bounds)", "pass" if ok else "fail",
+                        "" if ok else gradient_text(leaf, port[leaf.path], ref[leaf.path], cfg.sigma)))
+    return rows
+
+
+def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float) -> str:
+    """Why one leaf's gradient differs, in the MLP suite's words (parity.core.diagnose.gradient_cause): zero, a pure scale
+    (1/sigma named), the opposite sign, or another direction (its cosine and norm ratio)."""
+    p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
+    norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
+    if norm_r == 0:
+        return f"{leaf.path}: the gradient differs (the reference's is zero)"
+    cosine = float(p @ r) / (norm_p * norm_r) if norm_p else 0.0
+    # the leaf's class after its path, so a path ending in ".bias" is not read as the MLP's bias knobs
+    return diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", norm_p / norm_r, cosine, None, sigma, None).text
+
+
+def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str, gap: dict | None = None) -> Row:
+    """One forward comparison: every intermediate within FORWARD_ULPS ulps of its per-member scale (beyond `gap`,
+    the reference's own TF32 rounding per element, where it has one); the first beyond it, in the forward's order,
+    names the block and leaf where the sides part."""
+    first = None
+    gap = gap or {}
+    for name in intermediate_names(cfg.layers):     # the forward's order (jit hands the dict back sorted)
+        if name not in ri or name not in pi:
+            continue
+        r, p = ri[name].astype(np.float64), pi[name].astype(np.float64)
+        scale = np.max(np.abs(r).reshape(r.shape[0], -1), axis=1).reshape((-1,) + (1,) * (r.ndim - 1))
+        ulps = float(np.max((np.abs(p - r) - gap.get(name, 0.0)) / (np.maximum(scale, 1e-30) * 2 * U32)))
+        if ulps > FORWARD_ULPS and first is None:
+            first = (name, ulps)
+    worst = max(float(np.max((np.abs(pi[n].astype(np.float64) - ri[n]) - gap.get(n, 0.0)) /
+                             (np.maximum(np.max(np.abs(ri[n])), 1e-30) * 2 * U32))) for n in ri if n in pi)
+    why = ""
+    if first is not None:
+        leaf, block = intermediate_leaf(first[0])
+        where = f"block {block}, leaf {leaf}" if block is not None else f"leaf {leaf}"
+        why = f"the forward first departs at {first[0]} ({where}): {first[1]:.3g} ulps of its scale"
+    allowed = f"<= {FORWARD_ULPS}" + (" beyond the reference's own TF32 rounding" if gap else "")
+    return Row("forward", f"{label}: max ulps of an intermediate's scale", worst, allowed,
+               "pass" if first is None else "fail", why)
+
+
+def gap_of(ri: dict, r32: dict) -> dict:
+    """|reference - the reference at float32| per intermediate, float64: its own TF32 rounding, measured."""
+    return {k: np.abs(ri[k].astype(np.float64) - r32[k]) for k in ri if k in r32}
+
+
+def tf32_row(cfg: LMConfig, ri: dict, gap: dict, label: str, platform) -> Row:
+    """The reference's own TF32 departure from its float32 evaluation, in TF32 ulps (2^-10) of each intermediate's
+    per-member scale, within FORWARD_ULPS (the float32 allowance's count, at TF32's unit)."""
+    worst = 0.0
+    for name in ri:
+        r = ri[name].astype(np.float64)
+        scale = np.max(np.abs(r).reshape(r.shape[0], -1), axis=1).reshape((-1,) + (1,) * (r.ndim - 1))
+        worst = max(worst, float(np.max(gap[name] / (np.maximum(scale, 1e-30) * 2 * U_TF32))))
+    ok = worst <= FORWARD_ULPS
+    return Row("forward", f"{label}: the reference's own TF32 rounding, max TF32 ulps of an intermediate's scale",
+               worst, f"<= {FORWARD_ULPS} ({platform.precision_words()})", "pass" if ok else "fail",
+               "" if ok else f"the reference's platform, not the port: its forward departs from its own float32 "
+                             f"evaluation by {worst:.3g} TF32 ulps ({platform.where()})")
+
+
+def check_forward(R, side, cfg, seed, rng, with_noise: bool = True, noisy_reference=None,
+                  noisy_reference32=None) -> list[Row]:
+    """The members' scores and intermediates on fresh params, noise off and (with_noise) on: each side its own
+    noise (rng=jax: the same draws), or, given noisy_reference(params, tokens), the reference on the side's noise.
+    A TF32 reference is also evaluated at float32 (R.float32(), noisy_reference32) and its gap allowed for."""
+    from rollout.corpus import load_corpus, member_tokens, train_windows
+    corpus = load_corpus(seq_len=cfg.seq_len)
+    tokens = member_tokens(train_windows(corpus, seed, 0, cfg.n_streams, cfg.seq_len), cfg.pop, cfg.group_size)
+    params = fresh_params(R, cfg, seed, rng)                           # fresh values, not the init's constants
+    R32 = float32_of(R) if ref_u(R) else None
+    rows = []
+    for noise in (False, True) if with_noise else (False,):
+        _, pi = side.scores(seed, params, 0, tokens, noise)
+        if noise and noisy_reference is not None:
+            _, ri = noisy_reference(params, tokens)
+            r32 = None if R32 is None else noisy_reference32(params, tokens)[1]
+            label = "noise on (the port's own; the reference's forward on it)"
+        else:
+            _, ri = R.scores(cfg, seed, params, 0, tokens, noise)
+            r32 = None if R32 is None else R32.scores(cfg, seed, params, 0, tokens, noise)[1]
+            label = f"noise {'on (each side its own)' if noise else 'off'}"
+        gap = None if r32 is None else gap_of(ri, r32)
+        rows.append(forward_row(cfg, ri, pi, label, gap))
+        if gap is not None:
+            rows.append(tf32_row(cfg, ri, gap, label, R.platform))
+    return rows
+
+
+class ProductCase(NamedTuple):
+    """One product the products check feeds both sides: a label, the form (mm, tmm), the stored slice (a, b) and the
+    input's row axes between the members and the features."""
+
+    label: str
+    form: str
+    shape: tuple[int, int]
+    rows: tuple[int, ...]
+
+
+def slices_shown(leaf) -> list[tuple[int, ...]]:
+    """The slices of a stacked leaf the products check feeds: all of them up to PRODUCT_SLICES, else that many
+    spread over the stack from the first to the last ([()] for an unstacked leaf)."""
+    every = slice_index(leaf)
+    if len(every) <= PRODUCT_SLICES:
+        return every
+    return [every[round(i * (len(every) - 1) / (PRODUCT_SLICES - 1))] for i in range(PRODUCT_SLICES)]
+
+
+def product_cases(cfg) -> list[ProductCase]:
+    """The LM (--task lm): its slice shapes and three more (wide, tall, square), rows (batch,). A declared tree
+    (--task tree): every mm and tmm leaf at its class and slice shape, stacked slices included, rows (batch, seq) as
+    a transformer layer sees them."""
+    if not isinstance(cfg, LMConfig):
+        return [ProductCase(f"{leaf.path}{list(idx) if idx else ''} ({leaf.cls} {leaf.slice_shape[0]}x"
+                            f"{leaf.slice_shape[1]})", leaf.cls, leaf.slice_shape, TREE_PRODUCT_ROWS)
+                for leaf in cfg.tree.of_class("mm", "tmm") for idx in slices_shown(leaf)]
+    cases = list(dict.fromkeys((leaf.cls, leaf.slice_shape) for leaf in lm_tree(cfg).of_class("mm", "tmm")))
+    cases += [(form, s) for form in ("mm", "tmm") for s in EXTRA_PRODUCT_SHAPES if (form, s) not in cases]
+    return [ProductCase(f"{form} {a}x{b}", form, (a, b), (PRODUCT_BATCH,)) for form, (a, b) in cases]
+
+
+def check_products(R, side, cfg, rng, witness=no_witness) -> list[Row]:
+    """mm and tmm on fresh W, factors and inputs, against the float64 value of the reference's expression, within
+    one side's float32 bound (linear_bound: gamma_{in + r + 1} of the expression in absolute values); the
+    reference's own jitted product is held to the same bound, so the bound is shown to be met by the reference."""
+    rows = []
+    m, r = PRODUCT_MEMBERS, cfg.rank
+    for case in product_cases(cfg):
+        (a, b), form = case.shape, case.form
+        W = (rng.standard_normal((a, b)) / math.sqrt(b)).astype(np.float32)
+        A = (rng.standard_normal((m, a, r)) * 0.3).astype(np.float32)
+        B = rng.standard_normal((m, b, r)).astype(np.float32)
+        x = rng.standard_normal((m, *case.rows, b if form == "mm" else a)).astype(np.float32)
+        rows.append(_product_row(R, side, case, (W, A, B, x), witness))
+    return rows
+
+
+def _product_row(R, side, case: ProductCase, inputs, witness) -> Row:
+    """One product compared: the input's rows flattened to (m, n, in) for the bound and the reference, the port fed
+    them as the case has them."""
+    (W, A, B, x), form, (a, b) = inputs, case.form, case.shape
+    m, n = x.shape[0], math.prod(case.rows)
+    x3 = x.reshape(m, n, x.shape[-1])
+    # tmm x @ W + (x @ A) @ B^T is linear_exact's x @ V^T + (x @ B') @ A'^T with V = W^T, A' = B, B' = A
+    args = (W, A, B, x3) if form == "mm" else (W.T, B, A, x3)
+    exact, bound = linear_exact(*args), np.maximum(linear_bound(*args), 1e-30)
+    given = side.products(W, A, B, x, form)
+    shaped = given.reshape(exact.shape)
+    witness(case.label, given, given, exact.reshape(given.shape), bound.reshape(given.shape),
+            "one side's float32 bound of the expression, against its float64 value (linear_bound)")
+    port = shaped.astype(np.float64)
+    ref_bound = np.maximum(linear_bound(*args, u_operand=ref_u(R)), 1e-30)      # TF32 operands, where it has them
+    ref_ratio = float(np.max(np.abs(R.product(W, A, B, x3, form) - exact) / ref_bound))
+    ratio = float(np.max(np.abs(port - exact) / bound))
+    ok = ratio <= 1 and ref_ratio <= 1
+    why = ""
+    if not ok:
+        plain = x3.astype(np.float64) @ (W.T if form == "mm" else W).astype(np.float64)
+        swapped = (linear_exact(W.T, A, B, x3) if form == "tmm" and a == b else None)
+        if ref_ratio > 1 and ratio <= 1:
+            platform = getattr(R, "platform", ReferencePlatform())
+            why = (f"the reference's platform, not the port: the reference's own {form} product is "
+                   f"{ref_ratio:.3g}x its {'TF32' if platform.tf32 else 'float32'} bound ({platform.where()}, "
+                   f"{platform.precision_words()}); the port is within its float32 bound")
+        elif ref_ratio > 1:
+            why = f"the reference's own product exceeds the bound ({ref_ratio:.3g}): the bound is wrong"
+        elif np.allclose(port, plain, rtol=1e-4, atol=1e-5):
+            why = f"the {form} product leaves out the low-rank term A B^T"
+        elif swapped is not None and np.allclose(port, swapped, rtol=1e-4, atol=1e-5):
+            why = cause("tmm_layout", "the (in, out) weight's product uses its factors as an mm's: "
+                                      "x @ W + (x @ B) @ A^T")
+        else:
+            why = f"the perturbed {form} product differs from " + \
+                  ("x @ (W + A B^T)^T" if form == "mm" else "x @ (W + A B^T)")
+    return Row("products", f"{case.label}, {m} members x {' x '.join(map(str, case.rows))} rows: "
+                           f"max |port - exact| / bound", ratio,
+               "<= 1 (gamma_{in + r + 1} |x| (|W| + |A||B|^T))", "pass" if ok else "fail", why)
+
+
+def check_updates(R, side, cfg, seed, rng) -> list[Row]:
+    """One step from the same params: the side's new params against the reference's optax-sgd step on the side's
+    own gradient (so only the step is judged), within both sides' update_bound; leaves the reference never updates
+    must come back bit for bit. A step that differs is matched against optax's sgd, adam and adamw up to a gradient
+    scale (step_text)."""
+    params = fresh_params(R, cfg, seed, rng)
+    shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
+    new, g = side.update(seed, 0, params, shaped)
+    ref = R.update(cfg, params, g)
+    step = math.sqrt(cfg.pop) * cfg.lr
+    rows = []
+    for leaf in cfg.tree.leaves:
+        p = leaf.path
+        moved = np.abs(new[p].astype(np.float64) - params[p])
+        if not ref_perturbs(cfg, leaf):
+            ok = not np.any(moved)
+            rows.append(Row("updates", f"{p} ({leaf.cls}): max |new - old|", float(moved.max()), "== 0 (not updated)",
+                            "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated")))
+            continue
+        bound = 2 * update_bound(ref[p], step * g[p].astype(np.float64))
+        ratio = float(np.max(np.abs(new[p].astype(np.float64) - ref[p]) / np.maximum(bound, 1e-30)))
+        ok = ratio <= 1
+        rows.append(Row("updates", f"{p} ({leaf.cls}): max |port - ref| / bound", ratio,
+                        "<= 1 (u |p'| + gamma_24 |lr sqrt(N) g|, both sides)", "pass" if ok else "fail",
+                        "" if ok else f"{p}: the step differs from optax.sgd(lr) on -(g sqrt(N)) "
+                                      f"(params + lr sqrt(N) g)"))
+    failed = [r for r in rows if r.verdict == "fail" and "the step differs" in r.cause]
+    if failed:
+        updated = [leaf.path for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)]
+        why = step_text(cfg, *({p: t[p] for p in updated} for t in (params, g, new)), f"{failed[0].value:.3g} x bound")
+        rows = [r._replace(cause=f"{r.cause}; {why}") if r in failed else r for r in rows]
+    return rows
+
+
+def trajectory_gap(ref: dict, ref32: dict | None) -> dict | None:
+    """|reference epoch - the same epoch at float32| per stage (scores, shaped, grads, params): a TF32 reference's
+    own rounding, measured; None for a float32 reference."""
+    if ref32 is None:
+        return None
+    d = lambda a, b: np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))     # noqa: E731
+    return {"scores": d(ref["scores"], ref32["scores"]), "shaped": d(ref["shaped"], ref32["shaped"]),
+            "grads": {k: d(v, ref32["grads"][k]) for k, v in ref["grads"].items()},
+            "params": {k: d(v, ref32["params"][k]) for k, v in ref["params"].items()}}
+
+
+def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str,
+                        gap: dict | None = None) -> tuple[list[Row], np.ndarray | None]:
+    """Rows for the scores and the shaped fitness of one epoch, and the shaped fitness' bound (None: a stage failed);
+    gap: the reference's own TF32 rounding per stage (trajectory_gap), added to each allowance."""
+    s_ref = ref["scores"].astype(np.float64)
+    s_bound = FORWARD_ULPS * 2 * U32 * np.maximum(np.abs(s_ref), 1e-30) + (0.0 if gap is None else gap["scores"])
+    ratio = float(np.max(np.abs(port["scores"] - s_ref) / s_bound))
+    plus = "" if gap is None else " + the reference's own TF32 rounding"
+    rows = [Row("trajectory", f"{at}: scores, max |port - ref| / bound", ratio,
+                f"<= 1 ({FORWARD_ULPS} ulps of |score|{plus})",
+                "pass" if ratio <= 1 else "fail",
+                "" if ratio <= 1 else "the members' scores differ (see the forward check)")]
+    if ratio > 1:
+        return rows, None
+    D, std = float(np.max(s_bound)), math.sqrt(s_ref.var() + 1e-5)
+    f_err = shaping_pair_bound(ref["scores"], cfg.group_size) + \
+        ((2 * D + np.abs(ref["shaped"].astype(np.float64)) * D) / (std - D) if std > D else np.inf) + \
+        (0.0 if gap is None else gap["shaped"])
+    ratio = float(np.max(np.abs(port["shaped"] - ref["shaped"].astype(np.float64)) / f_err))
+    why = ""
+    if ratio > 1:
+        why = (cause("group_fitness", "each group is divided by its own spread, not by the global variance")
+               if np.allclose(port["shaped"], group_var(port["scores"], cfg.group_size), rtol=1e-4, atol=1e-5)
+               else "fitness shaping differs")
+    rows.append(Row("trajectory", f"{at}: shaped fitness, max |port - ref| / bound", ratio,
+                    f"<= 1 (shaping bounds + the scores' bound propagated{plus})", "pass" if ratio <= 1 else "fail",
+                    why))
+    return rows, (f_err if ratio <= 1 else None)
+
+
+def _reference_magnitudes(R, cfg, seed, epoch) -> dict:
+    """{path: (|noise| per member at the leaf's shape, float32 roundings of its gradient)} of the reference's draws."""
+    return {leaf.path: ((np.abs(R.dense_noise(cfg, seed, epoch, leaf)), cfg.pop + 2) if leaf.cls == "param" else
+                        (R.factors_abs_product(cfg, seed, epoch, leaf), cfg.pop * cfg.rank + 3))
+            for leaf in lm_tree(cfg).leaves if ref_perturbs(cfg, leaf)}
+
+
+def _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, mag, n_round, gap=None) -> list[Row]:
+    """Rows for one leaf's gradient and new params after a lockstep epoch (unchanged where the reference never
+    updates it); mag is |noise| per member (|A||B|^T or |eps|) and n_round its gradient's float32 roundings."""
+    p = leaf.path
+    if not ref_perturbs(cfg, leaf):
+        moved = float(np.max(np.abs(port["params"][p].astype(np.float64) - params[p])))
+        ok = moved == 0 and not np.any(port["grads"][p])
+        return [Row("trajectory", f"{at}: {p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
+                    "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated"))]
+    if mag is None:
+        return [Row("trajectory", f"{at}: {p} ({leaf.cls})", float("nan"), "perturbed as the reference", "fail",
+                    f"{p}: the port's training loop (es_ask) does not perturb it; the reference perturbs {leaf.cls} "
+                    f"leaves")]
+    f_abs = np.abs(ref["shaped"]).astype(np.float64)
+    step = math.sqrt(cfg.pop) * cfg.lr
+    g_bound = np.mean((2 * gamma(n_round) * f_abs + f_err).reshape((-1,) + (1,) * len(leaf.shape)) * mag, 0) + \
+        (0.0 if gap is None else gap["grads"][p])
+    g_ratio = float(np.max(np.abs(port["grads"][p] - ref["grads"][p].astype(np.float64)) / np.maximum(g_bound, 1e-30)))
+    p_bound = step * g_bound + 2 * update_bound(ref["params"][p], step * ref["grads"][p].astype(np.float64)) + \
+        (0.0 if gap is None else gap["params"][p])
+    p_ratio = float(np.max(np.abs(port["params"][p] - ref["params"][p].astype(np.float64)) /
+                           np.maximum(p_bound, 1e-30)))
+    plus = "" if gap is None else " + the reference's own TF32 rounding"
+    return [Row("trajectory", f"{at}: {p} ({leaf.cls}) {what}, max |port - ref| / bound", r, f"<= 1 ({allowed}{plus})",
+                "pass" if r <= 1 else "fail", "" if r <= 1 else f"{p}: the {what} after a training epoch differs")
+            for what, r, allowed in (("gradient", g_ratio, "both sides' einsum bounds + shaped error x |noise|"),
+                                     ("params", p_ratio, "lr sqrt(N) x the gradient's bound + update_bound"))]
+
+
+def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Row]:
+    """TRAJECTORY_EPOCHS training epochs on the corpus in lockstep (each from the reference's params): scores,
+    shaped fitness, per-leaf gradients and new params. Bounds, derived stage by stage: scores FORWARD_ULPS ulps of
+    |score| (the forward check's); shaped the float32 shaping bound plus what a score error D propagates,
+    (2 D + |shaped| D) / (std - D) (the centred value moves by <= 2 D, the std by <= D); gradients both sides'
+    einsum bounds plus mean(|shaped error| |A||B|^T); params lr sqrt(N) times the gradient's bound plus both sides'
+    update_bound. A stage beyond its bound ends the check (what follows from it is not judged).
+
+    A TF32 reference's own rounding (each stage against the same epoch at float32, trajectory_gap) is added to every
+    allowance.
+
+    step(params, epoch, tokens) -> (reference, port, magnitudes, the reference at float32 or None) replaces the
+    default (both sides on their own draws, rng=jax) for the in-distribution mode (parity.tree.dist.trajectory_step:
+    the reference on the side's es_ask noise)."""
+    from rollout.corpus import load_corpus, member_tokens, train_windows
+    corpus = load_corpus(seq_len=cfg.seq_len)
+    params = R.init(cfg, seed)
+    rows = []
+    for epoch in range(TRAJECTORY_EPOCHS):
+        tokens = member_tokens(train_windows(corpus, seed, epoch, cfg.n_streams, cfg.seq_len), cfg.pop, cfg.group_size)
+        if step is None:
+            ref, port = R.epoch_step(cfg, seed, params, epoch, tokens), side.epoch_step(seed, params, epoch, tokens)
+            mags = _reference_magnitudes(R, cfg, seed, epoch)
+            ref32 = float32_of(R).epoch_step(cfg, seed, params, epoch, tokens) if ref_u(R) else None
+        else:
+            ref, port, mags, ref32 = step(params, epoch, tokens)
+        gap = trajectory_gap(ref, ref32)
+        at = f"epoch {epoch}"
+        got, f_err = _trajectory_fitness(cfg, ref, port, at, gap)
+        rows += got
+        if f_err is None:
+            break
+        for leaf in lm_tree(cfg).leaves:
+            rows += ([Row("trajectory", f"{at}: {leaf.path}", float("nan"), "-", "skip",
+                          f"{leaf.path}'s noise already differs")] if leaf.path in parted else
+                     _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, *mags.get(leaf.path, (None, 0)), gap))
+        if any(r.verdict == "fail" for r in rows):
+            break
+        params = ref["params"]
+    return rows
+
+
+def trajectory_in_distribution(R, side, cfg, seed, parted: set[str]) -> list[Row]:
+    """check_trajectory with the reference's step on the side's es_ask noise (parity.tree.dist.trajectory_step),
+    then that noise's own rows (its pairs and law: the lockstep alone computes everything on it, so a loop drawing at
+    another scale than the port's noise() would otherwise pass)."""
+    asked: list = []
+    rows = check_trajectory(R, side, cfg, seed, parted, step=D.trajectory_step(R, side, cfg, seed, asked))
+    return rows + D.asked_rows(cfg, asked)
+
+
+
+# ----------------------------------------------------------------------------- the run
+def forward_after_noise(rows: list[Row], noise_causes) -> list[Row]:
+    """The forward's rows, a failing noise-on row given the noise check's causes when the noise-off row passes: each
+    side ran on its own draws, so noise that already differs moves the forward too (as the CartPole trajectory
+    restates an earlier check's cause); unchanged when the noise passed or the forward departs without noise."""
+    if not noise_causes or any(r.verdict == "fail" for r in rows if r.quantity.startswith("noise off")):
+        return rows
+    follows = "follows from the noise check: " + "; ".join(noise_causes)
+    return [r._replace(cause=f"{r.cause}; {follows}" if r.cause else follows) if r.verdict == "fail" else r
+            for r in rows]
+
+
+FOREIGN_FORWARD = ("the model's forward is the port's own: it is not checked on a declared tree (the reference has no "
+                   "model to run it against); every layer's perturbed product is (the products check: each mm and tmm "
+                   "leaf at its class and shape, stacked slices included, on inputs with batch and sequence axes)")
+
+
+def _noise_plan(R, side, cfg, seed, exact: bool, state: dict):
+    """The noise check (element by element, or in distribution), keeping which leaves parted and its causes."""
+
+    def noise():
+        rows, state["parted"] = (check_noise if exact else D.check_noise)(R, side, cfg, seed)
+        state["noise_causes"] = list(dict.fromkeys(r.cause for r in rows if r.verdict == "fail" and r.cause))
+        return rows
+    return noise
+
+
+def _gradients_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness):
+    return lambda: check_gradients(R, side, cfg, seed, rng, state["parted"], witness) if exact else \
+        D.check_gradients(R, side, cfg, seed, rng, state["parted"])
+
+
+def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
+    """The checks on a declared tree (--task tree): init on the laws the port states, noise, products at every leaf,
+    fitness (one more trial of tiny spread, from its own stream), gradients, updates, the forward said not checked,
+    and the trajectory as the es_* lockstep on synthetic fitness (parity.tree.es_lockstep)."""
+    spread = np.random.default_rng([seed, 21])
+    return [("init", "init", lambda: D.check_init_laws(side, cfg, seed)),
+            ("noise", None, _noise_plan(R, side, cfg, seed, exact, state)),
+            ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
+            ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness, spread)),
+            ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
+            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
+            ("forward", None, lambda: [Row("forward", "-", float("nan"), "-", "skip", FOREIGN_FORWARD)]),
+            ("trajectory", "es", lambda: es_lockstep.check(R, side, cfg, seed, exact))]
+
+
+def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
+    """(check, the side's method it needs or None, the function) in order: draws compared element by element
+    (exact) or in distribution (parity.tree.dist); products, fitness and updates are draw-free in both modes.
+    `witness` is told of each element-wise comparison of a port output (parity.core.repro). The LM (an LMConfig) adds
+    its own init, forward and corpus trajectory; any other tree runs _tree_plan."""
+    if not isinstance(cfg, LMConfig):
+        return _tree_plan(R, side, cfg, seed, rng, exact, state, witness)
+
+    def forward():
+        rows = check_forward(R, side, cfg, seed, rng, noisy_reference=None if exact else
+                             D.forward_reference(R, side, cfg, seed), noisy_reference32=None if exact or not ref_u(R)
+                             else D.forward_reference(float32_of(R), side, cfg, seed))
+        rows = forward_after_noise(rows, state.get("noise_causes", ()) if exact else ())
+        state["forward_failed"] = any(r.verdict == "fail" for r in rows)
+        return rows
+
+    return [("init", "init", lambda: check_init(R, side, cfg, seed, witness) if exact else
+             D.check_init(R, side, cfg, seed)),
+            ("noise", None, _noise_plan(R, side, cfg, seed, exact, state)),
+            ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
+            ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness)),
+            ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
+            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
+            ("forward", "scores", forward),
+            ("trajectory", "epoch_step", lambda: (check_trajectory if exact else trajectory_in_distribution)(
+                R, side, cfg, seed, state["parted"]))]
+
+
+def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
+    """Why a check cannot run (a method the side lacks, or lockstep after the noise or forward parted), or ''."""
+    if needs and not side.has(needs):
+        shown = {"scores": "forward", "es": "es_init/es_ask/es_tell/es_params",
+                 "epoch_step": "epoch_step (forward and es_* or update)"}.get(needs, needs)
+        return f"the port has no {shown}"
+    if name == "trajectory" and (state["parted"] or state["forward_failed"]):
+        return "lockstep needs the same noise and forward: " + (
+            "the noise of " + ", ".join(sorted(state["parted"])) + " already differs" if state["parted"]
+            else "the forward already departs")
+    return ""
+
+
+def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
+        platform: ReferencePlatform | None = None, device: str = "cpu") -> list[Row]:
+    """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree.adapter.PortSide).
+    Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
+    distribution (parity.tree.dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
+    parity.core.repro.Collector (its tape on a port's side, see tree_cli), collects each check's failing port call.
+    `reference`: the reference's functions (default parity.tree.reference, live JAX; a bundle's replay:
+    parity.tree.vectors.replay_reference, or bundle_reference for a bundle folder at this configuration and seed); a
+    check needing a call the bundle cannot answer is skipped with the reason. `platform`: where the live reference
+    runs (spec.platform; default where JAX runs); `device`: the torch side's device."""
+    from parity.core.port import NonFinite
+    from parity.core.tape import NotRecorded
+    if reference is None:
+        from parity.tree import reference as tree_reference
+        reference = tree_reference.on_platform(platform)
+    R = reference
+    if side is None:
+        from parity.tree.torch_side import TorchTree
+        side = TorchTree(cfg, knobs, device)
+        if repro is not None:
+            side = repro.recorded(side)
+        exact = knobs.rng != "torch"                 # jax, jax-cpu, jax-gpu: JAX's keys and draws
+    else:
+        exact = side.port.jax_compatible_rng
+    rng = np.random.default_rng([seed, 20])
+    state = {"parted": set(), "forward_failed": False}
+    rows = []
+    for name, needs, fn in _plan(R, side, cfg, seed, rng, exact, state, repro.witness if repro else no_witness):
+        if repro is not None:
+            repro.start(name)
+        t0 = time.perf_counter()
+        why = _skip_reason(name, needs, side, state)
+        try:
+            got = [Row(name, "-", float("nan"), "-", "skip", why)] if why else fn()
+        except NotRecorded as err:
+            got = [Row(name, "-", float("nan"), "-", "skip", f"the bundle cannot answer the reference's "
+                                                               f"`{err.method}` here: {err.why}")]
+        except NonFinite as err:              # the port's NaN or inf: a failure where the reference's is finite
+            got = _nonfinite_rows(name, err, R, cfg, side, repro)
+        rows += got
+        fails = [r for r in got if r.verdict == "fail"]
+        log(f"{name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "
+            f"({len(got)} rows, {time.perf_counter() - t0:.1f} s)" + (f"  {fails[0].cause}" if fails else ""))
+    return rows
+
+
+def _nonfinite_rows(name: str, err, R, cfg: LMConfig, side, repro) -> list[Row]:
+    """parity.core.nonfinite's failing rows for the port's NaN or inf; raised on (a protocol break) where it is not the
+    port's, or the reference's answer to the same call is non-finite too."""
+    from parity.core import nonfinite
+    rows = nonfinite.tree_rows(name, err, R, cfg, repro, Row) if err.source is getattr(side, "port", None) else None
+    if rows is None:
+        raise err
+    return rows
+
+
+def write(out: str, rows: list[Row], header: list[str], footer: list[str] = ()) -> None:
+    os.makedirs(out, exist_ok=True)
+    checks = list(dict.fromkeys(r.check for r in rows))
+    table = []
+    for c in checks:
+        rs = [r for r in rows if r.check == c]
+        fails = [r for r in rs if r.verdict == "fail"]
+        verdict = "fail" if fails else ("skip" if all(r.verdict == "skip" for r in rs) else "pass")
+        shown = fails[0] if fails else max((r for r in rs if r.value == r.value), key=lambda r: r.value, default=rs[0])
+        table.append([c, verdict, f"{shown.quantity} = {shown.value:.4g}", shown.allowed, shown.cause or "-"])
+    text = "\n".join(header + ["", markdown_table(["check", "verdict", "observed (worst)", "allowed", "likely cause"],
+                                                  table), "", *footer])
+    atomic_write(os.path.join(out, "summary.md"), text)
+    lines = ["check,quantity,value,allowed,verdict,cause"] + [
+        ",".join('"' + str(x).replace('"', "'") + '"' for x in r) for r in rows]
+    atomic_write(os.path.join(out, "parity.csv"), "\n".join(lines) + "\n")
+
+
+def sizes() -> dict[str, LMConfig]:
+    return {"quick": LM_PRESETS["quick"], "selftest": LM_PRESETS["selftest"]}
+
+
+# --task tree: the settings a port leaves undeclared, per size (spec.tree.TreeRun's defaults for the rest).
+TREE_SIZES: dict[str, dict] = {"quick": {"pop": 16}, "selftest": {"pop": 8}}

@@ -1,0 +1,209 @@
+"""`python -m parity check --task lm` and `--task tree` (one parser, so every flag reaches both): argument parsing,
+input checks (exit 2 before any work), the run, the report. --task lm checks torch_impl or a port of the project's
+LM; --task tree a port on its own declared tree (parity/tree/adapter.py), with the LM's checks and bounds."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from spec.knobs import KnobError
+from spec.limits import check_out_dir, device_arg, seed_arg
+from spec.platform import add_reference_flags, check_against_bundle, recorded_platform, request_of
+from spec.tree_knobs import TREE_CHOICES, TREE_PROFILES, resolve_tree, tree_drifts
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m parity check --task lm|tree",
+                                description="the tree ES against the JAX reference: on the byte-level LM (lm), or on "
+                                            "a port's own declared tree (tree, with --port)")
+    p.add_argument("--task", choices=("lm", "tree"), default="lm")
+    p.add_argument("--profile", default="jax", help=f"tree profile: {', '.join(TREE_PROFILES)} (default jax)")
+    p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
+                   help="; ".join(f"{k}: {'|'.join(v)}" for k, v in TREE_CHOICES.items()))
+    p.add_argument("--port", metavar="MODULE:ATTR",
+                   help="check a foreign tree port through the tree protocol (parity/tree/adapter.py; worked examples "
+                        "examples.lm_adapter:LMAdapter for --task lm, examples.gpt_adapter:GPTAdapter for --task "
+                        "tree) instead of torch_impl")
+    p.add_argument("--size", choices=("quick", "selftest"), default=None,
+                   help="LM preset, or (--task tree) the defaults of the settings a port leaves undeclared (default "
+                        "quick, or the bundle's with --against)")
+    p.add_argument("--seed", type=seed_arg, default=None,
+                   help="run seed in [0, 2**32 - 1] (default 0, or the bundle's with --against)")
+    p.add_argument("--against", metavar="BUNDLE",
+                   help="check against a recorded bundle (e.g. vectors/lm-quick, written by `python -m parity "
+                        "record --task lm`; --task tree: `record --task tree --port ...`) instead of the live JAX "
+                        "reference: no jax needed")
+    p.add_argument("--out", default="runs/parity-lm", help="report folder (default runs/parity-lm)")
+    p.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
+    add_reference_flags(p)
+    p.add_argument("--quiet", action="store_true", help="only the verdict line")
+    return p
+
+
+def parse(argv: list[str]):
+    """(args with size and seed settled, knobs, bundle or None, the replayed reference or None); SystemExit from
+    argparse, KnobError or ValueError (UsageError: a bundle that cannot be used) before any work."""
+    args = build_parser().parse_args(argv)
+    knobs = resolve_tree(args.profile, args.torch)
+    check_out_dir(args.out)
+    if args.port and (args.torch or args.profile != "jax"):
+        raise ValueError("--torch and --profile configure torch_impl; with --port the port is checked as it is "
+                         "(drop them, or drop --port)")
+    if args.task == "tree" and not args.port:
+        raise ValueError("--task tree checks a port on its own declared tree: give --port module:attr (e.g. "
+                         "examples.gpt_adapter:GPTAdapter); torch_impl's own tree is the LM: --task lm")
+    if args.port and args.device != "cpu":
+        raise ValueError("--device places torch_impl's tensors; with --port the port places its own (drop --device)")
+    reference, bundle = None, None
+    if args.against and args.task == "tree":       # its reference is made once the port declares its tree
+        from parity.tree.vectors import open_tree_bundle
+        bundle = open_tree_bundle(args.against, args.size, args.seed)
+        check_against_bundle(args, recorded_platform(bundle.manifest), args.against)
+    elif args.against:
+        from parity.tree.vectors import open_bundle, replay_reference
+        bundle = open_bundle(args.against, args.size, args.seed)
+        check_against_bundle(args, recorded_platform(bundle.manifest), args.against)
+        reference = replay_reference(bundle)
+    else:
+        from parity.tree import reference as tree_reference
+        reference = tree_reference.on_platform(tree_reference.platform_for(request_of(args)))
+    if args.device.startswith("cuda"):
+        from parity.core.device import check_device
+        check_device(args.device)
+    from parity.tree.base import follow_reference_rng
+    platform = recorded_platform(bundle.manifest) if reference is None else reference.platform
+    knobs, args.followed = follow_reference_rng(knobs, platform)
+    args.pinned = args.torch + [f"rng={knobs.rng}"] if args.followed else args.torch    # what a repro rebuilds
+    from parity.core.tape import run_size_and_seed
+    args.size, args.seed = run_size_and_seed(bundle, args.size, args.seed)
+    return args, knobs, bundle, reference
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args, knobs, bundle, reference = parse(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    except (KnobError, ValueError) as err:         # UsageError (a bundle that cannot be used) is a ValueError
+        print(f"parity check: {err}", file=sys.stderr)
+        return 2
+    from parity.tree import check as tree_check
+    from parity.core.port import PortError
+    cfg = tree_check.sizes()[args.size]
+    side, notes, who = None, [], "torch_impl"
+    collector, recipe = repro_setup(args, cfg)
+    if args.port:
+        from parity.tree.adapter import CheckedTreePort, PortSide
+        try:
+            port, cfg, notes, reference = load_port(args, cfg, bundle, reference)
+        except ValueError as err:                      # UsageError: the port cannot be checked as declared
+            print(f"parity check: {err}", file=sys.stderr)
+            return 2
+        side = PortSide(CheckedTreePort(collector.recorded(port), cfg), cfg)
+        who = f"port {side.name} ({args.port})"
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    started = time.perf_counter()
+    drifts = dict((k, v[1]) for k, v in tree_drifts(knobs).items()) or "(faithful)"
+    against = f"the bundle {args.against}" if bundle else "jax_reference"
+    log(f"parity check --task {args.task}: {who if args.port else f'torch_impl {drifts}'} vs {against}, "
+        f"size {args.size}, seed {args.seed}")
+    try:
+        rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference,
+                              device=args.device)
+    except PortError as err:
+        print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree/adapter.py)", file=sys.stderr)
+        return 2
+    failed = [r for r in rows if r.verdict == "fail"]
+    verdict = "FAIL" if failed else "PASS"
+    header = report_header(args, argv, verdict, cfg, knobs, who, notes, bundle, reference,
+                           time.perf_counter() - started)
+    unseen = [f"{r.quantity}: {r.cause}" for r in rows if r.verdict == "skip" and r.quantity.startswith("knob `")]
+    header += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
+    tree_check.write(args.out, rows, header, repro_lines(args, argv, rows, collector, recipe))
+    for u in unseen:
+        log(f"note: {u}")
+    causes = list(dict.fromkeys(r.cause for r in failed if r.cause))
+    print(f"{verdict}: report in {args.out}/summary.md" + ("\n  " + "\n  ".join(causes) if causes else ""))
+    return 1 if failed else 0
+
+
+def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle, reference,
+                  seconds: float) -> list[str]:
+    """summary.md's head: the verdict, the reference's platform in one sentence, then the run's facts."""
+    from parity.tree import check as tree_check, dist as tree_dist
+    from reporting import versions
+    packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
+    platform = reference.platform
+    title = "byte-level LM" if args.task == "lm" else "the port's declared tree"
+    return [f"# Parity check, {title}: {verdict}", "", platform.sentence(), "",
+            f"- command: `python -m parity check {shlex.join(argv)}`",
+            (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"
+             + (f" ({args.followed})" if args.followed else "")),
+            *(f"- declared differently from the LM's tree: {n}" if args.task == "lm" else f"- {n}" for n in notes),
+            f"- size: {args.size}: {cfg if args.task == 'lm' else 'the settings above'}", f"- seed: {args.seed}",
+            f"- versions: {', '.join(f'{k} {v}' for k, v in versions(packages).items())}",
+            *(bundle_lines(bundle, reference) if bundle else []),
+            f"- device: torch side on {args.device}; JAX reference on {platform.where()[len('JAX on '):]}; reference "
+            f"platform: {platform.fields_text()}",
+            f"- took {seconds:.1f} s",
+            "- tolerances: see parity/tree/check.py's docstring (float32 product and shaping bounds, exact draws, "
+            f"{tree_check.FORWARD_ULPS} ulps of scale for the forward; a TF32 reference's own bounds and measured "
+            "rounding); a side without JAX's draws is checked in distribution: parity/tree/dist.py's docstring (each "
+            f"test's alpha, {tree_dist.FALSE_ALARM:.2g} per run in all)"]
+
+
+def bundle_lines(bundle, reference) -> list[str]:
+    """The report's lines on a replayed reference: which bundle, what recorded it, what numpy answered."""
+    from parity.core.tape import recording_of
+    misses = reference.misses
+    if bundle.manifest.get("task") == "tree":
+        return [f"- reference: the {recording_of(bundle)}",
+                "- JAX's draws replayed from the bundle; the rest of the reference (the noise from them, shaping, "
+                "gradients, the step, the products) is numpy arithmetic on them (parity/tree/numpy_reference.py)"]
+    return [f"- reference: the {recording_of(bundle)}",
+            "- answered by the reference's math in numpy (inputs from the port, parity/tree/numpy_reference.py): "
+            + (", ".join(f"{k} x{misses.count(k)}" for k in dict.fromkeys(misses)) or "none")
+            + "; update and the forward on the port's own noise always are"]
+
+
+def load_port(args, cfg, bundle, reference):
+    """(the port, the run's configuration, the report's lines on its tree, the reference) for --port; UsageError
+    before any work. --task lm: the port built with the LM's cfg, its tree the LM's; --task tree: built with no
+    arguments, the run its declared tree and settings (the size's defaults for the rest), a bundle held to them."""
+    from parity.tree import check as tree_check
+    from parity.tree.adapter import declared_run, load_tree_port, port_tree
+    if args.task == "lm":
+        port = load_tree_port(args.port, cfg)
+        return port, cfg, port_tree(port, cfg)[1], reference
+    port = load_tree_port(args.port, None)
+    run, lines = declared_run(port, tree_check.TREE_SIZES[args.size])
+    if bundle is not None:
+        from parity.tree.vectors import tree_bundle_reference
+        reference = tree_bundle_reference(bundle, run)
+    return port, run, lines + [f"forward: {tree_check.FOREIGN_FORWARD}"], reference
+
+
+def repro_setup(args, cfg):
+    """(the repro collector, with a tape of the port's methods or the torch side's; how a repro builds the port)."""
+    from parity.core.repro import TAPED_TREE, TAPED_TREE_TORCH, Collector, Tape, port_recipe, tree_torch_recipe
+    collector = Collector(Tape(methods=TAPED_TREE if args.port else TAPED_TREE_TORCH))
+    if args.task == "tree":                 # the port is built with no arguments
+        return collector, port_recipe(args.port, None)
+    return collector, port_recipe(args.port, cfg) if args.port else tree_torch_recipe(args.profile, args.pinned, cfg)
+
+
+def repro_lines(args, argv: list[str], rows, collector, recipe) -> list[str]:
+    """Write each failed check's repro (parity.core.repro) beside the report; the summary's lines naming them."""
+    from parity.core.repro import write_repros
+    verdicts = {}
+    for r in rows:
+        verdicts[r.check] = "fail" if r.verdict == "fail" or verdicts.get(r.check) == "fail" else "pass"
+    command = f"python -m parity check {shlex.join(argv)}"
+    written = write_repros(Path(args.out), verdicts, collector.evidence, recipe, command)
+    lines = [f"- {name}: `{w.folder}/`: run `python {w.folder}/repro.py` (numpy and the port only; exit 1 while it "
+             "still fails)" if w.folder else f"- {name}: no repro: {w.note}" for name, w in written.items()]
+    return ["## Repros of the failed checks", "", *lines, ""] if lines else []

@@ -1,0 +1,425 @@
+"""The LM suite's in-distribution mode: the checks for a side that does not draw JAX's numbers (torch_impl with
+`--torch rng=torch`, or a tree port with `jax_compatible_rng = False`).
+
+Its draws cannot be compared element by element with the reference's, so every draw-dependent check either tests the
+draws' law (init, noise) or runs the reference on the side's OWN draws (gradients, forward, trajectory):
+
+- init: leaves with a deterministic rule (spec.lm.init_plan: ones, zeros, shift rows (1, 0)) equal the reference's
+  exactly; each normal leaf divided by its stated scale (float32 1/sqrt(fan_in), h0 0.1), pooled over the run seed
+  and the next, must be N(0, 1): exact Kolmogorov-Smirnov and chi-square (mean square) tests. Exact: the two seeds'
+  draws differ, and no two slices of a stacked leaf are identical.
+- noise, per leaf, at epochs 0 and 1 (noise_reuse 1: a fresh generation each):
+    exact: antithetic pairs (member 2k+1 = -member 2k; low-rank leaves within the rounding of the two products,
+    float64's gamma_r (u = 2^-53) |A||B|^T per member, as both are float64 products of float32 factors); leaves
+    the reference never perturbs (embedding, excluded, params under freeze_nonlora) unperturbed, naming `embedding`
+    / `frozen_leaves`;
+    no two slices of a stacked leaf identical (identical slices name `stack_keys`: one key shared by the layers);
+    epochs 0 and 1 different exactly when noise_reuse gives them different generations.
+    statistical: low-rank leaves' independent entries (the diagonal of each slice's E = A B^T, one member per pair:
+    entry (i, i) involves row i of A and of B only) over sigma are EGGROLL's sqrt(chi2_r / r) N(0, 1)
+    (parity.core.tolerances.entry_ks against its exact critical value, plus the CDF's numerical error); param leaves the
+    reference perturbs (freeze_nonlora off) eps / sigma N(0, 1) (KS and chi-square); and one KS of all low-rank
+    leaves' entries pooled over both epochs (power against a drift of the whole noise's scale: at the selftest size
+    it pools 576 entries and caught E at 2 sigma at 8 of 8 seeds, where a single leaf's 64 entries missed it).
+    rank <= r is not tested: the tree protocol carries a low-rank leaf only as factors with r columns
+    (CheckedTreePort refuses any other shape), so every member's E has rank <= r by construction.
+- gradients: the reference's estimate einsum(f A, B) / N (param: mean(f eps)) in numpy float64 on the side's own
+  noise, within the exact mode's float32 bound 2 gamma_{N r + 3} mean(|f| |A||B|^T) (param 2 gamma_{N + 2}
+  mean(|f| |eps|)): one side's float32 einsum bound doubled; the float64 reference uses ~1e-16 of it.
+- forward: the reference's forward (jax_reference.lm.model.member_score, noise off) on params + E_i per member, E_i the
+  side's own perturbation of each leaf the reference perturbs (formed in float64 from the factors, rounded once),
+  against the side's forward on its own noise, within the exact mode's FORWARD_ULPS ulps of each intermediate's
+  scale. Why it still holds: the dense path changes each low-rank product's rounding from x W^T + (x B) A^T
+  (gamma_{in + r + 1}) to x fl(W + fl(E))^T (two more roundings of each weight entry, gamma_{in + 2} after), the
+  same order as one more float32 operation per block, while the bound allows 64 ulps against 11 measured in the
+  exact mode. Measured: the reference's dense path against its own key path (the same draws) at most 10.3 ulps
+  (selftest and quick, seeds 0-3); the faithful rng=torch side against the dense path at most 8.4 ulps (seeds 0-9,
+  through the protocol 0-3). Leaves only the side perturbs get no noise on the reference's side, so such a drift
+  shows as the forward's first departure.
+- trajectory: lockstep as in the exact mode, the reference's step (forward, shaping, float64 estimate, optax sgd)
+  taken on the side's own es_ask noise (PortSide.epoch_step hands it back), with the exact mode's stage bounds; and
+  that noise itself: antithetic pairs per leaf and epoch (exact) and one KS of every low-rank leaf's entries, the
+  epochs pooled (a training loop drawing otherwise than the port's noise() would pass the lockstep, which is
+  computed on its own draws).
+
+The knobs `tmm_layout` and `leaf_order` only relabel i.i.d. draws (which normals fill which factor, which key index a
+leaf gets), so no law of the draws changes: they cannot be seen in distribution, and the noise check says so in a
+skipped row for each rather than pretend. `stack_keys`, `frozen_leaves`, `embedding` (exact rows above) and
+`group_fitness` (the draw-free fitness check) are caught and named.
+
+False alarms: only the statistical tests of init, noise and the trajectory's es_ask noise can fail a faithful side by
+chance. Init spends check_alpha("init") = 1e-4 split evenly over its tests, noise check_alpha("noise") = 4.5e-4 and
+the trajectory check_alpha("trajectory") = 1e-4 likewise (Bonferroni; each row states its alpha), so a faithful side
+fails a run with probability at most FALSE_ALARM = 6.5e-4 (< the suite's FAMILY_ALPHA = 1e-3); every other row is a
+deterministic float32 bound or an exact comparison, which a faithful side never exceeds.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from scipy import stats
+
+from parity.core.diagnose import is_rescaled, scale_cause
+from parity.core.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
+from parity.tree.adapter import dense_of
+from parity.tree.base import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u
+from spec.lm import H0_SCALE, LMConfig, init_plan, lm_tree
+from spec.tree import Leaf
+
+# The chance that a faithful side fails a run: only init's, noise's and the trajectory's statistical tests can, each
+# check within its share.
+FALSE_ALARM = check_alpha("init") + check_alpha("noise") + check_alpha("trajectory")
+
+# Knobs that only relabel i.i.d. draws: no test in distribution can see them (why, in the report's words).
+INVISIBLE = {
+    "tmm_layout": "a transposed (in, out) factoring fills A and B with the same i.i.d. normals in another order, so "
+                  "E has the same law",
+    "leaf_order": "a leaf's key index only chooses which independent stream it draws from, so its draws have the "
+                  "same law",
+}
+
+
+# ----------------------------------------------------------------------------- a leaf's noise as numbers
+def dense64(leaf: Leaf, value) -> np.ndarray:
+    """(m, *leaf.shape) float64 perturbation from one leaf's protocol noise: A B^T per slice (products of float32
+    factors are exact in float64; the r-term sums round once each), or eps."""
+    if isinstance(value, tuple):
+        return dense_of(leaf, tuple(np.asarray(v, np.float64) for v in value))
+    return np.asarray(value, np.float64)
+
+
+def magnitude(leaf: Leaf, value) -> np.ndarray:
+    """(m, *leaf.shape) |A| |B|^T (low-rank) or |eps|: what bounds float32 rounding of a product or a sum."""
+    if isinstance(value, tuple):
+        return dense_of(leaf, tuple(np.abs(np.asarray(v, np.float64)) for v in value))
+    return np.abs(np.asarray(value, np.float64))
+
+
+def independent_entries(value, sigma: float) -> np.ndarray:
+    """Mutually independent entries over sigma, flattened: one member per antithetic pair (the even ones); low-rank:
+    the diagonal of every slice's A B^T (entry (i, i) uses row i of A and of B only); param: every entry."""
+    if isinstance(value, tuple):
+        A, B = (np.asarray(v, np.float64)[::2] for v in value)          # (P, *stack, a, r), (P, *stack, b, r)
+        k = min(A.shape[-2], B.shape[-2])
+        return np.einsum("...ir,...ir->...i", A[..., :k, :], B[..., :k, :]).ravel() / sigma
+    return np.asarray(value, np.float64)[::2].ravel() / sigma
+
+
+def stack_first(leaf: Leaf, x: np.ndarray) -> np.ndarray:
+    """(m, *leaf.shape) -> (m, n_slices, *slice_shape): the scanned axes gathered after the member axis."""
+    moved = np.moveaxis(x, [1 + a for a in leaf.scan_axes], list(range(1, 1 + len(leaf.scan_axes))))
+    return moved.reshape(x.shape[0], leaf.n_slices, *leaf.slice_shape)
+
+
+def identical_slices(leaf: Leaf, x: np.ndarray) -> tuple[int, int]:
+    """(pairs of slices holding identical values for every member, pairs compared) of a stacked leaf."""
+    s = stack_first(leaf, x)
+    pairs = [(i, j) for i in range(leaf.n_slices) for j in range(i + 1, leaf.n_slices)]
+    return sum(bool(np.array_equal(s[:, i], s[:, j])) for i, j in pairs), len(pairs)
+
+
+def estimate(leaf: Leaf, value, shaped: np.ndarray) -> np.ndarray:
+    """The reference's ES gradient on given noise, float64 at the leaf's shape: einsum(f A, B) / N, mean(f eps)."""
+    return np.tensordot(np.asarray(shaped, np.float64), dense64(leaf, value), axes=1) / len(shaped)
+
+
+def grad_bound(cfg: LMConfig, leaf: Leaf, value, shaped: np.ndarray) -> np.ndarray:
+    """The exact mode's gradient bound on this noise: 2 gamma_n |f| |noise| averaged over members, n = N r + 3
+    (low-rank einsum) or N + 2 (param mean)."""
+    n = cfg.pop * cfg.rank + 3 if isinstance(value, tuple) else cfg.pop + 2
+    w = 2 * gamma(n) * np.abs(np.asarray(shaped, np.float64))
+    return np.tensordot(w, magnitude(leaf, value), axes=1) / len(shaped)
+
+
+# ----------------------------------------------------------------------------- statistics
+def ks_row(check: str, quantity: str, x: np.ndarray, alpha: float, why: str, r: int = 0) -> Row:
+    """Exact KS of x against N(0, 1) (r = 0) or EGGROLL's entry law at rank r (its CDF's error added)."""
+    distance, err = entry_ks(x, r) if r else (float(stats.kstest(x, "norm").statistic), 0.0)
+    crit = ks_critical(x.size, alpha) + err
+    law = f"sqrt(chi2_{r} / {r}) N(0, 1)" if r else "N(0, 1)"
+    ok = distance <= crit
+    return Row(check, f"{quantity}: KS distance to {law} ({x.size} values)", distance,
+               f"<= {crit:.4g} (exact KS critical value, alpha={alpha:.2g})", "pass" if ok else "fail",
+               "" if ok else f"{why}: not distributed as {law} (mean square {np.mean(x ** 2):.4g}, expected 1)")
+
+
+def chi2_row(check: str, quantity: str, x: np.ndarray, alpha: float, why: str) -> Row:
+    """mean(x^2) of n iid N(0, 1) values against chi-square(n)/n's exact two-sided region."""
+    lo, hi = chi2_interval(x.size, alpha)
+    v = float(np.mean(x ** 2))
+    ok = lo <= v <= hi
+    return Row(check, f"{quantity}: mean square ({x.size} values)", v,
+               f"in [{lo:.4g}, {hi:.4g}] (chi-square({x.size})/{x.size}, alpha={alpha:.2g})", "pass" if ok else "fail",
+               "" if ok else f"{why}: variance {v:.4g} x the stated scale^2, expected 1")
+
+
+def exact_row(check: str, quantity: str, value: float, allowed: str, ok: bool, why: str) -> Row:
+    return Row(check, quantity, float(value), allowed, "pass" if ok else "fail", "" if ok else why)
+
+
+# ----------------------------------------------------------------------------- init
+INIT_SEEDS = 2          # the run seed and the next: pooled for the statistics, compared for the seed's effect
+
+
+def init_scale(rule) -> float:
+    """A drawn leaf's stated scale as the reference forms it in float32: 1/sqrt(fan_in) (sqrt rounded, then the
+    reciprocal) or h0's 0.1."""
+    if rule.kind == "h0":
+        return float(np.float32(H0_SCALE))
+    return float(np.float32(1) / np.sqrt(np.float32(rule.fan_in)))
+
+
+def check_init(R, side, cfg: LMConfig, seed: int) -> list[Row]:
+    """Deterministic leaves exactly as the reference's; drawn leaves / their scale N(0, 1) (KS and chi-square per
+    leaf, pooled over INIT_SEEDS seeds, alpha = check_alpha("init") / (2 x drawn leaves)); seeds and slices differ."""
+    plan, tree = init_plan(cfg), lm_tree(cfg)
+    ref = R.init(cfg, seed)
+    inits = [side.init(seed + k) for k in range(INIT_SEEDS)]
+    drawn = [p for p in tree.paths if plan[p].kind in ("normal", "h0")]
+    alpha = check_alpha("init") / (2 * len(drawn))
+    rows = []
+    for leaf in tree.leaves:
+        p, rule = leaf.path, plan[leaf.path]
+        if p not in drawn:
+            diff = float(np.max(np.abs(inits[0][p].astype(np.float64) - ref[p])))
+            rows.append(exact_row("init", f"{p} ({rule.kind}): max |port - ref|", diff, "== 0 (a deterministic rule)",
+                                  diff == 0, f"init differs: {p} is not the reference's {rule.kind}"))
+            continue
+        scale = init_scale(rule)
+        why = f"init differs: {p} / {scale:.4g} (normal / sqrt({rule.fan_in}))" if rule.kind == "normal" else \
+            f"init differs: {p} / 0.1 (h0's normal * 0.1)"
+        rows += _drawn_rows(leaf, inits, scale, alpha, seed, why)
+    return rows
+
+
+def _drawn_rows(leaf: Leaf, inits: list[dict], scale: float, alpha: float, seed: int, why: str) -> list[Row]:
+    """A drawn leaf's init: value / scale N(0, 1) (KS and chi-square over the INIT_SEEDS inits pooled), the seeds
+    drawing apart and, for a stack, no two slices alike (exact)."""
+    p = leaf.path
+    x = np.concatenate([init[p].astype(np.float64).ravel() / scale for init in inits])
+    what = f"{p} / {scale:.4g}"
+    rows = [ks_row("init", what, x, alpha, why), chi2_row("init", what, x, alpha, why)]
+    same = bool(np.array_equal(inits[0][p], inits[1][p]))
+    rows.append(exact_row("init", f"{p}: seeds {seed} and {seed + 1} draw alike", float(same),
+                          "== 0 (the run seed keys the init)", not same,
+                          f"init differs: {p} is the same at seeds {seed} and {seed + 1}"))
+    if leaf.scan_axes:
+        n, of = identical_slices(leaf, inits[0][p][None])
+        rows.append(exact_row("init", f"{p}: identical slice pairs", n, f"== 0 of {of} (a key per slice)", n == 0,
+                              f"init differs: {n} of {of} pairs of {p}'s slices are identical"))
+    return rows
+
+
+NO_INIT_LAWS = ("the adapter declares no init laws (`init_laws`): a foreign model's init is its own, and the reference "
+                "has none to compare it with")
+
+
+def check_init_laws(side, cfg, seed: int) -> list[Row]:
+    """A declared tree's init on the leaves whose law the port states (spec.tree.TreeRun.init_laws): "zeros" and
+    "ones" exactly; ("normal", std) as _drawn_rows at alpha = check_alpha("init") / (2 x normal leaves). The other
+    leaves' init is the port's own: not checked."""
+    if not cfg.init_laws:
+        return [Row("init", "-", float("nan"), "-", "skip", NO_INIT_LAWS)]
+    inits = [side.init(seed + k) for k in range(INIT_SEEDS)]
+    alpha = check_alpha("init") / (2 * max(sum(law == "normal" for _, law, _ in cfg.init_laws), 1))
+    rows = []
+    for path, law, scale in cfg.init_laws:
+        leaf = cfg.tree.leaf(path)
+        if law == "normal":
+            rows += _drawn_rows(leaf, inits, scale, alpha, seed, f"init differs: {path} / {scale:.4g} (its declared "
+                                                                  f"normal(0, {scale:g}))")
+            continue
+        want = 0.0 if law == "zeros" else 1.0
+        diff = float(np.max(np.abs(inits[0][path].astype(np.float64) - want)))
+        rows.append(exact_row("init", f"{path} ({law}): max |port - {want:g}|", diff, "== 0 (its declared law)",
+                              diff == 0, f"init differs: {path} is not {law}, as the adapter declares"))
+    return rows
+
+
+# ----------------------------------------------------------------------------- noise
+def unperturbed_row(leaf: Leaf, value, q: str) -> Row:
+    """A leaf the reference never perturbs: the side's noise must be absent or zero; else name the knob."""
+    worst = 0.0 if value is None else float(np.max(np.abs(dense64(leaf, value))))
+    knob = "embedding" if leaf.cls == "embedding" else "frozen_leaves"
+    why = cause(knob, f"{leaf.path} is perturbed (max |noise| {worst:.3g}); the reference leaves {leaf.cls} leaves"
+                      + (" under freeze_nonlora" if leaf.cls == "param" else "") + " unperturbed") \
+        if leaf.cls in ("embedding", "param") else f"{leaf.path} ({leaf.cls}) is perturbed; the reference never is"
+    return exact_row("noise", f"{q}: max |noise|", worst, "== 0 (not perturbed)", worst == 0, why)
+
+
+def _antithetic_row(leaf: Leaf, value, q: str) -> Row:
+    """Member 2k+1 = -member 2k: |E_2k + E_2k+1| within gamma_r (|A||B|^T of both) for factors (each float64 product
+    of float32 factors rounds its r-term sum), exactly for eps (a sign flip is exact)."""
+    d = dense64(leaf, value)
+    gap = np.abs(d[0::2] + d[1::2])
+    if isinstance(value, tuple):
+        mag = magnitude(leaf, value)
+        bound = gamma(value[0].shape[-1], 2.0 ** -53) * (mag[0::2] + mag[1::2])
+    else:
+        bound = np.zeros_like(gap)
+    worst = float(np.max(gap - bound))
+    return exact_row("noise", f"{q}: antithetic pairs, max (|E_2k + E_2k+1| - bound)", worst,
+                     "<= 0 (member 2k+1 = -member 2k; float64 rounding of the products)", worst <= 0,
+                     "; ".join(filter(None, [f"{leaf.path}: member 2k+1 is not the negation of member 2k "
+                                             f"(interleaved antithetic pairs)", worst > 0 and pairing_text(leaf, d)])))
+
+
+def _slices_row(leaf: Leaf, value, q: str) -> Row:
+    n, of = identical_slices(leaf, dense64(leaf, value))
+    return exact_row("noise", f"{q}: identical slice pairs", n, f"== 0 of {of} (one key per slice)", n == 0,
+                     cause("stack_keys", f"{n} of {of} pairs of {leaf.path}'s {leaf.n_slices} slices hold identical "
+                                         f"noise: every slice drawn from one key, so the layers share their noise"))
+
+
+def _law_rows(cfg: LMConfig, leaf: Leaf, value, q: str, alpha: float) -> list[Row]:
+    x = independent_entries(value, cfg.sigma)
+    why = f"{leaf.path}'s noise over sigma"
+    if isinstance(value, tuple):
+        row = ks_row("noise", f"{q}: diagonal entries of E / sigma", x, alpha, why, cfg.rank)
+        if row.verdict == "fail" and is_rescaled(x, cfg.rank):   # EGGROLL-shaped at another variance: a scale
+            row = row._replace(cause=f"{row.cause}; {scale_cause(leaf.path, x).text}")
+        return [row]
+    return [ks_row("noise", f"{q}: eps / sigma", x, alpha, why), chi2_row("noise", f"{q}: eps / sigma", x, alpha, why)]
+
+
+def noise_tests(cfg: LMConfig) -> int:
+    """Statistical tests the noise check runs: per epoch, one KS per low-rank leaf, KS and chi-square per param leaf
+    the reference perturbs; and one KS of every low-rank leaf's entries pooled over both epochs (the most power
+    against a drift of the whole noise's scale)."""
+    return 1 + len(EPOCHS) * sum(1 if leaf.cls in ("mm", "tmm") else 2
+                                 for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf))
+
+
+def _pooled_row(cfg: LMConfig, seen: dict, alpha: float) -> list[Row]:
+    """KS of all low-rank leaves' independent entries over sigma, both epochs pooled (independent draws)."""
+    x = [independent_entries(v, cfg.sigma) for vs in seen.values() for v in vs if isinstance(v, tuple)]
+    if not x:
+        return []
+    return [ks_row("noise", "every low-rank leaf, both epochs: diagonal entries of E / sigma", np.concatenate(x),
+                   alpha, "the low-rank noise over sigma", cfg.rank)]
+
+
+def _epoch_row(R, cfg: LMConfig, leaf: Leaf, values: list) -> Row:
+    """Epochs 0 and 1 draw alike exactly when noise_reuse gives them one generation."""
+    same = bool(np.array_equal(dense64(leaf, values[0]), dense64(leaf, values[1])))
+    expected = R.true_epoch(EPOCHS[0], cfg.noise_reuse) == R.true_epoch(EPOCHS[1], cfg.noise_reuse)
+    return exact_row("noise", f"{leaf.path}: epochs {EPOCHS[0]} and {EPOCHS[1]} draw alike", float(same),
+                     f"== {int(expected)} (noise_reuse {cfg.noise_reuse})", same == expected,
+                     f"{leaf.path}: the noise at epochs {EPOCHS[0]} and {EPOCHS[1]} is "
+                     f"{'the same' if same else 'different'}; with noise_reuse {cfg.noise_reuse} the reference draws "
+                     f"{'one generation' if expected else 'a fresh generation each'}")
+
+
+def invisible_rows() -> list[Row]:
+    return [Row("noise", f"knob `{k}`", float("nan"), "-", "skip", f"not observable in distribution: {why}")
+            for k, why in INVISIBLE.items()]
+
+
+def check_noise(R, side, cfg: LMConfig, seed: int) -> tuple[list[Row], set[str]]:
+    """Every leaf at EPOCHS (see the module docstring); returns the rows and the leaves whose noise is structurally
+    not the reference's (perturbed where it is not, or the reverse): their gradients are not compared."""
+    alpha = check_alpha("noise") / max(noise_tests(cfg), 1)
+    rows, parted, seen = [], set(), {}
+    for epoch in EPOCHS:
+        for leaf in cfg.tree.leaves:
+            value = side.leaf_noise(seed, epoch, leaf)
+            q = f"{leaf.path} ({leaf.cls}) epoch {epoch}"
+            if not ref_perturbs(cfg, leaf):
+                rows.append(unperturbed_row(leaf, value, q))
+                parted.update([leaf.path] if rows[-1].verdict == "fail" else [])
+            elif value is None:
+                parted.add(leaf.path)
+                rows.append(Row("noise", f"{q}: perturbed", 0.0, "perturbed as the reference", "fail",
+                                f"{leaf.path} is not perturbed; the reference perturbs {leaf.cls} leaves"))
+            else:
+                seen.setdefault(leaf.path, []).append(value)
+                rows += [_antithetic_row(leaf, value, q)] + ([_slices_row(leaf, value, q)] if leaf.scan_axes else []) \
+                    + _law_rows(cfg, leaf, value, q, alpha)     # shared slices named before they skew the law's test
+    rows += [_epoch_row(R, cfg, cfg.tree.leaf(p), v) for p, v in seen.items() if len(v) == len(EPOCHS)]
+    return rows + _pooled_row(cfg, seen, alpha) + invisible_rows(), parted
+
+
+# ----------------------------------------------------------------------------- the reference on the side's noise
+def reference_dense(cfg: LMConfig, noise: dict) -> dict[str, np.ndarray]:
+    """{path: E (m, *shape) float32} of every leaf the reference perturbs that the side's noise holds (formed in
+    float64, rounded once); leaves only the side perturbs are left out, as the reference would."""
+    return {leaf.path: dense64(leaf, noise[leaf.path]).astype(np.float32) for leaf in cfg.tree.leaves
+            if ref_perturbs(cfg, leaf) and noise.get(leaf.path) is not None}
+
+
+def check_gradients(R, side, cfg: LMConfig, seed: int, rng, parted: set[str]) -> list[Row]:
+    """Per leaf: the side's gradient against the reference's float64 estimate on the side's own noise (epoch 0)."""
+    shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
+    port, noise = side.grads(seed, 0, shaped), side.protocol(seed, 0)
+    rows = []
+    for leaf in cfg.tree.leaves:
+        p = leaf.path
+        if p in parted:
+            rows.append(Row("gradients", f"{p} ({leaf.cls})", float("nan"), "-", "skip",
+                            f"{p}'s noise already differs"))
+        elif not ref_perturbs(cfg, leaf):
+            moved = float(np.max(np.abs(port[p])))
+            rows.append(exact_row("gradients", f"{p} ({leaf.cls}): max |port|", moved, "== 0 (no update)", moved == 0,
+                                  f"{p} gets an update the reference never gives it"))
+        else:
+            bound = np.maximum(grad_bound(cfg, leaf, noise[p], shaped), 1e-30)
+            ratio = float(np.max(np.abs(port[p].astype(np.float64) - estimate(leaf, noise[p], shaped)) / bound))
+            rows.append(exact_row("gradients", f"{p} ({leaf.cls}): max |port - ref on the port's noise| / bound", ratio,
+                                  "<= 1 (2 gamma_{N r + 3} mean |f||A||B|^T; param 2 gamma_{N + 2} mean |f||eps|)",
+                                  ratio <= 1, f"{p}: the gradient differs from einsum(f A, B) / N on the port's own "
+                                              f"noise" if leaf.cls != "param" else
+                                  f"{p}: the gradient differs from mean(f eps) on the port's own noise"))
+    return rows
+
+
+def forward_reference(R, side, cfg: LMConfig, seed: int) -> Callable:
+    """(params, tokens) -> the reference's (scores, intermediates) on the side's own noise at epoch 0."""
+    return lambda params, tokens: R.scores_dense(cfg, params, reference_dense(cfg, side.protocol(seed, 0)), tokens)
+
+
+def reference_step(R, cfg: LMConfig, params: dict, noise: dict, tokens: np.ndarray) -> dict:
+    """One reference epoch on given noise: scores (its forward on params + E), shaped fitness, the float64 estimate
+    per leaf (zero where it perturbs nothing) and the optax-sgd step on it."""
+    dense = reference_dense(cfg, noise)
+    scores, _ = R.scores_dense(cfg, params, dense, tokens)
+    shaped = R.shape(cfg, scores)
+    grads = {leaf.path: estimate(leaf, noise[leaf.path], shaped) if leaf.path in dense else np.zeros(leaf.shape)
+             for leaf in cfg.tree.leaves}
+    new = R.update(cfg, params, {k: v.astype(np.float32) for k, v in grads.items()})
+    return {"scores": scores, "shaped": shaped, "grads": grads, "params": new}
+
+
+def trajectory_step(R, side, cfg: LMConfig, seed: int, asked: list | None = None) -> Callable:
+    """(params, epoch, tokens) -> (reference, port, {path: (|noise|, roundings)}, the reference's step at float32
+    or None): the side's epoch, then the reference's step on the noise its es_ask drew, for the lockstep of
+    parity.tree.check.check_trajectory (each epoch's noise appended to `asked` when given); a TF32 reference's step
+    is also taken at float32, its own rounding measured."""
+    def step(params, epoch, tokens):
+        port = side.epoch_step(seed, params, epoch, tokens)
+        noise = port["noise"]
+        if asked is not None:
+            asked.append(noise)
+        mags = {leaf.path: (magnitude(leaf, noise[leaf.path]),
+                            cfg.pop * cfg.rank + 3 if leaf.cls in ("mm", "tmm") else cfg.pop + 2)
+                for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf) and noise.get(leaf.path) is not None}
+        ref32 = reference_step(float32_of(R), cfg, params, noise, tokens) if ref_u(R) else None   # TF32: its own gap
+        return reference_step(R, cfg, params, noise, tokens), port, mags, ref32
+    return step
+
+
+def asked_rows(cfg: LMConfig, asked: list) -> list[Row]:
+    """The training loop's own noise (es_ask): antithetic pairs per perturbed leaf and epoch (exact), and one KS of
+    every low-rank leaf's independent entries over sigma, the epochs pooled (576 entries at the selftest size: power
+    against a loop at twice the scale), at check_alpha("trajectory")."""
+    rows, x = [], []
+    for epoch, noise in enumerate(asked):
+        leaves = [leaf for leaf in cfg.tree.leaves if noise.get(leaf.path) is not None]
+        rows += [_antithetic_row(leaf, noise[leaf.path], f"epoch {epoch}: es_ask noise, {leaf.path}")._replace(
+            check="trajectory") for leaf in leaves]
+        x += [independent_entries(noise[leaf.path], cfg.sigma) for leaf in leaves if leaf.cls in ("mm", "tmm")]
+    if x:
+        rows.append(ks_row("trajectory", f"es_ask noise, epochs 0-{len(asked) - 1}, every low-rank leaf: diagonal "
+                                         f"entries of E / sigma", np.concatenate(x), check_alpha("trajectory"),
+                           "the training loop's (es_ask) low-rank noise over sigma", cfg.rank))
+    return rows

@@ -1,0 +1,272 @@
+"""The JAX reference on a parameter tree, as numpy: each leaf's noise, shaping, gradients, the optimizer step and the
+perturbed products on ANY declared tree (a spec.tree.TreeRun, or the LM's spec.lm.LMConfig: anything with a `tree`
+and the ES settings), and the signatures of the tree drifts, drawn from JAX's own keys, so a check can name the one a
+side has; the LM's own init, scores and training epoch (the model the project ships).
+
+Only this module of the LM suite imports jax_reference (like parity/mlp/reference_port.py for the MLP). `on_platform`
+runs every function here on a spec.platform.ReferencePlatform (jax_reference.platform.scope); the draws go through
+jax_reference.emulation.normal and the reference's own products through its matmul, so gpu-sim and TF32 reach them,
+while the suite's own arithmetic (each member's A B^T for the noise check) is pinned to float32 (HIGHEST).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_reference import emulation
+from jax_reference.lm import model as jlm
+from jax_reference.models import recursive_scan_split, simple_es_tree_key
+from jax_reference.noiser import EggRoll, apply_grads, es_grads, true_epoch
+from jax_reference.population import population_iterinfos
+from spec.lm import LMConfig
+from spec.platform import PlatformRequest, ReferencePlatform
+from spec.tree import Leaf
+
+NAME = "jax_reference"
+HIGHEST = jax.lax.Precision.HIGHEST        # the suite's own products (A B^T), float32 whatever the platform
+
+
+def _flat(tree_dict, prefix="") -> dict:
+    out = {}
+    for k, v in tree_dict.items():
+        path = f"{prefix}{k}"
+        out.update(_flat(v, path + ".") if isinstance(v, dict) else {path: v})
+    return out
+
+
+def _nest(flat: dict) -> dict:
+    out: dict = {}
+    for path, v in flat.items():
+        node = out
+        *head, last = path.split(".")
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = v
+    return out
+
+
+def init(cfg: LMConfig, seed: int) -> dict[str, np.ndarray]:
+    return {p: np.asarray(v) for p, v in _flat(jlm.init_lm(cfg, seed).params).items()}
+
+
+def noiser(cfg):
+    return EggRoll.init_noiser(_nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()}), cfg.sigma, cfg.lr,
+                               group_size=cfg.group_size, freeze_nonlora=cfg.freeze_nonlora,
+                               noise_reuse=cfg.noise_reuse, rank=cfg.rank)
+
+
+def slice_keys(cfg, seed: int, leaf: Leaf, variant: str = "faithful"):
+    """(*stack,) typed keys of a stacked leaf (or a scalar key), the stack its leading scanned axes: faithful
+    (recursive_scan_split, flatten-order index), `shared` (the leaf's key for every slice), `insertion` (the index
+    in declaration order). cfg: spec.lm.LMConfig or spec.tree.TreeRun (anything with a `tree`)."""
+    tree = cfg.tree
+    index = tree.index(leaf.path, "insertion" if variant == "insertion" else "sorted")
+    base = jax.random.split(jlm.run_keys(seed)[1], len(tree.leaves))[index]
+    if not leaf.scan_axes:
+        return base
+    if variant == "shared":
+        return jnp.stack([base] * leaf.n_slices).reshape(leaf.stack_shape)
+    return recursive_scan_split(jnp.zeros(leaf.shape), base, leaf.scan_axes)
+
+
+def _per_slices(fn, keys, leaf: Leaf, *rest):
+    """fn(key, *rest) over every slice key of a leaf, the members' axis first: (m, *stack, ...) (vmap over the
+    flattened slices, then the stack put back)."""
+    if not leaf.scan_axes:
+        return fn(keys, *rest)
+    out = jax.vmap(fn, in_axes=(0,) + (None,) * len(rest), out_axes=1)(keys.reshape(-1), *rest)
+    return out.reshape(out.shape[:1] + leaf.stack_shape + out.shape[2:])
+
+
+def draws(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
+    """The raw JAX normals behind one leaf's noise, one draw per antithetic pair p (members 2p and 2p+1 share it):
+    normal(fold_in(fold_in(slice key, true epoch), p)) of shape (a + b, r) (low-rank) or the slice shape (param),
+    laid out (pop // 2, *stack, ...) float32; keys as slice_keys(variant). Everything else about the noise (signs,
+    scales, products) is numpy arithmetic on these (parity.tree.numpy_reference)."""
+    keys = slice_keys(cfg, seed, leaf, variant)
+    g = true_epoch(epoch, cfg.noise_reuse)
+    shape = (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
+
+    def one(key, p):
+        return emulation.normal(jax.random.fold_in(jax.random.fold_in(key, g), p), shape)
+
+    return np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0)), keys, leaf, jnp.arange(cfg.pop // 2)))
+
+
+def dense_noise(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
+    """Every member's perturbation of one leaf at its stored shape (pop, *shape), float32, as upstream draws it
+    (variant `tmm_transposed`: an (in, out) weight's draw split as a transposed mm: B = Z[:in])."""
+    keys = slice_keys(cfg, seed, leaf, variant)
+    g = true_epoch(epoch, cfg.noise_reuse)
+    members = jnp.arange(cfg.pop)
+    sign = jnp.where(members % 2 == 0, 1.0, -1.0).astype(jnp.float32)
+    s_low = jnp.float32(cfg.sigma) / jnp.sqrt(cfg.rank)
+
+    def one(key, m, sg):
+        k = jax.random.fold_in(jax.random.fold_in(key, g), m // 2)
+        if leaf.cls == "param":
+            return emulation.normal(k, leaf.slice_shape) * (sg * jnp.float32(cfg.sigma))
+        a, b = leaf.slice_shape
+        z = emulation.normal(k, (a + b, cfg.rank))
+        if variant == "tmm_transposed":
+            return jnp.matmul(z[:a], (z[a:] * (sg * s_low)).T, precision=HIGHEST)
+        return jnp.matmul(z[b:] * (sg * s_low), z[:b].T, precision=HIGHEST)
+
+    return np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0, 0)), keys, leaf, members, sign))
+
+
+def factors_abs_product(cfg, seed: int, epoch: int, leaf: Leaf) -> np.ndarray:
+    """|A| |B|^T per member at the stored shape (pop, *shape), float64: the scale of a low-rank product's rounding."""
+    keys = slice_keys(cfg, seed, leaf)
+    g = true_epoch(epoch, cfg.noise_reuse)
+    s_low = float(jnp.float32(cfg.sigma) / jnp.sqrt(cfg.rank))
+    a, b = leaf.slice_shape
+
+    def one(key, m):
+        return emulation.normal(jax.random.fold_in(jax.random.fold_in(key, g), m // 2), (a + b, cfg.rank))
+    z = np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0)), keys, leaf, jnp.arange(cfg.pop))).astype(np.float64)
+    return np.abs(z[..., b:, :] * s_low) @ np.abs(np.swapaxes(z[..., :b, :], -1, -2))
+
+
+def shape(cfg, f: np.ndarray) -> np.ndarray:
+    frozen, params = noiser(cfg)
+    return np.asarray(EggRoll.convert_fitnesses(frozen, params, jnp.asarray(f, jnp.float32)))
+
+
+def scores(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarray, noise: bool):
+    """(scores (m,), intermediates {name: (m, ...)}) of every member on tokens (m, T + 1)."""
+    frozen, nparams = noiser(cfg)
+    p = _nest({k: jnp.asarray(v) for k, v in params.items()})
+    init = jlm.init_lm(cfg, seed)
+    keys = jlm.es_keys(p, init.scan_map, seed) if noise else jlm.no_keys(p)
+    epochs, tids = population_iterinfos(epoch, tokens.shape[0])
+
+    def one(e, t, toks):
+        return jlm.member_score(EggRoll, frozen, nparams, p, keys, (e, t) if noise else None, toks, intermediates=True)
+    s, inter = jax.jit(jax.vmap(one))(epochs, tids, jnp.asarray(tokens))
+    return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
+
+
+def scores_dense(cfg: LMConfig, params: dict, dense: dict, tokens: np.ndarray):
+    """(scores (m,), intermediates) of the reference's forward with noise off on member i's params + dense[path][i]
+    (E (m, *shape) float32 for the leaves given; W + E rounded once in float32): the reference on a port's own
+    draws, for the in-distribution mode (parity.tree.dist)."""
+    frozen, nparams = noiser(cfg)
+    m = tokens.shape[0]
+    batched = {k: jnp.asarray(v)[None] + jnp.asarray(dense[k]) if k in dense else
+               jnp.broadcast_to(jnp.asarray(v), (m,) + np.shape(v)) for k, v in params.items()}
+    keys = jlm.no_keys(_nest(params))
+
+    def one(p, toks):
+        return jlm.member_score(EggRoll, frozen, nparams, _nest(p), keys, None, toks, intermediates=True)
+    s, inter = jax.jit(jax.vmap(one))(batched, jnp.asarray(tokens))
+    return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
+
+
+def es_maps(tree) -> tuple[dict, dict]:
+    """(scan_map, es_map) of a spec.tree.Tree as upstream's nested dicts (scanned axes, es_map classes)."""
+    return (_nest({leaf.path: leaf.scan_axes for leaf in tree.leaves}),
+            _nest({leaf.path: leaf.es_class for leaf in tree.leaves}))
+
+
+@functools.lru_cache(maxsize=8)
+def _grads_fn(cfg):
+    """(es_grads jitted for this configuration's tree and settings, its zero params): compiled once per
+    configuration, where eager es_grads would trace every stacked leaf's lax.scan again at each call."""
+    frozen, nparams = noiser(cfg)
+    params = _nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()})
+    es_map = es_maps(cfg.tree)[1]
+    return jax.jit(lambda keys, shaped, epochs, tids: es_grads(frozen, nparams, params, keys, shaped, (epochs, tids),
+                                                               es_map)), params
+
+
+def grads(cfg, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarray]:
+    """The noiser's g per leaf for shaped fitness (pop,), drawn with the reference's own keys (simple_es_tree_key
+    of split(key(seed), 3)[1] on the tree; the values of the params do not enter the estimate), under jit as a
+    training step runs it."""
+    fn, params = _grads_fn(cfg)
+    keys = simple_es_tree_key(params, jlm.run_keys(seed)[1], es_maps(cfg.tree)[0])
+    epochs, tids = population_iterinfos(epoch, cfg.pop)
+    g = fn(keys, jnp.asarray(shaped, jnp.float32), epochs, tids)
+    return {p: np.asarray(v) for p, v in _flat(g).items()}
+
+
+def update(cfg, params: dict, grads: dict) -> dict[str, np.ndarray]:
+    """One optax-sgd step of the noiser on given per-leaf gradients (apply_grads: -(g sqrt(N)) to the solver)."""
+    frozen, nparams = noiser(cfg)
+    p = _nest({k: jnp.asarray(v) for k, v in params.items()})
+    g = _nest({k: jnp.asarray(v) for k, v in grads.items()})
+    _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
+    return {k: np.asarray(v) for k, v in _flat(new).items()}
+
+
+def product(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray, form: str) -> np.ndarray:
+    """EggRoll.do_mm / do_Tmm's expression on given factors, float32 under jit: mm x @ W.T + (x @ B) @ A.T (x (m,
+    batch, b)), tmm x @ W + (x @ A) @ B.T (x (m, batch, a)), vmapped over the members."""
+    mm = emulation.matmul                                        # the reference's products (TF32 under gpu-sim)
+    if form == "mm":
+        fn = lambda a, b, xi: mm(xi, W.T) + mm(mm(xi, b), a.T)    # noqa: E731
+    else:
+        fn = lambda a, b, xi: mm(xi, W) + mm(mm(xi, a), b.T)      # noqa: E731
+    return np.asarray(jax.jit(jax.vmap(fn))(jnp.asarray(A), jnp.asarray(B), jnp.asarray(x)))
+
+
+def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarray) -> dict:
+    """One reference training epoch from params: the members' scores on tokens (pop, T + 1), shaped fitness, the
+    per-leaf gradient and the new params (what lm_train's step does, in its parts)."""
+    frozen, nparams = noiser(cfg)
+    p = _nest({k: jnp.asarray(v) for k, v in params.items()})
+    init = jlm.init_lm(cfg, seed)
+    keys = jlm.es_keys(p, init.scan_map, seed)
+    s = jlm.population_scores(EggRoll, frozen, nparams, p, keys, epoch, tokens)
+    shaped = EggRoll.convert_fitnesses(frozen, nparams, s)
+    g = es_grads(frozen, nparams, p, keys, shaped, population_iterinfos(epoch, cfg.pop), init.es_map)
+    _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
+    return {"scores": np.asarray(s), "shaped": np.asarray(shaped), "grads": {k: np.asarray(v) for k, v in _flat(g).items()},
+            "params": {k: np.asarray(v) for k, v in _flat(new).items()}}
+
+
+def platform_for(request: PlatformRequest, gpu: bool = False) -> ReferencePlatform:
+    """The LM reference's platform for a command line's request (ValueError, exit 2, where it cannot run here)."""
+    from parity.core.platform import platform_for as resolve_here
+    return resolve_here(request, gpu)
+
+
+class OnPlatform:
+    """This module's functions, each run inside jax_reference.platform.scope(platform): tree_check's reference."""
+
+    def __init__(self, platform: ReferencePlatform):
+        self.platform = platform
+
+    def __getattr__(self, name: str):
+        fn = getattr(sys.modules[__name__], name)
+        if not callable(fn) or name.startswith("_") or isinstance(fn, type):
+            return fn
+
+        @functools.wraps(fn)
+        def scoped(*args, **kwargs):
+            from jax_reference.platform import scope
+            with scope(self.platform):
+                return fn(*args, **kwargs)
+        return scoped
+
+    def float32(self) -> "OnPlatform":
+        """The same reference with its products pinned to float32 (--reference-precision highest): what a TF32
+        reference's own rounding is measured against (tree_check's forward and trajectory)."""
+        return OnPlatform(self.platform.replace(precision_requested="highest", precision="float32"))
+
+    def on_other_normals(self) -> "OnPlatform | None":
+        """The same reference on the other backend's normals, or None where that table is not at hand."""
+        from jax_reference.platform import normals_available
+        other = self.platform.replace(normals="cpu" if self.platform.normals == "gpu" else "gpu")
+        return OnPlatform(other) if normals_available(other) else None
+
+
+def on_platform(platform: ReferencePlatform | None = None) -> OnPlatform:
+    """The reference on `platform` (default: where JAX runs, at its default precision)."""
+    from jax_reference.platform import resolve
+    return OnPlatform(platform or resolve())
