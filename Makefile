@@ -20,6 +20,7 @@ PORTS_ALONE := eggroll-trainer==0.1.0
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  options: ARGS=\"...\" (passed to the command), RUNS=dir (output root, default runs), CONSTRAINTS=file"
+	@echo "           TEST_WORKERS=n (make test's pytest-xdist workers, default auto: one per core; 0: one process)"
 	@echo "           VECTORS=dir (make vectors' output, default \$$(RUNS)/vectors; VECTORS=vectors refreshes the committed bundles)"
 
 setup: $(STAMP) c-side c-rng  ## create .venv, install the project (pins from constraints.txt), build the C sides
@@ -41,8 +42,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[all,test]'
 	touch $(STAMP)
 
-test: setup  ## the pytest suite (unit tests, the suite's self-tests, the Ray executor test)
-	$(PY) -m pytest -q $(ARGS)
+# On every core (pytest-xdist, one test file per worker at a time: the files' shared fixtures are built once);
+# TEST_WORKERS=0 runs it in one process. tests/conftest.py splits the cores' threads between the workers.
+TEST_WORKERS ?= auto
+
+test: setup  ## the pytest suite (unit tests, the suite's self-tests, the Ray executor test) on every core
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 parity: setup  ## the parity suite on every task (CartPole MLP, byte-level LM, integer LM), on the CPU -> runs/parity*, runs/int8
 	$(PY) -m parity check --out $(RUNS)/parity $(ARGS)

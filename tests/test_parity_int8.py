@@ -3,9 +3,6 @@ departing torch side named by the C side's knob signatures, bad input refused wi
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +11,6 @@ from parity.int8 import cli as int8_cli
 from parity.int8.pieces import element_text, equal_counts, first_parting, make_case, name_knobs
 from spec.int8 import INT8_PRESETS
 from spec.int8_knobs import ALL_INT8_KNOBS, INT8_KNOBS, NANO_EGG, Int8Knobs
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _c_reason():
@@ -105,18 +100,15 @@ def test_case_is_fresh_random_inputs_fixed_by_the_seed():
 
 
 # ----------------------------------------------------------------------------- the command
-def _run(args, tmp_path):
-    out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "parity", "int8", "--out", str(out), *args], cwd=ROOT,
-                          capture_output=True, text=True)
-    return done, out
-
-
 @needs_c
 @pytest.mark.parametrize("size, seed", [("selftest", 3), ("quick", 1)])
-def test_three_sides_are_equal_at_every_piece(size, seed, tmp_path):
-    done, out = _run(["--size", size, "--seed", str(seed), "--epochs", "3"], tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_three_sides_are_equal_at_every_piece(size, seed, tmp_path, capsys):
+    """In this process (the command's `python -m parity` entry runs as a process in test_parity_cli.py): the tables
+    and compiled functions the other tests built serve it too."""
+    out = tmp_path / "out"
+    code = int8_cli.main(["--out", str(out), "--size", size, "--seed", str(seed), "--epochs", "3"])
+    said = capsys.readouterr()
+    assert code == 0, said.out + said.err
     summary = (out / "summary.md").read_text()
     assert "Integer parity, three ways: PASS" in summary
     rows = [line for line in summary.splitlines() if line.startswith("| JAX") or line.startswith("| torch")
