@@ -5,7 +5,7 @@ A port returning NaN or inf where the reference's answer to the same call is fin
 a wrong dtype or a raise stays a protocol break (exit 2), and so does a NaN the reference gives on the same call.
 The ports are faithful example adapters with one method overridden (tests/ports/nonfinite.py); the CartPole checks
 run in-process through the command's own code, alone (--checks), at two sizes; the LM suite's checks through
-parity.tree_check.run with its plan cut to the check under test.
+parity.tree.check.run with its plan cut to the check under test.
 """
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ def test_gpu_sim_passes_the_faithful_side(normals, tmp_path, precision):
 def test_the_lm_suite_on_gpu_sim_names_rng_for_a_side_on_the_cpus_normals(normals, tmp_path, capsys, monkeypatch):
     """The checks it judges (products, noise), as the CartPole test above takes --checks: the faithful side's test
     below runs every LM check on gpu-sim."""
-    from parity import tree_check
+    from parity.tree import check as tree_check
     plan = tree_check._plan
     monkeypatch.setattr(tree_check, "_plan", lambda *a, **k: [p for p in plan(*a, **k) if p[0] in ("noise",
                                                                                                     "products")])
