@@ -4,12 +4,11 @@ backend. Its numbers are measured on a GPU only (`python -m bench.gpu_check`).""
 from __future__ import annotations
 
 import argparse
-import time
 
 import pytest
 import torch
 
-from bench import gpu, gpu_report
+from bench import gpu, gpu_report, measure
 from bench.__main__ import main, main_gpu
 from bench.report import Measurement, RowLog, read_csv
 from bench.runners import Case
@@ -60,14 +59,29 @@ def test_an_aim_is_judged_by_the_interval_of_the_median_ratio(ratio, lo, hi, wor
     assert gpu_report.judge([], aim).word == "not measured"
 
 
-def _sleeper(seconds: float) -> Case:
-    return Case(lambda: time.sleep(seconds), lambda out: out, "cpu")
+class _Clock:
+    """A fake perf_counter that only the cases advance: the group's timings are then exact, whatever the load."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
-def test_a_group_records_times_rates_first_calls_and_the_paired_ratio():
+def test_a_group_records_times_rates_first_calls_and_the_paired_ratio(monkeypatch):
+    """Cases that take 2, 6 and 4 ms on the bench's clock (a fake one in bench.gpu and bench.measure: no timed
+    assertion on this machine's load)."""
+    clock = _Clock()
+    monkeypatch.setattr(gpu, "time", clock)
+    monkeypatch.setattr(measure, "time", clock)
+    sleeper = lambda s: Case(lambda: clock.advance(s), lambda out: out, "cpu")              # noqa: E731
     plan = gpu.GPU_QUICK._replace(repeats=6, min_repeats=6, group_budget_s=5.0, warmup=1)
     r = gpu.GpuRun(plan, torch.device("cpu"), 0, lambda m: None)
-    r.group("lm", 0, lambda: ({gpu.GRAPHED: _sleeper(0.002), gpu.EAGER: _sleeper(0.006), gpu.JAX: _sleeper(0.004)},
+    r.group("lm", 0, lambda: ({gpu.GRAPHED: sleeper(0.002), gpu.EAGER: sleeper(0.006), gpu.JAX: sleeper(0.004)},
                               100))
     look = lambda impl, measure: next(m for m in r.rows if (m.impl, m.measure) == (impl, measure))   # noqa: E731
     assert look(gpu.GRAPHED, gpu.RATIO).median > 1 > look(gpu.EAGER, gpu.RATIO).median
