@@ -85,7 +85,7 @@ class Plan:
         if args.device.startswith("cuda"):
             from parity.core.device import check_device
             check_device(args.device)
-        from parity.int8.reference import platform_for
+        from parity.core.platform import platform_for
         self.platform = platform_for(request_of(args))
         self.c_reason = None
         if args.no_c:

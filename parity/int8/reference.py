@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from parity.int8.pieces import Case, Pieces, noise_pieces
-from spec.platform import PlatformRequest, ReferencePlatform
+from spec.platform import ReferencePlatform
 
 NAME = "JAX (jax_reference.int8)"
 
@@ -45,12 +45,6 @@ def _flat_noise(noise) -> dict:
                 out[f"{prefix}{k}"] = tuple(np.asarray(x) for x in v) if isinstance(v, tuple) else np.asarray(v)
     walk(noise, "")
     return out
-
-
-def platform_for(request: PlatformRequest, gpu: bool = False) -> ReferencePlatform:
-    """The int8 reference's platform for a command line's request (ValueError, exit 2, where it cannot run here)."""
-    from parity.core.platform import platform_for as resolve_here
-    return resolve_here(request, gpu)
 
 
 def _scope(platform: ReferencePlatform | None):

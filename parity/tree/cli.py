@@ -69,8 +69,9 @@ def parse(argv: list[str]):
         check_against_bundle(args, recorded_platform(bundle.manifest), args.against)
         reference = replay_reference(bundle)
     else:
+        from parity.core.platform import platform_for
         from parity.tree import reference as tree_reference
-        reference = tree_reference.on_platform(tree_reference.platform_for(request_of(args)))
+        reference = tree_reference.on_platform(platform_for(request_of(args)))
     if args.device.startswith("cuda"):
         from parity.core.device import check_device
         check_device(args.device)

@@ -23,7 +23,7 @@ from jax_reference.models import recursive_scan_split, simple_es_tree_key
 from jax_reference.noiser import EggRoll, apply_grads, es_grads, true_epoch
 from jax_reference.population import population_iterinfos
 from spec.lm import LMConfig
-from spec.platform import PlatformRequest, ReferencePlatform
+from spec.platform import ReferencePlatform
 from spec.tree import Leaf
 
 NAME = "jax_reference"
@@ -228,12 +228,6 @@ def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.nd
     _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
     return {"scores": np.asarray(s), "shaped": np.asarray(shaped), "grads": {k: np.asarray(v) for k, v in _flat(g).items()},
             "params": {k: np.asarray(v) for k, v in _flat(new).items()}}
-
-
-def platform_for(request: PlatformRequest, gpu: bool = False) -> ReferencePlatform:
-    """The LM reference's platform for a command line's request (ValueError, exit 2, where it cannot run here)."""
-    from parity.core.platform import platform_for as resolve_here
-    return resolve_here(request, gpu)
 
 
 class OnPlatform:
