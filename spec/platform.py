@@ -182,3 +182,20 @@ def check_against_bundle(args, recorded: ReferencePlatform, bundle: str) -> None
                          f"JAX's {recorded.normals.upper()} normals. Drop the flag, or record a bundle on the platform "
                          f"you want (python -m parity record ... --reference-platform gpu-sim), or check against the "
                          f"live reference (drop --against)")
+
+
+def compile_cache_settings() -> dict:
+    """JAX's persistent compilation cache as the reference keeps it: {jax config name: value}, the directory
+    ~/.cache/eggroll-parity/jax (or under $XDG_CACHE_HOME) and thresholds that keep every compile; {} where that
+    directory cannot be made (a read-only home: no cache). The command line sets these through jax.config
+    (parity.mlp.reference_port.enable_compile_cache), tests/conftest.py as environment variables before JAX loads."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "eggroll-parity", "jax")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return {}
+    return {"jax_compilation_cache_dir": path, "jax_persistent_cache_min_compile_time_secs": 0.05,
+            "jax_persistent_cache_min_entry_size_bytes": 0}

@@ -30,27 +30,19 @@ from rollout.cartpole import MAX_STEPS
 from rollout.episodes import sample_actions
 from spec.config import Config, schedule
 from spec.knobs import RunSettings
-from spec.platform import ReferencePlatform
+from spec.platform import ReferencePlatform, compile_cache_settings
 
 
 def enable_compile_cache() -> None:
     """Keep JAX's compiled executables on disk between runs (compiling the reference's draws costs seconds).
 
-    Uses $JAX_COMPILATION_CACHE_DIR when set, else ~/.cache/eggroll-parity/jax (or $XDG_CACHE_HOME).
+    Uses $JAX_COMPILATION_CACHE_DIR when set, else spec.platform.compile_cache_settings (~/.cache/eggroll-parity/jax
+    or under $XDG_CACHE_HOME).
     """
-    import os
-
     if jax.config.jax_compilation_cache_dir:
         return
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "eggroll-parity", "jax")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:      # read-only home: run without the cache
-        return
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    for name, value in compile_cache_settings().items():
+        jax.config.update(name, value)
 
 
 def backend_info(platform: ReferencePlatform | None = None) -> dict:
