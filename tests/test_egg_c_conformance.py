@@ -85,7 +85,7 @@ def _compiler() -> str:
 def _egg_c_sources() -> tuple[str, str, str]:
     """(full_trained_egg-cpumulti.c, egg_config.h, the commit read): COMMIT if the mirror has it, else HEAD."""
     if MIRROR is None:
-        pytest.skip(f"set EGG_C_GIT to a clone or mirror of ljubomirj/egg.c to run this conformance test")
+        pytest.skip("set EGG_C_GIT to a clone or mirror of ljubomirj/egg.c to run this conformance test")
     if not (MIRROR / "HEAD").exists() and not (MIRROR / ".git").exists():
         pytest.skip(f"egg.c's git mirror is absent ({MIRROR}; set EGG_C_GIT to a clone of ljubomirj/egg.c to check "
                     f"commit {COMMIT})")

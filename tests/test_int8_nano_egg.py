@@ -102,7 +102,7 @@ def _config(args: dict):
 def _run_py() -> tuple[str, str]:
     """(run.py's text, the commit read): COMMIT if the mirror has it, else HEAD."""
     if MIRROR is None:
-        pytest.skip(f"set NANO_EGG_GIT to a clone or mirror of ESHyperscale/nano-egg to run this conformance test")
+        pytest.skip("set NANO_EGG_GIT to a clone or mirror of ESHyperscale/nano-egg to run this conformance test")
     if not (MIRROR / "HEAD").exists() and not (MIRROR / ".git").exists():
         pytest.skip(f"nano-egg's git mirror is absent ({MIRROR}; set NANO_EGG_GIT to a clone of "
                     f"ESHyperscale/nano-egg)")

@@ -430,3 +430,22 @@ def test_cli_exits_2_before_any_work(argv, capsys):
         main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("side", ["torch", "jax"])
+def test_training_without_validation_moves_the_same_params_and_scores(side):
+    """validate=False (the parity suite's trajectory, which reads only scores and params) skips the validation rows
+    and nothing else: every epoch's scores and the final params are those of a validated run; val bits/byte NaN."""
+    if side == "torch":
+        from torch_impl.int8.train import train_int8
+        same = lambda a, b: all(torch.equal(a[p], b[p]) for p in a)          # noqa: E731
+    else:
+        from jax_reference.int8.train import train_int8
+        same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))  # noqa: E731
+    cfg = s.INT8_PRESETS["selftest"].replace(epochs=2, validate_every=1)
+    validated = train_int8(cfg, 7, progress=False)
+    skipped = train_int8(cfg, 7, progress=False, validate=False)
+    assert same(validated.params, skipped.params)
+    assert [r["score_sum"] for r in validated.history] == [r["score_sum"] for r in skipped.history]
+    assert all(math.isfinite(r["val_bpb"]) for r in validated.history) and math.isfinite(validated.val_bpb)
+    assert all(math.isnan(r["val_bpb"]) for r in skipped.history) and math.isnan(skipped.val_bpb)

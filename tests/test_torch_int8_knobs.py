@@ -30,6 +30,7 @@ class Bench:
         self.case = make_case(self.cfg, self.seed, 3)
         self.lut, self.init_lut = lookups()
         self._c: dict = {}
+        self._torch: dict = {}
 
     def c(self, knobs):
         from parity.int8.c_side import CSide
@@ -38,8 +39,11 @@ class Bench:
         return self._c[knobs]
 
     def torch(self, knobs):
+        """The torch side's pieces under knobs, computed once per setting (several tests read the same ones)."""
         from parity.int8.torch_side import TorchSide
-        return TorchSide(self.cfg, self.seed, knobs).pieces(self.case)
+        if knobs not in self._torch:
+            self._torch[knobs] = TorchSide(self.cfg, self.seed, knobs).pieces(self.case)
+        return self._torch[knobs]
 
 
 @pytest.fixture(scope="module", params=list(SIZES))
@@ -101,10 +105,27 @@ def test_torch_cli_takes_int8_knobs_and_refuses_bad_ones(capsys):
 
 
 # ----------------------------------------------------------------------------- the command, knob by knob
+@pytest.fixture(scope="module")
+def reference_once():
+    """The JAX reference's pieces computed once per configuration, seed, case and platform in this module: every
+    command below asks for the same two (one per size), and only the torch side changes between them."""
+    from parity.int8.reference import ReferenceSide
+    pieces, memo = ReferenceSide.pieces, {}
+
+    def once(self, case, log=lambda s: None):
+        key = (self.cfg, self.seed, self.platform, case.epoch, case.trajectory_epochs, case.corpus.sha256)
+        if key not in memo:
+            memo[key] = pieces(self, case, log)
+        return dict(memo[key])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ReferenceSide, "pieces", once)
+        yield memo
+
+
 @needs_c
 @pytest.mark.parametrize("size", list(SIZES))
 @pytest.mark.parametrize("setting", [f"{k}={v.egg_c}" for k, v in INT8_KNOBS.items()] + ["egg.c"])
-def test_parity_int8_exits_1_and_names_the_knob(size, setting, tmp_path, capsys):
+def test_parity_int8_exits_1_and_names_the_knob(size, setting, tmp_path, capsys, reference_once):
     from parity.int8 import cli as int8_cli
     argv = ["--size", size, "--epochs", "2", "--out", str(tmp_path), "--quiet"]
     argv += ["--profile", "egg.c"] if setting == "egg.c" else ["--torch", setting]

@@ -43,10 +43,11 @@ def changed_fractions(old, new, es_map) -> dict:
 
 
 def train_int8(cfg: Int8Config, seed: int, corpus=None, progress: bool = True, stream: TextIO | None = None,
-               observe: Callable | None = None) -> LMTrainResult:
+               observe: Callable | None = None, validate: bool = True) -> LMTrainResult:
     """Train cfg.epochs epochs from seed on the corpus (default: the shipped one); LMTrainResult with int8 params.
 
-    observe(epoch, scores (pop,) int32, params after the update), if given, sees every epoch (lockstep checks)."""
+    observe(epoch, scores (pop,) int32, params after the update), if given, sees every epoch (lockstep checks);
+    validate=False scores no validation rows (val bits/byte NaN): a lockstep check that reads only scores and params."""
     corpus = load_corpus() if corpus is None else corpus
     train_stream, val_stream = int8_streams(corpus)
     layout = stream_layout(len(train_stream), cfg)             # ValueError: the corpus is too short
@@ -80,7 +81,7 @@ def train_int8(cfg: Int8Config, seed: int, corpus=None, progress: bool = True, s
         params = new_params
         if observe is not None:
             observe(epoch, scores, params)
-        measured = (epoch + 1) % cfg.validate_every == 0 or epoch == cfg.epochs - 1
+        measured = validate and ((epoch + 1) % cfg.validate_every == 0 or epoch == cfg.epochs - 1)
         val_e = bits_per_byte(int(validation_scores(params, val).astype(np.int64).sum()), val_tokens) \
             if measured else math.nan
         val_bpb = val_e if measured else val_bpb

@@ -33,12 +33,13 @@ this one within a bound, not bit for bit.
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_reference import emulation
 from jax_reference.models import (EXCLUDED, MM, TMM, CommonInit, Embedding, Model, Parameter, call_submodule,
                                   merge_inits, simple_es_tree_key)
 from jax_reference.noiser import EggRoll
@@ -204,8 +205,21 @@ def run_keys(seed: int):
 
 
 def init_lm(cfg: LMConfig, seed: int, dtype=jnp.float32) -> CommonInit:
-    """ByteLM.rand_init(split(key(seed), 3)[0], cfg): params, scan_map ((0,) on every blocks leaf), es_map."""
-    return ByteLM.rand_init(run_keys(seed)[0], cfg, dtype)
+    """ByteLM.rand_init(split(key(seed), 3)[0], cfg): params, scan_map ((0,) on every blocks leaf), es_map.
+
+    Computed once per (cfg, seed, dtype, emulation settings) in a process: the eager init is several hundred small
+    compiles and a check asks for the same init many times. Each call gets its own containers around the shared
+    (immutable) arrays."""
+    return jax.tree.map(lambda leaf: leaf, _init_lm(cfg, seed, jnp.dtype(dtype), emulation.tf32_on(),
+                                                    emulation.normals_backend()))
+
+
+@lru_cache(maxsize=16)
+def _init_lm(cfg: LMConfig, seed: int, dtype, tf32: bool, normals: str) -> CommonInit:
+    """init_lm's value; the emulation's settings are part of the key (they change the draws); evaluated eagerly
+    even when asked for inside a trace, so the cache never keeps a tracer."""
+    with jax.ensure_compile_time_eval():
+        return ByteLM.rand_init(run_keys(seed)[0], cfg, dtype)
 
 
 def es_keys(params, scan_map, seed: int):
@@ -239,7 +253,7 @@ def member_score(noiser, frozen_noiser_params, noiser_params, params, es_tree_ke
     return score, inter
 
 
-def _hashable(frozen_noiser_params) -> tuple:
+def static_settings(frozen_noiser_params) -> tuple:
     """The forward's static settings (the solver dropped: the forward never uses it), hashable for jit."""
     return tuple(sorted((k, v) for k, v in frozen_noiser_params.items() if k != "solver"))
 
@@ -254,7 +268,7 @@ def _population_scores(noiser, frozen_items, noiser_params, params, es_tree_key,
 
 def population_scores(noiser, frozen_noiser_params, noiser_params, params, es_tree_key, epoch, tokens):
     """(pop,) float32: member m (thread_id m, iterinfo (epoch, m)) scores tokens[m] (pop, T + 1); jit'd vmap."""
-    return _population_scores(noiser, _hashable(frozen_noiser_params), noiser_params, params, es_tree_key,
+    return _population_scores(noiser, static_settings(frozen_noiser_params), noiser_params, params, es_tree_key,
                               jnp.int32(epoch), jnp.asarray(tokens))
 
 

@@ -148,5 +148,5 @@ class ReferenceSide:
             out[f"trajectory.{epoch}.scores"] = np.asarray(scores)
             out.update({f"trajectory.{epoch}.{p}": v for p, v in _flat(params).items()})
         train_int8(case.cfg.replace(epochs=case.trajectory_epochs), case.seed, case.corpus, progress=False,
-                   observe=observe)
+                   observe=observe, validate=False)
         return out

@@ -76,5 +76,5 @@ class TorchSide:
             out[f"trajectory.{epoch}.scores"] = _np(scores)
             out.update({f"trajectory.{epoch}.{p}": _np(v) for p, v in params.items()})
         train_int8(case.cfg.replace(epochs=case.trajectory_epochs), case.seed, case.corpus, progress=False,
-                   observe=observe, knobs=self.knobs, device=self.device)
+                   observe=observe, knobs=self.knobs, device=self.device, validate=False)
         return out

@@ -144,11 +144,19 @@ def scores(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarra
     init = jlm.init_lm(cfg, seed)
     keys = jlm.es_keys(p, init.scan_map, seed) if noise else jlm.no_keys(p)
     epochs, tids = population_iterinfos(epoch, tokens.shape[0])
+    s, inter = _member_scores(jlm.static_settings(frozen), noise, nparams, p, keys, epochs, tids, jnp.asarray(tokens))
+    return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _member_scores(settings, noise, nparams, p, keys, epochs, tids, tokens):
+    """Every member's (score, intermediates), jitted once per settings and shapes (params, keys and tokens are
+    arguments: a closure would make each call a new function, traced and compiled again with its params inlined)."""
+    frozen = dict(settings)
 
     def one(e, t, toks):
         return jlm.member_score(EggRoll, frozen, nparams, p, keys, (e, t) if noise else None, toks, intermediates=True)
-    s, inter = jax.jit(jax.vmap(one))(epochs, tids, jnp.asarray(tokens))
-    return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
+    return jax.vmap(one)(epochs, tids, tokens)
 
 
 def scores_dense(cfg: LMConfig, params: dict, dense: dict, tokens: np.ndarray):
@@ -159,12 +167,19 @@ def scores_dense(cfg: LMConfig, params: dict, dense: dict, tokens: np.ndarray):
     m = tokens.shape[0]
     batched = {k: jnp.asarray(v)[None] + jnp.asarray(dense[k]) if k in dense else
                jnp.broadcast_to(jnp.asarray(v), (m,) + np.shape(v)) for k, v in params.items()}
-    keys = jlm.no_keys(_nest(params))
+    s, inter = _dense_scores(jlm.static_settings(frozen), nparams, batched, jnp.asarray(tokens))
+    return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _dense_scores(settings, nparams, batched, tokens):
+    """scores_dense's forward, noise off, vmapped over the members' params: jitted once per settings and shapes."""
+    frozen = dict(settings)
 
     def one(p, toks):
-        return jlm.member_score(EggRoll, frozen, nparams, _nest(p), keys, None, toks, intermediates=True)
-    s, inter = jax.jit(jax.vmap(one))(batched, jnp.asarray(tokens))
-    return np.asarray(s), {k: np.asarray(v) for k, v in inter.items()}
+        nested = _nest(p)
+        return jlm.member_score(EggRoll, frozen, nparams, nested, jlm.no_keys(nested), None, toks, intermediates=True)
+    return jax.vmap(one)(batched, tokens)
 
 
 def es_maps(tree) -> tuple[dict, dict]:
@@ -207,12 +222,18 @@ def update(cfg, params: dict, grads: dict) -> dict[str, np.ndarray]:
 def product(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray, form: str) -> np.ndarray:
     """EggRoll.do_mm / do_Tmm's expression on given factors, float32 under jit: mm x @ W.T + (x @ B) @ A.T (x (m,
     batch, b)), tmm x @ W + (x @ A) @ B.T (x (m, batch, a)), vmapped over the members."""
+    return np.asarray(_product(form, jnp.asarray(W), jnp.asarray(A), jnp.asarray(B), jnp.asarray(x)))
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _product(form: str, W, A, B, x):
+    """product's expression, jitted once per form and shapes (W an argument, not a constant of each call's graph)."""
     mm = emulation.matmul                                        # the reference's products (TF32 under gpu-sim)
     if form == "mm":
         fn = lambda a, b, xi: mm(xi, W.T) + mm(mm(xi, b), a.T)    # noqa: E731
     else:
         fn = lambda a, b, xi: mm(xi, W) + mm(mm(xi, a), b.T)      # noqa: E731
-    return np.asarray(jax.jit(jax.vmap(fn))(jnp.asarray(A), jnp.asarray(B), jnp.asarray(x)))
+    return jax.vmap(fn)(A, B, x)
 
 
 def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarray) -> dict:

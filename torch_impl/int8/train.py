@@ -47,21 +47,23 @@ def validation_scores(params: dict, rows: torch.Tensor, cfg: Int8Config, knobs: 
 
 def train_int8(cfg: Int8Config, seed: int, corpus=None, progress: bool = True, stream: TextIO | None = None,
                observe: Callable | None = None, device: str | torch.device = "cpu",
-               threads: int | None = 1, knobs: Int8Knobs = NANO_EGG, graph_backend=None) -> LMTrainResult:
+               threads: int | None = 1, knobs: Int8Knobs = NANO_EGG, graph_backend=None,
+               validate: bool = True) -> LMTrainResult:
     """Train cfg.epochs epochs from seed (default corpus: the shipped one); LMTrainResult with int8 params.
 
     observe(epoch, scores (pop,) int32, params after the update, info) sees every epoch (lockstep checks);
-    threads: torch intra-op threads (default 1; None leaves torch's); knobs: egg.c's departures (spec/int8_knobs.py).
+    threads: torch intra-op threads (default 1; None leaves torch's); knobs: egg.c's departures (spec/int8_knobs.py);
+    validate=False scores no validation rows (val bits/byte NaN): a lockstep check that reads only scores and params.
     On CUDA the population's and the validation's scores are captured as CUDA graphs (torch_impl.cuda_graphs; env
     TORCH_IMPL_CUDA_GRAPHS=never: eager), the same integers; `graph_backend` (tests) captures on any device."""
     corpus = load_corpus() if corpus is None else corpus
     with intra_op_threads(threads), torch.inference_mode():
         return _train(cfg, seed, corpus, LMProgress(stream or sys.stdout, cfg.epochs, progress), observe, device,
-                      knobs, cuda_graphs.graphed(model_scores, device, graph_backend))
+                      knobs, cuda_graphs.graphed(model_scores, device, graph_backend), validate)
 
 
 def _train(cfg: Int8Config, seed: int, corpus, show: LMProgress, observe, device, knobs: Int8Knobs,
-           score=model_scores) -> LMTrainResult:
+           score=model_scores, validate: bool = True) -> LMTrainResult:
     train_stream, val_stream = int8_streams(corpus)
     layout = stream_layout(len(train_stream), cfg)              # ValueError: the corpus is too short
     rows = train_rows(train_stream, layout.n_sequences, layout.segments, cfg.tokens_per_update)
@@ -84,7 +86,7 @@ def _train(cfg: Int8Config, seed: int, corpus, show: LMProgress, observe, device
         step_s = time.perf_counter() - step_start
         if observe is not None:
             observe(epoch, scores, state.params, info)
-        measured = (epoch + 1) % cfg.validate_every == 0 or epoch == cfg.epochs - 1
+        measured = validate and ((epoch + 1) % cfg.validate_every == 0 or epoch == cfg.epochs - 1)
         val_e = bits_per_byte(int(validation_scores(state.params, val, cfg, knobs, score).to(torch.int64).sum()),
                               val_tokens) \
             if measured else math.nan
