@@ -11,7 +11,6 @@ while the suite's own arithmetic (each member's A B^T for the noise check) is pi
 from __future__ import annotations
 
 import functools
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -238,17 +237,30 @@ def _product(form: str, W, A, B, x):
 
 def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarray) -> dict:
     """One reference training epoch from params: the members' scores on tokens (pop, T + 1), shaped fitness, the
-    per-leaf gradient and the new params (what lm_train's step does, in its parts)."""
+    per-leaf gradient and the new params (what lm_train's step does, in its parts, jitted as its update is)."""
     frozen, nparams = noiser(cfg)
     p = _nest({k: jnp.asarray(v) for k, v in params.items()})
     init = jlm.init_lm(cfg, seed)
     keys = jlm.es_keys(p, init.scan_map, seed)
     s = jlm.population_scores(EggRoll, frozen, nparams, p, keys, epoch, tokens)
-    shaped = EggRoll.convert_fitnesses(frozen, nparams, s)
-    g = es_grads(frozen, nparams, p, keys, shaped, population_iterinfos(epoch, cfg.pop), init.es_map)
-    _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
+    epochs, tids = population_iterinfos(epoch, cfg.pop)
+    shaped, g, new = _step_fn(cfg)(nparams, p, keys, s, epochs, tids)
     return {"scores": np.asarray(s), "shaped": np.asarray(shaped), "grads": {k: np.asarray(v) for k, v in _flat(g).items()},
             "params": {k: np.asarray(v) for k, v in _flat(new).items()}}
+
+
+@functools.lru_cache(maxsize=8)
+def _step_fn(cfg: LMConfig):
+    """(noiser_params, params, es keys, scores, epochs, thread ids) -> (shaped, g, new params), jitted once per
+    configuration (eagerly, es_grads traced every stacked leaf's lax.scan again at each call)."""
+    frozen, _ = noiser(cfg)
+    es_map = jlm.init_lm(cfg, 0).es_map              # the classes of the model's leaves (no seed enters them)
+
+    def step(nparams, p, keys, scores, epochs, tids):
+        shaped = EggRoll.convert_fitnesses(frozen, nparams, scores)
+        g = es_grads(frozen, nparams, p, keys, shaped, (epochs, tids), es_map)
+        return shaped, g, apply_grads(frozen, nparams, p, g, cfg.pop)[1]
+    return jax.jit(step)
 
 
 class OnPlatform:
@@ -258,7 +270,9 @@ class OnPlatform:
         self.platform = platform
 
     def __getattr__(self, name: str):
-        fn = getattr(sys.modules[__name__], name)
+        if name not in _FUNCTIONS:
+            raise AttributeError(f"{__name__} has no {name!r}")
+        fn = _FUNCTIONS[name]
         if not callable(fn) or name.startswith("_") or isinstance(fn, type):
             return fn
 
@@ -279,6 +293,10 @@ class OnPlatform:
         from jax_reference.platform import normals_available
         other = self.platform.replace(normals="cpu" if self.platform.normals == "gpu" else "gpu")
         return OnPlatform(other) if normals_available(other) else None
+
+
+_FUNCTIONS = globals()    # this module's names, read without looking the module up again (a test run in-process may
+                          # have taken it out of sys.modules)
 
 
 def on_platform(platform: ReferencePlatform | None = None) -> OnPlatform:
