@@ -152,6 +152,11 @@ def fullrank_noise(noiser_params, frozen_noiser_params, iterinfo, shape, key):
 
 
 # ----------------------------------------------------------------------------- integer helpers
+def _static(frozen_noiser_params) -> tuple:
+    """The noiser's frozen settings as a hashable tuple of items: what a jitted function takes as its static part."""
+    return tuple(sorted(frozen_noiser_params.items()))
+
+
 def clip8(v):
     """clip(v, -127, 127) as int8."""
     return jnp.clip(v, -MAX, MAX).astype(I8)
@@ -248,21 +253,7 @@ class QEggRoll:
     @classmethod
     def leaf_votes(cls, frozen_noiser_params, noiser_params, param, key, fitnesses, epoch, es_class):
         """Z (param's shape, int32): sum_k f_k N_k over pairs k, each with thread 2k's (+) noise."""
-        pairs = fitnesses.shape[0]
-        iterinfos = (jnp.full((pairs,), epoch, I32), 2 * jnp.arange(pairs, dtype=I32))
-        f = fitnesses.astype(I32)
-        use_clt = frozen_noiser_params["use_clt"]
-        if es_class == PARAM:
-            E = jax.vmap(lambda it: fullrank_noise(noiser_params, frozen_noiser_params, it, param.shape, key))(
-                iterinfos)
-            E = E if use_clt else jnp.sign(E)
-            return jnp.einsum("n,n...->...", f, E)
-        A, B = jax.vmap(lambda it: lowrank_factors(noiser_params, frozen_noiser_params, it, param.shape, key))(
-            iterinfos)
-        A, B = A.astype(I32), B.astype(I32)
-        if not use_clt:
-            A, B = jnp.sign(A), jnp.sign(B)
-        return jnp.einsum("nir,njr->ij", f[:, None, None] * A, B)
+        return _leaf_votes(_static(frozen_noiser_params), int(es_class), noiser_params, param, key, fitnesses, epoch)
 
     @classmethod
     def apply_votes(cls, frozen_noiser_params, noiser_params, param, Z, pairs: int):
@@ -289,6 +280,28 @@ class QEggRoll:
         return noiser_params, jax.tree.map(leaf, params, base_keys, es_map)
 
 
+@partial(jax.jit, static_argnums=(0, 1))
+def _leaf_votes(frozen_items, es_class, noiser_params, param, key, fitnesses, epoch):
+    """QEggRoll.leaf_votes jitted once per settings, class and shapes: integer arithmetic, so the same integers as
+    op by op (which ran a few hundred small kernels per leaf)."""
+    frozen_noiser_params = dict(frozen_items)
+    pairs = fitnesses.shape[0]
+    iterinfos = (jnp.full((pairs,), epoch, I32), 2 * jnp.arange(pairs, dtype=I32))
+    f = fitnesses.astype(I32)
+    use_clt = frozen_noiser_params["use_clt"]
+    if es_class == PARAM:
+        E = jax.vmap(lambda it: fullrank_noise(noiser_params, frozen_noiser_params, it, param.shape, key))(
+            iterinfos)
+        E = E if use_clt else jnp.sign(E)
+        return jnp.einsum("n,n...->...", f, E)
+    A, B = jax.vmap(lambda it: lowrank_factors(noiser_params, frozen_noiser_params, it, param.shape, key))(
+        iterinfos)
+    A, B = A.astype(I32), B.astype(I32)
+    if not use_clt:
+        A, B = jnp.sign(A), jnp.sign(B)
+    return jnp.einsum("nir,njr->ij", f[:, None, None] * A, B)
+
+
 class CachedQEggRoll(QEggRoll):
     """QEggRoll whose ops read each leaf's noise given in place of its key ((A, B) or E, drawn by member_noise)."""
 
@@ -302,7 +315,17 @@ class CachedQEggRoll(QEggRoll):
 
 
 def member_noise(noiser_params, frozen_noiser_params, params, es_tree_key, es_map, iterinfo):
-    """The member's noise per leaf (slices stacked like the leaf): (A, B) for low rank, E for full rank."""
+    """The member's noise per leaf (slices stacked like the leaf): (A, B) for low rank, E for full rank; jitted once
+    per settings and shapes (integer arithmetic: the integers of an op-by-op run)."""
+    return _member_noise(_static(frozen_noiser_params), tuple(jax.tree.leaves(es_map)), noiser_params, params,
+                         es_tree_key, iterinfo)
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _member_noise(frozen_items, es_map_leaves, noiser_params, params, es_tree_key, iterinfo):
+    frozen_noiser_params = dict(frozen_items)
+    es_map = jax.tree.unflatten(jax.tree.structure(params), list(es_map_leaves))
+
     def leaf(param, key, es_class):
         draw = ((lambda p, k: fullrank_noise(noiser_params, frozen_noiser_params, iterinfo, p.shape, k))
                 if es_class == PARAM else
@@ -538,7 +561,18 @@ def trace_names(n_layer: int) -> list[str]:
 
 
 def member_trace(noiser, frozen_noiser_params, noiser_params, params, keys, iterinfo, inputs, targets, state):
-    """member_scores's run with every intermediate kept: {trace_names(L)[i]: (T, ...)} and the final state."""
+    """member_scores's run with every intermediate kept: {trace_names(L)[i]: (T, ...)} and the final state; jitted
+    once per noiser, settings and shapes (op by op, its scan was traced and compiled again at every call)."""
+    trace, state = _member_trace(noiser, _static(frozen_noiser_params), noiser_params, params, keys, iterinfo, inputs,
+                                 targets, state)
+    n_layer = sum(name.startswith("blocks.") and name.endswith(".out") for name in trace)
+    return {name: trace[name] for name in trace_names(n_layer)}, state     # forward order (jit sorts a dict's keys)
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _member_trace(noiser, frozen_items, noiser_params, params, keys, iterinfo, inputs, targets, state):
+    frozen_noiser_params = dict(frozen_items)
+
     def step(state, tok):
         inp, tgt = tok
         state = lax.select(inp == 0, jnp.zeros_like(state), state)
@@ -585,7 +619,7 @@ def _population_scores(frozen_items, noiser_params, params, es_tree_key, es_map_
 
 def population_scores(frozen_noiser_params, noiser_params, params, es_tree_key, es_map, epoch, tokens, states):
     """(scores (pop,) int32, states (pop, n_layer, d)): member m is thread m at (epoch, m) on tokens[m] (T + 1,)."""
-    return _population_scores(tuple(sorted(frozen_noiser_params.items())), noiser_params, params, es_tree_key,
+    return _population_scores(_static(frozen_noiser_params), noiser_params, params, es_tree_key,
                               tuple(jax.tree.leaves(es_map)), jnp.int32(epoch), jnp.asarray(tokens),
                               jnp.asarray(states))
 
@@ -600,7 +634,7 @@ def _update(frozen_items, noiser_params, params, es_tree_key, scores, es_map_lea
 
 def update(frozen_noiser_params, noiser_params, params, es_tree_key, es_map, scores, epoch):
     """New params after the epoch's vote on scores (pop,) (noiser_params carries the epoch's threshold)."""
-    return _update(tuple(sorted(frozen_noiser_params.items())), noiser_params, params, es_tree_key,
+    return _update(_static(frozen_noiser_params), noiser_params, params, es_tree_key,
                    jnp.asarray(scores), tuple(jax.tree.leaves(es_map)), jnp.int32(epoch))
 
 
