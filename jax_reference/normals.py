@@ -98,6 +98,12 @@ def normal(key, shape=(), dtype=jnp.float32, backend: str | None = None) -> jax.
     J.check_backend(backend)
     if jnp.dtype(dtype) != jnp.float32:
         raise ValueError(f"{backend}'s normals are float32 only (spec.jax_rng); got dtype {jnp.dtype(dtype)}")
+    return _table_normal(key, tuple(np.atleast_1d(shape).tolist()) if np.ndim(shape) else (int(shape),), backend)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _table_normal(key, shape: tuple, backend: str) -> jax.Array:
+    """normal's table path, jitted once per shape and backend (op by op, each draw was a few small compiles)."""
     index = jax.random.bits(key, shape, jnp.uint32) >> 9
     if jax.default_backend() == "cpu":
         return _host_gather(backend, index)
