@@ -55,6 +55,26 @@ def test_the_initialised_tree_is_spec_lm_tree(size):
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_init_is_computed_once_and_each_caller_gets_its_own_containers(size):
+    """init_lm is kept per (cfg, seed, dtype, emulation settings): a second call shares the arrays (immutable), not
+    the dicts, so a caller's edit reaches nobody else; another seed or the GPU's normals is another init."""
+    from jax_reference.emulation import emulating
+    cfg = LM_PRESETS[size]
+    first = lm.init_lm(cfg, 5)
+    first.params["head"] = None
+    again = lm.init_lm(cfg, 5)
+    assert again.params["head"] is not None and again.params is not first.params
+    assert all(a is b for a, b in zip(jax.tree.leaves(again.params["blocks"]), jax.tree.leaves(first.params["blocks"])))
+    other = lm.init_lm(cfg, 6)
+    assert not np.array_equal(other.params["blocks"]["wz"], again.params["blocks"]["wz"])
+    with emulating(normals="gpu"):
+        gpu = lm.init_lm(cfg, 5)
+    assert not np.array_equal(gpu.params["blocks"]["wz"], again.params["blocks"]["wz"])   # a few normals differ
+    eager = lm.ByteLM.rand_init(lm.run_keys(5)[0], cfg)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(eager.params), jax.tree.leaves(again.params)))
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_init_values_follow_the_key_scheme(size):
     """Every leaf recomputed straight from jax.random with spec.lm.init_plan's split indices: bit for bit."""
     cfg, init, *_ = setup(size, seed=3)
