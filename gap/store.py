@@ -67,7 +67,7 @@ def _append(path: str, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def _cut_partial_line(path: str) -> None:
+def cut_partial_line(path: str) -> None:
     """Drop the bytes after the last newline (a row an interruption left half written)."""
     with open(path, "rb+") as f:
         data = f.read()
@@ -75,7 +75,8 @@ def _cut_partial_line(path: str) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def _read_rows(path: str) -> list[dict]:
+def read_rows(path: str) -> list[dict]:
+    """A CSV file's rows as dicts of strings."""
     with open(path, encoding="utf-8", newline="") as f:
         return list(csv.DictReader(f))
 
@@ -128,7 +129,7 @@ class RunStore:
             if not os.path.exists(path) or os.path.getsize(path) == 0:
                 _write(path, headers[0], [])
                 continue
-            _cut_partial_line(path)
+            cut_partial_line(path)
             if _header(path) not in headers:
                 raise ValueError(f"{path} has columns {_header(path)}, expected {headers[0]}: it was written by "
                                  "another tool; move it away or pick another --out")
@@ -137,7 +138,7 @@ class RunStore:
         """Cut partial lines, convert old rows to today's identity and columns, keep each run once, drop the
         epochs of runs that never committed."""
         self._check_headers()
-        runs, epochs = _read_rows(self.runs_path), _read_rows(self.epochs_path)
+        runs, epochs = read_rows(self.runs_path), read_rows(self.epochs_path)
         unique, kept = canonical_rows(runs, epochs)
         if unique != runs or _header(self.runs_path) != RUN_COLUMNS:
             _write(self.runs_path, RUN_COLUMNS, unique)
@@ -172,14 +173,14 @@ class RunStore:
     def run_rows(self) -> list[dict]:
         """Every committed run row (strings, as csv reads them)."""
         if self.readonly:
-            return canonical_rows(_read_rows(self.runs_path), [])[0]
-        return _read_rows(self.runs_path)
+            return canonical_rows(read_rows(self.runs_path), [])[0]
+        return read_rows(self.runs_path)
 
     def epoch_rows(self) -> list[dict]:
         if self.readonly:
-            runs = _read_rows(self.runs_path)
-            return canonical_rows(runs, _read_rows(self.epochs_path) if os.path.exists(self.epochs_path) else [])[1]
-        return _read_rows(self.epochs_path)
+            runs = read_rows(self.runs_path)
+            return canonical_rows(runs, read_rows(self.epochs_path) if os.path.exists(self.epochs_path) else [])[1]
+        return read_rows(self.epochs_path)
 
     def commit(self, run_row: dict, epoch_rows: list[dict]) -> None:
         """Epochs first, then the run row that marks the run done."""

@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, NamedTuple
 
+from gap import store
 from spec.lm import LM_PRESETS, LMConfig
 from spec.tree_knobs import TREE_CHOICES, TREE_DESCRIPTIONS, TREE_MEANINGS, TreeKnobs
 
@@ -132,28 +133,18 @@ def _append(path: str, columns: tuple[str, ...], rows: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def _cut_partial_line(path: str) -> None:
-    if os.path.exists(path):
-        with open(path, "rb+") as f:
-            data = f.read()
-            if data and not data.endswith(b"\n"):
-                f.truncate(data.rfind(b"\n") + 1)
+def _read(folder: str, name: str) -> list[dict]:
+    """The rows of folder/name, or [] before the study wrote it."""
+    path = os.path.join(folder, name)
+    return store.read_rows(path) if os.path.exists(path) else []
 
 
 def read_runs(folder: str) -> list[dict]:
-    path = os.path.join(folder, "runs.csv")
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f))
+    return _read(folder, "runs.csv")
 
 
 def read_epochs(folder: str) -> list[dict]:
-    path = os.path.join(folder, "epochs.csv")
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f))
+    return _read(folder, "epochs.csv")
 
 
 def commit(folder: str, run_row: dict, epoch_rows: list[dict]) -> None:
@@ -217,8 +208,9 @@ def _clock(seconds: float) -> str:
 def run_all(specs: list[LmRunSpec], folder: str, trainer: Callable, executor, log=print) -> tuple[int, list[str]]:
     """Train every spec not yet in the store, committing each as it finishes; (finished, failures)."""
     os.makedirs(folder, exist_ok=True)
-    for name in ("runs.csv", "epochs.csv"):
-        _cut_partial_line(os.path.join(folder, name))
+    for path in (os.path.join(folder, name) for name in ("runs.csv", "epochs.csv")):
+        if os.path.exists(path):
+            store.cut_partial_line(path)
     done = {r["run_id"] for r in read_runs(folder)}
     pending = [s for s in specs if s.run_id not in done]
     log(f"{len(pending)} runs to do, {len(specs) - len(pending)} already done, on {executor.describe()}")
