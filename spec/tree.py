@@ -94,6 +94,18 @@ def key_tuple(path: str) -> tuple[str, ...]:
     return tuple(path.split("."))
 
 
+def nest(flat: Mapping[str, object]) -> dict:
+    """{"a.b": v} -> {"a": {"b": v}}: leaves at dotted paths as the nested dicts upstream's params are."""
+    out: dict = {}
+    for path, value in flat.items():
+        *head, last = key_tuple(path)
+        node = out
+        for part in head:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
 def flatten_order(paths: Iterable[str]) -> list[str]:
     """Paths in JAX's flatten order of the nested dict they name: keys sorted as strings at every level."""
     return sorted(paths, key=key_tuple)

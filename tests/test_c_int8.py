@@ -18,6 +18,7 @@ import c_int8
 from c_int8.build import BuildError, NoCompiler, build
 from spec import int8 as s
 from spec.int8_knobs import INT8_KNOBS
+from spec.tree import nest
 
 ROOT = Path(__file__).resolve().parent.parent
 REASON = c_int8.unavailable_reason()
@@ -97,14 +98,7 @@ def _flat(tree) -> dict:
 
 def _nest(flat: dict):
     import jax.numpy as jnp
-    out: dict = {}
-    for path, value in flat.items():
-        node = out
-        *head, last = path.split(".")
-        for part in head:
-            node = node.setdefault(part, {})
-        node[last] = jnp.asarray(value)
-    return out
+    return nest({p: jnp.asarray(v) for p, v in flat.items()})
 
 
 def _random_params(cfg, tag):

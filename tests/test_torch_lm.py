@@ -19,7 +19,7 @@ import torch
 from jax_reference.models import as_typed_key, simple_es_tree_key
 from jax_reference.noiser import EggRoll, es_grads, fullrank_noise, lowrank_factors, lowrank_sigma
 from spec.lm import BLOCK, LM_PRESETS, TOP, lm_tree
-from spec.tree import ES_MAP, Leaf, make_tree, slice_index
+from spec.tree import ES_MAP, Leaf, make_tree, nest, slice_index
 from spec.tree_knobs import TREE_CHOICES, TreeKnobs
 from torch_impl.tree import es as lm_es, lm
 from torch_impl import random as rnd
@@ -51,18 +51,6 @@ def random_tree(d: int, L: int):
 
 
 SIZES = [(4, 2), (7, 3)]
-
-
-def nest(flat: dict):
-    """{"a.b": v} -> {"a": {"b": v}}."""
-    out: dict = {}
-    for path, v in flat.items():
-        *head, last = path.split(".")
-        node = out
-        for part in head:
-            node = node.setdefault(part, {})
-        node[last] = v
-    return out
 
 
 def get(tree, path: str):

@@ -11,6 +11,7 @@ import numpy as np
 
 from parity.int8.pieces import Case, Pieces, noise_pieces
 from spec.platform import ReferencePlatform
+from spec.tree import nest
 
 NAME = "JAX (jax_reference.int8)"
 
@@ -19,18 +20,6 @@ def _flat(tree) -> dict:
     import jax
     return {".".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
             for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def _nest(flat: dict) -> dict:
-    import jax.numpy as jnp
-    out: dict = {}
-    for path, value in flat.items():
-        node = out
-        *head, last = path.split(".")
-        for part in head:
-            node = node.setdefault(part, {})
-        node[last] = jnp.asarray(value)
-    return out
 
 
 def _flat_noise(noise) -> dict:
@@ -100,7 +89,7 @@ class ReferenceSide:
                                                  init.es_map, (jnp.int32(case.epoch), jnp.int32(t))))
                       for t in case.threads]
         out.update(noise_pieces(per_member, self.paths))
-        params = _nest(case.params)
+        params = nest({p: jnp.asarray(v) for p, v in case.params.items()})
         traces = []
         for t in case.threads:
             trace, state = q.member_trace(q.QEggRoll, self.frozen, self.nparams, params, init.es_tree_key,

@@ -23,7 +23,7 @@ from jax_reference.noiser import EggRoll, apply_grads, es_grads, true_epoch
 from jax_reference.population import population_iterinfos
 from spec.lm import LMConfig
 from spec.platform import ReferencePlatform
-from spec.tree import Leaf
+from spec.tree import Leaf, nest
 
 NAME = "jax_reference"
 HIGHEST = jax.lax.Precision.HIGHEST        # the suite's own products (A B^T), float32 whatever the platform
@@ -37,23 +37,12 @@ def _flat(tree_dict, prefix="") -> dict:
     return out
 
 
-def _nest(flat: dict) -> dict:
-    out: dict = {}
-    for path, v in flat.items():
-        node = out
-        *head, last = path.split(".")
-        for k in head:
-            node = node.setdefault(k, {})
-        node[last] = v
-    return out
-
-
 def init(cfg: LMConfig, seed: int) -> dict[str, np.ndarray]:
     return {p: np.asarray(v) for p, v in _flat(jlm.init_lm(cfg, seed).params).items()}
 
 
 def noiser(cfg):
-    return EggRoll.init_noiser(_nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()}), cfg.sigma, cfg.lr,
+    return EggRoll.init_noiser(nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()}), cfg.sigma, cfg.lr,
                                group_size=cfg.group_size, freeze_nonlora=cfg.freeze_nonlora,
                                noise_reuse=cfg.noise_reuse, rank=cfg.rank)
 
@@ -139,7 +128,7 @@ def shape(cfg, f: np.ndarray) -> np.ndarray:
 def scores(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarray, noise: bool):
     """(scores (m,), intermediates {name: (m, ...)}) of every member on tokens (m, T + 1)."""
     frozen, nparams = noiser(cfg)
-    p = _nest({k: jnp.asarray(v) for k, v in params.items()})
+    p = nest({k: jnp.asarray(v) for k, v in params.items()})
     init = jlm.init_lm(cfg, seed)
     keys = jlm.es_keys(p, init.scan_map, seed) if noise else jlm.no_keys(p)
     epochs, tids = population_iterinfos(epoch, tokens.shape[0])
@@ -176,15 +165,15 @@ def _dense_scores(settings, nparams, batched, tokens):
     frozen = dict(settings)
 
     def one(p, toks):
-        nested = _nest(p)
+        nested = nest(p)
         return jlm.member_score(EggRoll, frozen, nparams, nested, jlm.no_keys(nested), None, toks, intermediates=True)
     return jax.vmap(one)(batched, tokens)
 
 
 def es_maps(tree) -> tuple[dict, dict]:
     """(scan_map, es_map) of a spec.tree.Tree as upstream's nested dicts (scanned axes, es_map classes)."""
-    return (_nest({leaf.path: leaf.scan_axes for leaf in tree.leaves}),
-            _nest({leaf.path: leaf.es_class for leaf in tree.leaves}))
+    return (nest({leaf.path: leaf.scan_axes for leaf in tree.leaves}),
+            nest({leaf.path: leaf.es_class for leaf in tree.leaves}))
 
 
 @functools.lru_cache(maxsize=8)
@@ -192,7 +181,7 @@ def _grads_fn(cfg):
     """(es_grads jitted for this configuration's tree and settings, its zero params): compiled once per
     configuration, where eager es_grads would trace every stacked leaf's lax.scan again at each call."""
     frozen, nparams = noiser(cfg)
-    params = _nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()})
+    params = nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()})
     es_map = es_maps(cfg.tree)[1]
     return jax.jit(lambda keys, shaped, epochs, tids: es_grads(frozen, nparams, params, keys, shaped, (epochs, tids),
                                                                es_map)), params
@@ -212,8 +201,8 @@ def grads(cfg, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarra
 def update(cfg, params: dict, grads: dict) -> dict[str, np.ndarray]:
     """One optax-sgd step of the noiser on given per-leaf gradients (apply_grads: -(g sqrt(N)) to the solver)."""
     frozen, nparams = noiser(cfg)
-    p = _nest({k: jnp.asarray(v) for k, v in params.items()})
-    g = _nest({k: jnp.asarray(v) for k, v in grads.items()})
+    p = nest({k: jnp.asarray(v) for k, v in params.items()})
+    g = nest({k: jnp.asarray(v) for k, v in grads.items()})
     _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
     return {k: np.asarray(v) for k, v in _flat(new).items()}
 
@@ -239,7 +228,7 @@ def epoch_step(cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.nd
     """One reference training epoch from params: the members' scores on tokens (pop, T + 1), shaped fitness, the
     per-leaf gradient and the new params (what lm_train's step does, in its parts, jitted as its update is)."""
     frozen, nparams = noiser(cfg)
-    p = _nest({k: jnp.asarray(v) for k, v in params.items()})
+    p = nest({k: jnp.asarray(v) for k, v in params.items()})
     init = jlm.init_lm(cfg, seed)
     keys = jlm.es_keys(p, init.scan_map, seed)
     s = jlm.population_scores(EggRoll, frozen, nparams, p, keys, epoch, tokens)
