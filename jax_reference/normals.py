@@ -98,7 +98,7 @@ def normal(key, shape=(), dtype=jnp.float32, backend: str | None = None) -> jax.
     J.check_backend(backend)
     if jnp.dtype(dtype) != jnp.float32:
         raise ValueError(f"{backend}'s normals are float32 only (spec.jax_rng); got dtype {jnp.dtype(dtype)}")
-    return _table_normal(key, tuple(np.atleast_1d(shape).tolist()) if np.ndim(shape) else (int(shape),), backend)
+    return _table_normal(key, tuple(int(n) for n in np.atleast_1d(shape)), backend)     # an int n: (n,)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
