@@ -353,3 +353,64 @@ def test_the_settings_and_the_memory_estimate():
     assert check_fits(estimate=small, pop=8, available=1 << 30).total < 1 << 20      # the example: well under 1 MiB
     with pytest.raises(ValueError, match="not even a population of 2 fits"):
         check_fits(estimate=small, pop=8, available=small.total // 8)
+
+
+def _op_by_op(run, seed, epoch, leaf, variant, what):
+    """The reference's noise as upstream draws it, member by member (jax.random.normal of the slice's own shape under
+    vmap, op by op): the oracle parity.tree.reference's bucketed, kept draws must equal bit for bit."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from parity.tree import reference as R
+    keys = R.slice_keys(run, seed, leaf, variant)
+    g = epoch // run.noise_reuse if run.noise_reuse else 0
+    shape = (sum(leaf.slice_shape), run.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
+    m = jnp.arange(run.pop)
+    sign = jnp.where(m % 2 == 0, 1.0, -1.0).astype(jnp.float32)
+    s_low = jnp.float32(run.sigma) / jnp.sqrt(run.rank)
+
+    def one(key, i, sg):
+        z = jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, g), i // 2), shape)
+        if what == "draws" or what == "abs":
+            return z
+        if leaf.cls == "param":
+            return z * (sg * jnp.float32(run.sigma))
+        a, b = leaf.slice_shape
+        if variant == "tmm_transposed":
+            return jnp.matmul(z[:a], (z[a:] * (sg * s_low)).T, precision=jax.lax.Precision.HIGHEST)
+        return jnp.matmul(z[b:] * (sg * s_low), z[:b].T, precision=jax.lax.Precision.HIGHEST)
+    members = m[::2] if what == "draws" else m
+    out = np.asarray(R._per_slices(jax.vmap(one, in_axes=(None, 0, 0)), keys, leaf, members, sign[:members.size]))
+    if what != "abs":
+        return out
+    z, b = out.astype(np.float64), leaf.slice_shape[1]
+    return np.abs(z[..., b:, :] * float(s_low)) @ np.abs(np.swapaxes(z[..., :b, :], -1, -2))
+
+
+@pytest.mark.parametrize("pop, rank, epoch", [(8, 2, 3), (20, 3, 1)])
+def test_the_kept_bucketed_draws_are_upstreams_draws_bit_for_bit(pop, rank, epoch):
+    """draws, dense_noise and factors_abs_product come from one compiled draw of a bucketed length, slice count and
+    pair count, kept per inputs: each equals the member-by-member draw of the slice's own shape bit for bit, on plain,
+    transposed and two-axis stacked leaves, for every key variant, at two sizes (fresh seeds)."""
+    import numpy as np
+    from parity.tree import reference as R
+    from spec.tree import Leaf, TreeRun, make_tree
+    tree = make_tree([Leaf("experts.w", (2, 3, 5, 4), "mm", (0, 1)), Leaf("experts.b", (2, 3, 5), "param", (0, 1)),
+                      Leaf("out", (4, 6), "tmm"), Leaf("emb", (7, 3), "param")])
+    run = TreeRun(tree, pop=pop, rank=rank, sigma=0.1, freeze_nonlora=False, noise_reuse=2)
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    for leaf in tree.leaves:
+        for variant in ("faithful", "shared", "insertion") + (("tmm_transposed",) if leaf.cls == "tmm" else ()):
+            got = R.draws(run, seed, epoch, leaf, variant)
+            assert got.dtype == np.float32 and not got.flags.writeable
+            assert np.array_equal(got.view(np.uint32), _op_by_op(run, seed, epoch, leaf, variant, "draws").view(
+                np.uint32)), (seed, leaf.path, variant)
+            dense = R.dense_noise(run, seed, epoch, leaf, variant)
+            assert dense.shape == (pop, *leaf.shape) and np.array_equal(
+                dense.view(np.uint32), _op_by_op(run, seed, epoch, leaf, variant, "dense").view(np.uint32)), (
+                seed, leaf.path, variant)
+        if leaf.cls != "param":
+            assert np.array_equal(R.factors_abs_product(run, seed, epoch, leaf),
+                                  _op_by_op(run, seed, epoch, leaf, "faithful", "abs")), (seed, leaf.path)
+    other = R.draws(run, seed + 1, epoch, tree.leaves[0])
+    assert not np.array_equal(other, R.draws(run, seed, epoch, tree.leaves[0]))   # kept per seed, not shared

@@ -70,11 +70,52 @@ def _per_slices(fn, keys, leaf: Leaf, *rest):
     return out.reshape(out.shape[:1] + leaf.stack_shape + out.shape[2:])
 
 
+def _bucket(n: int) -> int:
+    """n rounded up to a power of two, at least 8: a few compiled shapes serve every leaf, pair count and tree."""
+    return max(8, 1 << (int(n) - 1).bit_length())
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _flat_normals(length: int, keys, g, pairs):
+    """normal(fold_in(fold_in(key, g), p), (length,)) for every key (k,) and pair p (n,): (n, k, length) float32,
+    jitted once per bucketed size (and emulation state, part of jit's key)."""
+    def one(key, p):
+        return emulation.normal(jax.random.fold_in(jax.random.fold_in(key, g), p), (length,))
+    return jax.vmap(jax.vmap(one, in_axes=(0, None)), in_axes=(None, 0))(keys, pairs)
+
+
+@functools.lru_cache(maxsize=16)
+def _draws(cfg, seed: int, g: int, leaf: Leaf, variant: str, platform: tuple) -> np.ndarray:
+    """draws' array (read-only), kept per inputs and emulation state `platform` (the checks ask for the same leaf's
+    noise several times). JAX's threefry bits depend only on an entry's flat index (jax_threefry_partitionable, on
+    since JAX 0.5), so the first prod(shape) normals of a longer draw are the draw of `shape`: one compiled draw of a
+    bucketed length, slice count and pair count serves every leaf (tests/test_parity_tree.py checks it bit for bit
+    against jax.random.normal of the slice's own shape)."""
+    keys = slice_keys(cfg, seed, leaf, variant)
+    shape = (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
+    size, pairs = int(np.prod(shape)), cfg.pop // 2
+    flat = keys.reshape(-1) if leaf.scan_axes else keys[None]
+    k = flat.shape[0]
+    padded = jnp.concatenate([flat, jnp.broadcast_to(flat[:1], (_bucket(k) - k,))]) if _bucket(k) > k else flat
+    z = np.asarray(_flat_normals(_bucket(size), padded, jnp.uint32(g), jnp.arange(_bucket(pairs), dtype=jnp.uint32)))
+    z = z[:pairs, :k, :size].reshape((pairs,) + leaf.stack_shape + shape)
+    z.flags.writeable = False
+    return z
+
+
 def draws(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
     """The raw JAX normals behind one leaf's noise, one draw per antithetic pair p (members 2p and 2p+1 share it):
     normal(fold_in(fold_in(slice key, true epoch), p)) of shape (a + b, r) (low-rank) or the slice shape (param),
     laid out (pop // 2, *stack, ...) float32; keys as slice_keys(variant). Everything else about the noise (signs,
     scales, products) is numpy arithmetic on these (parity.tree.numpy_reference)."""
+    if not jax.config.jax_threefry_partitionable:
+        return _eager_draws(cfg, seed, epoch, leaf, variant)
+    platform = (emulation.tf32_on(), emulation.normals_backend())
+    return _draws(cfg, seed, true_epoch(epoch, cfg.noise_reuse), leaf, variant, platform)
+
+
+def _eager_draws(cfg, seed: int, epoch: int, leaf: Leaf, variant: str) -> np.ndarray:
+    """draws op by op, each slice's own shape: where threefry's bits are not by flat index (partitionable off)."""
     keys = slice_keys(cfg, seed, leaf, variant)
     g = true_epoch(epoch, cfg.noise_reuse)
     shape = (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
@@ -85,39 +126,44 @@ def draws(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> 
     return np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0)), keys, leaf, jnp.arange(cfg.pop // 2)))
 
 
+def _members(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
+    """Every member's draw (pop, *stack, ...): member m draws pair m // 2's."""
+    return draws(cfg, seed, epoch, leaf, variant)[np.arange(cfg.pop) // 2]
+
+
+def _low_scale(cfg) -> np.float32:
+    """sigma / sqrt(r) in float32, as the noiser computes it."""
+    return np.float32(jnp.float32(cfg.sigma) / jnp.sqrt(cfg.rank))
+
+
 def dense_noise(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
     """Every member's perturbation of one leaf at its stored shape (pop, *shape), float32, as upstream draws it
-    (variant `tmm_transposed`: an (in, out) weight's draw split as a transposed mm: B = Z[:in])."""
-    keys = slice_keys(cfg, seed, leaf, variant)
-    g = true_epoch(epoch, cfg.noise_reuse)
-    members = jnp.arange(cfg.pop)
-    sign = jnp.where(members % 2 == 0, 1.0, -1.0).astype(jnp.float32)
-    s_low = jnp.float32(cfg.sigma) / jnp.sqrt(cfg.rank)
-
-    def one(key, m, sg):
-        k = jax.random.fold_in(jax.random.fold_in(key, g), m // 2)
-        if leaf.cls == "param":
-            return emulation.normal(k, leaf.slice_shape) * (sg * jnp.float32(cfg.sigma))
-        a, b = leaf.slice_shape
-        z = emulation.normal(k, (a + b, cfg.rank))
-        if variant == "tmm_transposed":
-            return jnp.matmul(z[:a], (z[a:] * (sg * s_low)).T, precision=HIGHEST)
-        return jnp.matmul(z[b:] * (sg * s_low), z[:b].T, precision=HIGHEST)
-
-    return np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0, 0)), keys, leaf, members, sign))
+    (variant `tmm_transposed`: an (in, out) weight's draw split as a transposed mm: B = Z[:in]). The signed scales
+    are float32 products (exact in numpy as in JAX); A B^T is JAX's float32 product (HIGHEST), member by member."""
+    z = _members(cfg, seed, epoch, leaf, variant)
+    sign = np.where(np.arange(cfg.pop) % 2 == 0, np.float32(1), np.float32(-1)).reshape((-1,) + (1,) * (z.ndim - 1))
+    if leaf.cls == "param":
+        return z * (sign * np.float32(cfg.sigma))
+    a, b = leaf.slice_shape
+    scaled = z * (sign * _low_scale(cfg))
+    if variant == "tmm_transposed":
+        left, right = z[..., :a, :], scaled[..., a:, :]
+    else:
+        left, right = scaled[..., b:, :], z[..., :b, :]
+    fn = jax.vmap(lambda x, y: jnp.matmul(x, y.T, precision=HIGHEST))         # over the members
+    if not leaf.scan_axes:
+        return np.asarray(fn(jnp.asarray(left), jnp.asarray(right)))
+    flat = (cfg.pop, leaf.n_slices)                                               # the slices as one vmapped axis
+    out = jax.vmap(fn, in_axes=1, out_axes=1)(jnp.asarray(left.reshape(flat + left.shape[-2:])),
+                                              jnp.asarray(right.reshape(flat + right.shape[-2:])))
+    return np.asarray(out).reshape((cfg.pop,) + leaf.stack_shape + out.shape[2:])
 
 
 def factors_abs_product(cfg, seed: int, epoch: int, leaf: Leaf) -> np.ndarray:
     """|A| |B|^T per member at the stored shape (pop, *shape), float64: the scale of a low-rank product's rounding."""
-    keys = slice_keys(cfg, seed, leaf)
-    g = true_epoch(epoch, cfg.noise_reuse)
-    s_low = float(jnp.float32(cfg.sigma) / jnp.sqrt(cfg.rank))
-    a, b = leaf.slice_shape
-
-    def one(key, m):
-        return emulation.normal(jax.random.fold_in(jax.random.fold_in(key, g), m // 2), (a + b, cfg.rank))
-    z = np.asarray(_per_slices(jax.vmap(one, in_axes=(None, 0)), keys, leaf, jnp.arange(cfg.pop))).astype(np.float64)
-    return np.abs(z[..., b:, :] * s_low) @ np.abs(np.swapaxes(z[..., :b, :], -1, -2))
+    z = _members(cfg, seed, epoch, leaf).astype(np.float64)
+    b = leaf.slice_shape[1]
+    return np.abs(z[..., b:, :] * float(_low_scale(cfg))) @ np.abs(np.swapaxes(z[..., :b, :], -1, -2))
 
 
 def shape(cfg, f: np.ndarray) -> np.ndarray:
