@@ -73,12 +73,21 @@ def leaf_order(shapes) -> list[str]:
 
 
 @lru_cache(maxsize=None)
-def _jax_normals(shape: tuple[int, ...]):
-    """Jitted (base key, generation, pair ids (n,)) -> normal(fold_in(fold_in(key, generation), p), shape) (n, *shape)."""
+def _jax_normals(length: int):
+    """Jitted (base key, generation, pair ids (n,)) -> normal(fold_in(fold_in(key, generation), p), (length,)) (n,
+    length). Threefry's bits go by flat index (jax_threefry_partitionable), so a slice's draw is the first prod(shape)
+    of a longer one: a few bucketed lengths serve every leaf's shape, a compile each instead of one per shape."""
     def one(key, generation, pair):
-        return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, generation), pair), shape, jnp.float32)
+        return jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, generation), pair), (length,), jnp.float32)
 
     return jax.jit(jax.vmap(one, in_axes=(None, None, 0)))
+
+
+def _jax_normals_of(shape: tuple[int, ...], key, generation: int, pairs: np.ndarray) -> np.ndarray:
+    """(n, *shape) normals of `shape` for pair ids (n,): _jax_normals of a bucketed length, cut to the shape."""
+    size = int(np.prod(shape))
+    length = max(8, 1 << (size - 1).bit_length()) if jax.config.jax_threefry_partitionable else size
+    return np.asarray(_jax_normals(length)(key, np.int32(generation), pairs))[:, :size].reshape((-1, *shape))
 
 
 def _seed_key(seed: int, purpose: int):
@@ -167,7 +176,7 @@ class NumpyPort:
             key = _leaf_keys(int(seed), n_leaves)[leaf]
             padded = np.zeros(max(8, 1 << (len(draws) - 1).bit_length()), np.int32)   # few compiled sizes
             padded[:len(draws)] = draws
-            return np.asarray(_jax_normals(shape)(key, np.int32(generation), padded))[:len(draws)]
+            return _jax_normals_of(shape, key, generation, padded)[:len(draws)]
         purpose = PURPOSE_WEIGHT if name.endswith(".weight") else PURPOSE_BIAS
         block = _numpy_rng(seed, purpose, leaf, generation).standard_normal(
             (int(draws.max()) + 1, *shape), dtype=np.float32)       # draw p is the p-th block of the stream
