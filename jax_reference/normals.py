@@ -9,6 +9,7 @@ otherwise jax.random.bits gathered through that backend's table (the same bits o
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import jax
@@ -98,12 +99,17 @@ def normal(key, shape=(), dtype=jnp.float32, backend: str | None = None) -> jax.
     J.check_backend(backend)
     if jnp.dtype(dtype) != jnp.float32:
         raise ValueError(f"{backend}'s normals are float32 only (spec.jax_rng); got dtype {jnp.dtype(dtype)}")
-    return _table_normal(key, tuple(int(n) for n in np.atleast_1d(shape)), backend)     # an int n: (n,)
+    shape = tuple(int(n) for n in np.atleast_1d(shape))                               # an int n: (n,)
+    if not jax.config.jax_threefry_partitionable:
+        return _table_normal(key, shape, backend)
+    size = math.prod(shape)           # threefry's bits go by flat index: a shape's draw is a longer draw's first entries
+    return _table_normal(key, (max(8, 1 << (size - 1).bit_length()),), backend)[:size].reshape(shape)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _table_normal(key, shape: tuple, backend: str) -> jax.Array:
-    """normal's table path, jitted once per shape and backend (op by op, each draw was a few small compiles)."""
+    """normal's table path, jitted once per backend and flat length, a power of two (op by op, each draw was a few
+    small compiles; per shape, each leaf's own compile)."""
     index = jax.random.bits(key, shape, jnp.uint32) >> 9
     if jax.default_backend() == "cpu":
         return _host_gather(backend, index)

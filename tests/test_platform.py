@@ -111,6 +111,21 @@ def test_gpu_sim_draws_the_gpus_normals_of_the_same_bits(normals):
     assert 0 < np.mean(gpu != cpu) < 0.1
 
 
+@pytest.mark.parametrize("shape", [(), (5,), (3, 4, 7), (1000,)])
+def test_gpu_sim_draws_each_shape_as_its_own_bits_eagerly_and_under_vmap(normals, shape):
+    """The table path draws a power-of-two flat length and keeps its first entries: each shape's normals are still the
+    table at that shape's own bits, op by op and vmapped over keys (fresh keys)."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    keys = jax.random.split(jax.random.key(seed), 3)
+    with emulation.emulating(normals="gpu"):
+        one = np.asarray(emulation.normal(keys[0], shape))
+        many = np.asarray(jax.vmap(lambda k: emulation.normal(k, shape))(keys))
+    table = normals.normal_table("gpu")
+    want = [table[np.asarray(jax.random.bits(k, shape, jnp.uint32)) >> 9] for k in keys]
+    assert one.shape == shape and np.array_equal(one.view(np.uint32), want[0].view(np.uint32)), seed
+    assert np.array_equal(many.view(np.uint32), np.stack(want).view(np.uint32)), seed
+
+
 # ---------------------------------------------------------------- TF32 bounds and who is blamed
 def _run(platform, knobs=(), checks=("products", "gradients")):
     from parity.mlp.torch_adapter import TorchPort, one_thread
