@@ -125,9 +125,12 @@ def _draw_fn(noise_reuse: int, length: int):
 
 @lru_cache(maxsize=64)
 def _base_keys(signature: tuple, seed: int):
-    """The leaves' base keys stacked in the order of `signature`."""
+    """The leaves' base keys stacked in the order of `signature`, then the first repeated up to _bucket(leaves): one
+    compiled draw serves every depth (the extra rows are drawn and dropped)."""
     keys = _key_tree(signature, seed)
-    return jnp.stack([keys[name.split(".")[0]][name.split(".")[1]] for name, _ in signature])
+    stacked = jnp.stack([keys[name.split(".")[0]][name.split(".")[1]] for name, _ in signature])
+    pad = _bucket(len(signature)) - len(signature)
+    return jnp.concatenate([stacked, jnp.broadcast_to(stacked[:1], (pad,))]) if pad else stacked
 
 
 @lru_cache(maxsize=64)
@@ -231,7 +234,7 @@ class ReferencePort:
             padded = np.zeros(chunk, np.int32)
             part = members[start:start + chunk]
             padded[:part.size] = part
-            parts.append(np.asarray(draw(keys, jnp.int32(epoch), jnp.asarray(padded)))[:, :part.size])
+            parts.append(np.asarray(draw(keys, jnp.int32(epoch), jnp.asarray(padded)))[:len(sig), :part.size])
         z = np.concatenate(parts, axis=1)                                              # (leaves, m, length)
         sign = np.where(members % 2 == 0, np.float32(1), np.float32(-1))             # signed_sigma's sign
         out: dict = {}
