@@ -102,8 +102,8 @@ def normal(key, shape=(), dtype=jnp.float32, backend: str | None = None) -> jax.
     shape = tuple(int(n) for n in np.atleast_1d(shape))                               # an int n: (n,)
     if not jax.config.jax_threefry_partitionable:
         return _table_normal(key, shape, backend)
-    size = math.prod(shape)           # threefry's bits go by flat index: a shape's draw is a longer draw's first entries
-    return _table_normal(key, (max(8, 1 << (size - 1).bit_length()),), backend)[:size].reshape(shape)
+    size = math.prod(shape)                           # a shape's draw is a longer flat draw's first entries
+    return _table_normal(key, (J.size_bucket(size),), backend)[:size].reshape(shape)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))

@@ -127,6 +127,13 @@ GPU_TAIL = 14155
 GPU_SQRT_FILE = Path(__file__).with_name("data") / "jax_gpu_sqrt.txt"
 
 
+def size_bucket(n: int) -> int:
+    """n rounded up to a power of two, at least 8: the sizes a few compiled draws serve (a flat length, a count of keys
+    or pairs). Threefry's bits go by an entry's flat index (JAX's jax_threefry_partitionable, on since 0.5), so the
+    first n values of a flat draw of size_bucket(n) are the draw of any shape of n values."""
+    return max(8, 1 << (int(n) - 1).bit_length())
+
+
 def check_backend(backend: str) -> str:
     """backend itself when it is one of BACKENDS, else a ValueError naming them."""
     if backend not in BACKENDS:

@@ -29,6 +29,7 @@ from jax_reference.train import SOLVERS
 from rollout.cartpole import MAX_STEPS
 from rollout.episodes import sample_actions
 from spec.config import Config, schedule
+from spec.jax_rng import size_bucket
 from spec.knobs import RunSettings
 from spec.platform import ReferencePlatform, compile_cache_settings
 
@@ -99,11 +100,6 @@ def _key_tree(signature: tuple, seed: int):
     return simple_es_tree_key(tree, es_key, scan_map)
 
 
-def _bucket(n: int) -> int:
-    """Sizes rounded up to a power of two (at least 8), so a few compiled shapes serve every call."""
-    return max(8, 1 << (int(n) - 1).bit_length())
-
-
 CHUNKS = (32, 512)   # members per compiled draw: small calls pad to 32, larger ones go in chunks of 512
 
 
@@ -125,12 +121,11 @@ def _draw_fn(noise_reuse: int, length: int):
 
 @lru_cache(maxsize=64)
 def _base_keys(signature: tuple, seed: int):
-    """The leaves' base keys stacked in the order of `signature`, then the first repeated up to _bucket(leaves): one
-    compiled draw serves every depth (the extra rows are drawn and dropped)."""
+    """The leaves' base keys stacked in the order of `signature`, then the first repeated up to
+    size_bucket(leaves): one compiled draw serves every depth (the extra rows are drawn and dropped)."""
     keys = _key_tree(signature, seed)
     stacked = jnp.stack([keys[name.split(".")[0]][name.split(".")[1]] for name, _ in signature])
-    pad = _bucket(len(signature)) - len(signature)
-    return jnp.concatenate([stacked, jnp.broadcast_to(stacked[:1], (pad,))]) if pad else stacked
+    return jnp.concatenate([stacked, jnp.broadcast_to(stacked[:1], (size_bucket(len(signature)) - len(signature),))])
 
 
 @lru_cache(maxsize=64)
@@ -228,7 +223,7 @@ class ReferencePort:
         m, rank = members.size, int(rank)
         length = max((shape[0] + shape[1]) * rank if len(shape) == 2 else shape[0] for _, shape in sig)
         chunk = CHUNKS[0] if m <= CHUNKS[0] else CHUNKS[1]
-        draw, keys = _draw_fn(self.run.noise_reuse, _bucket(length)), _base_keys(sig, int(seed))
+        draw, keys = _draw_fn(self.run.noise_reuse, size_bucket(length)), _base_keys(sig, int(seed))
         parts = []
         for start in range(0, m, chunk):
             padded = np.zeros(chunk, np.int32)

@@ -22,6 +22,7 @@ from jax_reference.models import recursive_scan_split, simple_es_tree_key
 from jax_reference.noiser import EggRoll, apply_grads, es_grads, true_epoch
 from jax_reference.population import population_iterinfos
 from spec.lm import LMConfig
+from spec.jax_rng import size_bucket
 from spec.platform import ReferencePlatform
 from spec.tree import Leaf, nest
 
@@ -70,9 +71,9 @@ def _per_slices(fn, keys, leaf: Leaf, *rest):
     return out.reshape(out.shape[:1] + leaf.stack_shape + out.shape[2:])
 
 
-def _bucket(n: int) -> int:
-    """n rounded up to a power of two, at least 8: a few compiled shapes serve every leaf, pair count and tree."""
-    return max(8, 1 << (int(n) - 1).bit_length())
+def _draw_shape(cfg, leaf: Leaf) -> tuple[int, ...]:
+    """One draw's shape: (a + b, r) for a low-rank leaf's factors, else the slice shape."""
+    return (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -92,12 +93,13 @@ def _draws(cfg, seed: int, g: int, leaf: Leaf, variant: str, platform: tuple) ->
     bucketed length, slice count and pair count serves every leaf (tests/test_parity_tree.py checks it bit for bit
     against jax.random.normal of the slice's own shape)."""
     keys = slice_keys(cfg, seed, leaf, variant)
-    shape = (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
+    shape = _draw_shape(cfg, leaf)
     size, pairs = int(np.prod(shape)), cfg.pop // 2
     flat = keys.reshape(-1) if leaf.scan_axes else keys[None]
     k = flat.shape[0]
-    padded = jnp.concatenate([flat, jnp.broadcast_to(flat[:1], (_bucket(k) - k,))]) if _bucket(k) > k else flat
-    z = np.asarray(_flat_normals(_bucket(size), padded, jnp.uint32(g), jnp.arange(_bucket(pairs), dtype=jnp.uint32)))
+    padded = jnp.concatenate([flat, jnp.broadcast_to(flat[:1], (size_bucket(k) - k,))])
+    z = np.asarray(_flat_normals(size_bucket(size), padded, jnp.uint32(g),
+                                 jnp.arange(size_bucket(pairs), dtype=jnp.uint32)))
     z = z[:pairs, :k, :size].reshape((pairs,) + leaf.stack_shape + shape)
     z.flags.writeable = False
     return z
@@ -118,7 +120,7 @@ def _eager_draws(cfg, seed: int, epoch: int, leaf: Leaf, variant: str) -> np.nda
     """draws op by op, each slice's own shape: where threefry's bits are not by flat index (partitionable off)."""
     keys = slice_keys(cfg, seed, leaf, variant)
     g = true_epoch(epoch, cfg.noise_reuse)
-    shape = (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
+    shape = _draw_shape(cfg, leaf)
 
     def one(key, p):
         return emulation.normal(jax.random.fold_in(jax.random.fold_in(key, g), p), shape)
@@ -145,11 +147,11 @@ def dense_noise(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful
     if leaf.cls == "param":
         return z * (sign * np.float32(cfg.sigma))
     a, b = leaf.slice_shape
-    scaled = z * (sign * _low_scale(cfg))
+    s = sign * _low_scale(cfg)
     if variant == "tmm_transposed":
-        left, right = z[..., :a, :], scaled[..., a:, :]
+        left, right = z[..., :a, :], z[..., a:, :] * s
     else:
-        left, right = scaled[..., b:, :], z[..., :b, :]
+        left, right = z[..., b:, :] * s, z[..., :b, :]
     fn = jax.vmap(lambda x, y: jnp.matmul(x, y.T, precision=HIGHEST))         # over the members
     if not leaf.scan_axes:
         return np.asarray(fn(jnp.asarray(left), jnp.asarray(right)))

@@ -83,10 +83,15 @@ def _jax_normals(length: int):
     return jax.jit(jax.vmap(one, in_axes=(None, None, 0)))
 
 
+def _pow2(n: int) -> int:
+    """n rounded up to a power of two, at least 8: the port's few compiled sizes."""
+    return max(8, 1 << (int(n) - 1).bit_length())
+
+
 def _jax_normals_of(shape: tuple[int, ...], key, generation: int, pairs: np.ndarray) -> np.ndarray:
     """(n, *shape) normals of `shape` for pair ids (n,): _jax_normals of a bucketed length, cut to the shape."""
     size = int(np.prod(shape))
-    length = max(8, 1 << (size - 1).bit_length()) if jax.config.jax_threefry_partitionable else size
+    length = _pow2(size) if jax.config.jax_threefry_partitionable else size
     return np.asarray(_jax_normals(length)(key, np.int32(generation), pairs))[:, :size].reshape((-1, *shape))
 
 
@@ -174,7 +179,7 @@ class NumpyPort:
         """Standard normals (len(draws), *shape) for draw indices `draws` of one leaf and generation."""
         if self.drift.rng == "jax":
             key = _leaf_keys(int(seed), n_leaves)[leaf]
-            padded = np.zeros(max(8, 1 << (len(draws) - 1).bit_length()), np.int32)   # few compiled sizes
+            padded = np.zeros(_pow2(len(draws)), np.int32)                               # few compiled sizes
             padded[:len(draws)] = draws
             return _jax_normals_of(shape, key, generation, padded)[:len(draws)]
         purpose = PURPOSE_WEIGHT if name.endswith(".weight") else PURPOSE_BIAS
