@@ -25,6 +25,7 @@ import numpy as np
 from jax_reference import emulation
 from jax_reference.models import MLP, MM_PARAM, PARAM, as_typed_key
 from jax_reference.noiser import EggRoll, fullrank_eps, lowrank_factors, lowrank_sigma, signed_sigma
+from spec.tree import nest
 
 
 class PopulationNoise(NamedTuple):
@@ -58,19 +59,9 @@ def params_to_flat(params) -> dict[str, np.ndarray]:
 
 
 def flat_to_params(flat: dict, dtype=None) -> dict:
-    """The nested pytree {"0": {"bias": ..., "weight": ...}, ...} from dotted names (values copied to jnp arrays)."""
-    tree: dict = {}
-    for name, value in flat.items():
-        *outer, last = name.split(".")
-        node = tree
-        for part in outer:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"name {name!r} nests under a leaf; names must be like '0.weight'")
-        if last in node:
-            raise ValueError(f"duplicate parameter name {name!r}")
-        node[last] = jnp.asarray(np.asarray(value), dtype=dtype)
-    return tree
+    """The nested pytree {"0": {"bias": ..., "weight": ...}, ...} from dotted names (values copied to jnp arrays;
+    spec.tree.nest, which refuses a name nested under a leaf)."""
+    return nest({name: jnp.asarray(np.asarray(value), dtype=dtype) for name, value in flat.items()})
 
 
 def population_iterinfos(epoch: int, pop: int):

@@ -95,13 +95,18 @@ def key_tuple(path: str) -> tuple[str, ...]:
 
 
 def nest(flat: Mapping[str, object]) -> dict:
-    """{"a.b": v} -> {"a": {"b": v}}: leaves at dotted paths as the nested dicts upstream's params are."""
+    """{"a.b": v} -> {"a": {"b": v}}: leaves at dotted paths as the nested dicts upstream's params are; a ValueError
+    where one path is a leaf and the prefix of another."""
     out: dict = {}
     for path, value in flat.items():
         *head, last = key_tuple(path)
         node = out
         for part in head:
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"name {path!r} nests under a leaf; names must be like '0.weight'")
+        if last in node:
+            raise ValueError(f"duplicate parameter name {path!r}")
         node[last] = value
     return out
 
