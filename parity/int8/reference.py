@@ -17,9 +17,10 @@ NAME = "JAX (jax_reference.int8)"
 
 
 def _flat(tree) -> dict:
-    import jax
-    return {".".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
-            for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    """{dotted path: np.ndarray} in flatten order (jax_reference.population.params_to_flat, imported when a check
+    runs: this module imports no JAX until then)."""
+    from jax_reference.population import params_to_flat
+    return params_to_flat(tree)
 
 
 def _flat_noise(noise) -> dict:
