@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from gap.arms import Arm, torch_arm
+from gap import stats
 from gap.drifts import describe_drift, drift_order
 from spec.knobs import Knobs, RunSettings, as_knobs, profile
 
@@ -156,13 +157,12 @@ def _fit_aft(frame: pd.DataFrame, columns: list[str], kind: str = "lognormal") -
 def _effects(m: _Model, terms: list[str], labels: list[str]) -> list[Effect]:
     """exp(2 b) per term with t intervals and p values on the corrected errors; Holm within the family."""
     from scipy.stats import t as student
-    from statsmodels.stats.multitest import multipletests
 
     summary = m.fitter.summary.loc["mu_"]
     coef = summary.loc[terms, "coef"].to_numpy()
     se = summary.loc[terms, "se(coef)"].to_numpy() * m.inflate
     p = 2 * student.sf(np.abs(coef / se), m.dof)
-    holm = multipletests(p, method="holm")[1] if len(p) else p
+    holm = stats.holm(p)
     q = float(student.ppf(0.5 + LEVEL / 2, m.dof))
     return [Effect(label, math.exp(2 * b), math.exp(2 * (b - q * s)), math.exp(2 * (b + q * s)), float(pv), float(h))
             for label, b, s, pv, h in zip(labels, coef, se, p, holm)]

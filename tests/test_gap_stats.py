@@ -179,6 +179,18 @@ def test_holm_adjustment():
     np.testing.assert_allclose(stats.holm(p), [0.03, 0.06, 0.06, np.nan, 0.02])
 
 
+@pytest.mark.parametrize("m", [1, 7, 40])
+def test_holm_is_statsmodels_holm(m):
+    """The same adjusted p values, bit for bit, as statsmodels' multipletests (ties, ones and tiny p included)."""
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(1000 + m)
+    p = rng.uniform(0, 1, m) ** rng.uniform(1, 8)
+    if m > 1:
+        p[rng.integers(0, m, 2)] = [p[0], 1.0]
+    np.testing.assert_array_equal(stats.holm(p), multipletests(p, method="holm")[1])
+
+
 def test_seeds_needed_and_power_agree():
     for cv in (0.05, 0.12, 0.3):
         n = stats.seeds_needed(cv)

@@ -121,10 +121,9 @@ class Effects:
         self.df_resid = int(self.fit.df_resid)
 
     def _family(self, columns: list[str], labels: list[str], key: str) -> list[dict]:
-        from statsmodels.stats.multitest import multipletests
         ci = self.fit.conf_int(1 - LEVEL)
         pvals = [float(self.fit.pvalues[c]) for c in columns]
-        holm = multipletests(pvals, method="holm")[1] if pvals else []
+        holm = stats.holm(pvals)
         return [{key: label, "effect": 2 * float(self.fit.params[c]), "lo": 2 * float(ci.loc[c, 0]),
                  "hi": 2 * float(ci.loc[c, 1]), "p": p, "p_holm": float(h)}
                 for c, label, p, h in zip(columns, labels, pvals, holm)]
