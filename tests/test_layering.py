@@ -6,6 +6,7 @@ a rule as surely as a top-level one.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -204,6 +205,12 @@ def module_graph(root: Path = ROOT, packages=OURS) -> dict[str, dict[str, int]]:
     return graph
 
 
+@functools.lru_cache(maxsize=1)
+def project_graph() -> dict[str, dict[str, int]]:
+    """module_graph() of this repository, parsed once per process (several tests read it; none changes it)."""
+    return module_graph()
+
+
 def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm, iterative), each sorted."""
     index, low, stack, on_stack, cycles = {}, {}, [], set(), []
@@ -251,7 +258,7 @@ def describe_cycle(graph: dict[str, dict[str, int]], cycle: list[str]) -> str:
 def test_no_import_cycle_among_the_projects_modules():
     """Module level or inside a function, no project module reaches itself through its imports: a cycle is broken by
     moving the shared part down a level, never by importing late (which this test sees through)."""
-    graph = module_graph()
+    graph = project_graph()
     cycles = import_cycles(graph)
     assert not cycles, "\n".join(describe_cycle(graph, c) for c in cycles)
 
@@ -297,7 +304,7 @@ def test_the_cycle_finder_agrees_with_scipys_strong_components(seed):
         return sorted(sorted(g) for g in groups.values() if len(g) > 1)
 
     rng = np.random.default_rng(seed)
-    graphs = [module_graph()]
+    graphs = [project_graph()]
     for n, p in ((30, 0.05), (200, 0.008)):
         adj = rng.random((n, n)) < p
         graphs.append({f"m{i}": {f"m{j}": 1 for j in np.flatnonzero(adj[i]) if j != i} for i in range(n)})
@@ -330,7 +337,7 @@ def _part(module: str) -> str:
 @pytest.mark.parametrize("package", sorted(FAMILIES))
 def test_each_family_imports_only_the_shared_part_and_itself(package):
     broken = []
-    for module, edges in module_graph().items():
+    for module, edges in project_graph().items():
         if module.split(".")[0] != package or module.endswith("__main__") or COMMANDS.get(package) == _part(module):
             continue
         allowed = FAMILIES[package][_part(module)]
