@@ -25,6 +25,7 @@ _SIGNATURES = {
                                                             # backend (0: JAX's CPU normals, 1: its GPU normals)
     "jr_bits": (None, [_P, _I64, _I64, _P, _INT]),          # keys (B, 2) int64, B, n, out (B, n) uint32, threads
     "jr_normal_of_mantissas": (None, [_I64, _I64, _P, _INT]),   # start, count, out (count,) float32, backend
+    "jr_hash_pairs": (None, [_P, _P, _P, _P, _I64, _P]),     # k0, k1, x0, x1 (n,) uint32, n, out (n, 2) uint32
 }
 
 

@@ -53,6 +53,26 @@ static void hash_block(uint32_t k0, uint32_t k1, uint32_t hi, uint32_t lo, int m
     for (int j = 0; j < m; j++) out[j] = x0[j] ^ x1[j];
 }
 
+/* threefry2x32 under (k0, k1) of the single counter pair (x0, x1): both output words, into out[0], out[1] */
+static void hash_pair(uint32_t k0, uint32_t k1, uint32_t x0, uint32_t x1, uint32_t *out)
+{
+    static const int rot[2][4] = {{JR_ROT0_0, JR_ROT0_1, JR_ROT0_2, JR_ROT0_3},
+                                  {JR_ROT1_0, JR_ROT1_1, JR_ROT1_2, JR_ROT1_3}};
+    const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ JR_PARITY32};
+    x0 += k0;
+    x1 += k1;
+    for (int i = 0; i < 5; i++) {
+        for (int q = 0; q < 4; q++) {
+            x0 += x1;
+            x1 = rotl32(x1, rot[i & 1][q]) ^ x0;
+        }
+        x0 += ks[(i + 1) % 3];
+        x1 += ks[(i + 2) % 3] + (uint32_t)(i + 1);
+    }
+    out[0] = x0;
+    out[1] = x1;
+}
+
 /* XLA's float32 steps. A single float operation equals the double-carried step of spec.jax_rng rounded once
  * (double holds over twice float's precision, so the double rounding is innocuous); a fused step is fmaf. */
 #define F(x) ((float)(x))
@@ -284,4 +304,12 @@ void jr_normal_of_mantissas(int64_t start, int64_t count, float *out, int backen
         if (backend == 1) normal_block_gpu(bits, m, out + s);
         else normal_block(bits, m, out + s);
     }
+}
+
+/* out (n, 2) uint32: threefry2x32 under key (k0[i], k1[i]) of the counter pair (x0[i], x1[i]), both words (as
+ * jax.random.fold_in(key, d) hashes (0, d), and split's keys their index's two words) */
+void jr_hash_pairs(const uint32_t *k0, const uint32_t *k1, const uint32_t *x0, const uint32_t *x1, int64_t n,
+                   uint32_t *out)
+{
+    for (int64_t i = 0; i < n; i++) hash_pair(k0[i], k1[i], x0[i], x1[i], out + 2 * i);
 }

@@ -83,6 +83,26 @@ def test_gpu_draws_equal_the_eager_path(n_keys, shape):
 
 
 @needs_c
+@pytest.mark.parametrize("n_keys, n_data", [(1, 7), (5, 1), (300, 300)])
+def test_fold_in_through_c_equals_the_eager_hash_and_jax_random_fold_in(n_keys, n_data):
+    """torch_impl.random.fold_in (the C hash) against random_eager.fold_in (the torch hash) on fresh keys and data
+    anywhere in [0, 2^32), broadcast one way and the other, and against jax.random.fold_in itself."""
+    keys = random_keys(7 * n_keys + n_data, n_keys)
+    data = torch.from_numpy(np.random.default_rng(n_data).integers(0, 1 << 32, size=n_data, dtype=np.int64))
+    assert N.wanted(keys)
+    k, d = (keys, data) if n_keys == n_data else (keys[:, None], data[None, :])
+    got = R.fold_in(k, d)
+    assert got.shape == (*torch.broadcast_shapes(k.shape[:-1], d.shape), 2)
+    assert torch.equal(got, E.fold_in(k, d))
+    pairs = got.reshape(-1, 2)[:8]
+    flat_k = k.expand(*got.shape).reshape(-1, 2)[:8]
+    flat_d = d.expand(got.shape[:-1]).reshape(-1)[:8]
+    want = [jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(w), int(x)))
+            for w, x in zip(R.to_uint32(flat_k), flat_d.tolist())]
+    assert np.array_equal(R.to_uint32(pairs), np.stack([np.asarray(w) for w in want]))
+
+
+@needs_c
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_any_thread_count_gives_the_same_numbers(threads):
     keys = random_keys(5, 300)
@@ -112,17 +132,28 @@ def _negate_last(fn):
     return staticmethod(wrong)
 
 
+def _flip_last_word(fn):
+    """jr_hash_pairs with the call's last output word's low bit flipped."""
+    def wrong(k0, k1, x0, x1, n, out):
+        fn(k0, k1, x0, x1, n, out)
+        ctypes.c_uint32.from_address(out + 4 * (2 * n - 1)).value ^= 1
+    return staticmethod(wrong)
+
+
 @needs_c
 @pytest.mark.parametrize("broken, message", [
     ("jr_normal_of_mantissas", "the cpu normals of mantissas 0..255 differ from the eager formula"),
     ("jr_normal", "1 of 65536 sampled cpu draws differ from the eager formula"),
+    ("jr_hash_pairs", "threefry of sampled counter pairs \\(fold_in's hash\\) differs from the eager formula"),
 ])
 def test_a_library_that_differs_is_refused_with_a_warning(monkeypatch, broken, message):
     """A wrong normal (the first of the low mantissas) or a wrong draw (the last one's sign): the torch paths serve."""
     real = c_rng.load()
     fake = type("Wrong", (), {"_name": real._name, "jr_normal": staticmethod(real.jr_normal),
-                              "jr_normal_of_mantissas": staticmethod(real.jr_normal_of_mantissas)})
-    wreck = _off_by_one_first if broken == "jr_normal_of_mantissas" else _negate_last
+                              "jr_normal_of_mantissas": staticmethod(real.jr_normal_of_mantissas),
+                              "jr_hash_pairs": staticmethod(real.jr_hash_pairs)})
+    wreck = {"jr_normal_of_mantissas": _off_by_one_first, "jr_normal": _negate_last,
+             "jr_hash_pairs": _flip_last_word}[broken]
     setattr(fake, broken, wreck(getattr(real, broken)))
     monkeypatch.setattr(c_rng, "load", lambda *a, **k: fake())
     N._library.cache_clear()
@@ -132,6 +163,7 @@ def test_a_library_that_differs_is_refused_with_a_warning(monkeypatch, broken, m
         assert not status.active and not N.wanted(random_keys(1, 2))
         keys = random_keys(2, 3)
         assert torch.equal(R.normal(keys, (7,)), eager_normal(keys, (7,)))   # the torch paths serve the draw
+        assert torch.equal(R.fold_in(keys, 5), E.fold_in(keys, 5))
     finally:
         N._library.cache_clear()
 

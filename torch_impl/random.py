@@ -19,7 +19,7 @@ import torch
 from spec import jax_rng as J
 from torch_impl import random_compiled, random_native, triton_rng
 from torch_impl import random_eager as E
-from torch_impl.random_eager import as_key, fold_in, key, normal_from_mantissa, normal_table, split, to_uint32
+from torch_impl.random_eager import as_key, key, normal_from_mantissa, normal_table, split, to_uint32
 
 __all__ = ["key", "fold_in", "split", "bits", "uniform", "normal", "as_key", "to_uint32", "normal_from_mantissa",
            "normal_table"]
@@ -59,6 +59,12 @@ def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = (),
         return None
     out = random_compiled.draw(kind, keys, n, extra, backend)             # (B, n) or None
     return None if out is None else out.reshape(tuple(k0.shape) + shape)
+
+
+def fold_in(keys: torch.Tensor, data) -> torch.Tensor:
+    """random_eager.fold_in (jax.random.fold_in), its hash through the C generator for CPU keys when it is built."""
+    E._key_words(keys)                                                  # a malformed key is refused first
+    return E.fold_in(keys, data, random_native.hash_pairs) if random_native.wanted(keys) else E.fold_in(keys, data)
 
 
 def bits(keys: torch.Tensor, shape=()) -> torch.Tensor:

@@ -180,17 +180,18 @@ def _data_words(data, device: torch.device) -> torch.Tensor:
     return (t.to(device=device, dtype=torch.int64) & _MASK32).to(torch.int32)
 
 
-def fold_in(keys: torch.Tensor, data) -> torch.Tensor:
+def fold_in(keys: torch.Tensor, data, hash_pairs: Callable = _hash_pairs) -> torch.Tensor:
     """New keys (*broadcast(batch, data.shape), 2) = threefry(key; 0, uint32(data)), as jax.random.fold_in.
 
     `data` is an int in [0, 2^32) or an integer tensor/array broadcastable against the key batch, e.g.
-    fold_in(k, torch.arange(P)) gives P keys from one key.
+    fold_in(k, torch.arange(P)) gives P keys from one key. `hash_pairs` is _hash_pairs's hash (torch_impl.random
+    hands in the C generator's, the same words).
     """
     k0, k1 = _key_words(keys)
     d = _data_words(data, keys.device)
     batch = torch.broadcast_shapes(k0.shape, d.shape)
     k0, k1, d = (t.expand(batch).reshape(-1) for t in (k0, k1, d))
-    out = _hash_pairs(k0, k1, torch.zeros_like(d), d)
+    out = hash_pairs(k0, k1, torch.zeros_like(d), d)
     return _u32_to_int64(out).reshape(*batch, 2)
 
 

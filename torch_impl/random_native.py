@@ -1,5 +1,5 @@
-"""JAX's normals and bits through the project's C generator (c_rng): threefry and XLA's float32 normal (as JAX's CPU
-or its GPU backend computes it) in one pass.
+"""JAX's normals, bits and fold_in's hash through the project's C generator (c_rng): threefry and XLA's float32
+normal (as JAX's CPU or its GPU backend computes it) in one pass.
 
 Each block of counters is hashed and turned into normals while it sits in L1, so the bits never go through
 memory, and the normal's float32 steps run vectorised (c_rng/jax_normal.c). Bit-identical to torch_impl.random_eager,
@@ -22,7 +22,7 @@ import c_rng
 from spec.jax_rng import BACKENDS, check_backend
 from torch_impl import random_eager as E
 
-__all__ = ["normal", "bits", "wanted", "native_status", "NativeStatus"]
+__all__ = ["normal", "bits", "hash_pairs", "wanted", "native_status", "NativeStatus"]
 
 ENV = c_rng.SWITCH                           # auto (default: use the C generator when it loads) | never
 _SAMPLE_DRAWS, _EDGE = 1 << 16, 256          # the load-time check: draws from fresh keys, mantissas at each end
@@ -57,6 +57,10 @@ def _check_sample(lib) -> str | None:
             want = E.normal_from_mantissa(torch.arange(start, start + _EDGE), backend)
             if not torch.equal(edge.view(torch.int32), want.view(torch.int32)):
                 return f"the {backend} normals of mantissas {start}..{start + _EDGE - 1} differ from the eager formula"
+    words = [torch.randint(-2 ** 31, 2 ** 31, (_EDGE,), dtype=torch.int32, generator=torch.Generator().manual_seed(i))
+             for i in range(4)]
+    if not torch.equal(_hash_pairs_with(lib, *words), E._hash_pairs(*words)):
+        return "threefry of sampled counter pairs (fold_in's hash) differs from the eager formula"
     return None
 
 
@@ -98,6 +102,21 @@ def _draw(fn_name: str, keys: torch.Tensor, n: int, dtype: torch.dtype, *extra: 
 def normal(keys: torch.Tensor, n: int, backend: str = "cpu") -> torch.Tensor:
     """(B, n) float32: jax.random.normal(key_b, (n,)) on JAX's `backend` ("cpu" or "gpu") for each key of (B, 2)."""
     return _draw("jr_normal", keys, n, torch.float32, BACKENDS.index(check_backend(backend)))
+
+
+def _hash_pairs_with(lib, k0: torch.Tensor, k1: torch.Tensor, x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
+    """(N, 2) int32 output words of threefry(k0, k1; x0, x1), all (N,) int32 CPU tensors, through lib."""
+    k0, k1, x0, x1 = (t.to(torch.int32).contiguous() for t in (k0, k1, x0, x1))
+    out = torch.empty(k0.shape[0], 2, dtype=torch.int32)
+    lib.jr_hash_pairs(k0.data_ptr(), k1.data_ptr(), x0.data_ptr(), x1.data_ptr(), k0.shape[0], out.data_ptr())
+    return out
+
+
+def hash_pairs(k0: torch.Tensor, k1: torch.Tensor, x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
+    """random_eager._hash_pairs through the C generator: one counter pair per key, (N, 2) int32 words. A hundred
+    torch ops per call in the eager code, so a fold_in of a few keys (each epoch's member keys) costs a millisecond
+    there and microseconds here."""
+    return _hash_pairs_with(_library()[0], k0, k1, x0, x1)
 
 
 def bits(keys: torch.Tensor, n: int) -> torch.Tensor:
