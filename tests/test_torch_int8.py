@@ -7,6 +7,7 @@ row 0, the threshold-0 decrement, window clamps near 2^30, shifts of negatives, 
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -23,9 +24,10 @@ from torch_impl.int8 import es as tes
 from torch_impl.int8 import model as tm
 from torch_impl.int8 import noise as tn
 
-# two sizes: (n_embd, n_layer, pop, T)
-CONFIGS = [s.INT8_PRESETS["selftest"].replace(n_layer=2),
-           s.INT8_PRESETS["selftest"].replace(n_embd=16, n_layer=2, pop=12, tokens_per_update=6)]
+# two sizes (n_embd, n_layer, pop, T): the selftest preset (4, 1, 8, 8) and (16, 2, 16, 8), the shapes of the
+# trajectory test's two configs, so that the reference compiles its programs once for both
+CONFIGS = [s.INT8_PRESETS["selftest"],
+           s.INT8_PRESETS["selftest"].replace(n_embd=16, n_layer=2, pop=16, tokens_per_update=8)]
 IDS = ["d4", "d16"]
 
 
@@ -280,6 +282,15 @@ def _trace_case(cfg, seed, tag):
     return flat, toks, states
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
+def _every_members_trace(frozen_items, nparams, params, es_tree_key, epoch, toks, states):
+    """member_trace of every member m at (epoch, m) on toks[m], nano-egg's graph: compiled once per config (the
+    noiser params, sigma_shift among them, are arguments)."""
+    one = lambda m, tk, st0: q.member_trace(q.QEggRoll, dict(frozen_items), nparams, params, es_tree_key,
+                                            (epoch, m), tk[:-1], tk[1:], st0)
+    return jax.vmap(one)(jnp.arange(toks.shape[0], dtype=jnp.int32), toks, states)
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 @pytest.mark.parametrize("sigma_shift", [4, 0])
 def test_member_trace_logits_scores_and_states_equal_the_references(cfg, sigma_shift):
@@ -294,10 +305,8 @@ def test_member_trace_logits_scores_and_states_equal_the_references(cfg, sigma_s
     scores, st, trace = tm.scores(tparams, noise, torch.from_numpy(toks), torch.from_numpy(states), sigma_shift,
                                   trace=True)
     assert list(trace) == q.trace_names(cfg.n_layer)
-    one = lambda m, tk, st0: q.member_trace(q.QEggRoll, frozen, nparams, jparams, init.es_tree_key,
-                                            (jnp.int32(epoch), m), tk[:-1], tk[1:], st0)
-    want, want_state = jax.jit(jax.vmap(one))(jnp.arange(cfg.pop, dtype=jnp.int32), jnp.asarray(toks, jnp.int32),
-                                              jnp.asarray(states))                # every member, nano-egg's graph
+    want, want_state = _every_members_trace(tuple(sorted(frozen.items())), nparams, jparams, init.es_tree_key,
+                                            jnp.int32(epoch), jnp.asarray(toks, jnp.int32), jnp.asarray(states))
     for name in q.trace_names(cfg.n_layer):
         assert np.array_equal(trace[name].numpy(), np.asarray(want[name])), name
     assert np.array_equal(st.numpy(), np.asarray(want_state))
