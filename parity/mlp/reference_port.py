@@ -129,6 +129,24 @@ def _base_keys(signature: tuple, seed: int):
 
 
 @lru_cache(maxsize=64)
+def _rejection(platform, do_updates, signature: tuple, sigma: float, lr: float, rank: int, dtype: str, shape: tuple,
+               data: bytes):
+    """ReferencePort.rejects_nonfinite's answer for one fitness vector (given as dtype, shape and bytes): the
+    reference's do_updates (EggRoll's, or whatever replaces it) run for real, eagerly, on the platform whose scope
+    calls it, once per process for the same inputs (each check asks three times, the checks of one seed alike)."""
+    tree = _zeros_tree(signature)
+    _, es_map = _maps(tree)
+    frozen, nparams = EggRoll.init_noiser(tree, sigma, lr, rank=rank)
+    f = np.frombuffer(data, dtype=dtype).reshape(shape)
+    iterinfos = (jnp.zeros(shape[0], jnp.int32), jnp.arange(shape[0], dtype=jnp.int32))
+    try:
+        do_updates(frozen, nparams, tree, _key_tree(signature, 0), jnp.asarray(f), iterinfos, es_map)
+    except Exception as err:   # validation, had the reference any
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+@lru_cache(maxsize=64)
 def _a_scale(sigma: float, rank: int) -> np.float32:
     """sigma / sqrt(r) exactly as the noiser computes it (noiser.lowrank_sigma)."""
     return np.float32(lowrank_sigma({"sigma": sigma}, {"rank": rank}))
@@ -265,17 +283,9 @@ class ReferencePort:
         Run for real, so the suite reports what the reference does: like upstream EggRoll, which validates
         no fitness, it accepts NaN and inf (None); the built-in trainers reject them before the update.
         """
-        sig = _signature(shapes)
-        tree = _zeros_tree(sig)
-        _, es_map = _maps(tree)
-        frozen, nparams = EggRoll.init_noiser(tree, self.cfg.sigma, self.cfg.lr, rank=self.cfg.rank)
-        n = f.shape[0]
-        iterinfos = (jnp.zeros(n, jnp.int32), jnp.arange(n, dtype=jnp.int32))
-        try:
-            EggRoll.do_updates(frozen, nparams, tree, _key_tree(sig, 0), jnp.asarray(f), iterinfos, es_map)
-        except Exception as err:   # validation, had the reference any
-            return f"{type(err).__name__}: {err}"
-        return None
+        f = np.asarray(f)
+        return _rejection(self.platform, EggRoll.do_updates, _signature(shapes), float(self.cfg.sigma),
+                          float(self.cfg.lr), int(self.cfg.rank), f.dtype.str, f.shape, f.tobytes())
 
     # ---- optional
     def forward(self, params, noise, x):
