@@ -363,10 +363,11 @@ def test_cached_noise_scores_like_nano_eggs_graph():
     states = jnp.asarray(_rng("st").integers(-127, 128, (cfg.pop, cfg.n_layer, cfg.n_embd)), jnp.int8)
     scores, new_states = q.population_scores(frozen, nparams, init.params, init.es_tree_key, init.es_map, 5, tokens,
                                              states)
+    member = jax.jit(lambda m, inputs, targets, state: q.member_scores(     # one compile for the three members
+        q.QEggRoll, frozen, nparams, init.params, init.es_tree_key, (jnp.int32(5), m), inputs, targets, state))
     for m in (0, 3, 6):
-        sc, st = q.member_scores(q.QEggRoll, frozen, nparams, init.params, init.es_tree_key,
-                                 (jnp.int32(5), jnp.int32(m)), jnp.asarray(tokens[m, :-1], jnp.int32),
-                                 jnp.asarray(tokens[m, 1:], jnp.int32), states[m])
+        sc, st = member(jnp.int32(m), jnp.asarray(tokens[m, :-1], jnp.int32), jnp.asarray(tokens[m, 1:], jnp.int32),
+                        states[m])
         assert int(sc) == int(scores[m]) and np.array_equal(np.asarray(st), np.asarray(new_states[m]))
     assert len(set(np.asarray(scores).tolist())) > 1
 
