@@ -21,8 +21,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from gap.arms import Arm, torch_arm
 from gap import stats
+from gap.arms import Arm, torch_arm
 from gap.drifts import describe_drift, drift_order
 from spec.knobs import Knobs, RunSettings, as_knobs, profile
 

@@ -113,9 +113,8 @@ def _hash_pairs_with(lib, k0: torch.Tensor, k1: torch.Tensor, x0: torch.Tensor, 
 
 
 def hash_pairs(k0: torch.Tensor, k1: torch.Tensor, x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
-    """random_eager._hash_pairs through the C generator: one counter pair per key, (N, 2) int32 words. A hundred
-    torch ops per call in the eager code, so a fold_in of a few keys (each epoch's member keys) costs a millisecond
-    there and microseconds here."""
+    """random_eager._hash_pairs through the C generator: one counter pair per key, (N, 2) int32 words. The eager
+    hash is about a hundred torch ops per call, which dominate a fold_in of a few keys (each epoch's member keys)."""
     return _hash_pairs_with(_library()[0], k0, k1, x0, x1)
 
 

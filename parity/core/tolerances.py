@@ -396,9 +396,10 @@ def entry_cdf(x: np.ndarray, r: int) -> tuple[np.ndarray, float]:
 
     x = Z sqrt(V / r) with V = 2G, G ~ Gamma(r/2): F(x) = E_G[Phi(x sqrt(r / (2G)))], integrated over u = log G by
     the trapezoidal rule, which converges exponentially for this smooth, doubly-exponentially decaying integrand;
-    the error is estimated as the change from step 2h (the even nodes) to h (about 1e-15 at r = 4). Nodes of
-    weight below _NEGLIGIBLE_WEIGHT are left out (Phi <= 1, so each rule moves by at most their sum, added to the
-    bound for both rules): about half of them, whose Phi the two rules share.
+    the error is estimated as the change from step 2h to h (about 1e-15 at r = 4). The step-2h rule is the step-h
+    rule's even nodes, so the two share one evaluation of Phi; nodes of weight below _NEGLIGIBLE_WEIGHT (about half
+    of them, in the tails of G) are left out, and as Phi <= 1 their weights' sum bounds what that moves each rule:
+    it is added to the bound.
     """
     x = np.asarray(x, dtype=np.float64).ravel()
     u, fine = _entry_cdf_nodes(r, min(0.25, 0.5 / math.sqrt(r / 2)) / 2)
