@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,14 @@ def drifted_minimal(where: Path, old: str, new: str, name: str) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     (where / f"{name}.py").write_text(text.replace(old, new))
     return where / f"{name}.py"
+
+
+def edit_port(module: Path, text: str) -> None:
+    """The port author's edit of a port module the check imported: its bytecode (make test writes it) dropped too,
+    since Python tells a cached module from its source by the second it was written and its length, and an edit
+    within that second of the same length (1e-5 -> 1e-3) would run the old code again."""
+    module.write_text(text)
+    shutil.rmtree(module.parent / "__pycache__", ignore_errors=True)
 
 
 def test_a_drifted_torch_side_writes_a_repro_that_fails_alone(tmp_path, seed):
@@ -129,7 +138,7 @@ def test_a_drifted_minimal_adapter_gets_a_repro_that_needs_only_numpy_and_the_po
     assert done.returncode == 1, f"seed {seed}\n{done.stdout}\n{done.stderr}"
     assert f"port {method}()" in done.stdout and "FAIL" in done.stdout
     # the port author fixes the port: the same script now passes, and says the output moved
-    module.write_text(MINIMAL.read_text())
+    edit_port(module, MINIMAL.read_text())
     fixed = run_repro(folder, elsewhere, str(ports), NUMPY_PORT_BLOCK)
     assert fixed.returncode == 0, f"seed {seed}\n{fixed.stdout}\n{fixed.stderr}"
     assert "PASS" in fixed.stdout and "differs from what it returned during the check" in fixed.stdout
@@ -163,7 +172,7 @@ def test_a_statistical_scale_failure_gets_a_repro_that_recomputes_it(tmp_path, m
     done = run_repro(folder, elsewhere, str(ports), NUMPY_PORT_BLOCK)
     assert done.returncode == 1, f"seed {seed}\n{done.stdout}\n{done.stderr}"
     assert "mean square of" in done.stdout and "FAIL: the statistic is still outside" in done.stdout
-    module.write_text(MINIMAL.read_text())
+    edit_port(module, MINIMAL.read_text())
     fixed = run_repro(folder, elsewhere, str(ports), NUMPY_PORT_BLOCK)
     assert fixed.returncode == 0, f"seed {seed}\n{fixed.stdout}\n{fixed.stderr}"
     assert "PASS: the statistic is within" in fixed.stdout and "differ from those during the check" in fixed.stdout
@@ -295,7 +304,7 @@ def test_a_port_edited_to_the_wrong_shape_still_fails_with_the_shapes_named(tmp_
     assert check(out, seed, "--port", "drifted_shape:adapter", "--checks", "gradients") == 1, f"seed {seed}"
     line = next(line for line in MINIMAL.read_text().splitlines() if old in line)
     indent = line[:len(line) - len(line.lstrip())]
-    module.write_text(MINIMAL.read_text().replace(line, f"{indent}grads[name] = np.zeros(3, np.float32)"))
+    edit_port(module, MINIMAL.read_text().replace(line, f"{indent}grads[name] = np.zeros(3, np.float32)"))
     done = run_repro(out / "repro" / "gradients", tmp_path, str(ports), NUMPY_PORT_BLOCK)
     assert done.returncode == 1 and "returned shape (3,)" in done.stdout, f"{done.stdout}\n{done.stderr}"
 
