@@ -43,14 +43,15 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	touch $(STAMP)
 
 # On every core (pytest-xdist, one test file per worker at a time: the files' shared fixtures are built once);
-# TEST_WORKERS=0 runs it in one process. tests/conftest.py splits the cores' threads between the workers.
+# TEST_WORKERS=0 runs it in one process. tests/conftest.py splits the cores' threads between the workers and orders
+# the files (a Ray test that mostly waits first, then by number of tests).
 # Bytecode is written (into __pycache__/, which git ignores) even where PYTHONDONTWRITEBYTECODE is set: each worker
 # and each of the ~80 subprocesses the tests start would otherwise compile the project's modules and pytest rewrite
 # the test files again, about 1 s per process (collection 13.7 -> 6.9 s measured here on two cores).
 TEST_WORKERS ?= auto
 
 test: setup  ## the pytest suite (unit tests, the suite's self-tests, the Ray executor test) on every core
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 parity: setup  ## the parity suite on every task (CartPole MLP, byte-level LM, integer LM), on the CPU -> runs/parity*, runs/int8
 	$(PY) -m parity check --out $(RUNS)/parity $(ARGS)
