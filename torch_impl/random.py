@@ -63,8 +63,9 @@ def _compiled_draw(kind: str, keys: torch.Tensor, shape, extra: tuple = (),
 
 def fold_in(keys: torch.Tensor, data) -> torch.Tensor:
     """random_eager.fold_in (jax.random.fold_in), its hash through the C generator for CPU keys when it is built."""
-    native = isinstance(keys, torch.Tensor) and random_native.wanted(keys)    # E.fold_in refuses any other keys
-    return E.fold_in(keys, data, random_native.hash_pairs if native else E._hash_pairs)
+    if isinstance(keys, torch.Tensor) and random_native.wanted(keys):          # E.fold_in refuses any other keys
+        return E.fold_in(keys, data, random_native.hash_pairs)
+    return E.fold_in(keys, data)
 
 
 def bits(keys: torch.Tensor, shape=()) -> torch.Tensor:
