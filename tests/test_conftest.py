@@ -1,8 +1,12 @@
-"""tests/conftest.py's settings for make test's workers: the files' order under xdist and the threads per worker."""
+"""tests/conftest.py's settings for make test's workers: the files' order under xdist, the threads per worker, and
+XLA's optimization level (which must leave JAX's bits as they are at XLA's default)."""
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from tests import conftest
 
@@ -44,3 +48,43 @@ def test_threads_per_worker_split_the_cores_between_the_workers(monkeypatch):
     assert conftest._threads_per_worker() == 8
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     assert conftest._threads_per_worker() == 1
+
+
+def test_the_xla_flag_is_added_unless_a_level_is_given_or_jax_has_a_gpu_plugin():
+    assert conftest._xla_flags("", False) == conftest.XLA_TEST_FLAG
+    assert conftest._xla_flags("--xla_cpu_multi_thread_eigen=false", False).split() == [
+        "--xla_cpu_multi_thread_eigen=false", conftest.XLA_TEST_FLAG]
+    assert conftest._xla_flags("--xla_backend_optimization_level=3", False) == "--xla_backend_optimization_level=3"
+    assert conftest._xla_flags("--xla_cpu_multi_thread_eigen=false", True) == "--xla_cpu_multi_thread_eigen=false"
+
+
+# JAX's float32 functions whose XLA lowerings are polynomials (where a contracted multiply-add would show), and its
+# normals (log and erf_inv), on fresh inputs across their ranges: printed as one digest of all the bits.
+BITS_PROGRAM = """
+import hashlib, jax, jax.numpy as jnp, jax.scipy.special
+x = jax.random.uniform(jax.random.key(20261128), (1 << 16,), jnp.float32, -30.0, 30.0)
+u = jax.random.uniform(jax.random.key(7), (1 << 16,), jnp.float32)
+outs = [jnp.exp(x), jnp.log(jnp.abs(x)), jnp.log1p(u), jnp.tanh(x), jax.nn.sigmoid(x), jax.nn.softmax(x[:4096]),
+        jax.scipy.special.erf(x / 10), jax.lax.erf_inv(2 * u - 1), jnp.sqrt(jnp.abs(x)),
+        jax.random.normal(jax.random.key(3), (3, 1 << 16), jnp.float32),
+        jax.nn.gelu(x), jnp.cos(x), jnp.sin(x), x.reshape(256, 256) @ x.reshape(256, 256) @ x[:256]]
+print(hashlib.sha256(b"".join(jax.device_get(o).tobytes() for o in outs)).hexdigest())
+"""
+
+
+def test_the_tests_xla_level_gives_the_bits_of_xlas_default():
+    """What XLA_TEST_FLAG may change is compile time only: the same bits here as in a process at XLA's default."""
+    import subprocess
+    import sys
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if conftest.XLA_TEST_FLAG not in flags.split():
+        pytest.skip(f"the tests run at XLA_FLAGS={flags!r}, not {conftest.XLA_TEST_FLAG}: nothing to compare")
+    def digest(env: dict) -> str:
+        run = subprocess.run([sys.executable, "-c", BITS_PROGRAM], capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stdout
+
+    default_flags = " ".join(f for f in flags.split() if f != conftest.XLA_TEST_FLAG)
+    assert digest(dict(os.environ)) == digest({**os.environ, "XLA_FLAGS": default_flags}), (
+        f"XLA {conftest.XLA_TEST_FLAG} changes JAX's float32 bits on this machine: drop it from tests/conftest.py")
