@@ -10,6 +10,7 @@
   is kept; run alone (no xdist), torch keeps its default.
 - XLA's backend at optimization level 1 (_xla_flags): the same bits, compiled faster.
 - Under xdist the files go out in _file_order's order (make test passes --no-loadscope-reorder, so xdist keeps it).
+- At the end, a test process skips freeing what its exit frees (pytest_sessionfinish).
 """
 from __future__ import annotations
 
@@ -76,3 +77,21 @@ def pytest_collection_modifyitems(config, items):
         return
     order = _file_order(Counter(item.nodeid.split("::")[0] for item in items))
     items.sort(key=lambda item: order[item.nodeid.split("::")[0]])
+
+
+def pytest_sessionfinish(session):
+    """At a test process's end, skip work that only frees memory the exit frees anyway: JAX's atexit clean-up
+    (it clears the backend and every cached executable, thousands by then) is unregistered, and once two collections
+    have run the finalizers of what is garbage (an unraisable exception there is still reported), the live objects are
+    moved out of the collector's way (gc.freeze), so pytest's ten closing collections do not walk them again.
+    Measured: 1.4 s less per process on two test files; both workers pay it at the very end of make test."""
+    import atexit
+    import gc
+    import sys
+
+    api = sys.modules.get("jax._src.api")
+    if api is not None and callable(getattr(api, "clean_up", None)):
+        atexit.unregister(api.clean_up)
+    gc.collect()
+    gc.collect()
+    gc.freeze()
