@@ -90,19 +90,19 @@ def test_the_tests_xla_level_gives_the_bits_of_xlas_default():
         f"XLA {conftest.XLA_TEST_FLAG} changes JAX's float32 bits on this machine: drop it from tests/conftest.py")
 
 
-@pytest.mark.parametrize("hook, says", [(True, ["True"]), (False, ["False", "cleared"])])
-def test_a_test_process_end_drops_jaxs_exit_clean_up_and_freezes_the_live_heap(hook, says):
+@pytest.mark.parametrize("hook, says", [(True, ["done"]), (False, ["done", "cleared"])])
+def test_a_test_process_end_drops_jaxs_exit_clean_up(hook, says):
     """With the hook JAX's exit clean-up (seen through the clear_backends it calls) never runs; without it, it does."""
     import subprocess
     import sys
 
-    program = ("import gc, sys, jax.numpy as jnp\n"
+    program = ("import sys, jax.numpy as jnp\n"
                "from tests import conftest\n"
                "jnp.ones(3).block_until_ready()\n"
                "api = sys.modules['jax._src.api']\n"
                "api.clear_backends = lambda **kw: print('cleared')\n"
                f"if {hook}: conftest.pytest_sessionfinish(None)\n"
-               "print(gc.get_freeze_count() > 0)\n")
+               "print('done')\n")
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == says
