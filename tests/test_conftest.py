@@ -3,6 +3,8 @@ XLA's optimization level (which must leave JAX's bits as they are at XLA's defau
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +13,13 @@ import pytest
 from tests import conftest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_output(program: str, env: dict | None = None) -> str:
+    """What `program` prints, run by this Python in a fresh process from the repository root (its stderr if it fails)."""
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
 
 
 def test_waiting_files_go_first_then_the_files_with_the_most_tests():
@@ -50,7 +59,7 @@ def test_threads_per_worker_split_the_cores_between_the_workers(monkeypatch):
     assert conftest._threads_per_worker() == 1
 
 
-def test_the_xla_flag_is_added_unless_a_level_is_given_or_jax_has_a_gpu_plugin():
+def test_the_xla_flag_is_added_unless_a_level_is_given_or_jax_has_a_plugin():
     assert conftest._xla_flags("", False) == conftest.XLA_TEST_FLAG
     assert conftest._xla_flags("--xla_cpu_multi_thread_eigen=false", False).split() == [
         "--xla_cpu_multi_thread_eigen=false", conftest.XLA_TEST_FLAG]
@@ -74,28 +83,17 @@ print(hashlib.sha256(b"".join(jax.device_get(o).tobytes() for o in outs)).hexdig
 
 def test_the_tests_xla_level_gives_the_bits_of_xlas_default():
     """What XLA_TEST_FLAG may change is compile time only: the same bits here as in a process at XLA's default."""
-    import subprocess
-    import sys
-
     flags = os.environ.get("XLA_FLAGS", "")
     if conftest.XLA_TEST_FLAG not in flags.split():
         pytest.skip(f"the tests run at XLA_FLAGS={flags!r}, not {conftest.XLA_TEST_FLAG}: nothing to compare")
-    def digest(env: dict) -> str:
-        run = subprocess.run([sys.executable, "-c", BITS_PROGRAM], capture_output=True, text=True, env=env)
-        assert run.returncode == 0, run.stderr[-2000:]
-        return run.stdout
-
     default_flags = " ".join(f for f in flags.split() if f != conftest.XLA_TEST_FLAG)
-    assert digest(dict(os.environ)) == digest({**os.environ, "XLA_FLAGS": default_flags}), (
+    assert python_output(BITS_PROGRAM) == python_output(BITS_PROGRAM, {**os.environ, "XLA_FLAGS": default_flags}), (
         f"XLA {conftest.XLA_TEST_FLAG} changes JAX's float32 bits on this machine: drop it from tests/conftest.py")
 
 
 @pytest.mark.parametrize("hook, says", [(True, ["done"]), (False, ["done", "cleared"])])
 def test_a_test_process_end_drops_jaxs_exit_clean_up(hook, says):
     """With the hook JAX's exit clean-up (seen through the clear_backends it calls) never runs; without it, it does."""
-    import subprocess
-    import sys
-
     program = ("import sys, jax.numpy as jnp\n"
                "from tests import conftest\n"
                "jnp.ones(3).block_until_ready()\n"
@@ -103,6 +101,16 @@ def test_a_test_process_end_drops_jaxs_exit_clean_up(hook, says):
                "api.clear_backends = lambda **kw: print('cleared')\n"
                f"if {hook}: conftest.pytest_sessionfinish(None)\n"
                "print('done')\n")
-    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.split() == says
+    assert python_output(program).split() == says
+
+
+def test_a_jax_plugin_is_found_where_jax_finds_one(tmp_path, monkeypatch):
+    import importlib
+
+    if conftest._has_jax_plugin():
+        pytest.skip("JAX already has a plugin here: nothing to tell apart")
+    (tmp_path / "jax_plugins" / "xla_fake").mkdir(parents=True)
+    (tmp_path / "jax_plugins" / "xla_fake" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert conftest._has_jax_plugin()
