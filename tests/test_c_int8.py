@@ -402,20 +402,10 @@ def test_votes_equal_jaxs(side, use_clt):
     frozen = dict(side.frozen, use_clt=use_clt)
     f = _rng(f"votes{cfg.n_embd}").integers(-1, 2, cfg.pairs).astype(np.int8)
     got = c.votes(f, 4)
-    keys, params, es_map = (_flat_keys(side.init.es_tree_key), _flat(side.init.params),
-                            _flat(side.init.es_map))
+    want = _flat(q.tree_votes(frozen, side.nparams, side.init.params, side.init.es_tree_key, side.init.es_map,
+                              jnp.asarray(f), 4))
     for path in c.paths:
-        leaf = lambda p, k: np.asarray(q.QEggRoll.leaf_votes(frozen, side.nparams, jnp.asarray(p), k,
-                                                             jnp.asarray(f), 4, int(es_map[path])))
-        want = (np.stack([leaf(params[path][l], keys[path][l]) for l in range(cfg.n_layer)])
-                if path.startswith("blocks.") else leaf(params[path], keys[path]))
-        assert np.array_equal(got[path], want), path
-
-
-def _flat_keys(tree) -> dict:
-    import jax
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {".".join(str(getattr(k, "key", k)) for k in path): v for path, v in leaves}
+        assert np.array_equal(got[path], want[path]), path
 
 
 @needs_c

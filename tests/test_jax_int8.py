@@ -20,6 +20,7 @@ from rollout.corpus import load_corpus
 from rollout.int8_data import (StreamLayout, epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows,
                                validation_rows)
 from spec import int8 as s
+from tests.int8_configs import INT8_CONFIGS
 
 SIZES = [(4, 16), (16, 64)]        # (in, out) of the products: two sizes, both powers of 4
 
@@ -329,6 +330,22 @@ def test_votes_sum_the_pairs_plus_noise():
                 N = np.asarray(A).astype(np.int64) @ np.asarray(B).astype(np.int64).T
             want += int(f[k]) * N
         assert np.array_equal(Z, want), shape
+    # tree_votes (one program for the tree: what the parity suite and the port tests compare with) is the same sum at
+    # every leaf and slice, at both shared sizes, from each pair's member_noise (a program those tests compile too)
+    for cfg in INT8_CONFIGS:
+        init = q.init_int8(cfg, 4)
+        frozen, nparams = q.QEggRoll.init_noiser(init.params, 4, 0, noise_seed=4)
+        f = _rng(f"tv{cfg.n_embd}").integers(-1, 2, cfg.pairs)
+        got = jax.tree.leaves(q.tree_votes(frozen, nparams, init.params, init.es_tree_key, init.es_map,
+                                           jnp.asarray(f, jnp.int8), 3))
+        want = [np.zeros(np.shape(g), np.int64) for g in got]
+        for k in range(cfg.pairs):
+            noise = q.member_noise(nparams, frozen, init.params, init.es_tree_key, init.es_map,
+                                   (jnp.int32(3), jnp.int32(2 * k)))
+            for w, N in zip(want, jax.tree.leaves(noise, is_leaf=lambda x: isinstance(x, tuple))):
+                w += f[k] * (np.einsum("...ir,...jr->...ij", *(np.asarray(v, np.int64) for v in N))
+                             if isinstance(N, tuple) else np.asarray(N, np.int64))
+        assert all(np.array_equal(np.asarray(g), w) and np.any(w) for g, w in zip(got, want))
 
 
 def test_fitness_is_the_sign_of_pair_differences():

@@ -350,12 +350,9 @@ def test_fitness_votes_and_update_equal_the_references(cfg, use_clt, epoch):
     new, info = tes.tell(es, state, noise, torch.from_numpy(scores))
     f = q.QEggRoll.convert_fitnesses(frozen, nparams, jnp.asarray(scores))
     assert np.array_equal(info["fitness"].numpy(), np.asarray(f)) and 0 in info["fitness"].tolist()
-    tree = s.int8_tree(cfg)
-    for leaf, (param, key, es_class) in zip(tree.leaves, zip(jax.tree.leaves(jparams), jax.tree.leaves(
-            init.es_tree_key), jax.tree.leaves(init.es_map))):
-        one = lambda p, k: q.QEggRoll.leaf_votes(frozen, nparams, p, k, f, epoch, es_class)
-        Z = one(param, key) if key.shape == () else jax.vmap(one)(param, key)
-        assert np.array_equal(info["votes"][leaf.path].numpy(), np.asarray(Z)), leaf.path
+    Z = _jax_leaves(cfg, q.tree_votes(frozen, nparams, jparams, init.es_tree_key, init.es_map, f, epoch))
+    for path in s.int8_tree(cfg).paths:
+        assert np.array_equal(info["votes"][path].numpy(), Z[path]), path
     want = _jax_leaves(cfg, q.update(frozen, nparams, jparams, init.es_tree_key, init.es_map, scores, epoch))
     moved, inside = 0, 0
     for path in want:

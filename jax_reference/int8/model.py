@@ -302,6 +302,24 @@ def _leaf_votes(frozen_items, es_class, noiser_params, param, key, fitnesses, ep
     return jnp.einsum("nir,njr->ij", f[:, None, None] * A, B)
 
 
+def tree_votes(frozen_noiser_params, noiser_params, params, es_tree_key, es_map, fitnesses, epoch):
+    """{leaf: Z} shaped like params: QEggRoll.leaf_votes of every leaf (stacked leaves slice by slice, as do_updates
+    votes), in one jitted program per settings and tree where leaf by leaf compiles one per leaf shape and class (the
+    same integers; at d16 L2, 3.3 s of compiling against 4.3 s)."""
+    return _tree_votes(_static(frozen_noiser_params), noiser_params, params, es_tree_key,
+                       tuple(int(c) for c in jax.tree.leaves(es_map)), jnp.asarray(fitnesses), jnp.int32(epoch))
+
+
+@partial(jax.jit, static_argnums=(0, 4))
+def _tree_votes(frozen_items, noiser_params, params, es_tree_key, es_map_leaves, fitnesses, epoch):
+    es_map = jax.tree.unflatten(jax.tree.structure(params), list(es_map_leaves))
+
+    def leaf(param, key, es_class):
+        one = lambda p, k: _leaf_votes(frozen_items, es_class, noiser_params, p, k, fitnesses, epoch)   # noqa: E731
+        return one(param, key) if key.shape == () else jax.vmap(one)(param, key)
+    return jax.tree.map(leaf, params, es_tree_key, es_map)
+
+
 class CachedQEggRoll(QEggRoll):
     """QEggRoll whose ops read each leaf's noise given in place of its key ((A, B) or E, drawn by member_noise)."""
 

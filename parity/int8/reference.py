@@ -115,20 +115,12 @@ class ReferenceSide:
         return out
 
     def _votes(self, case: Case) -> Pieces:
-        import jax
-        import jax.numpy as jnp
+        """votes.<leaf>: Z of every leaf (slices stacked) from the case's fitness signs, by q.tree_votes (one
+        program for the tree)."""
         q, init = self.q, self.init
-        keys = {".".join(str(getattr(k, "key", k)) for k in path): v
-                for path, v in jax.tree_util.tree_flatten_with_path(init.es_tree_key)[0]}
-        params, es_map = _flat(init.params), _flat(init.es_map)
-        f = jnp.asarray(case.fitness)
-        out = {}
-        for path in self.paths:
-            leaf = lambda p, k: np.asarray(q.QEggRoll.leaf_votes(self.frozen, self.nparams, jnp.asarray(p), k, f,
-                                                                 case.epoch, int(es_map[path])))
-            out[f"votes.{path}"] = (np.stack([leaf(params[path][l], keys[path][l]) for l in range(case.cfg.n_layer)])
-                                    if path.startswith("blocks.") else leaf(params[path], keys[path]))
-        return out
+        votes = _flat(q.tree_votes(self.frozen, self.nparams, init.params, init.es_tree_key, init.es_map,
+                                   case.fitness, case.epoch))
+        return {f"votes.{path}": votes[path] for path in self.paths}
 
     def trajectory(self, case: Case) -> Pieces:
         from jax_reference.int8.train import train_int8
