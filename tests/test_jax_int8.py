@@ -5,6 +5,7 @@ sizes; the tables against nano-egg's own numpy/jnp formulas; the windows against
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 
@@ -20,7 +21,7 @@ from rollout.corpus import load_corpus
 from rollout.int8_data import (StreamLayout, epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows,
                                validation_rows)
 from spec import int8 as s
-from tests.int8_configs import INT8_CONFIGS
+from tests.int8_configs import INT8_CONFIGS, QUICK
 
 SIZES = [(4, 16), (16, 64)]        # (in, out) of the products: two sizes, both powers of 4
 
@@ -369,10 +370,18 @@ def test_tree_is_the_specs():
     assert np.array_equal(np.asarray(init.params["emb"]), want)
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
+def _graph_scores(frozen_items, nparams, params, keys, iterinfo, inputs, targets, state):
+    """member_scores on nano-egg's graph (QEggRoll, noise drawn in every op), jitted once per settings and shapes: the
+    cached-noise and the trace tests read it at the same size (one compile, where a jitted closure and an eager
+    scan compiled one each: about 2.5 s)."""
+    return q.member_scores(q.QEggRoll, dict(frozen_items), nparams, params, keys, iterinfo, inputs, targets, state)
+
+
 def test_cached_noise_scores_like_nano_eggs_graph():
     """Drawing each member's noise once per epoch (CachedQEggRoll) gives the scores and states of drawing inside
     every op per token (QEggRoll, nano-egg's graph)."""
-    cfg = s.INT8_PRESETS["selftest"].replace(n_embd=16, n_layer=2)
+    cfg = QUICK                                            # d 16, 2 layers: parity int8's size (its programs)
     init = q.init_int8(cfg, 1)
     frozen, nparams = q.QEggRoll.init_noiser(init.params, 4, 0, noise_seed=1)
     tokens = np.asarray(_rng("graph").integers(0, 256, (cfg.pop, cfg.tokens_per_update + 1)), np.uint8)
@@ -380,8 +389,9 @@ def test_cached_noise_scores_like_nano_eggs_graph():
     states = jnp.asarray(_rng("st").integers(-127, 128, (cfg.pop, cfg.n_layer, cfg.n_embd)), jnp.int8)
     scores, new_states = q.population_scores(frozen, nparams, init.params, init.es_tree_key, init.es_map, 5, tokens,
                                              states)
-    member = jax.jit(lambda m, inputs, targets, state: q.member_scores(     # one compile for the three members
-        q.QEggRoll, frozen, nparams, init.params, init.es_tree_key, (jnp.int32(5), m), inputs, targets, state))
+    member = lambda m, inputs, targets, state: _graph_scores(q._static(frozen), nparams, init.params,   # noqa: E731
+                                                             init.es_tree_key, (jnp.int32(5), m), inputs, targets,
+                                                             state)
     for m in (0, 3, 6):
         sc, st = member(jnp.int32(m), jnp.asarray(tokens[m, :-1], jnp.int32), jnp.asarray(tokens[m, 1:], jnp.int32),
                         states[m])
@@ -447,19 +457,20 @@ def test_tiny_training_is_deterministic_and_learns():
 
 
 def test_trace_names_every_intermediate_and_agrees_with_the_scores():
-    cfg = s.INT8_PRESETS["selftest"].replace(n_layer=2)
+    cfg = QUICK                                            # 2 layers, T 16: the member_trace parity int8 compiles
     init = q.init_int8(cfg, 2)
     frozen, nparams = q.QEggRoll.init_noiser(init.params, 4, 0, noise_seed=2)
-    toks = jnp.asarray(_rng("trace").integers(1, 256, 9), jnp.int32)
+    toks = jnp.asarray(_rng("trace").integers(1, 256, cfg.tokens_per_update + 1), jnp.int32)
     zero = q.EGG.default_state(init.params)
     it = (jnp.int32(1), jnp.int32(5))
     trace, st = q.member_trace(q.QEggRoll, frozen, nparams, init.params, init.es_tree_key, it, toks[:-1], toks[1:],
                                zero)
-    score, st2 = q.member_scores(q.QEggRoll, frozen, nparams, init.params, init.es_tree_key, it, toks[:-1], toks[1:],
-                                 zero)
+    score, st2 = _graph_scores(q._static(frozen), nparams, init.params, init.es_tree_key, it, toks[:-1], toks[1:],
+                               zero)
     assert list(trace) == q.trace_names(2)
     assert int(jnp.sum(trace["ll"])) == int(score) and np.array_equal(np.asarray(st), np.asarray(st2))
-    assert trace["logits"].shape == (8, 256) and trace["blocks.1.mlp.0"].shape == (8, 4 * cfg.n_embd)
+    T = cfg.tokens_per_update
+    assert trace["logits"].shape == (T, 256) and trace["blocks.1.mlp.0"].shape == (T, 4 * cfg.n_embd)
     assert np.array_equal(np.asarray(trace["blocks.1.state"][-1]), np.asarray(st[1]))
     # block 0's GRU output is its new state, added to its input (the embedding) with saturation
     assert np.array_equal(np.asarray(trace["blocks.0.att"]),

@@ -7,7 +7,6 @@ row 0, the threshold-0 decrement, window clamps near 2^30, shifts of negatives, 
 """
 from __future__ import annotations
 
-import functools
 import math
 import zlib
 
@@ -23,12 +22,11 @@ from spec import int8 as s
 from torch_impl.int8 import es as tes
 from torch_impl.int8 import model as tm
 from torch_impl.int8 import noise as tn
+from tests.int8_configs import INT8_CONFIGS, INT8_IDS, QUICK
 
-# two sizes (n_embd, n_layer, pop, T): the selftest preset (4, 1, 8, 8) and (16, 2, 16, 8), the shapes of the
-# trajectory test's two configs, so that the reference compiles its programs once for both
-CONFIGS = [s.INT8_PRESETS["selftest"],
-           s.INT8_PRESETS["selftest"].replace(n_embd=16, n_layer=2, pop=16, tokens_per_update=8)]
-IDS = ["d4", "d16"]
+# two sizes (n_embd, n_layer, pop, T): the selftest preset (4, 1, 8, 8) and the quick preset (16, 2, 32, 16), the
+# sizes of `parity int8` and the other int8 test files (tests/int8_configs.py), so the reference's programs compile once
+CONFIGS, IDS = INT8_CONFIGS, INT8_IDS
 
 
 def _rng(tag: str) -> np.random.Generator:
@@ -282,13 +280,15 @@ def _trace_case(cfg, seed, tag):
     return flat, toks, states
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _every_members_trace(frozen_items, nparams, params, es_tree_key, epoch, toks, states):
-    """member_trace of every member m at (epoch, m) on toks[m], nano-egg's graph: compiled once per config (the
-    noiser params, sigma_shift among them, are arguments)."""
-    one = lambda m, tk, st0: q.member_trace(q.QEggRoll, dict(frozen_items), nparams, params, es_tree_key,
-                                            (epoch, m), tk[:-1], tk[1:], st0)
-    return jax.vmap(one)(jnp.arange(toks.shape[0], dtype=jnp.int32), toks, states)
+def _every_members_trace(frozen, nparams, params, es_tree_key, epoch, toks, states):
+    """member_trace of every member m at (epoch, m) on toks[m], nano-egg's graph, stacked: one call per member of the
+    program `parity int8` compiles for its traced members, at the same two sizes (a vmapped program of this file's own
+    cost 6.5 s of compiling; the noiser params, sigma_shift among them, are arguments)."""
+    traces = [q.member_trace(q.QEggRoll, frozen, nparams, params, es_tree_key, (jnp.int32(epoch), jnp.int32(m)),
+                             jnp.asarray(toks[m, :-1].astype(np.int32)), jnp.asarray(toks[m, 1:].astype(np.int32)),
+                             jnp.asarray(states[m])) for m in range(len(toks))]
+    return ({name: np.stack([np.asarray(trace[name]) for trace, _ in traces]) for name in traces[0][0]},
+            np.stack([np.asarray(state) for _, state in traces]))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
@@ -305,8 +305,7 @@ def test_member_trace_logits_scores_and_states_equal_the_references(cfg, sigma_s
     scores, st, trace = tm.scores(tparams, noise, torch.from_numpy(toks), torch.from_numpy(states), sigma_shift,
                                   trace=True)
     assert list(trace) == q.trace_names(cfg.n_layer)
-    want, want_state = _every_members_trace(q._static(frozen), nparams, jparams, init.es_tree_key,
-                                            jnp.int32(epoch), jnp.asarray(toks, jnp.int32), jnp.asarray(states))
+    want, want_state = _every_members_trace(frozen, nparams, jparams, init.es_tree_key, epoch, toks, states)
     for name in q.trace_names(cfg.n_layer):
         assert np.array_equal(trace[name].numpy(), np.asarray(want[name])), name
     assert np.array_equal(st.numpy(), np.asarray(want_state))
@@ -399,8 +398,7 @@ def _lockstep(cfg, seed):
 # val_rows 32 (the presets' 4 and 8 give rows of 1,929 and 964 bytes): the same 7,712 validation bytes compared, in
 # rows of 241, which the torch side steps through byte by byte (a recurrent forward), 8 times fewer steps.
 @pytest.mark.parametrize("cfg", [s.INT8_PRESETS["selftest"].replace(epochs=5, val_rows=32),
-                                 s.Int8Config(n_embd=16, n_layer=2, pop=16, tokens_per_update=8, epochs=4,
-                                              validate_every=2, alpha_decay_timestep=2, val_rows=32)],
+                                 QUICK.replace(epochs=4, validate_every=2, alpha_decay_timestep=2, val_rows=32)],
                          ids=["selftest-5", "d16-4"])
 def test_k_epoch_trajectory_equals_the_references(cfg):
     jax_result, torch_result, seen = _lockstep(cfg, 0)
