@@ -9,6 +9,7 @@
   subprocess a test starts), so two workers on two cores do not oversubscribe them. An OMP_NUM_THREADS of your own
   is kept; run alone (no xdist), torch keeps its default.
 - XLA's backend at optimization level 1 (_xla_flags): the same bits, compiled faster.
+- glibc's allocator keeps blocks under 64 MiB in its heap (MALLOC_TUNABLES): fewer page faults, the same values.
 - Under xdist the files go out in _file_order's order (make test passes --no-loadscope-reorder, so xdist keeps it).
 - At the end, a test process skips JAX's clean-up of what its exit frees anyway (pytest_sessionfinish).
 """
@@ -60,6 +61,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.update({name.upper(): str(value) for name, value in compile_cache_settings().items()})
 if (_THREADS := _threads_per_worker()) is not None:
     os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+
+# glibc's allocator for the processes a test run starts (the xdist workers, which start after this file loads in the
+# main process, and their subprocesses): blocks under 64 MiB come from the heap, and up to 256 MiB of freed heap is kept.
+# By default glibc maps every block over its dynamic threshold (at most 32 MiB) afresh and returns it on free, so the
+# tests' many 8-32 MiB arrays (2^23-entry tables, populations) fault in zeroed pages on each allocation. Measured on
+# tests/test_jax_int8.py alone: minor page faults 643k -> 396k, sys CPU 7.2 -> 3.3 s, user 53.2 -> 49.8 s, peak
+# memory 1.41 -> 1.51 GB. Allocation leaves every value as it was. Not set where GLIBC_TUNABLES is already given.
+MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=268435456"
+os.environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
 
 
 # Files whose time is mostly waiting on other processes: handed out first under xdist, so the wait overlaps the

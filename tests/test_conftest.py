@@ -1,5 +1,5 @@
 """tests/conftest.py's settings for make test's workers: the files' order under xdist, the threads per worker, and
-XLA's optimization level (which must leave JAX's bits as they are at XLA's default)."""
+XLA's optimization level and glibc's allocator (which must leave JAX's bits as they are by default)."""
 from __future__ import annotations
 
 import os
@@ -114,3 +114,32 @@ def test_a_jax_plugin_is_found_where_jax_finds_one(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     assert conftest._has_jax_plugin()
+
+
+FAULTS_PROGRAM = """
+import ctypes, resource
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(40):                       # a 48 MiB block allocated, written and freed 40 times
+    block = libc.malloc(48 << 20)
+    libc.memset(block, 1, 48 << 20)
+    libc.free(block)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_the_allocator_setting_reaches_the_tests_processes_and_keeps_freed_blocks():
+    """GLIBC_TUNABLES is set for the processes the run starts; with it a freed 48 MiB block is reused, not mapped and
+    faulted in again (glibc's default maps any block over 32 MiB afresh: 12,288 page faults each), and JAX's bits stay
+    as they are without it."""
+    if sys.platform != "linux":
+        pytest.skip("glibc's tunables apply on Linux only")
+    assert "GLIBC_TUNABLES" in os.environ
+    bare = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    tuned = {**bare, "GLIBC_TUNABLES": conftest.MALLOC_TUNABLES}
+    kept, default = int(python_output(FAULTS_PROGRAM, tuned)), int(python_output(FAULTS_PROGRAM, bare))
+    assert kept * 10 < default, (kept, default)
+    assert python_output(BITS_PROGRAM, tuned) == python_output(BITS_PROGRAM, bare)
