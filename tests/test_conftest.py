@@ -138,6 +138,8 @@ def test_the_allocator_setting_reaches_the_tests_processes_and_keeps_freed_block
     if sys.platform != "linux":
         pytest.skip("glibc's tunables apply on Linux only")
     assert "GLIBC_TUNABLES" in os.environ
+    if os.environ.get("PYTEST_XDIST_WORKER"):      # an xdist worker started with it (the main process set it first)
+        assert b"GLIBC_TUNABLES=" in Path("/proc/self/environ").read_bytes()
     bare = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     tuned = {**bare, "GLIBC_TUNABLES": conftest.MALLOC_TUNABLES}
     kept, default = int(python_output(FAULTS_PROGRAM, tuned)), int(python_output(FAULTS_PROGRAM, bare))
