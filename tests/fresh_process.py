@@ -27,6 +27,7 @@ SERVER = r"""
 import json, os, runpy, sys, traceback
 root = sys.argv[1]
 import numpy, torch
+assert not {"jax", "jaxlib", "optax"} & set(sys.modules), "the fork server imported jax"
 ours = {name.removesuffix(".py") for name in os.listdir(root) if name.endswith(".py")
         or os.path.isfile(os.path.join(root, name, "__init__.py"))}        # the checkout's top-level modules
 mine = sorted(ours & {name.split(".")[0] for name in sys.modules})
@@ -41,13 +42,17 @@ def child(req):
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
-    script = req["argv"][0]
+    script = req["argv"][0]            # a script's path, or -c and the code (python -c CODE ARGS)
     entries = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.path.dirname(os.path.realpath(script)), *entries, *BASE]
-    sys.argv = list(req["argv"])
+    first = "" if script == "-c" else os.path.dirname(os.path.realpath(script))
+    sys.path[:] = [first, *entries, *BASE]
+    sys.argv = ["-c", *req["argv"][2:]] if script == "-c" else list(req["argv"])
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        if script == "-c":
+            exec(compile(req["argv"][1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as exit:
         if exit.code is None or isinstance(exit.code, int):
             code = exit.code or 0
@@ -107,8 +112,9 @@ def _reply(proc: subprocess.Popen, timeout: float) -> dict:
 
 def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, blocked: str = ""
         ) -> subprocess.CompletedProcess:
-    """`python *argv` in cwd with exactly env (as subprocess.run(..., capture_output=True, text=True) gives it): forked
-    from the server, or in a new interpreter where torch must stay unimportable (`blocked` names it)."""
+    """`python *argv` (a script and its arguments, or -c CODE ARGS) in cwd with exactly env, as subprocess.run(...,
+    capture_output=True, text=True) gives it: forked from the server, or in a new interpreter where torch must stay
+    unimportable (`blocked` names it)."""
     if needs_a_new_interpreter(blocked):
         return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout)
