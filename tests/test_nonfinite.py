@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from parity.core.port import NonFinite, SplitNoise, nonfinite_arrays
 from parity.mlp.reference_port import ReferencePort
 from parity.mlp.sizes import SELFTEST
 from parity.mlp.suite import Context, run_check
+from tests import fresh_process
 from tests.test_port_adapter import verdict_table
 
 pytest_plugins = ["pytester"]          # the plugin's scenario runs a port author's file (tests/test_pytest_plugin.py)
@@ -43,8 +43,9 @@ def check(out: Path, port: str, checks: str, *extra: str) -> tuple[int, str, dic
 
 
 def run_repro(folder: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(folder / "repro.py")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    """`python repro.py` in a process of its own, forked from tests/fresh_process's server (torch's import saved)."""
+    return fresh_process.run([str(folder / "repro.py")], ROOT, {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                             timeout=120)
 
 
 # ----------------------------------------------------------------------------- the commonest shaping, no epsilon

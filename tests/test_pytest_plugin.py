@@ -1,6 +1,7 @@
 """The pytest plugin for port authors (parity/pytest_plugin.py) and parity.testing, run as a port author runs them.
 
-Each scenario writes a port author's test file and runs pytest on it in a fresh process (pytester), at the
+Each scenario writes a port author's test file and runs pytest on it (pytester: its own session, in this process;
+in a fresh one where the process is the point: the entry point, a blocked jax, the plugin's imports), at the
 `selftest` size: a faithful port passes every check, a drifted one fails the checks that see it with the knob named,
 a drift declared with `expect=` passes (and fails once the port stops having it), bad `expect=` stops the
 collection before any check runs, and collection needs no jax.
@@ -14,6 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from _pytest.pytester import SysModulesSnapshot
 
 from parity.core.port import UsageError
 from parity.testing import (EXPECT_ITEM, Outcome, ParityRequest, SuiteCache, SuiteCrash,
@@ -35,11 +37,32 @@ def plugin_args() -> tuple[str, ...]:
     return ("-p", PLUGIN)
 
 
+def keep_libraries(pytester: pytest.Pytester, monkeypatch) -> None:
+    """Let pytester drop only the scenario's own modules (files under pytester.path) after an in-process run and at
+    the test's end, where it drops every module first imported meanwhile: torch and jaxlib cannot be imported twice
+    in one process, nor jax_reference define its jax config options twice; kept, the suite's jitted functions and
+    compiled programs also serve every later run of the process. (Private to pytester, 9.x: the snapshot it restores
+    at the end and the one it takes around each run.)"""
+    def keep(name: str) -> bool:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        return file is None or not Path(file).is_relative_to(pytester.path)
+
+    monkeypatch.setattr(pytester, "_sys_modules_snapshot", SysModulesSnapshot(preserve=keep))
+    monkeypatch.setattr(pytester, "_Pytester__take_sys_modules_snapshot", lambda: SysModulesSnapshot(preserve=keep))
+
+
 def run_file(pytester: pytest.Pytester, monkeypatch, source: str, *args: str) -> pytest.RunResult:
-    """A port author's test file run by pytest in a fresh process, with this checkout on the path."""
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    """A port author's test file run by pytest in this process, with this checkout on the path.
+
+    In-process (pytester.runpytest_inprocess): the scenarios are about the plugin's items and verdicts, not the
+    process; a fresh process paid ~4 s of imports (torch, jax, scipy) and re-traced every JAX program of the suite
+    each run. Each run is still its own pytest session (its own config, plugin registration, SuiteCache), and its
+    test_port module is dropped after it (keep_libraries), so a scenario's file never leaks to the next. The
+    process-level properties (the entry point, a blocked jax, the plugin's imports) keep their subprocesses."""
+    keep_libraries(pytester, monkeypatch)
+    monkeypatch.syspath_prepend(str(ROOT))
     pytester.makepyfile(test_port=textwrap.dedent(source))
-    return pytester.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", "-rA", *args)
+    return pytester.runpytest_inprocess(*plugin_args(), "-p", "no:cacheprovider", "-rA", *args)
 
 
 def outcomes_by_id(result: pytest.RunResult) -> dict[str, str]:

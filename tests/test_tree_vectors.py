@@ -3,10 +3,9 @@ verdicts and named knobs row by row, in both modes and through the tree protocol
 refuses a bundle it cannot use (exit 2, before any work, nothing written)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from parity.core.tape import Bundle, Recording, Replay, Store, write_bundle
 from parity.tree.adapter import CheckedTreePort, PortSide
 from parity.tree.vectors import RECORDED, config_record, open_bundle, replay_reference
 from spec.tree_knobs import TreeKnobs
+from tests import fresh_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE, SEED = "selftest", 6
@@ -158,9 +158,9 @@ NO_JAX = ("import sys\n"
                                                (["--torch", "rng=torch", "--torch", "embedding=lowrank"], 1,
                                                 "knob `embedding`")])
 def test_against_runs_where_import_jax_fails(bundle, tmp_path, extra, code, says):
-    done = subprocess.run([sys.executable, "-c", NO_JAX, "check", "--task", "lm", "--against", str(bundle),
-                           "--out", str(tmp_path / "out"), "--quiet", *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # A process of its own, forked from tests/fresh_process's server (torch loaded, jax not): torch's import saved.
+    done = fresh_process.run(["-c", NO_JAX, "check", "--task", "lm", "--against", str(bundle), "--out",
+                              str(tmp_path / "out"), "--quiet", *extra], ROOT, dict(os.environ), timeout=300)
     assert done.returncode == code, done.stderr
     assert says in done.stdout
 
@@ -241,8 +241,8 @@ def test_a_failed_check_against_the_bundle_writes_its_repro(tmp_path):
                  "--out", str(out), "--quiet"]) == 1
     script = out / "repro" / "fitness" / "repro.py"
     assert script.is_file() and f"`{script.parent}/`" in (out / "summary.md").read_text()
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    done = fresh_process.run([str(script)], tmp_path, {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                             timeout=120)          # its own process, forked with torch loaded (tests/fresh_process)
     assert done.returncode == 1 and "FAIL: the port still differs" in done.stdout, done.stdout + done.stderr
 
 

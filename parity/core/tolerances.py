@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
 from reporting import ulp_distance  # noqa: F401  (the checks' ULP measure, re-exported)
 
@@ -263,14 +263,22 @@ def update_bound(new_params: np.ndarray, update: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- statistics
+def _stats():
+    """scipy.stats, imported at first use: 0.6 s of CPU that every `python -m parity` (--help and usage errors
+    included) and every test subprocess importing the suite paid at start (1.1 -> 0.45 s for --help)."""
+    from scipy import stats
+
+    return stats
+
+
 def z_threshold(alpha: float) -> float:
     """Two-sided standard-normal threshold at level alpha."""
-    return float(stats.norm.isf(alpha / 2))
+    return float(_stats().norm.isf(alpha / 2))
 
 
 def t_threshold(alpha: float, dof: int) -> float:
     """Two-sided Student-t threshold at level alpha (dof >= 1)."""
-    return float(stats.t.isf(alpha / 2, max(int(dof), 1)))
+    return float(_stats().t.isf(alpha / 2, max(int(dof), 1)))
 
 
 def mean_interval(samples: np.ndarray, expected: float, alpha: float) -> tuple[float, float, float]:
@@ -289,7 +297,7 @@ def mean_interval(samples: np.ndarray, expected: float, alpha: float) -> tuple[f
 
 def chi2_interval(n: int, alpha: float) -> tuple[float, float]:
     """Exact two-sided region of mean(z^2) for n iid standard normals (chi-square with n dof, over n)."""
-    return float(stats.chi2.ppf(alpha / 2, n) / n), float(stats.chi2.isf(alpha / 2, n) / n)
+    return float(_stats().chi2.ppf(alpha / 2, n) / n), float(_stats().chi2.isf(alpha / 2, n) / n)
 
 
 def normal_mean_interval(n: int, alpha: float) -> tuple[float, float]:
@@ -300,7 +308,7 @@ def normal_mean_interval(n: int, alpha: float) -> tuple[float, float]:
 
 def ks_critical(n: int, alpha: float) -> float:
     """Exact critical value of the two-sided one-sample Kolmogorov-Smirnov statistic at level alpha."""
-    return float(stats.kstwo.isf(alpha, n))
+    return float(_stats().kstwo.isf(alpha, n))
 
 
 def two_sample_interval(a: np.ndarray, b: np.ndarray, alpha: float) -> tuple[float, float]:
@@ -365,8 +373,8 @@ def rank_threshold(scale: float, n_out: int, n_in: int, r: int) -> float:
     SVD that measures sigma_{r+1} adds ~1e-16 relative (negligible). A full-rank E's sigma_{r+1} is of the order
     of its entries' scale, thousands of times this threshold (tests/test_parity_tolerances.py).
     """
-    q_a = stats.chi2.isf(RANK_TAIL, n_out * r)
-    q_b = stats.chi2.isf(RANK_TAIL, n_in * r)
+    q_a = _stats().chi2.isf(RANK_TAIL, n_out * r)
+    q_b = _stats().chi2.isf(RANK_TAIL, n_in * r)
     return gamma(r + 3) * scale * math.sqrt(q_a * q_b / r)
 
 
