@@ -81,14 +81,18 @@ print(hashlib.sha256(b"".join(jax.device_get(o).tobytes() for o in outs)).hexdig
 """
 
 
-def test_the_tests_xla_level_gives_the_bits_of_xlas_default():
-    """What XLA_TEST_FLAG may change is compile time only: the same bits here as in a process at XLA's default."""
+def test_the_tests_settings_give_the_bits_of_the_defaults():
+    """What XLA_TEST_FLAG and MALLOC_TUNABLES may change is time only: JAX's bits here are those of a process at XLA's
+    default optimization level and glibc's default allocator."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if conftest.XLA_TEST_FLAG not in flags.split():
-        pytest.skip(f"the tests run at XLA_FLAGS={flags!r}, not {conftest.XLA_TEST_FLAG}: nothing to compare")
-    default_flags = " ".join(f for f in flags.split() if f != conftest.XLA_TEST_FLAG)
-    assert python_output(BITS_PROGRAM) == python_output(BITS_PROGRAM, {**os.environ, "XLA_FLAGS": default_flags}), (
-        f"XLA {conftest.XLA_TEST_FLAG} changes JAX's float32 bits on this machine: drop it from tests/conftest.py")
+    level, tuned = conftest.XLA_TEST_FLAG in flags.split(), os.environ.get("GLIBC_TUNABLES") == conftest.MALLOC_TUNABLES
+    if not (level or tuned):
+        pytest.skip(f"the tests run at XLA_FLAGS={flags!r} and glibc's own allocator settings: nothing to compare")
+    default = {k: v for k, v in os.environ.items() if not (tuned and k == "GLIBC_TUNABLES")}
+    default["XLA_FLAGS"] = " ".join(f for f in flags.split() if f != conftest.XLA_TEST_FLAG)
+    assert python_output(BITS_PROGRAM) == python_output(BITS_PROGRAM, default), (
+        f"XLA {conftest.XLA_TEST_FLAG} or GLIBC_TUNABLES={conftest.MALLOC_TUNABLES} changes JAX's float32 bits on this "
+        "machine: drop it from tests/conftest.py")
 
 
 @pytest.mark.parametrize("hook, says", [(True, ["done"]), (False, ["done", "cleared"])])
@@ -133,8 +137,8 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 def test_the_allocator_setting_reaches_the_tests_processes_and_keeps_freed_blocks():
     """GLIBC_TUNABLES is set for the processes the run starts; with it a freed 48 MiB block is reused, not mapped and
-    faulted in again (glibc's default maps any block over 32 MiB afresh: 12,288 page faults each), and JAX's bits stay
-    as they are without it."""
+    faulted in again (glibc's default maps any block over 32 MiB afresh: 12,288 page faults each). JAX's bits with it:
+    test_the_tests_settings_give_the_bits_of_the_defaults."""
     if sys.platform != "linux":
         pytest.skip("glibc's tunables apply on Linux only")
     assert "GLIBC_TUNABLES" in os.environ
@@ -144,4 +148,3 @@ def test_the_allocator_setting_reaches_the_tests_processes_and_keeps_freed_block
     tuned = {**bare, "GLIBC_TUNABLES": conftest.MALLOC_TUNABLES}
     kept, default = int(python_output(FAULTS_PROGRAM, tuned)), int(python_output(FAULTS_PROGRAM, bare))
     assert kept * 10 < default, (kept, default)
-    assert python_output(BITS_PROGRAM, tuned) == python_output(BITS_PROGRAM, bare)
