@@ -4,8 +4,9 @@ as `python repro.py`).
 
 Each run is still its own process: its own working directory, environment and sys.path (the script's folder, then
 PYTHONPATH's entries, then the interpreter's own, as a new interpreter builds it), its own sys.modules beyond the
-server's, its exit code and output. What a fork cannot give is torch unimportable: a run whose blocked modules name
-torch takes a new interpreter (run() decides; those runs import numpy only and are cheap).
+server's, its exit code and output. What a fork cannot give is a module the server holds made unimportable: a run
+that blocks one (a numpy port's repro blocks torch) takes a new interpreter; the server lists what it holds when it
+starts, and run() decides.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ ours = {name.removesuffix(".py") for name in os.listdir(root) if name.endswith("
 mine = sorted(ours & {name.split(".")[0] for name in sys.modules})
 assert not mine, f"the fork server imported modules of the checkout: {mine}"
 BASE = sys.path[1:]          # the interpreter's own entries (the server runs with no PYTHONPATH)
+print(json.dumps(sorted(sys.modules)), flush=True)       # what every fork holds already
 
 
 def child(req):
@@ -78,19 +80,21 @@ for line in sys.stdin:
 """
 
 
-def needs_a_new_interpreter(blocked: str) -> bool:
-    """Whether the run must find torch unimportable (the modules it blocks name it): a fork would find it loaded."""
-    return "torch" in blocked.split()
+def needs_a_new_interpreter(blocked: str, held: frozenset) -> bool:
+    """Whether a module the run blocks (or one inside it) is one the server holds (`held`, torch and numpy among
+    them): a fork would find it loaded, so only a new interpreter keeps it unimportable."""
+    names = blocked.split()
+    return any(module == name or module.startswith(name + ".") for module in held for name in names)
 
 
 @functools.cache
-def _server() -> subprocess.Popen:
-    """The fork server, started once per test process and ended at its exit."""
+def _server() -> tuple[subprocess.Popen, frozenset]:
+    """The fork server, started once per test process and ended at its exit, and the modules it holds."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.Popen([sys.executable, "-c", SERVER, str(ROOT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env=env, cwd=tempfile.gettempdir(), text=True)
     atexit.register(_stop, proc)
-    return proc
+    return proc, frozenset(_reply(proc, 120))
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -113,12 +117,12 @@ def _reply(proc: subprocess.Popen, timeout: float) -> dict:
 def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, blocked: str = ""
         ) -> subprocess.CompletedProcess:
     """`python *argv` (a script and its arguments, or -c CODE ARGS) in cwd with exactly env, as subprocess.run(...,
-    capture_output=True, text=True) gives it: forked from the server, or in a new interpreter where torch must stay
-    unimportable (`blocked` names it)."""
-    if needs_a_new_interpreter(blocked):
+    capture_output=True, text=True) gives it: forked from the server, or in a new interpreter where a module the
+    server holds must stay unimportable (`blocked` names it)."""
+    proc, held = _server()
+    if needs_a_new_interpreter(blocked, held):
         return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=timeout)
-    proc = _server()
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         request = {"argv": [str(a) for a in argv], "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}

@@ -59,10 +59,11 @@ def test_sys_path_comes_from_the_runs_own_pythonpath_and_no_import_outlives_its_
         == "ModuleNotFoundError: No module named 'portmod_xyz'"
 
 
-@pytest.mark.parametrize("blocked, forked", [("", True), ("parity spec torch", False)])
-def test_a_run_that_blocks_torch_gets_a_new_interpreter(tmp_path, blocked, forked):
-    """Forked from the server, torch is already loaded (and could not be blocked); blocking it, the run is a new
-    interpreter's, where nothing is loaded that the script did not import."""
+@pytest.mark.parametrize("blocked, forked", [("", True), ("portmod_xyz json.decoder", False),
+                                             ("parity spec torch", False), ("numpy", False)])
+def test_a_run_that_blocks_a_module_the_server_holds_gets_a_new_interpreter(tmp_path, blocked, forked):
+    """Forked from the server, torch, numpy and what they import are already loaded (and could not be blocked);
+    blocking any of them, the run is a new interpreter's, where nothing is loaded that the script did not import."""
     done = fresh_process.run(["-c", "import sys; print('torch' in sys.modules, 'jax' in sys.modules)"], tmp_path,
                              env_with(str(tmp_path)), timeout=60, blocked=blocked)
     assert (done.returncode, done.stdout) == (0, f"{forked} False\n"), done.stderr
