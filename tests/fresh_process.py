@@ -34,7 +34,7 @@ ours = {name.removesuffix(".py") for name in os.listdir(root) if name.endswith("
 mine = sorted(ours & {name.split(".")[0] for name in sys.modules})
 assert not mine, f"the fork server imported modules of the checkout: {mine}"
 BASE = sys.path[1:]          # the interpreter's own entries (the server runs with no PYTHONPATH)
-print(json.dumps(sorted(sys.modules)), flush=True)       # what every fork holds already
+print(json.dumps({"held": sorted(sys.modules)}), flush=True)       # what every fork holds already
 
 
 def child(req):
@@ -94,7 +94,7 @@ def _server() -> tuple[subprocess.Popen, frozenset]:
     proc = subprocess.Popen([sys.executable, "-c", SERVER, str(ROOT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env=env, cwd=tempfile.gettempdir(), text=True)
     atexit.register(_stop, proc)
-    return proc, frozenset(_reply(proc, 120))
+    return proc, frozenset(_reply(proc, 120)["held"])
 
 
 def _stop(proc: subprocess.Popen) -> None:
