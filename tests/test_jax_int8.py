@@ -21,7 +21,7 @@ from rollout.corpus import load_corpus
 from rollout.int8_data import (StreamLayout, epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows,
                                validation_rows)
 from spec import int8 as s
-from tests.int8_configs import INT8_CONFIGS, QUICK
+from tests.int8_configs import INT8_CONFIGS, INT8_IDS, QUICK
 
 SIZES = [(4, 16), (16, 64)]        # (in, out) of the products: two sizes, both powers of 4
 
@@ -347,6 +347,26 @@ def test_votes_sum_the_pairs_plus_noise():
                 w += f[k] * (np.einsum("...ir,...jr->...ij", *(np.asarray(v, np.int64) for v in N))
                              if isinstance(N, tuple) else np.asarray(N, np.int64))
         assert all(np.array_equal(np.asarray(g), w) and np.any(w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("cfg", INT8_CONFIGS, ids=INT8_IDS)
+def test_the_update_is_nano_eggs_do_updates(cfg):
+    """update (tree_votes's program, then the votes applied) gives QEggRoll.do_updates's integers (nano-egg's
+    per-leaf vote and apply, jitted here as one program) on fresh scores, at a threshold that holds about half the
+    entries and at 0, which moves every entry not already at a bound."""
+    init = q.init_int8(cfg, 6)
+    do_updates = jax.jit(lambda frozen_items, nparams, scores, epoch: q.QEggRoll.do_updates(
+        dict(frozen_items), nparams, init.params, init.es_tree_key, q.QEggRoll.convert_fitnesses({}, {}, scores),
+        epoch, init.es_map)[1], static_argnums=0)
+    scores = _rng(f"upd{cfg.n_embd}").integers(-2000, 2000, cfg.pop).astype(np.int32)
+    for threshold, lo, hi in ((8, 0.3, 0.7), (0, 0.95, 1)):     # measured: 51% and 59% of the entries move at 8
+        frozen, nparams = q.QEggRoll.init_noiser(init.params, 4, threshold, noise_seed=6)
+        got = jax.tree.leaves(q.update(frozen, nparams, init.params, init.es_tree_key, init.es_map, scores, 3))
+        want = jax.tree.leaves(do_updates(q._static(frozen), nparams, jnp.asarray(scores), jnp.int32(3)))
+        assert all(np.array_equal(g, w) for g, w in zip(got, want)), threshold
+        moved = np.concatenate([np.ravel(np.asarray(g) != np.asarray(p)) for g, p in zip(got, jax.tree.leaves(
+            init.params))])
+        assert lo <= moved.mean() <= hi, (threshold, moved.mean())
 
 
 def test_fitness_is_the_sign_of_pair_differences():

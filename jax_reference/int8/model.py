@@ -607,18 +607,25 @@ def _member_trace(noiser, frozen_items, noiser_params, params, keys, iterinfo, i
 
 
 def window_starts(frozen_noiser_params, params, es_tree_key, epoch, thread_ids, es_map):
-    """Every member's clamped window start per leaf (slices stacked like the leaf): {leaf: (m, *stack) uint32}."""
-    rank = frozen_noiser_params.get("rank", 1)
+    """Every member's clamped window start per leaf (slices stacked like the leaf): {leaf: (m, *stack) uint32}; one
+    jitted program per settings and tree (integers: op by op compiled a few dozen small programs per call)."""
+    return _window_starts(frozen_noiser_params.get("rank", 1), frozen_noiser_params["noise_reuse"],
+                          tuple(int(c) for c in jax.tree.leaves(es_map)), params, es_tree_key, jnp.int32(epoch),
+                          jnp.asarray(thread_ids, I32))
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _window_starts(rank: int, noise_reuse: int, es_map_leaves, params, es_tree_key, epoch, thread_ids):
+    es_map = jax.tree.unflatten(jax.tree.structure(params), list(es_map_leaves))
 
     def leaf(param, key, es_class):
         def one(p, k, thread_id):
             n = 2 * p.size if es_class == PARAM else (p.shape[0] + p.shape[1]) * rank
-            start = window_start(k, true_epoch(jnp.asarray(epoch, I32), frozen_noiser_params["noise_reuse"]),
-                                 thread_id >> 1)
+            start = window_start(k, true_epoch(epoch, noise_reuse), thread_id >> 1)
             return jnp.minimum(start, U32(TABLE_SIZE - n))
         per_member = (lambda tid: one(param, key, tid)) if key.shape == () else \
             (lambda tid: jax.vmap(lambda p, k: one(p, k, tid))(param, key))
-        return jax.vmap(per_member)(jnp.asarray(thread_ids, I32))
+        return jax.vmap(per_member)(thread_ids)
     return jax.tree.map(leaf, params, es_tree_key, es_map)
 
 
@@ -642,18 +649,27 @@ def population_scores(frozen_noiser_params, noiser_params, params, es_tree_key, 
                               jnp.asarray(states))
 
 
-@partial(jax.jit, static_argnums=(0, 5))
-def _update(frozen_items, noiser_params, params, es_tree_key, scores, es_map_leaves, epoch):
-    frozen = dict(frozen_items)
-    es_map = jax.tree.unflatten(jax.tree.structure(params), list(es_map_leaves))
-    fitnesses = QEggRoll.convert_fitnesses(frozen, noiser_params, scores)
-    return QEggRoll.do_updates(frozen, noiser_params, params, es_tree_key, fitnesses, epoch, es_map)[1]
-
-
 def update(frozen_noiser_params, noiser_params, params, es_tree_key, es_map, scores, epoch):
-    """New params after the epoch's vote on scores (pop,) (noiser_params carries the epoch's threshold)."""
-    return _update(_static(frozen_noiser_params), noiser_params, params, es_tree_key,
-                   jnp.asarray(scores), tuple(jax.tree.leaves(es_map)), jnp.int32(epoch))
+    """New params after the epoch's vote on scores (pop,) (noiser_params carries the epoch's threshold):
+    QEggRoll.do_updates as tree_votes's program and a small one applying the votes, so a run that also reads the
+    votes (the parity suite) compiles them once, where one program for the update compiled them again (integers: the
+    same values; tests/test_jax_int8.py checks them against do_updates)."""
+    fitnesses = _fitnesses(jnp.asarray(scores))
+    votes = tree_votes(frozen_noiser_params, noiser_params, params, es_tree_key, es_map, fitnesses, epoch)
+    return _apply_votes(frozen_noiser_params["use_clt"], noiser_params["update_threshold"], params, votes,
+                        int(fitnesses.shape[0]))
+
+
+@jax.jit
+def _fitnesses(scores):
+    return QEggRoll.convert_fitnesses({}, {}, scores)
+
+
+@partial(jax.jit, static_argnums=(0, 4))
+def _apply_votes(use_clt: bool, threshold, params, votes, pairs: int):
+    """QEggRoll.apply_votes at every leaf (elementwise, so a stacked leaf's slices at once)."""
+    apply = lambda p, z: QEggRoll.apply_votes({"use_clt": use_clt}, {"update_threshold": threshold}, p, z, pairs)  # noqa: E731
+    return jax.tree.map(apply, params, votes)
 
 
 @jax.jit
