@@ -24,6 +24,17 @@ def versions(packages: Sequence[str] = PACKAGES) -> dict[str, str]:
     return out
 
 
+def xla_flags() -> str:
+    """XLA_FLAGS as this process has them ('' where unset). They can change how JAX compiles and so the reference's
+    bits (an optimization level, fast math), so every report states them."""
+    return os.environ.get("XLA_FLAGS", "").strip()
+
+
+def xla_flags_text(flags: str) -> str:
+    """XLA_FLAGS `flags` in a report's words: quoted, or that XLA runs at its defaults."""
+    return f"`{flags}`" if flags else "unset (XLA's defaults)"
+
+
 def cpu_name() -> str:
     """The CPU's model name (from /proc/cpuinfo where there is one)."""
     try:

@@ -11,7 +11,7 @@ from bench.ceilings import Ceilings
 from bench.measure import Timing, median_ci, ms_summary, paired_ratio, rate_summary
 from bench.solve import PHASES
 from reporting import fmt as _fmt
-from reporting import markdown_table
+from reporting import markdown_table, xla_flags, xla_flags_text
 
 COLUMNS = ("impl", "model", "pop", "measure", "median", "p10", "p90", "unit", "device")
 # Implementations in report order; the first is the one every ratio is taken against.
@@ -297,6 +297,7 @@ def _intro(ctx) -> list[str]:
         f"- OpenMP settings: {omp} (with OMP_WAIT_POLICY unset, torch's OpenMP threads spin while they wait; on a "
         "machine shared with other jobs that alone can slow small torch ops several times, so compare loaded runs "
         "with care)",
+        f"- XLA_FLAGS: {xla_flags_text(xla_flags())} (flags change how JAX compiles: its side of every ratio)",
         "- models: " + "; ".join(f"`{m.name}` = {m.label}" for m in ctx.models),
         "- every number is the median over timed repeats (warm-up calls excluded) with p10-p90 in brackets; "
         "throughput = population / seconds per call, one observation per member.",

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 from parity.core.port import UsageError
 from parity.mlp.suite import CHECKS, at_port_rank
 from parity.mlp.sizes import SIZES, Sizes
-from reporting import cpu_name, versions
+from reporting import cpu_name, versions, xla_flags
 from spec.config import for_profile
 from spec.knobs import CHOICES, NUMERIC, PROFILES
 from spec.limits import check_out_dir, device_arg, seed_arg
@@ -214,7 +214,7 @@ def run_info(args, sizes: Sizes, command: str, label: str, configuration: str, s
         seed=args.seed, versions=versions(SUITE_PACKAGES),
         device=device_description(args.device, args.bundle, None if args.bundle else args.platform),
         started=datetime.datetime.now().isoformat(timespec="seconds"), seconds=seconds,
-        extra=reference_note(args.bundle), platform=args.platform)
+        extra=reference_note(args.bundle), platform=args.platform, xla_flags=xla_flags())
 
 
 def parse(argv: list[str]):

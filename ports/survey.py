@@ -20,7 +20,7 @@ from parity.core.verdict import CheckResult
 from ports import probes as pr
 from ports.readings import Agreement, agreement
 from ports.registry import Entry
-from reporting import versions
+from reporting import versions, xla_flags
 
 # A missing optional method (or group) -> (checks it skips, drifts then left unchecked): docs/ports.md's skip table.
 SKIPPED = {
@@ -105,7 +105,7 @@ def _info(entry: Entry, name: str, sizes: Sizes, seed: int, seconds: float, devi
         port=name, configuration=f"foreign port {entry.spec}: {entry.configured}",
         sizes=f"{sizes.name}: pop {c.pop}, rank {c.rank}, sigma {c.sigma}, lr {c.lr}, MLP {c.sizes}",
         seed=seed, versions=versions(SUITE_PACKAGES + (entry.dist,)), device=device,
-        started=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=seconds)
+        started=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=seconds, xla_flags=xla_flags())
 
 
 def survey_entry(entry: Entry, sizes: Sizes, seed: int, out: Path, device: str,

@@ -39,6 +39,21 @@ def test_summary_opens_with_the_verdict_table_and_names_the_knob(tmp_path):
         assert needle in text
 
 
+def test_the_report_states_xla_flags_or_that_xla_runs_at_its_defaults(tmp_path, monkeypatch):
+    """XLA_FLAGS can change how JAX compiles (and so the reference's bits): summary.md and result.json say them."""
+    import dataclasses
+    import json
+    for flags, said in (("--xla_cpu_enable_fast_math=true", "XLA_FLAGS: `--xla_cpu_enable_fast_math=true`"),
+                        ("", "XLA_FLAGS: unset (XLA's defaults)")):
+        report.write_report(tmp_path, _results(), dataclasses.replace(INFO, xla_flags=flags))
+        assert f"- {said}" in (tmp_path / "summary.md").read_text().splitlines()
+        assert json.loads((tmp_path / "result.json").read_text())["xla_flags"] == flags
+    monkeypatch.setenv("XLA_FLAGS", "  --xla_backend_optimization_level=1 ")
+    assert reporting.xla_flags() == "--xla_backend_optimization_level=1"
+    monkeypatch.delenv("XLA_FLAGS")
+    assert reporting.xla_flags() == "" and reporting.xla_flags_text("") == "unset (XLA's defaults)"
+
+
 def test_csvs_are_tidy(tmp_path):
     report.write_report(tmp_path, _results(), INFO)
     with open(tmp_path / "parity.csv", newline="") as handle:

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import reporting
 from jax_reference import emulation
 from parity import __main__ as cli
 from parity.mlp.sizes import SIZES
@@ -179,7 +180,8 @@ def test_gpu_sim_passes_the_faithful_side(normals, tmp_path, precision):
     out = tmp_path / precision
     assert cli.main(["check", "--size", "selftest", "--reference-platform", "gpu-sim", "--reference-precision",
                      precision, "--out", str(out), "--quiet"]) == 0
-    assert "rng=jax-gpu" in json.loads((out / "result.json").read_text())["configuration"]
+    result = json.loads((out / "result.json").read_text())
+    assert "rng=jax-gpu" in result["configuration"] and result["xla_flags"] == reporting.xla_flags()   # the run's own
 
 
 def test_the_lm_suite_on_gpu_sim_names_rng_for_a_side_on_the_cpus_normals(normals, tmp_path, capsys, monkeypatch):
@@ -205,7 +207,9 @@ def test_the_lm_suite_on_gpu_sim_passes_the_faithful_side(normals, tmp_path):
     out = tmp_path / "lm"
     assert cli.main(["check", "--task", "lm", "--size", "selftest", "--reference-platform", "gpu-sim",
                      "--out", str(out), "--quiet"]) == 0
-    assert "rng=jax follows the reference's backend: rng=jax-gpu" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "rng=jax follows the reference's backend: rng=jax-gpu" in summary
+    assert f"- XLA_FLAGS: {reporting.xla_flags_text(reporting.xla_flags())}" in summary.splitlines()
 
 
 def test_the_lm_suite_on_gpu_sim_passes_a_torch_rng_side_through_the_tf32_forward(normals, tmp_path):
@@ -224,7 +228,9 @@ def test_parity_int8_on_gpu_sim_passes_and_says_its_products_are_exact(normals, 
                      "--out", str(out), "--quiet"]) == 0
     summary = (out / "summary.md").read_text()
     assert "exact under any matmul precision" in summary and "0 of 2^23 noise look-up entries" in summary
-    assert json.loads((out / "result.json").read_text())["reference_platform"]["normals"] == "gpu"
+    result = json.loads((out / "result.json").read_text())
+    assert result["reference_platform"]["normals"] == "gpu" and result["xla_flags"] == reporting.xla_flags()
+    assert f"- XLA_FLAGS: {reporting.xla_flags_text(reporting.xla_flags())}" in summary.splitlines()
 
 
 # ---------------------------------------------------------------- bad input: exit 2 before any work

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from parity.core.verdict import CSV_COLUMNS, ERROR, FAIL, PASS, CheckResult, rows_table, worst
-from reporting import atomic_write, markdown_table
+from reporting import atomic_write, markdown_table, xla_flags_text
 from spec.platform import ReferencePlatform
 
 SUMMARY = "summary.md"
@@ -39,6 +39,7 @@ class RunInfo:
     seconds: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
     platform: ReferencePlatform | None = None     # where the reference ran (a bundle's: where it was recorded)
+    xla_flags: str = ""                           # XLA_FLAGS of the run ('' where unset): reporting.xla_flags
 
 
 def csv_text(results: Sequence[CheckResult]) -> str:
@@ -94,6 +95,7 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
         "from it)",
         f"- versions: {', '.join(f'{k} {v}' for k, v in info.versions.items())}",
         f"- device: {info.device}",
+        f"- XLA_FLAGS: {xla_flags_text(info.xla_flags)}",
         f"- started: {info.started}; took {info.seconds:.1f} s",
         f"- statistical tests: family-wise false-alarm rate <= {alpha:.2g} for this run (Bonferroni: the sum of the "
         "per-test levels; each check spends at most its share of 1e-3, see parity/core/tolerances.py); every other "
@@ -129,7 +131,8 @@ def result_json(results: Sequence[CheckResult], info: RunInfo, exit_code: int) -
                     "repro": r.repro or None}
                    for r in results],
         "command": info.command, "port": info.port, "configuration": info.configuration, "sizes": info.sizes,
-        "seed": info.seed, "versions": info.versions, "device": info.device, "started": info.started,
+        "seed": info.seed, "versions": info.versions, "device": info.device, "xla_flags": info.xla_flags,
+        "started": info.started,
         "reference": info.extra.get(REFERENCE_SIDE, "jax_reference, live"),
         "reference_platform": None if info.platform is None else info.platform.fields(),
         "seconds": round(info.seconds, 3),

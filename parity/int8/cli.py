@@ -216,7 +216,7 @@ def lookup_lines(platform) -> list[str]:
 def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int, seconds: float, code: int) -> Path:
     """summary.md (a row per side), pieces.csv (a row per piece and side), result.json; written only at the end,
     each file atomically."""
-    from reporting import atomic_write, cpu_name, versions
+    from reporting import atomic_write, cpu_name, versions, xla_flags, xla_flags_text
     case: Case = result["case"]
     rows = result["rows"]
     verdict = "PASS" if code == EXIT_PASS else "FAIL"
@@ -232,6 +232,7 @@ def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int
              f"- versions: {', '.join(f'{k} {v}' for k, v in vers.items())}; CPU {cpu_name()}",
              f"- device: torch side on {plan.device}; JAX reference on {plan.platform.where()[len('JAX on '):]}; "
              f"reference platform: {plan.platform.fields_text()}",
+             f"- XLA_FLAGS: {xla_flags_text(xla_flags())}",
              f"- took {seconds:.1f} s",
              "- the bar: equality at every element of every piece (integer arithmetic has no rounding); pieces and "
              "their order: parity/int8/pieces.py",
@@ -250,7 +251,7 @@ def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int
                    "named": None if r["naming"] is None else {"knobs": r["naming"].knobs.departures(),
                                                               "exact": r["naming"].exact}}
                   for r in rows],
-        "c_side": plan.c_reason or "ran", "device": plan.device,
+        "c_side": plan.c_reason or "ran", "device": plan.device, "xla_flags": xla_flags(),
         "reference_platform": plan.platform.fields()}, indent=2) + "\n")
     return out / "summary.md"
 

@@ -58,11 +58,12 @@ def recording_manifest(sizes, seed: int, checks, command: str, platform: Referen
     """What a bundle says about itself besides its calls: task, size, seed, sizes, run settings, versions, device
     and the reference's platform (spec.platform's fields, which `check --against` takes as the reference's)."""
     from parity.mlp.reference_port import backend_info
-    from reporting import versions
+    from reporting import versions, xla_flags
 
     return {"task": TASK, "size": sizes.name, "seed": int(seed), "checks": list(checks),
             "sizes": sizes_record(sizes), "run": dataclasses.asdict(RunSettings()), "command": command,
             "draws": f"the outputs of {', '.join(DRAWN)} as the sha256 of their bytes (parity.core.numpy_random redraws "
                      "them on replay)",
-            "versions": versions(("jax", "jaxlib", "optax", "numpy")), **backend_info(platform),
+            "versions": versions(("jax", "jaxlib", "optax", "numpy")), "xla_flags": xla_flags(),
+            **backend_info(platform),
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -136,7 +136,7 @@ def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle,
                   seconds: float) -> list[str]:
     """summary.md's head: the verdict, the reference's platform in one sentence, then the run's facts."""
     from parity.tree import check as tree_check, dist as tree_dist
-    from reporting import versions
+    from reporting import versions, xla_flags, xla_flags_text
     packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
     platform = reference.platform
     title = "byte-level LM" if args.task == "lm" else "the port's declared tree"
@@ -150,6 +150,7 @@ def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle,
             *(bundle_lines(bundle, reference) if bundle else []),
             f"- device: torch side on {args.device}; JAX reference on {platform.where()[len('JAX on '):]}; reference "
             f"platform: {platform.fields_text()}",
+            f"- XLA_FLAGS: {xla_flags_text(xla_flags())}",
             f"- took {seconds:.1f} s",
             "- tolerances: see parity/tree/check.py's docstring (float32 product and shaping bounds, exact draws, "
             f"{tree_check.FORWARD_ULPS} ulps of scale for the forward; a TF32 reference's own bounds and measured "

@@ -109,7 +109,7 @@ def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: 
     atomically), the reference on `platform` (default where JAX runs); the checks are driven by the faithful torch
     side (`knobs`: its rng following the reference's normals), which must pass them all (else nothing is written: a
     recording the faithful side fails would hold a wrong reference)."""
-    from reporting import cpu_name, versions
+    from reporting import cpu_name, versions, xla_flags
     sizes = lm_sizes()
     if size not in sizes:
         raise UsageError(f"--task lm --size {size!r}: the LM suite's sizes are {', '.join(sizes)}")
@@ -128,7 +128,7 @@ def record_lm(size: str, seed: int, out: Path, log=lambda line: None, platform: 
     manifest = {"task": TASK, "size": size, "seed": seed, "config": config_record(cfg),
                 "sizes": f"d_model {cfg.d_model}, layers {cfg.layers}, d_hidden {cfg.d_hidden}, T {cfg.seq_len}, "
                          f"pop {cfg.pop}, rank {cfg.rank}",
-                "versions": versions(VERSIONS),
+                "versions": versions(VERSIONS), "xla_flags": xla_flags(),
                 "device": f"JAX reference on {ref.platform.where()[len('JAX on '):]}; host CPU {cpu_name()}",
                 "matmul_precision": ref.platform.precision_words(), "platform": ref.platform.fields(),
                 "command": regenerate(size, seed, str(out)), "recorded": list(RECORDED),
@@ -191,7 +191,7 @@ def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line
     draws, on replay as when recorded."""
     from parity.tree import reference as tree_reference
     from parity.tree.adapter import declared_run, load_tree_port
-    from reporting import cpu_name, versions
+    from reporting import cpu_name, versions, xla_flags
     if size not in tree_check.TREE_SIZES:
         raise UsageError(f"--task tree --size {size!r}: the tree suite's sizes are {', '.join(tree_check.TREE_SIZES)}")
     run, lines = declared_run(load_tree_port(port_spec, None), tree_check.TREE_SIZES[size])
@@ -204,7 +204,7 @@ def record_tree(port_spec: str, size: str, seed: int, out: Path, log=lambda line
         if (i + 1) % 20 == 0 or i + 1 == len(wanted):
             log(f"record: {i + 1} of {len(wanted)} draws")
     manifest = {"task": TREE_TASK, "size": size, "seed": seed, "port": port_spec, "run": config_record(run),
-                "sizes": "; ".join(lines), "versions": versions(VERSIONS),
+                "sizes": "; ".join(lines), "versions": versions(VERSIONS), "xla_flags": xla_flags(),
                 "device": f"JAX reference on {live.platform.where()[len('JAX on '):]}; host CPU {cpu_name()}",
                 "matmul_precision": live.platform.precision_words(), "platform": live.platform.fields(),
                 "command": regenerate_tree(port_spec, size, seed, str(out)), "recorded": list(TREE_RECORDED),
