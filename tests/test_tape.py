@@ -233,3 +233,13 @@ def test_the_repro_scripts_own_decoder_reads_what_tape_encodes(n):
     ours, theirs = decode(node, arrays), repro_script.decode(node, arrays)
     _same(ours[0], theirs[0])
     assert list(ours[1][:4]) == list(theirs[1][:4]) and ours[1][4] == theirs[1][4]
+
+
+@pytest.mark.parametrize("manifest, says", [({"xla_flags": "--xla_cpu_enable_fast_math=true"},
+                                              "XLA_FLAGS `--xla_cpu_enable_fast_math=true`"),
+                                             ({"xla_flags": ""}, "XLA_FLAGS unset (XLA's defaults)"),
+                                             ({}, "XLA_FLAGS not recorded")])
+def test_a_reports_bundle_line_says_the_xla_flags_it_was_recorded_under(manifest, says):
+    from parity.core.tape import Bundle, recording_of
+    line = recording_of(Bundle(Path("b"), {"task": "mlp", "versions": {"jax": "x"}, **manifest}, Store()))
+    assert line.endswith(f"; {says})") and "jax x" in line

@@ -24,6 +24,7 @@ import numpy as np
 
 from parity.core import repro_script
 from parity.core.port import UsageError
+from reporting import xla_flags_text
 
 FORMAT_VERSION = 1
 ARRAYS, MANIFEST = "arrays.npz", "manifest.json"
@@ -365,7 +366,14 @@ def recording_of(bundle: Bundle) -> str:
     return (f"bundle {bundle.folder} (format version {m.get('format_version')}, content hash "
             f"{str(m.get('content_hash'))[:16]}..., task {m.get('task')}, size {m.get('size')}, seed {m.get('seed')}; "
             f"recorded by `{m.get('command')}` with {versions}; {m.get('device')}; matmul precision "
-            f"{m.get('matmul_precision')})")
+            f"{m.get('matmul_precision')}; XLA_FLAGS {_recorded_flags(m)})")
+
+
+def _recorded_flags(manifest: dict) -> str:
+    """A bundle's XLA_FLAGS in a report's words; 'not recorded' for a bundle written before they were."""
+    if "xla_flags" not in manifest:
+        return "not recorded"
+    return xla_flags_text(manifest["xla_flags"])
 
 
 def read_bundle(folder: Path | str, regenerate: str = "python -m parity record") -> Bundle:
