@@ -187,8 +187,8 @@ def check_against_bundle(args, recorded: ReferencePlatform, bundle: str) -> None
 def compile_cache_settings() -> dict:
     """JAX's persistent compilation cache as the reference keeps it: {jax config name: value}, the directory
     ~/.cache/eggroll-parity/jax (or under $XDG_CACHE_HOME) and thresholds that keep every compile; {} where that
-    directory cannot be made (a read-only home: no cache). The command line sets these through jax.config
-    (parity.mlp.reference_port.enable_compile_cache), tests/conftest.py as environment variables before JAX loads."""
+    directory cannot be made (a read-only home: no cache). Every live reference sets these through jax.config
+    (parity.core.platform.enable_compile_cache), tests/conftest.py as environment variables before JAX loads."""
     import os
 
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

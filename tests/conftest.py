@@ -1,8 +1,8 @@
 """What every test process shares, set before any test module imports jax or torch (`make test` runs pytest-xdist).
 
 - JAX's persistent compilation cache, on from the first compile: the directory and thresholds of
-  spec.platform.compile_cache_settings, which the command line sets through jax.config once a CartPole suite runs
-  (parity.mlp.reference_port.enable_compile_cache), so the xdist workers and every subprocess a test starts
+  spec.platform.compile_cache_settings, which the command line sets through jax.config once a live reference is made
+  (parity.core.platform.enable_compile_cache), so the xdist workers and every subprocess a test starts
   (environment variables reach them) compile each reference function once and load it after. A
   JAX_COMPILATION_CACHE_DIR of your own is kept.
 - Under xdist, cores // workers OpenMP threads per worker (torch's intra-op pool, read when torch loads, and every

@@ -273,3 +273,46 @@ def test_backend_sentence_names_both_backends():
     text = backend_sentence("cpu", ReferencePlatform(simulated=True, requested="gpu-sim", precision="tf32",
                                                      normals="gpu"))
     assert "JAX's CPU normals" in text and "JAX's GPU normals" in text and "same threefry bits" in text
+
+
+# ---------------------------------------------------------------- the live reference keeps its compiles on disk
+CACHE_PROGRAM = """
+import jax
+from parity.core.platform import enable_compile_cache
+enable_compile_cache()
+print(jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+"""
+
+
+def test_the_compile_cache_goes_under_the_users_cache_directory_unless_one_is_given(tmp_path):
+    """A fresh process (the cache is set before JAX's first compile): spec.platform's directory under
+    $XDG_CACHE_HOME, every compile kept; a JAX_COMPILATION_CACHE_DIR of the user's is kept as it is."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")
+           and not k.startswith("JAX_PERSISTENT_CACHE")}
+    run = lambda extra: subprocess.run([sys.executable, "-c", CACHE_PROGRAM], env={**env, **extra}, cwd=root,  # noqa: E731
+                                       capture_output=True, text=True, check=True).stdout.split()
+    assert run({"XDG_CACHE_HOME": str(tmp_path)}) == [str(tmp_path / "eggroll-parity" / "jax"), "0.0"]
+    assert run({"XDG_CACHE_HOME": str(tmp_path), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "mine")})[0] == \
+        str(tmp_path / "mine")
+
+
+def test_every_live_reference_turns_the_compile_cache_on(monkeypatch):
+    """The LM and any-tree reference (parity.tree.reference.on_platform) and the int8 one (ReferenceSide), as the
+    CartPole suite's reference_side does: a user's second run at a size loads what the first compiled."""
+    from parity.core import platform as core_platform
+    from parity.int8.reference import ReferenceSide
+    from parity.tree import reference as tree_reference
+    from spec.int8 import INT8_PRESETS
+
+    calls = []
+    monkeypatch.setattr(core_platform, "enable_compile_cache", lambda: calls.append("on"))
+    tree_reference.on_platform()
+    assert calls == ["on"]
+    ReferenceSide(INT8_PRESETS["selftest"], 0)
+    assert calls == ["on", "on"]

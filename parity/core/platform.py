@@ -4,7 +4,8 @@ jax_reference.platform (PlatformError: JAX sees no GPU where one is asked for).
 """
 from __future__ import annotations
 
-from jax_reference.platform import PlatformError, normals_available, resolve  # noqa: F401 (PlatformError: callers')
+# PlatformError: callers'; enable_compile_cache: every live reference's (the LM's, int8's, CartPole's)
+from jax_reference.platform import PlatformError, enable_compile_cache, normals_available, resolve  # noqa: F401
 from spec.platform import ReferencePlatform
 
 

@@ -67,6 +67,8 @@ class ReferenceSide:
 
     def __init__(self, cfg, seed: int, platform: ReferencePlatform | None = None):
         from jax_reference.int8 import model as q
+        from parity.core import platform as core_platform
+        core_platform.enable_compile_cache()          # its compiles kept on disk for the next run
         self.q, self.cfg, self.seed, self.platform = q, cfg, seed, platform
         with _scope(platform):
             self.init = q.init_int8(cfg, seed)

@@ -31,19 +31,7 @@ from rollout.episodes import sample_actions
 from spec.config import Config, schedule
 from spec.jax_rng import size_bucket
 from spec.knobs import RunSettings
-from spec.platform import ReferencePlatform, compile_cache_settings
-
-
-def enable_compile_cache() -> None:
-    """Keep JAX's compiled executables on disk between runs (compiling the reference's draws costs seconds).
-
-    Uses $JAX_COMPILATION_CACHE_DIR when set, else spec.platform.compile_cache_settings (~/.cache/eggroll-parity/jax
-    or under $XDG_CACHE_HOME).
-    """
-    if jax.config.jax_compilation_cache_dir:
-        return
-    for name, value in compile_cache_settings().items():
-        jax.config.update(name, value)
+from spec.platform import ReferencePlatform
 
 
 def backend_info(platform: ReferencePlatform | None = None) -> dict:

@@ -164,7 +164,8 @@ def reference_side(sizes: Sizes, seed: int, reference_run: RunSettings | None, a
     (default: where JAX runs), or with `against` (a bundle or its folder) parity.mlp.vectors.ReferenceReplay, which
     imports no JAX."""
     if against is None:
-        from parity.mlp.reference_port import ReferencePort, enable_compile_cache
+        from parity.core.platform import enable_compile_cache
+        from parity.mlp.reference_port import ReferencePort
 
         enable_compile_cache()
         return ReferencePort(sizes.cfg, reference_run or RunSettings(), platform)

@@ -337,6 +337,9 @@ _FUNCTIONS = globals()    # this module's names, read without looking the module
 
 
 def on_platform(platform: ReferencePlatform | None = None) -> OnPlatform:
-    """The reference on `platform` (default: where JAX runs, at its default precision)."""
+    """The reference on `platform` (default: where JAX runs, at its default precision), its compiles kept on disk
+    (parity.core.platform.enable_compile_cache)."""
     from jax_reference.platform import resolve
+    from parity.core import platform as core_platform
+    core_platform.enable_compile_cache()
     return OnPlatform(platform or resolve())
