@@ -228,9 +228,28 @@ def forward(
     return h.view(pop, -1) if x.dim() == 2 else h.view(pop, batch, -1)
 
 
+def _compiled(fn: Callable) -> Callable:
+    """fn torch.compile'd with dynamic shapes and without duck sizing: by default dynamo assumes two sizes that are
+    equal on the first call (pop 4 and in 4) always are, and compiles again when they part (the selftest suite
+    compiled 5 graphs where 3 serve it: 39.1 -> 32.1 s on two cores)."""
+    compiled = torch.compile(fn, dynamic=True)
+    try:
+        from torch.fx.experimental import _config as fx_config
+    except ImportError:
+        return compiled
+    if not hasattr(fx_config, "use_duck_shape"):               # in the pinned torch; another: its duck sizing
+        return compiled
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with fx_config.patch(use_duck_shape=False):
+            return compiled(*args, **kwargs)
+    return call
+
+
 COMPILERS: dict[str, Callable[[Callable], Callable]] = {
     "off": lambda fn: fn,
-    "on": lambda fn: torch.compile(fn, dynamic=True),
+    "on": _compiled,
 }
 
 
