@@ -121,8 +121,9 @@ def test_a_port_that_claims_jax_draws_but_has_others_is_an_rng_drift():
 
 def test_a_compiled_forward_passes_the_suite(tmp_path):
     """compile=on is a speed-up, not a drift: torch.compile'd forwards must stay within every float32 bound. The
-    suite's calls take three graphs (the products check's one layer; the whole net with noise and without); with dynamo's duck sizing two
-    more were compiled where sizes that met on a first call (4 and 4) later parted (torch_impl.model._compiled)."""
+    suite's calls take three graphs (the products check's one layer; the whole net with noise and without); with
+    dynamo's duck sizing two more were compiled where sizes that met on a first call (4 and 4) later parted
+    (torch_impl.model._compiled)."""
     from torch._dynamo.utils import counters
 
     before = counters["stats"]["unique_graphs"]
