@@ -17,7 +17,7 @@ from parity.mlp.adapter import CheckedPort, load_port
 from parity.mlp.sizes import SELFTEST
 from ports import __main__ as cli
 from ports import registry
-from ports.probes import leaf_probes, numerical_rank, seed_probe
+from ports.probes import KURTOSIS_Z, kurtosis_z, leaf_probes, numerical_rank, seed_probe
 from ports.readings import Reading, agreement
 from ports.report import SurveyInfo, agreement_cell, write
 from ports.survey import survey_entry, unchecked
@@ -86,6 +86,8 @@ def test_a_port_that_is_not_installed_is_a_row_that_says_so(tmp_path):
 
 
 def test_probes_tell_low_rank_noise_from_dense_and_seeded_from_fixed():
+    """Unseeded: faithful noise passes every probe. The kurtosis band's false-alarm rate is derived (ports.probes,
+    KURTOSIS_Z): 0 in 20,000 seeded draws at this shape; the clipped case sits at z >= 12 against a band of 6."""
     r = np.random.default_rng()
     sigma, rank, m, (o, i) = 0.2, 4, 512, (16, 12)
     A = r.standard_normal((m, o, rank)) * sigma / np.sqrt(rank)
@@ -104,6 +106,29 @@ def test_probes_tell_low_rank_noise_from_dense_and_seeded_from_fixed():
     assert not full["largest numerical rank of A_i B_i^T"].consistent
     assert seed_probe(lambda seed: {"b": np.ones(3)}).consistent is False
     assert seed_probe(lambda seed: {"b": np.full(3, seed)}).consistent is True
+
+
+def eggroll_dense(r: np.random.Generator, m: int, o: int, i: int, rank: int, used: int | None = None) -> np.ndarray:
+    """m members of E = A B^T, A ~ N(0, 1/r), B ~ N(0, 1); `used` keeps A's first columns (scaled to variance 1)."""
+    A = r.standard_normal((m, o, rank)) / np.sqrt(rank)
+    if used is not None:
+        A[..., used:] = 0
+        A *= np.sqrt(rank / used)
+    return A @ r.standard_normal((m, i, rank)).swapaxes(1, 2)
+
+
+def test_the_kurtosis_probe_is_calibrated():
+    """400 seeded null draws at 8x6, 128 members: none flagged and z is standard normal within 4 standard errors
+    (mean +- 4/sqrt(400); sd +- 4 sqrt((kurt_z - 1) / (4 * 400)) = 0.16 at kurt_z <= 3.5). The former 16-group SE
+    fails it (sd 1.36, 7 draws past 4). An antithetic pair E, -E adds no information; rank 2 of 4 is always caught."""
+    r = np.random.default_rng(7)
+    z = np.array([kurtosis_z(eggroll_dense(r, 128, 8, 6, 4), 4)[2] for _ in range(400)])
+    assert np.all(np.abs(z) <= KURTOSIS_Z), z[np.abs(z) > KURTOSIS_Z]
+    assert abs(z.mean()) < 4 / np.sqrt(len(z)) and abs(z.std(ddof=1) - 1) < 0.16, (z.mean(), z.std(ddof=1))
+    E = eggroll_dense(r, 64, 8, 6, 4)
+    assert kurtosis_z(np.concatenate([E, -E]), 4) == pytest.approx(kurtosis_z(E, 4), rel=1e-9)
+    clipped = [kurtosis_z(eggroll_dense(r, 512, 16, 12, 4, used=2), 4)[2] for _ in range(50)]
+    assert min(clipped) > KURTOSIS_Z, clipped
 
 
 def test_cli_refuses_bad_usage_before_any_work(tmp_path, capsys):
