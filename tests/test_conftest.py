@@ -82,17 +82,20 @@ print(hashlib.sha256(b"".join(jax.device_get(o).tobytes() for o in outs)).hexdig
 
 
 def test_the_tests_settings_give_the_bits_of_the_defaults():
-    """What XLA_TEST_FLAG and MALLOC_TUNABLES may change is time only: JAX's bits here are those of a process at XLA's
-    default optimization level and glibc's default allocator."""
+    """What XLA_TEST_FLAG, MALLOC_TUNABLES and TRACEBACK_SETTING may change is time only: JAX's bits here are those of
+    a process at XLA's default optimization level, glibc's default allocator and JAX's whole-stack locations."""
     flags = os.environ.get("XLA_FLAGS", "")
     level, tuned = conftest.XLA_TEST_FLAG in flags.split(), os.environ.get("GLIBC_TUNABLES") == conftest.MALLOC_TUNABLES
-    if not (level or tuned):
-        pytest.skip(f"the tests run at XLA_FLAGS={flags!r} and glibc's own allocator settings: nothing to compare")
-    default = {k: v for k, v in os.environ.items() if not (tuned and k == "GLIBC_TUNABLES")}
+    name, value = conftest.TRACEBACK_SETTING
+    traced = os.environ.get(name) == value
+    if not (level or tuned or traced):
+        pytest.skip(f"the tests run at XLA_FLAGS={flags!r}, glibc's own allocator settings and JAX's own locations: "
+                    "nothing to compare")
+    default = {k: v for k, v in os.environ.items() if not (tuned and k == "GLIBC_TUNABLES" or traced and k == name)}
     default["XLA_FLAGS"] = " ".join(f for f in flags.split() if f != conftest.XLA_TEST_FLAG)
     assert python_output(BITS_PROGRAM) == python_output(BITS_PROGRAM, default), (
-        f"XLA {conftest.XLA_TEST_FLAG} or GLIBC_TUNABLES={conftest.MALLOC_TUNABLES} changes JAX's float32 bits on this "
-        "machine: drop it from tests/conftest.py")
+        f"XLA {conftest.XLA_TEST_FLAG}, GLIBC_TUNABLES={conftest.MALLOC_TUNABLES} or {name}={value} changes JAX's "
+        "float32 bits on this machine: drop it from tests/conftest.py")
 
 
 @pytest.mark.parametrize("hook, says", [(True, ["done"]), (False, ["done", "cleared"])])
