@@ -87,11 +87,13 @@ def test_the_tests_settings_give_the_bits_of_the_defaults():
     flags = os.environ.get("XLA_FLAGS", "")
     level, tuned = conftest.XLA_TEST_FLAG in flags.split(), os.environ.get("GLIBC_TUNABLES") == conftest.MALLOC_TUNABLES
     name, value = conftest.TRACEBACK_SETTING
-    traced = os.environ.get(name) == value
-    if not (level or tuned or traced):
+    short_locations = os.environ.get(name) == value
+    if not (level or tuned or short_locations):
         pytest.skip(f"the tests run at XLA_FLAGS={flags!r}, glibc's own allocator settings and JAX's own locations: "
                     "nothing to compare")
-    default = {k: v for k, v in os.environ.items() if not (tuned and k == "GLIBC_TUNABLES" or traced and k == name)}
+    dropped = {"GLIBC_TUNABLES"} if tuned else set()
+    dropped |= {name} if short_locations else set()
+    default = {k: v for k, v in os.environ.items() if k not in dropped}
     default["XLA_FLAGS"] = " ".join(f for f in flags.split() if f != conftest.XLA_TEST_FLAG)
     assert python_output(BITS_PROGRAM) == python_output(BITS_PROGRAM, default), (
         f"XLA {conftest.XLA_TEST_FLAG}, GLIBC_TUNABLES={conftest.MALLOC_TUNABLES} or {name}={value} changes JAX's "
