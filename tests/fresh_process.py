@@ -91,10 +91,18 @@ def needs_a_new_interpreter(blocked: str, held: frozenset) -> bool:
 def _server() -> tuple[subprocess.Popen, frozenset]:
     """The fork server, started once per test process and ended at its exit, and the modules it holds."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(ROOT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=env, cwd=tempfile.gettempdir(), text=True)
+    proc = _unbuffered([sys.executable, "-c", SERVER, str(ROOT)], env)
     atexit.register(_stop, proc)
     return proc, frozenset(_reply(proc, 120)["held"])
+
+
+def _unbuffered(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """argv with its stdin and stdout as unbuffered byte pipes. _reply waits on the pipe with select, so a line
+    already read into a Python buffer would be waited for in vain: a run that ends at once has the server write its
+    pid line and its exit-code line together, and a buffered readline of the first took both (a run then timed out
+    after 60 s, found here under load)."""
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tempfile.gettempdir(),
+                            bufsize=0)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -104,8 +112,16 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def _send(proc: subprocess.Popen, request: dict) -> None:
+    """One request line to the server, all of it (an unbuffered pipe's write may take part of it)."""
+    data = memoryview((json.dumps(request) + "\n").encode())
+    while data:
+        data = data[proc.stdin.write(data):]
+
+
 def _reply(proc: subprocess.Popen, timeout: float) -> dict:
-    """The server's next line; TimeoutError after `timeout` seconds without one."""
+    """The server's next line; TimeoutError after `timeout` seconds without one. Read a byte at a time from the
+    unbuffered pipe, so nothing past the line is taken from it."""
     if not select.select([proc.stdout], [], [], timeout)[0]:
         raise TimeoutError
     line = proc.stdout.readline()
@@ -126,8 +142,7 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float, blocked
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         request = {"argv": [str(a) for a in argv], "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
-        proc.stdin.write(json.dumps(request) + "\n")
-        proc.stdin.flush()
+        _send(proc, request)
         pid = _reply(proc, 30)["pid"]
         try:
             code = _reply(proc, timeout)["returncode"]

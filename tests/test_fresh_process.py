@@ -67,3 +67,18 @@ def test_a_run_that_blocks_a_module_the_server_holds_gets_a_new_interpreter(tmp_
     done = fresh_process.run(["-c", "import sys; print('torch' in sys.modules, 'jax' in sys.modules)"], tmp_path,
                              env_with(str(tmp_path)), timeout=60, blocked=blocked)
     assert (done.returncode, done.stdout) == (0, f"{forked} False\n"), done.stderr
+
+
+def test_two_replies_written_together_are_read_one_at_a_time():
+    """A run that ends at once has the server write its pid line and its exit-code line together: reading the first
+    must leave the second on the pipe, where _reply's select finds it (a buffered read took both, and the run timed
+    out)."""
+    proc = fresh_process._unbuffered([sys.executable, "-c", "import sys, time\n"
+                                      "sys.stdout.write('{\"pid\": 5}\\n{\"returncode\": 0}\\n'); sys.stdout.flush()\n"
+                                      "time.sleep(60)"], dict(os.environ))
+    try:
+        assert fresh_process._reply(proc, 30) == {"pid": 5}
+        assert fresh_process._reply(proc, 5) == {"returncode": 0}
+    finally:
+        proc.kill()
+        proc.wait()
