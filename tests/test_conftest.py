@@ -1,5 +1,6 @@
 """tests/conftest.py's settings for make test's workers: the files' order under xdist, the threads per worker, and
-XLA's optimization level and glibc's allocator (which must leave JAX's bits as they are by default)."""
+XLA's CPU settings and glibc's allocator (which must leave JAX's bits as they are by default, but for the order of
+some float32 sums)."""
 from __future__ import annotations
 
 import os
@@ -8,8 +9,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from parity.core import tolerances
 from tests import conftest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,45 +62,80 @@ def test_threads_per_worker_split_the_cores_between_the_workers(monkeypatch):
     assert conftest._threads_per_worker() == 1
 
 
-def test_the_xla_flag_is_added_unless_a_level_is_given_or_jax_has_a_plugin():
-    assert conftest._xla_flags("", False) == conftest.XLA_TEST_FLAG
+def test_the_xla_flags_are_added_unless_given_or_jax_has_a_plugin():
+    level, emitters = conftest.XLA_TEST_FLAGS
+    assert conftest._xla_flags("", False).split() == [level, emitters]
     assert conftest._xla_flags("--xla_cpu_multi_thread_eigen=false", False).split() == [
-        "--xla_cpu_multi_thread_eigen=false", conftest.XLA_TEST_FLAG]
-    assert conftest._xla_flags("--xla_backend_optimization_level=3", False) == "--xla_backend_optimization_level=3"
+        "--xla_cpu_multi_thread_eigen=false", level, emitters]
+    assert conftest._xla_flags("--xla_backend_optimization_level=3", False).split() == [
+        "--xla_backend_optimization_level=3", emitters]
+    assert conftest._xla_flags("--xla_cpu_use_fusion_emitters=true", False).split() == [
+        "--xla_cpu_use_fusion_emitters=true", level]
     assert conftest._xla_flags("--xla_cpu_multi_thread_eigen=false", True) == "--xla_cpu_multi_thread_eigen=false"
 
 
-# JAX's float32 functions whose XLA lowerings are polynomials (where a contracted multiply-add would show), and its
-# normals (log and erf_inv), on fresh inputs across their ranges: printed as one digest of all the bits.
+# Fresh inputs across their ranges, saved to the .npz the program is given:
+# - "exact": JAX's float32 functions whose XLA lowerings are polynomials (where a contracted multiply-add would show),
+#   its normals (log and erf_inv), its bits and an integer matrix product: bit for bit under the tests' settings.
+# - "dot*": float32 products (a, b, a @ b) of the shapes the suite's references take, the matrix-vector ones
+#   where XLA's optimization level changes the order of the sum among them (a (1, 4) row times a (4, 4) matrix, each
+#   of a population's rows times its own (64, 4) factor), and a gradient's fitness-weighted sum over 256 members:
+#   within Higham's bound for two orders of the same sum.
 BITS_PROGRAM = """
-import hashlib, jax, jax.numpy as jnp, jax.scipy.special
-x = jax.random.uniform(jax.random.key(20261128), (1 << 16,), jnp.float32, -30.0, 30.0)
-u = jax.random.uniform(jax.random.key(7), (1 << 16,), jnp.float32)
-outs = [jnp.exp(x), jnp.log(jnp.abs(x)), jnp.log1p(u), jnp.tanh(x), jax.nn.sigmoid(x), jax.nn.softmax(x[:4096]),
-        jax.scipy.special.erf(x / 10), jax.lax.erf_inv(2 * u - 1), jnp.sqrt(jnp.abs(x)),
-        jax.random.normal(jax.random.key(3), (3, 1 << 16), jnp.float32),
-        jax.nn.gelu(x), jnp.cos(x), jnp.sin(x), x.reshape(256, 256) @ x.reshape(256, 256) @ x[:256]]
-print(hashlib.sha256(b"".join(jax.device_get(o).tobytes() for o in outs)).hexdigest())
+import sys, jax, jax.numpy as jnp, jax.scipy.special, numpy as np
+k = jax.random.split(jax.random.key(20261129), 9)
+x = jax.random.uniform(k[0], (1 << 16,), jnp.float32, -30.0, 30.0)
+u = jax.random.uniform(k[1], (1 << 16,), jnp.float32)
+i8 = jax.random.randint(k[2], (64, 96), -128, 128, jnp.int32)
+exact = [jnp.exp(x), jnp.log(jnp.abs(x)), jnp.log1p(u), jnp.tanh(x), jax.nn.sigmoid(x), jax.scipy.special.erf(x / 10),
+         jax.lax.erf_inv(2 * u - 1), jnp.sqrt(jnp.abs(x)), jax.random.normal(k[3], (3, 1 << 16), jnp.float32),
+         jax.nn.gelu(x), jnp.cos(x), jnp.sin(x), jax.random.bits(k[4], (4, 5000)), i8 @ i8.T]
+out = {"exact": np.concatenate([np.asarray(o).view(np.uint32).ravel() for o in exact])}
+shapes = [((1, 4), (4, 4)), ((256, 1, 64), (256, 64, 4)), ((1, 4), (4, 64)), ((256,), (256, 256)), ((96, 257), (257, 33))]
+for i, (sa, sb) in enumerate(shapes):
+    a, b = jax.random.normal(jax.random.fold_in(k[5], i), sa), jax.random.normal(jax.random.fold_in(k[6], i), sb)
+    out.update({f"dot{i}_a": a, f"dot{i}_b": b, f"dot{i}_ab": jax.jit(jnp.matmul)(a, b)})
+np.savez(sys.argv[1], **{name: np.asarray(v) for name, v in out.items()})
 """
 
 
-def test_the_tests_settings_give_the_bits_of_the_defaults():
-    """What XLA_TEST_FLAG, MALLOC_TUNABLES and TRACEBACK_SETTING may change is time only: JAX's bits here are those of
-    a process at XLA's default optimization level, glibc's default allocator and JAX's whole-stack locations."""
+def run_bits_program(path: Path, env: dict | None = None) -> dict:
+    """BITS_PROGRAM's arrays, run in a fresh process with env (this process's when None)."""
+    python_output(BITS_PROGRAM.replace("sys.argv[1]", repr(str(path))), env)
+    with np.load(path) as saved:
+        return dict(saved)
+
+
+def test_the_tests_settings_give_the_bits_of_the_defaults_but_for_the_order_of_float32_sums(tmp_path):
+    """What XLA_TEST_FLAGS, MALLOC_TUNABLES and TRACEBACK_SETTING may change: JAX's elementwise functions, noise and
+    integer arithmetic are those of a process at XLA's defaults, glibc's default allocator and JAX's whole-stack
+    locations, bit for bit; a float32 product a @ b may be summed in another order, so each entry is within
+    2 gamma_n sum_j |a_ij||b_jk| of the default's (n the inner dimension: each order is within gamma_n of the exact sum,
+    parity.core.tolerances)."""
     flags = os.environ.get("XLA_FLAGS", "")
-    level, tuned = conftest.XLA_TEST_FLAG in flags.split(), os.environ.get("GLIBC_TUNABLES") == conftest.MALLOC_TUNABLES
+    ours = [flag for flag in conftest.XLA_TEST_FLAGS if flag in flags.split()]
+    tuned = os.environ.get("GLIBC_TUNABLES") == conftest.MALLOC_TUNABLES
     name, value = conftest.TRACEBACK_SETTING
     short_locations = os.environ.get(name) == value
-    if not (level or tuned or short_locations):
+    if not (ours or tuned or short_locations):
         pytest.skip(f"the tests run at XLA_FLAGS={flags!r}, glibc's own allocator settings and JAX's own locations: "
                     "nothing to compare")
     dropped = {"GLIBC_TUNABLES"} if tuned else set()
     dropped |= {name} if short_locations else set()
     default = {k: v for k, v in os.environ.items() if k not in dropped}
-    default["XLA_FLAGS"] = " ".join(f for f in flags.split() if f != conftest.XLA_TEST_FLAG)
-    assert python_output(BITS_PROGRAM) == python_output(BITS_PROGRAM, default), (
-        f"XLA {conftest.XLA_TEST_FLAG}, GLIBC_TUNABLES={conftest.MALLOC_TUNABLES} or {name}={value} changes JAX's "
-        "float32 bits on this machine: drop it from tests/conftest.py")
+    default["XLA_FLAGS"] = " ".join(f for f in flags.split() if f not in ours)
+    got, want = run_bits_program(tmp_path / "tests.npz"), run_bits_program(tmp_path / "default.npz", default)
+    settings = f"XLA {' '.join(ours)}, GLIBC_TUNABLES={conftest.MALLOC_TUNABLES} or {name}={value}"
+    assert np.array_equal(got["exact"], want["exact"]), (
+        f"{settings} changes JAX's float32 functions, normals or integer bits on this machine: drop it from "
+        "tests/conftest.py")
+    for i in range(sum(key.endswith("_ab") for key in got)):
+        a, b = (want[f"dot{i}_{part}"].astype(np.float64) for part in "ab")
+        assert all(np.array_equal(got[f"dot{i}_{part}"], want[f"dot{i}_{part}"]) for part in "ab")   # the same inputs
+        bound = 2 * tolerances.gamma(a.shape[-1]) * (np.abs(a) @ np.abs(b))
+        diff = np.abs(got[f"dot{i}_ab"].astype(np.float64) - want[f"dot{i}_ab"])
+        assert (diff <= bound).all(), (f"{settings} moves a float32 product of shapes {a.shape} @ {b.shape} past "
+                                       f"two summation orders' bound: {diff.max()} > {bound[diff.argmax()]}")
 
 
 @pytest.mark.parametrize("hook, says", [(True, ["done"]), (False, ["done", "cleared"])])
