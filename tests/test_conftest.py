@@ -18,9 +18,10 @@ from tests import conftest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def python_output(program: str, env: dict | None = None) -> str:
-    """What `program` prints, run by this Python in a fresh process from the repository root (its stderr if it fails)."""
-    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=ROOT, env=env)
+def python_output(program: str, env: dict | None = None, *args: str) -> str:
+    """What `program` prints, run with args by this Python in a fresh process from the repository root (its stderr if it
+    fails)."""
+    run = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, cwd=ROOT, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout
 
@@ -91,7 +92,8 @@ exact = [jnp.exp(x), jnp.log(jnp.abs(x)), jnp.log1p(u), jnp.tanh(x), jax.nn.sigm
          jax.lax.erf_inv(2 * u - 1), jnp.sqrt(jnp.abs(x)), jax.random.normal(k[3], (3, 1 << 16), jnp.float32),
          jax.nn.gelu(x), jnp.cos(x), jnp.sin(x), jax.random.bits(k[4], (4, 5000)), i8 @ i8.T]
 out = {"exact": np.concatenate([np.asarray(o).view(np.uint32).ravel() for o in exact])}
-shapes = [((1, 4), (4, 4)), ((256, 1, 64), (256, 64, 4)), ((1, 4), (4, 64)), ((256,), (256, 256)), ((96, 257), (257, 33))]
+shapes = [((1, 4), (4, 4)), ((256, 1, 64), (256, 64, 4)), ((1, 4), (4, 64)), ((256,), (256, 256)),
+          ((96, 257), (257, 33))]
 for i, (sa, sb) in enumerate(shapes):
     a, b = jax.random.normal(jax.random.fold_in(k[5], i), sa), jax.random.normal(jax.random.fold_in(k[6], i), sb)
     out.update({f"dot{i}_a": a, f"dot{i}_b": b, f"dot{i}_ab": jax.jit(jnp.matmul)(a, b)})
@@ -101,7 +103,7 @@ np.savez(sys.argv[1], **{name: np.asarray(v) for name, v in out.items()})
 
 def run_bits_program(path: Path, env: dict | None = None) -> dict:
     """BITS_PROGRAM's arrays, run in a fresh process with env (this process's when None)."""
-    python_output(BITS_PROGRAM.replace("sys.argv[1]", repr(str(path))), env)
+    python_output(BITS_PROGRAM, env, str(path))
     with np.load(path) as saved:
         return dict(saved)
 
@@ -135,7 +137,7 @@ def test_the_tests_settings_give_the_bits_of_the_defaults_but_for_the_order_of_f
         bound = 2 * tolerances.gamma(a.shape[-1]) * (np.abs(a) @ np.abs(b))
         diff = np.abs(got[f"dot{i}_ab"].astype(np.float64) - want[f"dot{i}_ab"])
         assert (diff <= bound).all(), (f"{settings} moves a float32 product of shapes {a.shape} @ {b.shape} past "
-                                       f"two summation orders' bound: {diff.max()} > {bound[diff.argmax()]}")
+                                       f"two summation orders' bound: {diff.max()} > {bound.flat[diff.argmax()]}")
 
 
 @pytest.mark.parametrize("hook, says", [(True, ["done"]), (False, ["done", "cleared"])])
