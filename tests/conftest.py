@@ -38,7 +38,8 @@ def _threads_per_worker() -> int | None:
 # - LLVM at optimization level 1 (its default is 2; level 0 failed 23 tests of three files): make test 645 -> 558 s,
 #   user CPU 19m29s -> 16m32s.
 # - The older fusion emitters (XLA's default is the newer MLIR ones): tests/test_jax_lm.py 62-66 -> 50 s (XLA's compile
-#   47-50 -> 36 s of it); the whole suite's XLA compile time 342 -> 267 s, make test's pytest ~500 -> 464 s.
+#   47-50 -> 36 s of it); the whole suite's XLA compile time 342 -> 267 s; make test from a fresh clone 557 s the
+#   same morning, 430 and 436 s after (this machine varies by up to a minute from run to run).
 # What they keep and what they do not (tests/test_conftest.py checks both against a process at XLA's defaults): every
 # elementwise function (exp, log, tanh, erf_inv, ...), the normals and integer arithmetic, bit for bit; but some float32
 # dot products are summed in another order (XLA picks its matrix-vector loops by optimization level). Recorded at the
