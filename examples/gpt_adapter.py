@@ -123,3 +123,23 @@ class GPTAdapter:
 
     def es_params(self, state):
         return {k: _np(v) for k, v in state[0].items()}
+
+    # the model, for the forward check: each member's logits against the plain GPT at theta + E_i
+    def batch(self, seed):
+        """Random tokens (2, block_size), the same for every member."""
+        model = self.port.model
+        return torch.randint(0, model.vocab, (2, model.block_size), generator=torch.Generator().manual_seed(seed)).numpy()
+
+    def population_forward(self, params, noise, batch):
+        """EggrollGPT.logits on the members' noise: (m, 2, block_size, vocab)."""
+        with torch.inference_mode():
+            noise = self._from_protocol(noise)
+            m = next(iter({**noise.A, **noise.eps}.values())).shape[0]
+            return _np(self.port.logits({k: _t(v) for k, v in params.items()}, noise,
+                                        torch.from_numpy(batch).expand(m, *batch.shape)))
+
+    def plain_forward(self, params, batch):
+        """The same GPT with no noise, in the parameters' dtype (float64 parameters: a float64 evaluation)."""
+        with torch.inference_mode():
+            return self.port.logits({k: torch.from_numpy(np.array(v)) for k, v in params.items()}, None,
+                                    torch.from_numpy(batch)[None])[0].numpy()

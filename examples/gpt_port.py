@@ -124,6 +124,10 @@ def conv1d(x: torch.Tensor, W: torch.Tensor, A: torch.Tensor | None, B: torch.Te
 class EggrollGPT:
     """The GPT's ES: noise, the perturbed forward, fitness shaping, the gradient and the sgd step (plain tensors)."""
 
+    linear = staticmethod(linear)       # the forward's products (a subclass may bring its own): every mm,
+    conv1d = staticmethod(conv1d)       # every tmm,
+    project = staticmethod(linear)      # and attention's q, k and v
+
     def __init__(self, model: GPTConfig = GPTConfig(), es: ESConfig = ESConfig(), knobs: TreeKnobs = TreeKnobs()):
         self.model, self.es, self.knobs = model, es, knobs
         self.tree = gpt_tree(model)
@@ -170,17 +174,17 @@ class EggrollGPT:
     def _attention(self, noise, params: Params, x: torch.Tensor, l: int) -> torch.Tensor:
         m, batch, T, d = x.shape
         heads = lambda t: t.view(m, batch, T, self.model.n_head, -1).transpose(2, 3)         # noqa: E731
-        q, k, v = (heads(linear(x, *self._weight(noise, f"blocks.attn.{n}", params[f"blocks.attn.{n}"][l], l)))
+        q, k, v = (heads(self.project(x, *self._weight(noise, f"blocks.attn.{n}", params[f"blocks.attn.{n}"][l], l)))
                    for n in ("q", "k", "v"))
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(2, 3).reshape(m, batch, T, d)
-        return linear(y, *self._weight(noise, "blocks.attn.o", params["blocks.attn.o"][l], l))
+        return self.linear(y, *self._weight(noise, "blocks.attn.o", params["blocks.attn.o"][l], l))
 
     def _mlp(self, noise, params: Params, x: torch.Tensor, l: int) -> torch.Tensor:
         c_fc = self._weight(noise, "blocks.mlp.c_fc", params["blocks.mlp.c_fc"][l], l)
-        up = (linear if noise is not None and noise.roles["blocks.mlp.c_fc"].transposed else conv1d)(x, *c_fc)
+        up = (self.linear if noise is not None and noise.roles["blocks.mlp.c_fc"].transposed else self.conv1d)(x, *c_fc)
         W = params["blocks.mlp.c_proj"][l]
-        return linear(torch.nn.functional.gelu(up), *self._weight(noise, "blocks.mlp.c_proj", W, l))
+        return self.linear(torch.nn.functional.gelu(up), *self._weight(noise, "blocks.mlp.c_proj", W, l))
 
     def _embed(self, noise, params: Params, path: str, idx: torch.Tensor) -> torch.Tensor:
         """table[idx], plus each member's A[idx] @ B^T when the table is perturbed (knob embedding=lowrank); idx
@@ -202,7 +206,7 @@ class EggrollGPT:
             x = x + self._attention(noise, params, self._norm(noise, params, "blocks.ln_1", x, l), l)
             x = x + self._mlp(noise, params, self._norm(noise, params, "blocks.ln_2", x, l), l)
         x = self._norm(noise, params, "ln_f", x, None)
-        return linear(x, *self._weight(noise, "lm_head", params["lm_head"], None))
+        return self.linear(x, *self._weight(noise, "lm_head", params["lm_head"], None))
 
     def fitness(self, params: Params, noise: TreeNoise | None, idx: torch.Tensor) -> torch.Tensor:
         """Each member's mean log-likelihood of the next token (m,), on tokens idx (m, batch, T + 1)."""

@@ -50,6 +50,8 @@ EXCEPTIONS: dict[str, set[str]] = {
     "torch_impl/__main__.py": {"c_rng"},                           # its env switch, checked before any work
     "parity/tree/reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
     "parity/tree/torch_side.py": {"torch_impl", "torch"},               # the torch side of the LM suite
+    "parity/tree/torch_module.py": {"torch"},                      # most of an adapter, read from a port's nn.Module
+    "parity/tree/hooks.py": {"torch"},                             # forward hooks on a port's own nn.Module
     "parity/int8/reference.py": {"jax_reference", "jax"},          # the reference side of the int8 check
     "parity/int8/torch_side.py": {"torch_impl", "torch"},               # the torch side of the int8 check
     "parity/int8/c_side.py": {"c_int8"},                                # the C side (and the knob signatures)

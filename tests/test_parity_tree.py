@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Two sizes: a narrower GPT of three blocks at population 8, and the worked example's own at population 16.
 SIZES = {"small": dict(model=GPTConfig(vocab=32, block_size=6, n_layer=3, n_head=2, n_embd=8), pop=8),
          "example": dict(pop=16)}
-ALL_CHECKS = set(tree_check.CHECKS) - {"forward"}
+ALL_CHECKS = set(tree_check.CHECKS)
 TREE_DRIFTS = [(k, v[1]) for k, v in TREE_CHOICES.items() if k != "rng"]
 
 
@@ -47,8 +47,7 @@ def test_the_worked_example_passes_every_check(size, seed):
     assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
     assert judged(rows) == ALL_CHECKS
     forward = [r for r in rows if r.check == "forward"]
-    assert len(forward) == 1 and "not checked on a declared tree" in forward[0].cause
-    assert "every layer's perturbed product is" in forward[0].cause
+    assert sum("member" in r.quantity for r in forward) >= 8 and all(r.verdict == "pass" for r in forward)
     products = [r.quantity for r in rows if r.check == "products"]
     leaves = [leaf for leaf in GPTAdapter(**SIZES[size]).tree.leaves if leaf.cls in ("mm", "tmm")]
     assert all(any(q.startswith(leaf.path) for q in products) for leaf in leaves)       # every mm and tmm leaf
@@ -105,7 +104,7 @@ def test_the_cli_names_a_drift_and_says_what_it_did_not_check(tmp_path, capsys):
     assert "knob `fitness`" in capsys.readouterr().out
     summary = (tmp_path / "summary.md").read_text()
     assert "# Parity check, the port's declared tree: FAIL" in summary
-    assert "- forward: the model's forward is the port's own: it is not checked on a declared tree" in summary
+    assert "- forward: the model's forward is the port's own, so it is checked against the port's own plain" in summary
     assert "- settings: pop 8, rank 2, sigma 0.05, lr 0.02, group_size 4, noise_reuse 2, freeze_nonlora True" in summary
     repro = tmp_path / "repro" / "fitness" / "repro.py"      # the failing call, replayed by the port alone
     done = subprocess.run([sys.executable, str(repro)], cwd=tmp_path, capture_output=True, text=True, timeout=120,

@@ -68,6 +68,7 @@ examples/lm_adapter.py (--task lm) are the worked examples.
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 from typing import Any, Mapping
@@ -92,8 +93,12 @@ SIGNATURES = {
     "es_ask": "es_ask(state, epoch) -> noise dict",
     "es_tell": "es_tell(state, noise, scores (pop,), epoch) -> state",
     "es_params": "es_params(state) -> params",
+    "population_forward": "population_forward(params, noise, batch) -> outputs (m, ...)",
+    "plain_forward": "plain_forward(params, batch) -> outputs (...)",
+    "batch": "batch(seed) -> an input the model takes (numpy arrays)",
 }
-GROUPS = {"es": ("es_init", "es_ask", "es_tell", "es_params")}
+GROUPS = {"es": ("es_init", "es_ask", "es_tell", "es_params"),
+          "model": ("population_forward", "plain_forward", "batch")}
 
 
 # ----------------------------------------------------------------------------- loading and the tree
@@ -254,7 +259,7 @@ def _leaf_noise(method: str, leaf: Leaf, value: Any, m: int, rank: int):
 
 
 @finite_outputs("noise", "perturbed_mm", "perturbed_tmm", "shape_fitness", "gradient", "init_params", "forward",
-                "update", "es_ask", "es_params")
+                "update", "es_ask", "es_params", "population_forward", "plain_forward")
 class CheckedTreePort:
     """A tree adapter wrapped so that every call is validated against the run's tree (PortError when broken; NaN or
     inf in an output: parity.core.port.NonFinite, a failed check where the reference is finite, parity.tree.check); cfg:
@@ -341,6 +346,45 @@ class CheckedTreePort:
 
     def es_params(self, state) -> dict[str, np.ndarray]:
         return self._params("es_params", self._call("es_params", state))
+
+    # ---- the model (parity/tree/forward.py)
+    def batch(self, seed: int):
+        """The port's input for a seed, as it gave it (numpy arrays, or dicts and tuples of them)."""
+        value = self._call("batch", int(seed))
+        _plain_data("batch", value)
+        return value
+
+    def population_forward(self, params: dict, noise: dict, batch, m: int) -> np.ndarray:
+        """The port's own perturbed forward for the m members of `noise`: a float32 array (m, ...)."""
+        out = _array("population_forward", "the outputs", self._call("population_forward", params, noise,
+                                                                     copy.deepcopy(batch)), None)
+        if out.ndim == 0 or out.shape[0] != m:
+            raise PortError("population_forward", f"returned shape {out.shape}; expected the {m} members first "
+                                                  f"(m, ...), as many as the noise has")
+        return out
+
+    def plain_forward(self, params: dict, batch) -> np.ndarray:
+        """The plain model at one set of parameters: float32, or float64 where the port computes in the dtype of
+        float64 parameters."""
+        out = _array("plain_forward", "the outputs", self._call("plain_forward", params, copy.deepcopy(batch)),
+                     None, dtype=None)
+        if out.dtype not in (np.float32, np.float64):
+            raise PortError("plain_forward", f"the outputs have dtype {out.dtype}; expected float32 (or float64 for "
+                                             f"float64 parameters)")
+        return out
+
+
+def _plain_data(method: str, value: Any) -> None:
+    """PortError unless `value` is numpy arrays, numbers and strings in dicts, tuples and lists (what a repro stores)."""
+    if isinstance(value, Mapping):
+        for v in value.values():
+            _plain_data(method, v)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _plain_data(method, v)
+    elif not isinstance(value, (np.ndarray, np.generic, int, float, str, bool)):
+        raise PortError(method, f"returned a {type(value).__name__}; expected numpy arrays (in dicts, tuples or "
+                                f"lists), e.g. tensor.numpy()")
 
 
 # ----------------------------------------------------------------------------- the suite's view of a port

@@ -618,9 +618,9 @@ def forward_after_noise(rows: list[Row], noise_causes) -> list[Row]:
             for r in rows]
 
 
-FOREIGN_FORWARD = ("the model's forward is the port's own: it is not checked on a declared tree (the reference has no "
-                   "model to run it against); every layer's perturbed product is (the products check: each mm and tmm "
-                   "leaf at its class and shape, stacked slices included, on inputs with batch and sequence axes)")
+FOREIGN_FORWARD = ("the model's forward is the port's own, so it is checked against the port's own plain forward: "
+                   "each member's population forward against the plain model at theta + E_i (parity/tree/forward.py; "
+                   "skipped, saying so, without population_forward, plain_forward and batch)")
 
 
 def _noise_plan(R, side, cfg, seed, exact: bool, state: dict):
@@ -638,28 +638,31 @@ def _gradients_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness):
         D.check_gradients(R, side, cfg, seed, rng, state["parted"])
 
 
-def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
-    """The checks on a declared tree (--task tree): init on the laws the port states, noise, products at every leaf,
-    fitness (one more trial of tiny spread, from its own stream), gradients, updates, the forward said not checked,
-    and the trajectory as the es_* lockstep on synthetic fitness (parity.tree.es_lockstep)."""
+def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness, keep=None) -> list[tuple]:
+    """The checks on a declared tree (--task tree): init on the laws the port states, noise, products at every leaf
+    (and each layer as the model calls it, parity.tree.layers), fitness (one more trial of tiny spread, from its own
+    stream), gradients, updates, the model's forward against its plain forward (parity.tree.forward), and the
+    trajectory as the es_* lockstep on synthetic fitness (parity.tree.es_lockstep)."""
+    from parity.tree import forward, layers
     spread = np.random.default_rng([seed, 21])
     return [("init", "init", lambda: D.check_init_laws(side, cfg, seed)),
             ("noise", None, _noise_plan(R, side, cfg, seed, exact, state)),
-            ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
+            ("products", None, lambda: check_products(R, side, cfg, rng, witness) + layers.check_layers(side, cfg, seed)),
             ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness, spread)),
             ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
             ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
-            ("forward", None, lambda: [Row("forward", "-", float("nan"), "-", "skip", FOREIGN_FORWARD)]),
+            ("forward", None, lambda: forward.check_forward(side, cfg, seed, keep)),
             ("trajectory", "es", lambda: es_lockstep.check(R, side, cfg, seed, exact))]
 
 
-def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness) -> list[tuple]:
+def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness, keep=None) -> list[tuple]:
     """(check, the side's method it needs or None, the function) in order: draws compared element by element
     (exact) or in distribution (parity.tree.dist); products, fitness and updates are draw-free in both modes.
     `witness` is told of each element-wise comparison of a port output (parity.core.repro). The LM (an LMConfig) adds
-    its own init, forward and corpus trajectory; any other tree runs _tree_plan."""
+    its own init, forward and corpus trajectory; any other tree runs _tree_plan (`keep`: the forward check's repro
+    evidence goes there, parity.core.repro.Collector.keep)."""
     if not isinstance(cfg, LMConfig):
-        return _tree_plan(R, side, cfg, seed, rng, exact, state, witness)
+        return _tree_plan(R, side, cfg, seed, rng, exact, state, witness, keep)
 
     def forward():
         rows = check_forward(R, side, cfg, seed, rng, noisy_reference=None if exact else
@@ -721,7 +724,8 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     rng = np.random.default_rng([seed, 20])
     state = {"parted": set(), "forward_failed": False}
     rows = []
-    for name, needs, fn in _plan(R, side, cfg, seed, rng, exact, state, repro.witness if repro else no_witness):
+    for name, needs, fn in _plan(R, side, cfg, seed, rng, exact, state, repro.witness if repro else no_witness,
+                                 repro.keep if repro else None):
         if repro is not None:
             repro.start(name)
         t0 = time.perf_counter()

@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
 def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle, reference,
                   seconds: float) -> list[str]:
     """summary.md's head: the verdict, the reference's platform in one sentence, then the run's facts."""
-    from parity.tree import check as tree_check, dist as tree_dist
+    from parity.tree import check as tree_check, dist as tree_dist, forward as tree_forward
     from reporting import versions, xla_flags, xla_flags_text
     packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
     platform = reference.platform
@@ -153,9 +153,12 @@ def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle,
             f"- XLA_FLAGS: {xla_flags_text(xla_flags())}",
             f"- took {seconds:.1f} s",
             "- tolerances: see parity/tree/check.py's docstring (float32 product and shaping bounds, exact draws, "
-            f"{tree_check.FORWARD_ULPS} ulps of scale for the forward; a TF32 reference's own bounds and measured "
-            "rounding); a side without JAX's draws is checked in distribution: parity/tree/dist.py's docstring (each "
-            f"test's alpha, {tree_dist.FALSE_ALARM:.2g} per run in all)"]
+            + (f"{tree_check.FORWARD_ULPS} ulps of scale for the forward" if args.task == "lm" else
+               f"the model's forward within {tree_forward.FORWARD_SPREAD} x its plain forward's own float32 rounding "
+               f"(parity/tree/forward.py), each layer's product as the model calls it (parity/tree/layers.py)")
+            + "; a TF32 reference's own bounds and measured rounding); a side without JAX's draws is checked in "
+            f"distribution: parity/tree/dist.py's docstring (each test's alpha, {tree_dist.FALSE_ALARM:.2g} per run "
+            "in all)"]
 
 
 def bundle_lines(bundle, reference) -> list[str]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
+from examples import gpt_port
 from examples.gpt_adapter import GPTAdapter
 from spec.tree import Leaf, make_tree
 from spec.tree_knobs import TreeKnobs
@@ -200,3 +202,76 @@ def HalvesPairingSmall():
 
 def IgnoresNoiseReuseSmall():
     return IgnoresNoiseReuse(pop=8)
+
+
+# ----------------------------------------------------------------------------- forward bugs (the forward check)
+def plain_for_4d(x, W, A, B):
+    """A projection helper of the port's own: a (members, batch, seq, dim) input goes through the plain weight."""
+    return x @ W.T if x.dim() == 4 else gpt_port.linear(x, W, A, B)
+
+
+def member_zero_linear(x, W, A, B):
+    """nn.Linear's product with member 0's input in every member's base product."""
+    plain = (x[:1] @ W.T).expand(*x.shape[:-1], W.shape[0])
+    return plain if A is None else plain + gpt_port.lowrank(x, B, A)
+
+
+def einsum_linear(x, W, A, B):
+    """The low-rank term's einsum names x's and B's input index differently (each summed on its own)."""
+    if A is None:
+        return x @ W.T
+    return x @ W.T + torch.einsum("m...r,mor->m...o", torch.einsum("m...i,mjr->m...r", x, B), A)
+
+
+class QKVHelperGPT(gpt_port.EggrollGPT):
+    project = staticmethod(plain_for_4d)
+
+
+class MemberZeroGPT(gpt_port.EggrollGPT):
+    linear = staticmethod(member_zero_linear)
+    project = staticmethod(member_zero_linear)
+
+
+class EinsumGPT(gpt_port.EggrollGPT):
+    linear = staticmethod(einsum_linear)
+    project = staticmethod(einsum_linear)
+
+
+class HeadNoiseNotInForwardGPT(gpt_port.EggrollGPT):
+    """The head's noise is handed out (and its gradient uses it) but the forward uses the plain head."""
+
+    def _weight(self, noise, path, W, l):
+        return (W, None, None) if path == "lm_head" else super()._weight(noise, path, W, l)
+
+
+class DropoutGPT(gpt_port.EggrollGPT):
+    """Dropout on the MLP's output, left on while scoring the population (the plain model runs without it)."""
+
+    def _mlp(self, noise, params, x, l):
+        return torch.nn.functional.dropout(super()._mlp(noise, params, x, l), 0.1, training=noise is not None)
+
+
+class DoubledParamNoiseGPT(gpt_port.EggrollGPT):
+    """A full-rank leaf's noise applied at twice its scale."""
+
+    def _param(self, noise, path, value, l):
+        out = super()._param(noise, path, value, l)
+        return out if out is value else 2 * out - value[None, None, None]
+
+
+def with_port(port_class: type, **settings) -> GPTAdapter:
+    """The worked adapter on a GPT whose EGGROLL is `port_class`."""
+    adapter = GPTAdapter(**settings)
+    adapter.port.__class__ = port_class
+    return adapter
+
+
+# (the port's class, the leaf the forward check must name, words its cause must hold, needs freeze_nonlora off)
+FORWARD_BUGS = {
+    "qkv_helper_4d": (QKVHelperGPT, "blocks.attn.q[0]", "applies none of its noise", False),
+    "member_zero_input": (MemberZeroGPT, "blocks.attn.q[0]", "depends on the other members' inputs", False),
+    "einsum_sums_apart": (EinsumGPT, "blocks.attn.q[0]", "sums x and B over the input separately", False),
+    "head_noise_not_in_forward": (HeadNoiseNotInForwardGPT, "lm_head", "applies none of its noise", False),
+    "dropout_while_scoring": (DropoutGPT, "", "not deterministic", False),
+    "full_rank_scale": (DoubledParamNoiseGPT, "blocks.ln_1.weight[0]", "at 2 times its scale", True),
+}
