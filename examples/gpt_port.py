@@ -182,7 +182,7 @@ class EggrollGPT:
 
     def _mlp(self, noise, params: Params, x: torch.Tensor, l: int) -> torch.Tensor:
         c_fc = self._weight(noise, "blocks.mlp.c_fc", params["blocks.mlp.c_fc"][l], l)
-        up = (self.linear if noise is not None and noise.roles["blocks.mlp.c_fc"].transposed else self.conv1d)(x, *c_fc)
+        up = self.conv1d(x, *c_fc)          # x W + (x A) B^T; factored transposed, _weight hands (B, A): x W + (x B) A^T
         W = params["blocks.mlp.c_proj"][l]
         return self.linear(torch.nn.functional.gelu(up), *self._weight(noise, "blocks.mlp.c_proj", W, l))
 

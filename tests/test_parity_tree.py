@@ -144,7 +144,8 @@ def test_the_lm_runs_as_a_declared_tree():
     cfg = LM_PRESETS["selftest"]
     rows = rows_of(LMAdapter(cfg), 1, "selftest")
     assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
-    assert judged(rows) == ALL_CHECKS - {"init"}               # the LM adapter declares no init laws
+    assert judged(rows) == ALL_CHECKS - {"init", "forward"}    # the LM adapter: no init laws, no population_forward
+    assert "population_forward/plain_forward/batch" in next(r.cause for r in rows if r.check == "forward")
     assert knobs_named(rows_of(LMAdapter(cfg, TreeKnobs(stack_keys="shared")), 1, "selftest")) == {"stack_keys"}
 
 
@@ -203,7 +204,7 @@ def test_assert_port_parity_takes_a_declared_tree():
     from parity.testing import SuiteCache, assert_port_parity
     runs = SuiteCache()           # one suite run per port, as the plugin shares them
     outcomes = assert_port_parity(ports.Small, task="tree", seed=3, cache=runs)
-    assert {o.name: o.verdict for o in outcomes}["forward"] == "skip"
+    assert {o.name: o.verdict for o in outcomes}["forward"] == "pass"
     with pytest.raises(AssertionError, match="knob `fitness`"):
         assert_port_parity(ports.FitnessStdSmall, task="tree", seed=3, cache=runs)
     assert_port_parity(ports.FitnessStdSmall, task="tree", seed=3, expect={"fitness": "std"}, cache=runs)
