@@ -15,9 +15,12 @@ one call of the port:
     init_params    -> gpt_port.init_params(cfg, seed)
     update         -> EggrollGPT.step(params, EggrollGPT.gradients(noise, shaped))
     es_ask/es_tell -> sample, then shape_fitness, gradients and step on the scores the suite gives
+    batch          -> random tokens (2, T), the same for every member
+    population_forward -> EggrollGPT.logits(params, noise, tokens)   each member's logits on its own noise
+    plain_forward  -> EggrollGPT.logits(params, None, tokens)        no noise, in the parameters' dtype
 
-The model's forward (EggrollGPT.fitness) is the port's own: the suite does not run it (it has no GPT of its own to
-compare with) and says so; it checks every layer's product instead. `GPTAdapter(knobs)` takes
+The forward check (parity/tree/forward.py) compares each member's population logits with the plain GPT's at
+theta + E_i. `GPTAdapter(knobs)` takes
 spec.tree_knobs.TreeKnobs so the self-tests can drift the port one knob at a time (tests/test_parity_tree.py).
 """
 from __future__ import annotations
@@ -126,9 +129,10 @@ class GPTAdapter:
 
     # the model, for the forward check: each member's logits against the plain GPT at theta + E_i
     def batch(self, seed):
-        """Random tokens (2, block_size), the same for every member."""
-        model = self.port.model
-        return torch.randint(0, model.vocab, (2, model.block_size), generator=torch.Generator().manual_seed(seed)).numpy()
+        """Random tokens (2, T), T = min(block_size, 16): the same for every member, short enough that a GPT-2-sized
+        population's logits stay small."""
+        model, gen = self.port.model, torch.Generator().manual_seed(seed)
+        return torch.randint(0, model.vocab, (2, min(model.block_size, 16)), generator=gen).numpy()
 
     def population_forward(self, params, noise, batch):
         """EggrollGPT.logits on the members' noise: (m, 2, block_size, vocab)."""

@@ -286,3 +286,12 @@ def test_the_module_helper_reads_the_tree_and_runs_the_plain_model_in_its_parame
     out[0] = 2.0                                                                 # writable, its own copy
     with pytest.raises(TreeError, match="unknown class"):
         module_tree(Tiny(), {"Conv1D": "lora"})
+
+
+def test_the_guide_shows_the_module_adapter_as_it_is():
+    """docs/ports.md's listing of examples/module_adapter.py: each of its lines, in order, is the file's."""
+    guide = (ROOT / "docs" / "ports.md").read_text()
+    block = guide.split("### A torch module in a few lines", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    source = iter((ROOT / "examples" / "module_adapter.py").read_text().splitlines())
+    for line in filter(None, block.splitlines()):
+        assert any(line == got for got in source), f"not in examples/module_adapter.py (in order): {line!r}"

@@ -49,7 +49,14 @@ Optional methods (a check that needs an absent one is reported as skipped)
         each member's log2-likelihood per byte (noise None: unperturbed); intermediates=True returns
         (scores, {name: array}) keyed as spec.lm.intermediate_names (member axis first), so the suite can name
         the first block and leaf where the forward departs. Names the port does not produce are skipped.
-        With --task tree the model's forward is the port's own and is not called: the report says so.
+        With --task tree the model is checked through the three methods below instead.
+    batch(seed) -> an input the model takes, the same for every member (numpy arrays, or dicts/tuples of them)
+    population_forward(params, noise, batch) -> (m, ...)  the port's own perturbed forward for noise's m members
+    plain_forward(params, batch) -> (...)    one set of parameters, no EGGROLL code; float64 parameters give a
+        float64 evaluation where the port can (the forward check's bound: parity/tree/forward.py)
+        (--task tree: each member's population forward against the plain forward at theta + E_i; a port whose
+        adapter has `module`, the torch nn.Module its population forward runs with the tree's paths as its
+        named_parameters, also gets each layer's product checked as the model calls it: parity/tree/layers.py)
     update(params, noise, shaped (N,), sigma, lr) -> params
         one ES step: gradient(noise, shaped, sigma), -(g sqrt(N)) to optax.sgd(lr), applied.
     es_init(params, seed) -> state; es_ask(state, epoch) -> noise dict (all pop members);
