@@ -176,6 +176,11 @@ class RecordedPort:
     def __init__(self, target: Any, tape: Tape):
         self._target, self._tape = target, tape
 
+    @property
+    def wrapped(self) -> Any:
+        """The port itself (its class names it in reports)."""
+        return self._target
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)
         if not (callable(attr) and self._tape.wants(name)):

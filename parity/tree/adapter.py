@@ -274,7 +274,7 @@ class CheckedTreePort:
 
     def __init__(self, port: Any, cfg: LMConfig | TreeRun):
         self.port, self.cfg, self.tree = port, cfg, cfg.tree
-        self.name = str(getattr(port, "name", type(port).__name__))
+        self.name = str(getattr(port, "name", type(getattr(port, "wrapped", port)).__name__))
         self.jax_compatible_rng = bool(getattr(port, "jax_compatible_rng", False))
 
     def has(self, method: str) -> bool:

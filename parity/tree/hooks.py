@@ -33,15 +33,18 @@ def owner_name(module, path: str) -> str | None:
 @contextlib.contextmanager
 def capturing(module, names, keep: bool = True):
     """Forward hooks on the submodules `names`: yields the calls [(name, x, y)] in call order (x and y float64 numpy;
-    None when keep is False)."""
+    None when keep is False, or where a call's input or output is no plain tensor: none, or batched by vmap)."""
     calls: list = []
 
     def hook_for(name: str) -> Callable:
         def hook(_, args, output):
             x = args[0] if args else None
-            if keep and hasattr(x, "detach") and hasattr(output, "detach"):
+            if not keep:
+                calls.append((name, None, None))
+                return
+            try:
                 calls.append((name, x.detach().cpu().double().numpy(), output.detach().cpu().double().numpy()))
-            else:
+            except (AttributeError, RuntimeError, TypeError):   # no tensor, or one without storage (under vmap)
                 calls.append((name, None, None))
         return hook
 

@@ -191,9 +191,9 @@ def _layer_row(layer: Layer, plain_layer: Layer, calls: list, zero_calls: list, 
     q = f"{layer.path} ({layer.cls}) as the model calls it"
     if not calls or all(x is None for _, x, _ in calls):
         return Row("products", q, float("nan"), "-", "skip",
-                   f"{layer.path}: its module was never called with a tensor during the population forward, so its "
-                   f"product as the model calls it is not seen (the model computes with the weight some other way; "
-                   f"the forward check judges the result)")
+                   f"{layer.path}: its module was never called with a plain tensor during the population forward "
+                   f"(the model computes with the weight some other way, or under vmap), so its product as the model "
+                   f"calls it is not seen; the forward check judges the result")
     for _, x, y in zero_calls:
         if x is not None and _judged(plain_layer, x, y, m)[0] > 1:
             return Row("products", q, float("nan"), "-", "skip",
