@@ -149,6 +149,27 @@ def test_the_lm_runs_as_a_declared_tree():
     assert knobs_named(rows_of(LMAdapter(cfg, TreeKnobs(stack_keys="shared")), 1, "selftest")) == {"stack_keys"}
 
 
+# ----------------------------------------------------------------------------- the product methods a tree needs
+def test_a_tree_without_tmm_leaves_needs_no_perturbed_tmm():
+    """Each product method is required only where the tree has a leaf of its class, and the products check runs the
+    classes present: no perturbed_tmm, no tmm leaf, every check passes."""
+    from parity.tree.adapter import built_tree_port
+    rows = rows_of(built_tree_port(lambda: ports.WithoutTmm(pop=8), None, "WithoutTmm"), seed=1)
+    assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
+    products = [r.quantity for r in rows if r.check == "products"]
+    assert products and all("(mm " in q for q in products) and any(q.startswith("blocks.mlp.c_fc") for q in products)
+
+
+def test_a_tree_with_tmm_leaves_and_no_perturbed_tmm_exits_2_with_the_signature(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:NoTmmMethod", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "lacks required method(s) perturbed_tmm (its tree has tmm leaves blocks.mlp.c_fc)" in err, err
+    assert "perturbed_tmm(W (a, b), A (m, a, r), B (m, b, r), x (m, batch, a)) -> (m, batch, b)" in err, err
+    assert "perturbed_mm" not in err, err
+    assert not out.exists()
+
+
 # ----------------------------------------------------------------------------- bad trees
 @pytest.mark.parametrize("attr, says", [
     ("ParamNotInTree", "no leaf class for blocks.attn.bias"),

@@ -10,6 +10,7 @@ import numpy as np
 from examples.gpt_adapter import GPTAdapter
 from spec.tree import Leaf, make_tree
 from spec.tree_knobs import TreeKnobs
+from torch_impl.tree.noise import make_plan
 
 
 def Small(**settings):
@@ -100,6 +101,28 @@ class IgnoresNoiseReuse(GPTAdapter):
     def es_ask(self, state, epoch):
         fresh = GPTAdapter(self.port.knobs, self.port.model, pop=self.pop, noise_reuse=1)
         return fresh._to_protocol(fresh.port.sample(state[1], epoch), np.arange(self.pop))
+
+
+# ----------------------------------------------------------------------------- the product methods a tree needs
+class WithoutTmm(GPTAdapter):
+    """The worked example with the MLP's up projection declared mm (the same draws, gradient and step at the stored
+    shape) and no perturbed_tmm: a tree without tmm leaves needs none."""
+
+    perturbed_tmm = None
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        tree = self.tree
+        self.tree = self.port.tree = make_tree([Leaf(leaf.path, leaf.shape, "mm" if leaf.cls == "tmm" else leaf.cls,
+                                                     leaf.scan_axes) for leaf in map(tree.leaf, tree.declared)])
+        es = self.port.es
+        self.port.plan = make_plan(self.tree, self.port.knobs, es.pop, es.rank, es.noise_reuse, es.freeze_nonlora)
+
+
+class NoTmmMethod(GPTAdapter):
+    """The worked example (its MLP's up projection is tmm) without perturbed_tmm."""
+
+    perturbed_tmm = None
 
 
 # ----------------------------------------------------------------------------- trees that cannot be right
