@@ -189,6 +189,21 @@ def test_a_tree_that_cannot_be_right_exits_2_before_any_work(tmp_path, capsys, a
     assert not out.exists()
 
 
+@pytest.mark.parametrize("attr, says", [
+    ("ClassTypo", "names leaves the parameters do not hold: blocks.attn.qq (did you mean 'blocks.attn.q'?) in "
+                  "`leaf_classes`"),
+    ("ScanTypo", "blocks.attn.qq (did you mean 'blocks.attn.q'?) in `scan_axes`"),
+    ("LawTypo", "init law of 'blocks.attn.qq': no leaf 'blocks.attn.qq' in the tree (did you mean 'blocks.attn.q'?)"),
+    ("TreeLeafTypo", "missing blocks.attn.qq (did you mean 'blocks.attn.q'?); not in the tree blocks.attn.q"),
+])
+def test_a_leaf_typo_is_told_the_leaf_it_may_mean(tmp_path, capsys, attr, says):
+    out = tmp_path / "out"
+    assert main(["check", "--task", "tree", "--port", f"tests.ports.gpt_ports:{attr}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert not out.exists()
+
+
 def test_a_tree_that_cannot_fit_in_memory_exits_2_with_the_estimate(tmp_path, capsys, monkeypatch):
     import spec.limits
     monkeypatch.setattr(spec.limits, "available_bytes", lambda: 2 * 2 ** 30)

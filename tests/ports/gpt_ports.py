@@ -177,6 +177,35 @@ class NotAMatrix(ByClasses):
         del self.scan_axes["blocks.attn.q"]
 
 
+class ClassTypo(ByClasses):
+    """leaf_classes names 'blocks.attn.qq' for the parameter 'blocks.attn.q'."""
+
+    def __init__(self):
+        super().__init__()
+        self.leaf_classes["blocks.attn.qq"] = self.leaf_classes.pop("blocks.attn.q")
+
+
+class ScanTypo(ByClasses):
+    def __init__(self):
+        super().__init__()
+        self.scan_axes["blocks.attn.qq"] = self.scan_axes.pop("blocks.attn.q")
+
+
+class LawTypo(GPTAdapter):
+    def __init__(self):
+        super().__init__()
+        self.init_laws["blocks.attn.qq"] = self.init_laws.pop("blocks.attn.q")
+
+
+class TreeLeafTypo(GPTAdapter):
+    """A declared `tree` whose leaf 'blocks.attn.qq' is init_params' 'blocks.attn.q'."""
+
+    def __init__(self):
+        super().__init__()
+        self.tree = make_tree([Leaf("blocks.attn.qq" if leaf.path == "blocks.attn.q" else leaf.path, leaf.shape,
+                                    leaf.cls, leaf.scan_axes) for leaf in self.tree.leaves])
+
+
 class EmptyTree(GPTAdapter):
     def __init__(self):
         super().__init__()
