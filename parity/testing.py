@@ -13,13 +13,13 @@ suite runs, so a port author's CI collects the tests without either.
 from __future__ import annotations
 
 import logging
-import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from parity.core.port import UsageError
+from parity.core.verdict import KNOB_IN_CAUSE
 
 TASKS = ("cartpole", "lm", "tree")
 EXPECT_ITEM = "expect"          # the run-level item: every expected knob named by some check
@@ -29,7 +29,6 @@ NOT_DRIFTS = {"cartpole": {("rng", "torch"), ("compile", "on")}, "lm": {("rng", 
 # The MLP suite's knobs the tree suite names on a declared tree (pairing, fitness, optimizer; the trajectory's
 # schedules): task="tree" takes them in expect= beside the tree knobs.
 TREE_MLP_KNOBS = ("antithetic", "fitness", "optimizer", "noise_reuse", "lr_decay", "sigma_decay")
-KNOB_IN_CAUSE = re.compile(r"knob `(\w+)`")     # how both suites name a knob in a cause (parity.core.diagnose.cause)
 LOG = logging.getLogger("parity.testing")
 
 

@@ -113,6 +113,25 @@ def test_the_cli_names_a_drift_and_says_what_it_did_not_check(tmp_path, capsys):
     assert done.returncode == 1 and "FAIL: the port still differs" in done.stdout, done.stdout + done.stderr
 
 
+def test_the_cli_writes_result_json_and_json_prints_it_alone(tmp_path, capsys):
+    """result.json beside summary.md with the CartPole suite's fields (per check its verdict and causes, the knob
+    each names); --json prints it alone on stdout, the progress and verdict lines on stderr."""
+    import json
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:FitnessStdSmall", "--seed", "5",
+                 "--out", str(tmp_path), "--json"]) == 1
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result == json.loads((tmp_path / "result.json").read_text())
+    assert "FAIL: report in" in err and "fitness    FAIL" in err and "FAIL" not in out.replace('"fail"', "")
+    assert (result["verdict"], result["exit_code"], result["seed"], result["knobs"]) == ("fail", 1, 5, ["fitness"])
+    checks = {c["name"]: c for c in result["checks"]}
+    assert list(checks) == list(tree_check.CHECKS) and checks["forward"]["verdict"] == "skip"
+    assert checks["fitness"]["verdict"] == "fail" and checks["fitness"]["repro"].endswith("repro/fitness")
+    assert {c["knob"] for c in checks["fitness"]["causes"]} == {"fitness"} and checks["init"]["causes"] == []
+    assert result["command"].startswith("python -m parity check --task tree --port") and result["reference_platform"]
+    assert {"jax", "numpy", "torch"} <= set(result["versions"]) and "xla_flags" in result and result["device"]
+
+
 # ----------------------------------------------------------------------------- in distribution
 def test_the_worked_example_on_torchs_generator_passes_in_distribution():
     rows = rows_of(ports.TorchRng(), seed=4)

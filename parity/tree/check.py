@@ -695,7 +695,7 @@ def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
 
 
 def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
-        platform: ReferencePlatform | None = None, device: str = "cpu") -> list[Row]:
+        platform: ReferencePlatform | None = None, device: str = "cpu", seconds: dict | None = None) -> list[Row]:
     """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree.adapter.PortSide).
     Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
     distribution (parity.tree.dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
@@ -703,7 +703,8 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     `reference`: the reference's functions (default parity.tree.reference, live JAX; a bundle's replay:
     parity.tree.vectors.replay_reference, or bundle_reference for a bundle folder at this configuration and seed); a
     check needing a call the bundle cannot answer is skipped with the reason. `platform`: where the live reference
-    runs (spec.platform; default where JAX runs); `device`: the torch side's device."""
+    runs (spec.platform; default where JAX runs); `device`: the torch side's device; `seconds`, when given, gets each
+    check's time ({check: s})."""
     from parity.core.port import NonFinite
     from parity.core.tape import NotRecorded
     if reference is None:
@@ -735,8 +736,11 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
             got = _nonfinite_rows(name, err, R, cfg, side, repro)
         rows += got
         fails = [r for r in got if r.verdict == "fail"]
+        took = time.perf_counter() - t0
+        if seconds is not None:
+            seconds[name] = took
         log(f"{name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "
-            f"({len(got)} rows, {time.perf_counter() - t0:.1f} s)" + (f"  {fails[0].cause}" if fails else ""))
+            f"({len(got)} rows, {took:.1f} s)" + (f"  {fails[0].cause}" if fails else ""))
     return rows
 
 
@@ -750,16 +754,23 @@ def _nonfinite_rows(name: str, err, R, cfg: LMConfig, side, repro) -> list[Row]:
     return rows
 
 
-def write(out: str, rows: list[Row], header: list[str], footer: list[str] = ()) -> None:
-    os.makedirs(out, exist_ok=True)
-    checks = list(dict.fromkeys(r.check for r in rows))
-    table = []
-    for c in checks:
+def verdicts(rows: list[Row]) -> list[tuple[str, str, Row]]:
+    """(check, verdict, the row its headline shows) per check in run order: fail (its first failing row), skip (every
+    row skipped) or pass (its largest value)."""
+    out = []
+    for c in dict.fromkeys(r.check for r in rows):
         rs = [r for r in rows if r.check == c]
         fails = [r for r in rs if r.verdict == "fail"]
         verdict = "fail" if fails else ("skip" if all(r.verdict == "skip" for r in rs) else "pass")
-        shown = fails[0] if fails else max((r for r in rs if r.value == r.value), key=lambda r: r.value, default=rs[0])
-        table.append([c, verdict, f"{shown.quantity} = {shown.value:.4g}", shown.allowed, shown.cause or "-"])
+        out.append((c, verdict, fails[0] if fails else max((r for r in rs if r.value == r.value),
+                                                           key=lambda r: r.value, default=rs[0])))
+    return out
+
+
+def write(out: str, rows: list[Row], header: list[str], footer: list[str] = ()) -> None:
+    os.makedirs(out, exist_ok=True)
+    table = [[c, verdict, f"{shown.quantity} = {shown.value:.4g}", shown.allowed, shown.cause or "-"]
+             for c, verdict, shown in verdicts(rows)]
     text = "\n".join(header + ["", markdown_table(["check", "verdict", "observed (worst)", "allowed", "likely cause"],
                                                   table), "", *footer])
     atomic_write(os.path.join(out, "summary.md"), text)
