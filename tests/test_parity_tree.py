@@ -4,6 +4,7 @@ caught and named on the GPT's tree, draw by draw and in distribution; the LM is 
 before any work; vectors (`record --task tree`, `--against`) and parity.testing work for any tree."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -76,7 +77,8 @@ def test_each_tree_knob_is_caught_and_named_on_the_gpt(knob, value, size):
 # (the port overriding one method, the check that fails first, what its cause says)
 METHOD_DRIFTS = [
     ("FitnessStd", "fitness", "(knob `fitness`): the port's shaped fitness is (f - mean) / std"),
-    ("GradientTimesTwo", "gradients", "gradient scale differs: 'blocks.attn.k (mm)' gradient is 2x the reference's"),
+    ("GradientTimesTwo", "gradients", "gradient scale differs: 'blocks.attn.k (mm)' gradient is 2x the reference's, "
+                                      "a factor 2 (same direction)"),
     ("ProductWithoutLowRank", "products", "the mm product leaves out the low-rank term A B^T"),
     ("HalvesPairing", "noise", "(knob `antithetic`): member 0 is the mirror of member"),
     ("NoiseNotOverSqrtRank", "noise", "noise scaling differs: blocks.attn.k's noise is 1.41421 x the reference's (= "
@@ -116,7 +118,6 @@ def test_the_cli_names_a_drift_and_says_what_it_did_not_check(tmp_path, capsys):
 def test_the_cli_writes_result_json_and_json_prints_it_alone(tmp_path, capsys):
     """result.json beside summary.md with the CartPole suite's fields (per check its verdict and causes, the knob
     each names); --json prints it alone on stdout, the progress and verdict lines on stderr."""
-    import json
     assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:FitnessStdSmall", "--seed", "5",
                  "--out", str(tmp_path), "--json"]) == 1
     out, err = capsys.readouterr()
@@ -130,6 +131,27 @@ def test_the_cli_writes_result_json_and_json_prints_it_alone(tmp_path, capsys):
     assert {c["knob"] for c in checks["fitness"]["causes"]} == {"fitness"} and checks["init"]["causes"] == []
     assert result["command"].startswith("python -m parity check --task tree --port") and result["reference_platform"]
     assert {"jax", "numpy", "torch"} <= set(result["versions"]) and "xla_flags" in result and result["device"]
+
+
+def test_a_gradient_scale_is_named_in_sigma_n_and_r():
+    """A gradient N times the reference's is named a factor N (parity.core.optscale's vocabulary), not only '8x'."""
+    fails = [r for r in rows_of(ports.GradientTimesN(pop=8), seed=4) if r.verdict == "fail"]
+    assert fails and fails[0].check == "gradients", [(r.check, r.cause) for r in fails]
+    assert "'blocks.attn.k (mm)' gradient is 8x the reference's, a factor N at N=8 (same direction)" in fails[0].cause
+
+
+def test_an_update_that_differs_gets_a_repro_of_its_update_call(tmp_path, capsys):
+    """The updates check witnesses each leaf's comparison: its repro calls update(params, noise, shaped, sigma, lr)
+    alone, from another folder, and fails while the step is 1/N of the reference's (named so)."""
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:UpdateOverNSmall", "--out",
+                 str(tmp_path / "out"), "--quiet"]) == 1
+    assert "on a gradient 1/N times the reference's" in capsys.readouterr().out
+    folder = tmp_path / "out" / "repro" / "updates"
+    assert json.loads((folder / "call.json").read_text())["method"] == "update"
+    done = subprocess.run([sys.executable, str(folder / "repro.py")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1 and "port update()" in done.stdout and "FAIL: the port still differs" in done.stdout, \
+        done.stdout + done.stderr
 
 
 # ----------------------------------------------------------------------------- in distribution

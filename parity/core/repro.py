@@ -34,12 +34,12 @@ MARKER = "call.json"          # a folder under <out>/repro holding it is ours to
 SCRIPT = Path(__file__).with_name("repro_script.py")
 TAPED = frozenset({"noise", "perturbed_linear", "shape_fitness", "gradient", "forward", "init_params", "actions"})
 TAPED_TREE = frozenset({"shape_fitness", "perturbed_mm", "perturbed_tmm", "gradient", "init_params", "noise",
-                        "forward"})      # a tree port (noise and forward: the repro of a NaN or inf they return)
+                        "forward", "update"})      # a tree port (noise and forward: the repro of a NaN or inf they return)
 TAPED_TREE_TORCH = frozenset({"shape", "products", "grads", "init"})     # parity.tree.torch_side.TorchTree
 KEEP = 16                     # calls kept on the tape: a check compares right after the calls it makes
 # The checks that witness comparisons (both suites' names): the tape copies inputs only while one of them runs, so a
 # trajectory's thousands of forward calls cost nothing.
-WITNESSING = frozenset({"fitness", "products", "gradients", "actions", "init", "noise", "forward"})
+WITNESSING = frozenset({"fitness", "products", "gradients", "updates", "actions", "init", "noise", "forward"})
 
 
 class Call(NamedTuple):

@@ -263,20 +263,24 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
         ok = ratio <= 1
         rows.append(Row("gradients", f"{leaf.path} ({leaf.cls}): max |port - ref| / bound", ratio,
                         "<= 1 (both sides' float32 einsum/mean bounds)", "pass" if ok else "fail",
-                        "" if ok else gradient_text(leaf, port[leaf.path], ref[leaf.path], cfg.sigma)))
+                        "" if ok else gradient_text(leaf, port[leaf.path], ref[leaf.path], cfg.sigma, cfg.pop,
+                                                    cfg.rank)))
     return rows
 
 
-def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float) -> str:
+def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float, pop: int | None = None,
+                  rank: int | None = None) -> str:
     """Why one leaf's gradient differs, in the MLP suite's words (parity.core.diagnose.gradient_cause): zero, a pure scale
-    (1/sigma named), the opposite sign, or another direction (its cosine and norm ratio)."""
+    (named when one of sigma, N and r fits: 1/sigma, N, 1/N, sqrt(N), sqrt(r), 2, ...), the opposite sign, or another
+    direction (its cosine and norm ratio)."""
     p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
     norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
     if norm_r == 0:
         return f"{leaf.path}: the gradient differs (the reference's is zero)"
     cosine = float(p @ r) / (norm_p * norm_r) if norm_p else 0.0
     # the leaf's class after its path, so a path ending in ".bias" is not read as the MLP's bias knobs
-    return diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", norm_p / norm_r, cosine, None, sigma, None).text
+    return diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", norm_p / norm_r, cosine, None, sigma, None, pop,
+                                   rank).text
 
 
 def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str, gap: dict | None = None) -> Row:
@@ -443,11 +447,11 @@ def _product_row(R, side, case: ProductCase, inputs, witness) -> Row:
                "<= 1 (gamma_{in + r + 1} |x| (|W| + |A||B|^T))", "pass" if ok else "fail", why)
 
 
-def check_updates(R, side, cfg, seed, rng) -> list[Row]:
+def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     """One step from the same params: the side's new params against the reference's optax-sgd step on the side's
     own gradient (so only the step is judged), within both sides' update_bound; leaves the reference never updates
     must come back bit for bit. A step that differs is matched against optax's sgd, adam and adamw up to a gradient
-    scale (step_text)."""
+    scale (step_text). Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
     params = fresh_params(R, cfg, seed, rng)
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     new, g = side.update(seed, 0, params, shaped)
@@ -458,11 +462,15 @@ def check_updates(R, side, cfg, seed, rng) -> list[Row]:
         p = leaf.path
         moved = np.abs(new[p].astype(np.float64) - params[p])
         if not ref_perturbs(cfg, leaf):
+            witness(f"{p} ({leaf.cls})", new, new[p], params[p], 0.0, "exact: the reference never updates this leaf",
+                    (p,))
             ok = not np.any(moved)
             rows.append(Row("updates", f"{p} ({leaf.cls}): max |new - old|", float(moved.max()), "== 0 (not updated)",
                             "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated")))
             continue
         bound = 2 * update_bound(ref[p], step * g[p].astype(np.float64))
+        witness(f"{p} ({leaf.cls})", new, new[p], ref[p], bound, "both sides' update_bound of optax.sgd(lr) on "
+                "-(g sqrt(N)) from the same params, g the port's own gradient", (p,))
         ratio = float(np.max(np.abs(new[p].astype(np.float64) - ref[p]) / np.maximum(bound, 1e-30)))
         ok = ratio <= 1
         rows.append(Row("updates", f"{p} ({leaf.cls}): max |port - ref| / bound", ratio,
@@ -648,7 +656,7 @@ def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_wit
             ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
             ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness, spread)),
             ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
-            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
+            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng, witness)),
             ("forward", None, lambda: [Row("forward", "-", float("nan"), "-", "skip", FOREIGN_FORWARD)]),
             ("trajectory", "es", lambda: es_lockstep.check(R, side, cfg, seed, exact))]
 
@@ -675,7 +683,7 @@ def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness)
             ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
             ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness)),
             ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
-            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
+            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng, witness)),
             ("forward", "scores", forward),
             ("trajectory", "epoch_step", lambda: (check_trajectory if exact else trajectory_in_distribution)(
                 R, side, cfg, seed, state["parted"]))]

@@ -42,6 +42,21 @@ class GradientTimesTwo(GPTAdapter):
         return {k: v * 2 for k, v in super().gradient(noise, shaped, sigma).items()}
 
 
+class GradientTimesN(GPTAdapter):
+    """gradient N times the reference's (the mean's / N left out)."""
+
+    def gradient(self, noise, shaped, sigma):
+        return {k: v * np.float32(self.pop) for k, v in super().gradient(noise, shaped, sigma).items()}
+
+
+class UpdateOverN(GPTAdapter):
+    """update one N-th of the reference's step (its gradient as the reference's)."""
+
+    def update(self, params, noise, shaped, sigma, lr):
+        new = super().update(params, noise, shaped, sigma, lr)
+        return {k: (params[k] + (new[k] - params[k]) / np.float32(self.pop)).astype(np.float32) for k in params}
+
+
 class ProductWithoutLowRank(GPTAdapter):
     """perturbed_mm that drops the low-rank term: nn.Linear on the plain weight."""
 
@@ -242,6 +257,10 @@ class GradientOfOneLeaf(GPTAdapter):
 
 
 # ----------------------------------------------------------------------------- at population 8 (the bundle tests)
+def UpdateOverNSmall():
+    return UpdateOverN(pop=8)
+
+
 def FitnessStdSmall():
     return FitnessStd(pop=8)
 
