@@ -154,6 +154,39 @@ def test_an_update_that_differs_gets_a_repro_of_its_update_call(tmp_path, capsys
         done.stdout + done.stderr
 
 
+def test_one_cause_of_many_leaves_is_one_line_listing_them(tmp_path, capsys):
+    """A step 1/N of the reference's fails `updates` at every updated leaf with one cause: the terminal and a test's
+    message say it once, listing the leaves; the CSV keeps a row per leaf."""
+    from parity.testing import assert_port_parity
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:UpdateOverNSmall", "--seed", "6",
+                 "--out", str(tmp_path)]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if "the step differs" in line]
+    leaves = [leaf.path for leaf in ports.UpdateOverNSmall().tree.of_class("mm", "tmm")]
+    assert len(lines) == 2 and lines[0].startswith("updates    FAIL"), lines          # the check's line, the verdict's
+    assert all(line.endswith(f"(leaves {', '.join(leaves)})") for line in lines), lines
+    assert all(line.count("the step differs") == 1 for line in lines)
+    csv = (tmp_path / "parity.csv").read_text()
+    assert all(f'"{leaf}: the step differs' in csv for leaf in leaves)
+    with pytest.raises(AssertionError) as failed:
+        assert_port_parity(ports.UpdateOverNSmall, task="tree", seed=6)
+    message = str(failed.value)
+    assert message.count("  cause:    the step differs") == 1 and f"(leaves {', '.join(leaves)})" in message, message
+
+
+def test_merged_causes_join_only_what_differs_in_the_leaf_alone():
+    from parity.tree.base import merged_causes
+    paths = ["blocks.attn.k", "blocks.attn.kv", "lm_head"]
+    texts = ["blocks.attn.k: the step differs", "lm_head: the step differs", "blocks.attn.k: the step differs",
+             "gradient scale differs: 'blocks.attn.k (mm)' gradient is 2x", "gradient scale differs: 'lm_head (mm)' "
+             "gradient is 2x", "noise scaling differs: blocks.attn.kv's noise is 1.4 x", "blocks.attn.k is perturbed "
+             "(max 0.3)", "lm_head is perturbed (max 0.4)", "blocks.attn.k and lm_head differ", "fitness differs"]
+    assert merged_causes(texts, paths) == [
+        "the step differs (leaves blocks.attn.k, lm_head)",
+        "gradient scale differs: each leaf's gradient is 2x (leaves blocks.attn.k (mm), lm_head (mm))",
+        "noise scaling differs: blocks.attn.kv's noise is 1.4 x", "blocks.attn.k is perturbed (max 0.3)",
+        "lm_head is perturbed (max 0.4)", "blocks.attn.k and lm_head differ", "fitness differs"]
+
+
 # ----------------------------------------------------------------------------- in distribution
 def test_the_worked_example_on_torchs_generator_passes_in_distribution():
     rows = rows_of(ports.TorchRng(), seed=4)

@@ -70,7 +70,7 @@ from parity.core import diagnose
 from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, update_bound, with_operands
 from parity.tree import dist as D
 from parity.tree import es_lockstep
-from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, group_var,
+from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, group_var, merged_causes,
                               pairing_text, ref_perturbs, ref_u, shaping_pair_bound, step_text, unchanged_cause)
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
@@ -747,8 +747,9 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
         took = time.perf_counter() - t0
         if seconds is not None:
             seconds[name] = took
+        shown = merged_causes((r.cause for r in fails if r.cause), cfg.tree.paths)[:1]
         log(f"{name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "
-            f"({len(got)} rows, {took:.1f} s)" + (f"  {fails[0].cause}" if fails else ""))
+            f"({len(got)} rows, {took:.1f} s)" + "".join(f"  {c}" for c in shown))
     return rows
 
 

@@ -97,6 +97,7 @@ def main(argv: list[str]) -> int:
         print(f"parity check: {err}", file=sys.stderr)
         return 2
     from parity.tree import check as tree_check
+    from parity.tree.base import merged_causes
     from parity.core.port import PortError
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
@@ -133,10 +134,10 @@ def main(argv: list[str]) -> int:
     written = write_repros(args, argv, rows, collector, recipe)
     tree_check.write(args.out, rows, header, repro_lines(written))
     info = run_info(args, argv, cfg, knobs, who, bundle, reference, began, time.perf_counter() - started)
-    result = write_result(args.out, rows, seconds, written, info, 1 if failed else 0)
+    result = write_result(args.out, rows, seconds, written, info, 1 if failed else 0, cfg.tree.paths)
     for u in unseen:
         log(f"note: {u}")
-    causes = list(dict.fromkeys(r.cause for r in failed if r.cause))
+    causes = merged_causes((r.cause for r in failed if r.cause), cfg.tree.paths)     # one line per fact
     if args.json:
         print(result, end="")
     print(f"{verdict}: report in {args.out}/summary.md" + ("\n  " + "\n  ".join(causes) if causes else ""),
@@ -192,16 +193,18 @@ def run_info(args, argv, cfg, knobs, who: str, bundle, reference, began: str, se
                    platform=reference.platform, xla_flags=xla_flags())
 
 
-def write_result(out: str, rows, seconds: dict, written: dict, info, code: int) -> str:
+def write_result(out: str, rows, seconds: dict, written: dict, info, code: int, paths) -> str:
     """Write result.json beside summary.md (parity.core.report.result_json, the CartPole suite's fields: per check its
-    verdict, headline, causes with the knob each names, time and repro); returns its text."""
+    verdict, headline, causes with the knob each names (those differing only in their leaf as one, listing the leaves
+    `paths` names), time and repro); returns its text."""
     from parity.core.report import RESULT, result_json
     from parity.core.verdict import KNOB_IN_CAUSE, Cause, CheckResult
     from parity.tree import check as tree_check
+    from parity.tree.base import merged_causes
     from reporting import atomic_write
     results = []
     for name, verdict, shown in tree_check.verdicts(rows):
-        texts = dict.fromkeys(r.cause for r in rows if r.check == name and r.verdict == "fail" and r.cause)
+        texts = merged_causes((r.cause for r in rows if r.check == name and r.verdict == "fail" and r.cause), paths)
         causes = tuple(Cause(next(iter(KNOB_IN_CAUSE.findall(t)), None), t) for t in texts)
         observed = f"skipped: {shown.cause}" if verdict == "skip" else f"{shown.quantity} = {shown.value:.4g}"
         results.append(CheckResult(name, verdict, observed, "-" if verdict == "skip" else shown.allowed, causes, (),
