@@ -13,13 +13,13 @@ suite runs, so a port author's CI collects the tests without either.
 from __future__ import annotations
 
 import logging
-import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from parity.core.port import UsageError
+from parity.core.verdict import KNOB_IN_CAUSE
 
 TASKS = ("cartpole", "lm", "tree")
 EXPECT_ITEM = "expect"          # the run-level item: every expected knob named by some check
@@ -29,7 +29,6 @@ NOT_DRIFTS = {"cartpole": {("rng", "torch"), ("compile", "on")}, "lm": {("rng", 
 # The MLP suite's knobs the tree suite names on a declared tree (pairing, fitness, optimizer; the trajectory's
 # schedules): task="tree" takes them in expect= beside the tree knobs.
 TREE_MLP_KNOBS = ("antithetic", "fitness", "optimizer", "noise_reuse", "lr_decay", "sigma_decay")
-KNOB_IN_CAUSE = re.compile(r"knob `(\w+)`")     # how both suites name a knob in a cause (parity.core.diagnose.cause)
 LOG = logging.getLogger("parity.testing")
 
 
@@ -206,16 +205,18 @@ def outcome_of_result(result) -> Outcome:
                    tuple(result.warnings))
 
 
-def outcomes_of_rows(rows: Sequence, names: Sequence[str]) -> tuple[Outcome, ...]:
+def outcomes_of_rows(rows: Sequence, names: Sequence[str], paths: Sequence[str] = ()) -> tuple[Outcome, ...]:
     """One Outcome per check of the LM suite's rows (parity.tree.check.Row), in `names`' order; a check's verdict is
-    its worst row's, its knobs those its failing rows' causes name."""
+    its worst row's, its knobs those its failing rows' causes name; causes that differ only in the leaf of the tree's
+    `paths` they name are one (parity.tree.base.merged_causes)."""
     unknown = sorted({r.check for r in rows} - set(names))
     if unknown:
         raise SuiteCrash(f"the LM suite returned rows of check(s) {unknown} that parity.tree.check.CHECKS lacks")
-    return tuple(_lm_outcome(name, [r for r in rows if r.check == name]) for name in names)
+    return tuple(_lm_outcome(name, [r for r in rows if r.check == name], paths) for name in names)
 
 
-def _lm_outcome(name: str, rows: Sequence) -> Outcome:
+def _lm_outcome(name: str, rows: Sequence, paths: Sequence[str] = ()) -> Outcome:
+    from parity.tree.base import merged_causes
     from reporting import fmt
 
     if not rows:
@@ -225,7 +226,8 @@ def _lm_outcome(name: str, rows: Sequence) -> Outcome:
         return Outcome(name, "skip", f"skipped: {rows[0].cause or 'no reason given'}", "-")
     judged = [r for r in rows if r.verdict != "skip" and r.value == r.value]
     head = failed[0] if failed else max(judged or rows, key=lambda r: r.value if r.value == r.value else -1)
-    causes = tuple(dict.fromkeys((knob, r.cause) for r in failed if r.cause for knob in _knobs_of(r.cause)))
+    texts = merged_causes((r.cause for r in failed if r.cause), paths)
+    causes = tuple(dict.fromkeys((knob, text) for text in texts for knob in _knobs_of(text)))
     return Outcome(name, "fail" if failed else "pass", f"{head.quantity} = {fmt(head.value)}", head.allowed, causes,
                    sum(1 for r in failed if not r.cause))
 
@@ -314,7 +316,7 @@ def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome
                               reference=reference)
     except PortError as err:
         raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree/adapter.py)") from err
-    return outcomes_of_rows(rows, tree_check.CHECKS)
+    return outcomes_of_rows(rows, tree_check.CHECKS, cfg.tree.paths)
 
 
 def _run_tree(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
@@ -338,7 +340,7 @@ def _run_tree(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outco
                               reference=reference)
     except PortError as err:
         raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree/adapter.py)") from err
-    return outcomes_of_rows(rows, tree_check.CHECKS)
+    return outcomes_of_rows(rows, tree_check.CHECKS, run.tree.paths)
 
 
 RUNNERS = {"cartpole": _run_cartpole, "lm": _run_lm, "tree": _run_tree}

@@ -12,6 +12,7 @@ that order (`recursive_scan_split`): slice (i0, i1, ...) gets `split(...split(k,
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -160,16 +161,31 @@ def make_tree(leaves: Sequence[Leaf]) -> Tree:
     return Tree(tuple(by_path[p] for p in flatten_order(paths)), tuple(paths))
 
 
+def did_you_mean(name: str, unmatched: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of `unmatched` (the paths nothing else claims) to a path that names no
+    leaf, else '': a typo in a map or a tree is told its leaf."""
+    close = difflib.get_close_matches(name, list(unmatched), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown(names: Iterable[str], unmatched: Iterable[str]) -> str:
+    unmatched = list(unmatched)
+    return ", ".join(f"{n}{did_you_mean(n, unmatched)}" for n in names)
+
+
 def tree_from_maps(shapes: Mapping[str, Sequence[int]], classes: Mapping[str, str],
                    scan_axes: Mapping[str, Sequence[int]] | None = None) -> Tree:
-    """A Tree from {path: shape} (e.g. an adapter's init_params) and a class map; every path needs a class."""
+    """A Tree from {path: shape} (e.g. an adapter's init_params) and a class map; every path needs a class, and a
+    map's path that names no parameter is refused with the closest one it may mean."""
     scan_axes = scan_axes or {}
     missing = sorted(set(shapes) - set(classes))
-    extra = sorted(set(classes) - set(shapes)) + sorted(set(scan_axes) - set(shapes))
+    extra = [f"{_unknown(sorted(set(m) - set(shapes)), sorted(set(shapes) - set(m)))} in `{what}`"
+             for what, m in (("leaf_classes", classes), ("scan_axes", scan_axes)) if set(m) - set(shapes)]
+    if extra:
+        raise TreeError(f"the class or scan map names leaves the parameters do not hold: {'; '.join(extra)}"
+                        + (f"; no leaf class for {', '.join(missing)}" if missing else ""))
     if missing:
         raise TreeError(f"no leaf class for {', '.join(missing)}; give each one of {', '.join(CLASSES)}")
-    if extra:
-        raise TreeError(f"class or scan map names leaves the parameters do not hold: {', '.join(extra)}")
     return make_tree([Leaf(p, tuple(int(n) for n in shapes[p]), classes[p], tuple(scan_axes.get(p, ())))
                       for p in shapes])
 
@@ -180,7 +196,7 @@ def check_params(tree: Tree, shapes: Mapping[str, Sequence[int]], who: str = "pa
     extra = sorted(set(shapes) - set(tree.paths))
     wrong = [f"{p} {tuple(shapes[p])} (tree: {tree.leaf(p).shape})" for p in tree.paths
              if p in shapes and tuple(shapes[p]) != tree.leaf(p).shape]
-    problems = ([f"missing {', '.join(missing)}"] if missing else []) + \
+    problems = ([f"missing {_unknown(missing, extra)}"] if missing else []) + \
                ([f"not in the tree {', '.join(extra)}"] if extra else []) + \
                ([f"shapes differ: {'; '.join(wrong)}"] if wrong else [])
     if problems:
@@ -249,7 +265,10 @@ class TreeRun:
         if not self.tree.leaves:
             raise TreeError("the tree has no leaves; declare at least one (path, shape, class)")
         for path, law, scale in self.init_laws:
-            self.tree.leaf(path)
+            if path not in self.tree.paths:
+                free = [p for p in self.tree.paths if p not in {q for q, _, _ in self.init_laws}]
+                raise TreeError(f"init law of {path!r}: no leaf {path!r} in the tree{did_you_mean(path, free)}; "
+                                f"leaves: {', '.join(self.tree.paths)}")
             if law not in INIT_LAWS or (law == "normal" and not scale > 0):
                 raise TreeError(f"init law of {path!r}: {law!r} (scale {scale!r}); give 'zeros', 'ones' or "
                                 f"('normal', std) with std > 0")

@@ -1,6 +1,8 @@
 """The parity suite's diagnosis: from observations (mirror maps, schedules, candidate matches) to the knob."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -97,6 +99,22 @@ def test_gradient_cause_tells_over_sigma_from_other_scales():
     assert const.knob is None and "3x" in const.text
     flipped = diagnose.gradient_cause("1.weight", 1.0, -1.0, None, 0.2, None)
     assert flipped.knob is None and "opposite" in flipped.text
+
+
+@pytest.mark.parametrize("ratio, named", [(16.0, "a factor N at N=16"), (1 / 16, "a factor 1/N at N=16"),
+                                          (4.0, "a factor sqrt(N) at N=16"), (0.05, "a factor sigma at sigma=0.05"),
+                                          (math.sqrt(3), "a factor sqrt(r) at r=3"), (2.0, "a factor 2 (same")])
+def test_gradient_cause_names_a_scale_in_sigma_n_and_r(ratio, named):
+    """Given pop and rank, a pure scale is named with parity.core.optscale's vocabulary (1/sigma keeps its own words:
+    its knob for a bias); without them only 1/sigma is, as the CartPole suite asks."""
+    found = diagnose.gradient_cause("w (mm)", ratio * (1 + 2e-4), 1.0, None, 0.05, None, 16, 3)
+    assert found.knob is None and named in found.text, found.text
+    assert ", a factor" not in diagnose.gradient_cause("w (mm)", ratio, 1.0, None, 0.05, None).text
+    assert ", a factor" not in diagnose.gradient_cause("w (mm)", ratio * 1.01, 1.0, None, 0.05, None, 16, 3).text
+
+
+def test_gradient_cause_joins_scales_that_tie():
+    assert "a factor sqrt(r) = 2 at r=4" in diagnose.gradient_cause("w (mm)", 2.0, 1.0, None, 0.05, None, 16, 4).text
 
 
 def test_init_cause_recognises_torch_default():

@@ -41,6 +41,18 @@ def test_the_cli_exits_1_and_names_the_knob(tmp_path, capsys):
     assert "FAIL" in (tmp_path / "summary.md").read_text()
 
 
+def test_the_cli_writes_result_json_and_json_prints_it_alone(tmp_path, capsys):
+    import json
+    assert main(["check", "--task", "lm", "--size", "selftest", "--torch", "group_fitness=group_var",
+                 "--out", str(tmp_path), "--json", "--quiet"]) == 1
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result == json.loads((tmp_path / "result.json").read_text()) and "FAIL: report in" in err
+    assert (result["verdict"], result["exit_code"], result["knobs"]) == ("fail", 1, ["group_fitness"])
+    assert [c["name"] for c in result["checks"]] == list(tree_check.CHECKS)
+    assert "knobs" in result["configuration"] and result["reference_platform"]["precision"]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--task", "lm", "--torch", "stack_keys=nope"], "allowed: split, shared"),
     (["--task", "lm", "--torch", "antithetic=halves"], "unknown knob 'antithetic' for --task lm"),

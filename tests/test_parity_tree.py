@@ -4,6 +4,7 @@ caught and named on the GPT's tree, draw by draw and in distribution; the LM is 
 before any work; vectors (`record --task tree`, `--against`) and parity.testing work for any tree."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -75,7 +76,8 @@ def test_each_tree_knob_is_caught_and_named_on_the_gpt(knob, value, size):
 # (the port overriding one method, the check that fails first, what its cause says)
 METHOD_DRIFTS = [
     ("FitnessStd", "fitness", "(knob `fitness`): the port's shaped fitness is (f - mean) / std"),
-    ("GradientTimesTwo", "gradients", "gradient scale differs: 'blocks.attn.k (mm)' gradient is 2x the reference's"),
+    ("GradientTimesTwo", "gradients", "gradient scale differs: 'blocks.attn.k (mm)' gradient is 2x the reference's, "
+                                      "a factor 2 (same direction)"),
     ("ProductWithoutLowRank", "products", "the mm product leaves out the low-rank term A B^T"),
     ("HalvesPairing", "noise", "(knob `antithetic`): member 0 is the mirror of member"),
     ("NoiseNotOverSqrtRank", "noise", "noise scaling differs: blocks.attn.k's noise is 1.41421 x the reference's (= "
@@ -110,6 +112,78 @@ def test_the_cli_names_a_drift_and_says_what_it_did_not_check(tmp_path, capsys):
     done = subprocess.run([sys.executable, str(repro)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 1 and "FAIL: the port still differs" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_cli_writes_result_json_and_json_prints_it_alone(tmp_path, capsys):
+    """result.json beside summary.md with the CartPole suite's fields (per check its verdict and causes, the knob
+    each names); --json prints it alone on stdout, the progress and verdict lines on stderr."""
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:FitnessStdSmall", "--seed", "5",
+                 "--out", str(tmp_path), "--json"]) == 1
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert result == json.loads((tmp_path / "result.json").read_text())
+    assert "FAIL: report in" in err and "fitness    FAIL" in err and "FAIL" not in out.replace('"fail"', "")
+    assert (result["verdict"], result["exit_code"], result["seed"], result["knobs"]) == ("fail", 1, 5, ["fitness"])
+    checks = {c["name"]: c for c in result["checks"]}
+    assert list(checks) == list(tree_check.CHECKS) and checks["forward"]["verdict"] == "skip"
+    assert checks["fitness"]["verdict"] == "fail" and checks["fitness"]["repro"].endswith("repro/fitness")
+    assert {c["knob"] for c in checks["fitness"]["causes"]} == {"fitness"} and checks["init"]["causes"] == []
+    assert result["command"].startswith("python -m parity check --task tree --port") and result["reference_platform"]
+    assert {"jax", "numpy", "torch"} <= set(result["versions"]) and "xla_flags" in result and result["device"]
+
+
+def test_a_gradient_scale_is_named_in_sigma_n_and_r():
+    """A gradient N times the reference's is named a factor N (parity.core.optscale's vocabulary), not only '8x'."""
+    fails = [r for r in rows_of(ports.GradientTimesN(pop=8), seed=4) if r.verdict == "fail"]
+    assert fails and fails[0].check == "gradients", [(r.check, r.cause) for r in fails]
+    assert "'blocks.attn.k (mm)' gradient is 8x the reference's, a factor N at N=8 (same direction)" in fails[0].cause
+
+
+def test_an_update_that_differs_gets_a_repro_of_its_update_call(tmp_path, capsys):
+    """The updates check witnesses each leaf's comparison: its repro calls update(params, noise, shaped, sigma, lr)
+    alone, from another folder, and fails while the step is 1/N of the reference's (named so)."""
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:UpdateOverNSmall", "--out",
+                 str(tmp_path / "out"), "--quiet"]) == 1
+    assert "on a gradient 1/N times the reference's" in capsys.readouterr().out
+    folder = tmp_path / "out" / "repro" / "updates"
+    assert json.loads((folder / "call.json").read_text())["method"] == "update"
+    done = subprocess.run([sys.executable, str(folder / "repro.py")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1 and "port update()" in done.stdout and "FAIL: the port still differs" in done.stdout, \
+        done.stdout + done.stderr
+
+
+def test_one_cause_of_many_leaves_is_one_line_listing_them(tmp_path, capsys):
+    """A step 1/N of the reference's fails `updates` at every updated leaf with one cause: the terminal and a test's
+    message say it once, listing the leaves; the CSV keeps a row per leaf."""
+    from parity.testing import assert_port_parity
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:UpdateOverNSmall", "--seed", "6",
+                 "--out", str(tmp_path)]) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if "the step differs" in line]
+    leaves = [leaf.path for leaf in ports.UpdateOverNSmall().tree.of_class("mm", "tmm")]
+    assert len(lines) == 2 and lines[0].startswith("updates    FAIL"), lines          # the check's line, the verdict's
+    assert all(line.endswith(f"(leaves {', '.join(leaves)})") for line in lines), lines
+    assert all(line.count("the step differs") == 1 for line in lines)
+    csv = (tmp_path / "parity.csv").read_text()
+    assert all(f'"{leaf}: the step differs' in csv for leaf in leaves)
+    with pytest.raises(AssertionError) as failed:
+        assert_port_parity(ports.UpdateOverNSmall, task="tree", seed=6)
+    message = str(failed.value)
+    assert message.count("  cause:    the step differs") == 1 and f"(leaves {', '.join(leaves)})" in message, message
+
+
+def test_merged_causes_join_only_what_differs_in_the_leaf_alone():
+    from parity.tree.base import merged_causes
+    paths = ["blocks.attn.k", "blocks.attn.kv", "lm_head"]
+    texts = ["blocks.attn.k: the step differs", "lm_head: the step differs", "blocks.attn.k: the step differs",
+             "gradient scale differs: 'blocks.attn.k (mm)' gradient is 2x", "gradient scale differs: 'lm_head (mm)' "
+             "gradient is 2x", "noise scaling differs: blocks.attn.kv's noise is 1.4 x", "blocks.attn.k is perturbed "
+             "(max 0.3)", "lm_head is perturbed (max 0.4)", "blocks.attn.k and lm_head differ", "fitness differs"]
+    assert merged_causes(texts, paths) == [
+        "the step differs (leaves blocks.attn.k, lm_head)",
+        "gradient scale differs: each leaf's gradient is 2x (leaves blocks.attn.k (mm), lm_head (mm))",
+        "noise scaling differs: blocks.attn.kv's noise is 1.4 x", "blocks.attn.k is perturbed (max 0.3)",
+        "lm_head is perturbed (max 0.4)", "blocks.attn.k and lm_head differ", "fitness differs"]
 
 
 # ----------------------------------------------------------------------------- in distribution
@@ -149,6 +223,27 @@ def test_the_lm_runs_as_a_declared_tree():
     assert knobs_named(rows_of(LMAdapter(cfg, TreeKnobs(stack_keys="shared")), 1, "selftest")) == {"stack_keys"}
 
 
+# ----------------------------------------------------------------------------- the product methods a tree needs
+def test_a_tree_without_tmm_leaves_needs_no_perturbed_tmm():
+    """Each product method is required only where the tree has a leaf of its class, and the products check runs the
+    classes present: no perturbed_tmm, no tmm leaf, every check passes."""
+    from parity.tree.adapter import built_tree_port
+    rows = rows_of(built_tree_port(lambda: ports.WithoutTmm(pop=8), None, "WithoutTmm"), seed=1)
+    assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
+    products = [r.quantity for r in rows if r.check == "products"]
+    assert products and all("(mm " in q for q in products) and any(q.startswith("blocks.mlp.c_fc") for q in products)
+
+
+def test_a_tree_with_tmm_leaves_and_no_perturbed_tmm_exits_2_with_the_signature(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:NoTmmMethod", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "lacks required method(s) perturbed_tmm (its tree has tmm leaves blocks.mlp.c_fc)" in err, err
+    assert "perturbed_tmm(W (a, b), A (m, a, r), B (m, b, r), x (m, batch, a)) -> (m, batch, b)" in err, err
+    assert "perturbed_mm" not in err, err
+    assert not out.exists()
+
+
 # ----------------------------------------------------------------------------- bad trees
 @pytest.mark.parametrize("attr, says", [
     ("ParamNotInTree", "no leaf class for blocks.attn.bias"),
@@ -161,6 +256,21 @@ def test_the_lm_runs_as_a_declared_tree():
     ("OddPopulation", "pop 7 is odd but members pair antithetically (2k, 2k+1); use an even population such as 8"),
 ])
 def test_a_tree_that_cannot_be_right_exits_2_before_any_work(tmp_path, capsys, attr, says):
+    out = tmp_path / "out"
+    assert main(["check", "--task", "tree", "--port", f"tests.ports.gpt_ports:{attr}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("attr, says", [
+    ("ClassTypo", "names leaves the parameters do not hold: blocks.attn.qq (did you mean 'blocks.attn.q'?) in "
+                  "`leaf_classes`"),
+    ("ScanTypo", "blocks.attn.qq (did you mean 'blocks.attn.q'?) in `scan_axes`"),
+    ("LawTypo", "init law of 'blocks.attn.qq': no leaf 'blocks.attn.qq' in the tree (did you mean 'blocks.attn.q'?)"),
+    ("TreeLeafTypo", "missing blocks.attn.qq (did you mean 'blocks.attn.q'?); not in the tree blocks.attn.q"),
+])
+def test_a_leaf_typo_is_told_the_leaf_it_may_mean(tmp_path, capsys, attr, says):
     out = tmp_path / "out"
     assert main(["check", "--task", "tree", "--port", f"tests.ports.gpt_ports:{attr}", "--out", str(out)]) == 2
     err = capsys.readouterr().err

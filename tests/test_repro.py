@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -284,6 +285,40 @@ def test_a_drifted_tree_port_gets_a_repro_of_its_own_method(tmp_path, monkeypatc
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = run_repro(folder, elsewhere, os.pathsep.join([str(ports), str(ROOT)]), "parity")
+    assert done.returncode == 1, f"seed {seed}\n{done.stdout}\n{done.stderr}"
+    assert "port shape_fitness()" in done.stdout and "FAIL" in done.stdout
+
+
+STD_GPT = """
+import numpy as np
+from examples.gpt_adapter import GPTAdapter
+
+
+class Std(GPTAdapter):
+    def shape_fitness(self, f, group_size):
+        return ((f - f.mean()) / f.std()).astype(np.float32)
+
+
+def Adapter():
+    return Std(pop=8)
+"""
+
+
+def test_a_port_imported_from_the_working_folder_gets_a_repro_that_runs_from_anywhere(tmp_path, seed):
+    """`python -m parity check --task tree --port myport:Adapter` run where myport.py lies (PYTHONPATH only the
+    project root): call.json records that folder, so repro.py finds the port from any other folder."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    (work / "myport.py").write_text(STD_GPT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "parity", "check", "--task", "tree", "--port", "myport:Adapter",
+                           "--size", "selftest", "--seed", str(seed), "--out", "out", "--quiet"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "knob `fitness`" in done.stdout, f"seed {seed}\n{done.stdout}\n{done.stderr}"
+    folder = work / "out" / "repro" / "fitness"
+    assert json.loads((folder / "call.json").read_text())["port"]["path"] == str(work.resolve())
+    done = run_repro(folder, elsewhere, str(ROOT), "parity")
     assert done.returncode == 1, f"seed {seed}\n{done.stdout}\n{done.stderr}"
     assert "port shape_fitness()" in done.stdout and "FAIL" in done.stdout
 

@@ -364,9 +364,10 @@ def activation_cause(port_act: str | None, ref_act: str, worst: str) -> Cause:
 
 # ----------------------------------------------------------------------------- gradients
 def gradient_cause(leaf: str, norm_ratio: float, cosine: float, ratio_other_sigma: float | None,
-                   sigma: float, other_sigma: float | None) -> Cause:
-    """A gradient leaf that differs: zero (a bias: no bias noise), a pure scale (which?), a sign flip, or a
-    different direction."""
+                   sigma: float, other_sigma: float | None, pop: int | None = None, rank: int | None = None) -> Cause:
+    """A gradient leaf that differs: zero (a bias: no bias noise), a pure scale (1/sigma; given pop, and rank, any
+    other factor parity.core.optscale names: N, 1/N, sqrt(N), sqrt(r), 2, ...), a sign flip, or a different
+    direction."""
     is_bias = leaf.endswith(".bias")
     if norm_ratio == 0:
         if is_bias:
@@ -382,12 +383,28 @@ def gradient_cause(leaf: str, norm_ratio: float, cosine: float, ratio_other_sigm
                       + (f" and {fmt(ratio_other_sigma)}x at sigma={fmt(other_sigma)}" if ratio_other_sigma else "")
                       + " (divided by sigma once more)")
             return cause("bias_grad", detail) if is_bias else other("weight gradient scale", detail)
-        return other("gradient scale", f"'{leaf}' gradient is {fmt(norm_ratio)}x the reference's (same direction)")
+        return other("gradient scale", f"'{leaf}' gradient is {fmt(norm_ratio)}x the reference's"
+                                       f"{named_factor(norm_ratio, sigma, pop, rank)} (same direction)")
     if cosine < -1 + 1e-4:
         return other("gradient sign", f"'{leaf}' gradient points the opposite way (cosine {fmt(cosine)}); "
                                       "the reference's convention is the ascent direction")
     return other("gradient estimate", f"'{leaf}' gradient has cosine {fmt(cosine)} and norm ratio "
                                       f"{fmt(norm_ratio)} to the reference's on the same noise and fitness")
+
+
+def named_factor(ratio: float, sigma: float, pop: int | None, rank: int | None) -> str:
+    """', a factor N at N=8' when `ratio` is within 1e-3 of scales parity.core.optscale names (each such name, tied ones
+    joined by '='), with the values of sigma, N and r they use; '' without pop or when none fits."""
+    from parity.core import optscale
+    if pop is None:
+        return ""
+    names = [n for n in optscale.scale_names(ratio, ratio / (1 + 1e-3), ratio * (1 + 1e-3), sigma, pop, rank)
+             if n != "1"]
+    if not names:
+        return ""
+    used = [f"{k}={v}" for k, v, symbol in (("sigma", fmt(sigma), "sigma"), ("N", pop, "N"), ("r", rank, "(r)"))
+            if any(symbol in n for n in names)]
+    return f", a factor {' = '.join(names)}" + (f" at {', '.join(used)}" if used else "")
 
 
 # ----------------------------------------------------------------------------- optimizer and schedules

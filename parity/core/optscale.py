@@ -52,19 +52,31 @@ class ScaleFit(NamedTuple):
         return 0 < self.lo and math.isfinite(self.hi) and self.hi <= 4 * self.lo
 
 
-def named_scales(sigma: float, pop: int) -> dict[str, float]:
-    """The conventions a port's gradient is seen to differ by, as factors on the reference's gradient."""
+def named_scales(sigma: float, pop: int, rank: int | None = None) -> dict[str, float]:
+    """The conventions a port's gradient is seen to differ by, as factors on the reference's gradient (the rank's
+    where it is given)."""
     root = math.sqrt(pop)
-    return {"1": 1.0, "1/sigma": 1 / sigma, "sigma": sigma, "1/sqrt(N)": 1 / root, "sqrt(N)": root,
-            "1/(sigma sqrt(N))": 1 / (sigma * root), "sqrt(N)/sigma": root / sigma, "1/sigma^2": 1 / sigma ** 2}
+    names = {"1": 1.0, "1/sigma": 1 / sigma, "sigma": sigma, "1/sqrt(N)": 1 / root, "sqrt(N)": root,
+             "1/(sigma sqrt(N))": 1 / (sigma * root), "sqrt(N)/sigma": root / sigma, "1/sigma^2": 1 / sigma ** 2,
+             "N": float(pop), "1/N": 1 / pop}
+    if rank is not None:
+        names.update({"sqrt(r)": math.sqrt(rank), "1/sqrt(r)": 1 / math.sqrt(rank)})
+    return {**names, "2": 2.0, "1/2": 0.5}
+
+
+def scale_names(c: float, lo: float, hi: float, sigma: float, pop: int, rank: int | None = None) -> list[str]:
+    """Every named scale inside [lo, hi], the closest to c in log first (ties in the table's order); [] when none
+    is or c is not a positive finite number."""
+    inside = {n: v for n, v in named_scales(sigma, pop, rank).items() if lo <= v <= hi}
+    if not (0 < c < math.inf):
+        return []
+    return sorted(inside, key=lambda n: abs(math.log(inside[n] / c)))
 
 
 def name_scale(c: float, lo: float, hi: float, sigma: float, pop: int) -> str | None:
     """The named scale inside [lo, hi], the closest to c in log when several; None when none is."""
-    inside = {n: v for n, v in named_scales(sigma, pop).items() if lo <= v <= hi}
-    if not inside or not (0 < c < math.inf):
-        return None
-    return min(inside, key=lambda n: abs(math.log(inside[n] / c)))
+    found = scale_names(c, lo, hi, sigma, pop)
+    return found[0] if found else None
 
 
 def fit_sgd(port_step: np.ndarray, unit_step: np.ndarray, new: np.ndarray) -> tuple[float, float, float]:

@@ -34,12 +34,12 @@ MARKER = "call.json"          # a folder under <out>/repro holding it is ours to
 SCRIPT = Path(__file__).with_name("repro_script.py")
 TAPED = frozenset({"noise", "perturbed_linear", "shape_fitness", "gradient", "forward", "init_params", "actions"})
 TAPED_TREE = frozenset({"shape_fitness", "perturbed_mm", "perturbed_tmm", "gradient", "init_params", "noise",
-                        "forward"})      # a tree port (noise and forward: the repro of a NaN or inf they return)
+                        "forward", "update"})      # a tree port (noise and forward: the repro of a NaN or inf they return)
 TAPED_TREE_TORCH = frozenset({"shape", "products", "grads", "init"})     # parity.tree.torch_side.TorchTree
 KEEP = 16                     # calls kept on the tape: a check compares right after the calls it makes
 # The checks that witness comparisons (both suites' names): the tape copies inputs only while one of them runs, so a
 # trajectory's thousands of forward calls cost nothing.
-WITNESSING = frozenset({"fitness", "products", "gradients", "actions", "init", "noise", "forward"})
+WITNESSING = frozenset({"fitness", "products", "gradients", "updates", "actions", "init", "noise", "forward"})
 
 
 class Call(NamedTuple):
@@ -295,9 +295,11 @@ class Recipe(NamedTuple):
 
 
 def module_root(module_name: str) -> str:
-    """The sys.path entry a module was imported from (its file's folder, up one per dot of its name); '' for a
-    module with no file (built in memory): its repro then needs it on PYTHONPATH."""
-    file = getattr(sys.modules.get(module_name), "__file__", None)
+    """The absolute sys.path entry a module is imported from (its file's folder, up one per dot of its name), found
+    without importing it when it is not imported yet (a --port recipe is made before the port loads); '' for a module
+    with no file (built in memory) or none found: its repro then needs it on PYTHONPATH."""
+    module = sys.modules.get(module_name)
+    file = getattr(module, "__file__", None) if module is not None else _spec_origin(module_name)
     if not file:
         return ""
     root = Path(file).resolve().parent
@@ -305,6 +307,16 @@ def module_root(module_name: str) -> str:
     for _ in range(depth):
         root = root.parent
     return str(root)
+
+
+def _spec_origin(module_name: str) -> str | None:
+    """The file importlib would load `module_name` from (its parent packages imported), or None."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except Exception:           # a parent that fails to import, a bad name: the port's loading says so
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
 
 
 def port_recipe(spec: str, cfg: Any) -> Recipe:

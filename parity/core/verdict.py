@@ -8,6 +8,7 @@ measurements reported without a verdict.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -15,6 +16,7 @@ from reporting import fmt, markdown_table
 
 PASS, FAIL, SKIP, INFO, ERROR = "pass", "fail", "skip", "info", "error"
 CSV_COLUMNS = ("check", "quantity", "side", "size", "value", "tolerance", "verdict", "cause")
+KNOB_IN_CAUSE = re.compile(r"knob `(\w+)`")     # how every suite names a knob in a cause (parity.core.diagnose.cause)
 
 
 @dataclass(frozen=True)

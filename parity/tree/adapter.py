@@ -30,7 +30,8 @@ The noise of members `members` (int64, into a population of pop) is a dict, abse
     param leaf: eps (m, *shape) already times +-sigma, at the leaf's stored shape
 Stack axes (*stack) are the leaf's scanned axes' sizes, first after the member axis.
 
-Required methods
+Required methods (perturbed_mm only when the checked tree has an mm leaf, perturbed_tmm only when it has a tmm leaf:
+checked once the tree is known, before any check runs)
     noise(seed, epoch, members, pop, sigma, rank) -> noise dict
         the port's own noise at that epoch (spec.tree's key scheme when jax_compatible_rng).
     perturbed_mm(W (a, b), A (m, a, r), B (m, b, r), x (m, *rows, b)) -> (m, *rows, a)
@@ -86,7 +87,8 @@ from parity.core.port import PortError, UsageError, _array, call_port, finite_ou
 from spec.lm import LMConfig, lm_tree
 from spec.tree import CLASSES, Leaf, Tree, TreeError, TreeRun, check_params, leading_scan, tree_from_maps
 
-REQUIRED = ("noise", "perturbed_mm", "perturbed_tmm", "shape_fitness", "gradient")
+REQUIRED = ("noise", "shape_fitness", "gradient")           # every tree port
+PRODUCTS = {"mm": "perturbed_mm", "tmm": "perturbed_tmm"}    # required where the tree has a leaf of the class
 SIGNATURES = {
     "noise": "noise(seed, epoch, members, pop, sigma, rank) -> {path: (A, B) or eps}",
     "perturbed_mm": "perturbed_mm(W (a, b), A (m, a, r), B (m, b, r), x (m, batch, b)) -> (m, batch, a)",
@@ -136,12 +138,26 @@ def built_tree_port(obj: Any, cfg: LMConfig | None, spec: str, attr: str = "adap
         except Exception as err:
             raise UsageError(f"--port {spec}: calling {attr}({'cfg' if cfg is not None else ''}) to build the adapter "
                              f"raised {type(err).__name__}: {err}") from err
-    missing = [m for m in REQUIRED if not callable(getattr(obj, m, None))]
+    _require(obj, REQUIRED, f"--port {spec}: the tree adapter")
+    return obj
+
+
+def _require(port: Any, methods, who: str, why: str = "") -> None:
+    """UsageError naming each of `methods` the port lacks, with its expected signature."""
+    missing = [m for m in methods if not callable(getattr(port, m, None))]
     if missing:
         lines = "\n".join(f"  {SIGNATURES[m]}" for m in missing)
-        raise UsageError(f"--port {spec}: the tree adapter lacks required method(s) {', '.join(missing)}; "
-                         f"expected:\n{lines}")
-    return obj
+        raise UsageError(f"{who} lacks required method(s) {', '.join(missing)}{why}; expected:\n{lines}")
+
+
+def require_products(port: Any, tree: Tree) -> None:
+    """UsageError unless the port has the product method of every low-rank class the checked tree holds
+    (perturbed_mm for mm leaves, perturbed_tmm for tmm leaves): a tree without tmm leaves needs no perturbed_tmm."""
+    lacking = {cls: [leaf.path for leaf in tree.of_class(cls)] for cls, method in PRODUCTS.items()
+               if tree.of_class(cls) and not callable(getattr(port, method, None))}
+    leaves = "; ".join(f"{cls} leaves {', '.join(p[:3])}" + (f", ... ({len(p)} in all)" if len(p) > 3 else "")
+                       for cls, p in lacking.items())
+    _require(port, [PRODUCTS[cls] for cls in lacking], "the tree adapter", f" (its tree has {leaves})")
 
 
 def _init_shapes(port: Any) -> dict[str, tuple[int, ...]] | None:
@@ -200,6 +216,7 @@ def port_tree(port: Any, cfg: LMConfig) -> tuple[Tree, list[str]]:
     notes = [f"{leaf.path}: declared {leaf.cls} (scan axes {leaf.scan_axes}); the LM's is {ref.cls} "
              f"(scan axes {ref.scan_axes})" for leaf in tree.leaves for ref in [lm.leaf(leaf.path)]
              if (leaf.cls, leaf.scan_axes) != (ref.cls, ref.scan_axes)]
+    require_products(port, lm)          # the checks run the LM's classes
     return tree, notes
 
 
@@ -231,6 +248,7 @@ def declared_run(port: Any, defaults: Mapping[str, Any]) -> tuple[TreeRun, list[
     a tree whose noise would not fit in this machine's memory."""
     from spec.limits import check_fits, estimate_tree_check_bytes
     tree = declared_tree(port)
+    require_products(port, tree)
     odd = [f"{leaf.path} {leaf.scan_axes} (shape {leaf.shape})" for leaf in tree.leaves if not leading_scan(leaf)]
     if odd:
         raise UsageError(f"the adapter's tree: scan axes must be a leaf's leading axes in order ((0,), (0, 1), ...), "

@@ -6,7 +6,8 @@ optimizer step's diagnosis, and which rng the faithful side follows on a referen
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import re
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -30,6 +31,43 @@ class Row(NamedTuple):
 
 def cause(knob: str, detail: str) -> str:
     return f"{TREE_DESCRIPTIONS[knob]} differs (knob `{knob}`): {detail}"
+
+
+BARE, QUOTED = "\x00", "\x01"      # a leaf named in a cause: blocks.attn.q (mm), or quoted 'blocks.attn.q (mm)'
+
+
+def _leaf_template(text: str, paths: Sequence[str]) -> tuple[str, list[str]]:
+    """The cause with each leaf it names (its path, its class after it, quoted or not) replaced by a placeholder, and
+    those leaves as named."""
+    named: list[str] = []
+    alternatives = "|".join(re.escape(p) for p in sorted(paths, key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w.'])('?)({alternatives})( \((?:mm|tmm|param|embedding|excluded)\))?\1(?![\w]|\.\w)")
+
+    def mark(match: re.Match) -> str:
+        named.append(match.group(2) + (match.group(3) or ""))
+        return QUOTED if match.group(1) else BARE
+    return (pattern.sub(mark, text), named) if paths else (text, named)
+
+
+def merged_causes(texts: Iterable[str], paths: Sequence[str]) -> list[str]:
+    """The distinct causes, those that differ only in the one leaf they name given as one line listing the leaves:
+    'blocks.attn.q: the step differs ...' for each leaf -> 'the step differs ... (leaves blocks.attn.q, lm_head)' (a
+    check's cause per leaf is one fact on the terminal and in a test's message; the rows keep one per leaf)."""
+    groups: dict[str, list[tuple[str, str | None]]] = {}
+    for text in dict.fromkeys(texts):
+        template, named = _leaf_template(text, paths)
+        leaf = named[0] if named and len(set(named)) == 1 else None
+        groups.setdefault(template if leaf else text, []).append((text, leaf))
+    out = []
+    for template, members in groups.items():
+        if len(members) == 1:
+            out.append(members[0][0])
+            continue
+        body = template[3:] if template.startswith(BARE + ": ") else template
+        body = body.replace(BARE + "'s", "each leaf's").replace(QUOTED + " ", "each leaf's ")
+        body = body.replace(BARE, "each leaf").replace(QUOTED, "each leaf")
+        out.append(f"{body} (leaves {', '.join(leaf for _, leaf in members)})")
+    return out
 
 
 def ref_perturbs(cfg: LMConfig, leaf) -> bool:

@@ -70,7 +70,7 @@ from parity.core import diagnose
 from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, update_bound, with_operands
 from parity.tree import dist as D
 from parity.tree import es_lockstep
-from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, group_var,
+from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, group_var, merged_causes,
                               pairing_text, ref_perturbs, ref_u, shaping_pair_bound, step_text, unchanged_cause)
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
@@ -263,20 +263,24 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
         ok = ratio <= 1
         rows.append(Row("gradients", f"{leaf.path} ({leaf.cls}): max |port - ref| / bound", ratio,
                         "<= 1 (both sides' float32 einsum/mean bounds)", "pass" if ok else "fail",
-                        "" if ok else gradient_text(leaf, port[leaf.path], ref[leaf.path], cfg.sigma)))
+                        "" if ok else gradient_text(leaf, port[leaf.path], ref[leaf.path], cfg.sigma, cfg.pop,
+                                                    cfg.rank)))
     return rows
 
 
-def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float) -> str:
+def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float, pop: int | None = None,
+                  rank: int | None = None) -> str:
     """Why one leaf's gradient differs, in the MLP suite's words (parity.core.diagnose.gradient_cause): zero, a pure scale
-    (1/sigma named), the opposite sign, or another direction (its cosine and norm ratio)."""
+    (named when one of sigma, N and r fits: 1/sigma, N, 1/N, sqrt(N), sqrt(r), 2, ...), the opposite sign, or another
+    direction (its cosine and norm ratio)."""
     p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
     norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
     if norm_r == 0:
         return f"{leaf.path}: the gradient differs (the reference's is zero)"
     cosine = float(p @ r) / (norm_p * norm_r) if norm_p else 0.0
     # the leaf's class after its path, so a path ending in ".bias" is not read as the MLP's bias knobs
-    return diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", norm_p / norm_r, cosine, None, sigma, None).text
+    return diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", norm_p / norm_r, cosine, None, sigma, None, pop,
+                                   rank).text
 
 
 def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str, gap: dict | None = None) -> Row:
@@ -443,11 +447,11 @@ def _product_row(R, side, case: ProductCase, inputs, witness) -> Row:
                "<= 1 (gamma_{in + r + 1} |x| (|W| + |A||B|^T))", "pass" if ok else "fail", why)
 
 
-def check_updates(R, side, cfg, seed, rng) -> list[Row]:
+def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     """One step from the same params: the side's new params against the reference's optax-sgd step on the side's
     own gradient (so only the step is judged), within both sides' update_bound; leaves the reference never updates
     must come back bit for bit. A step that differs is matched against optax's sgd, adam and adamw up to a gradient
-    scale (step_text)."""
+    scale (step_text). Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
     params = fresh_params(R, cfg, seed, rng)
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     new, g = side.update(seed, 0, params, shaped)
@@ -458,11 +462,15 @@ def check_updates(R, side, cfg, seed, rng) -> list[Row]:
         p = leaf.path
         moved = np.abs(new[p].astype(np.float64) - params[p])
         if not ref_perturbs(cfg, leaf):
+            witness(f"{p} ({leaf.cls})", new, new[p], params[p], 0.0, "exact: the reference never updates this leaf",
+                    (p,))
             ok = not np.any(moved)
             rows.append(Row("updates", f"{p} ({leaf.cls}): max |new - old|", float(moved.max()), "== 0 (not updated)",
                             "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated")))
             continue
         bound = 2 * update_bound(ref[p], step * g[p].astype(np.float64))
+        witness(f"{p} ({leaf.cls})", new, new[p], ref[p], bound, "both sides' update_bound of optax.sgd(lr) on "
+                "-(g sqrt(N)) from the same params, g the port's own gradient", (p,))
         ratio = float(np.max(np.abs(new[p].astype(np.float64) - ref[p]) / np.maximum(bound, 1e-30)))
         ok = ratio <= 1
         rows.append(Row("updates", f"{p} ({leaf.cls}): max |port - ref| / bound", ratio,
@@ -650,7 +658,7 @@ def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_wit
             ("products", None, lambda: check_products(R, side, cfg, rng, witness) + layers.check_layers(side, cfg, seed)),
             ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness, spread)),
             ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
-            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
+            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng, witness)),
             ("forward", None, lambda: forward.check_forward(side, cfg, seed, keep)),
             ("trajectory", "es", lambda: es_lockstep.check(R, side, cfg, seed, exact))]
 
@@ -678,7 +686,7 @@ def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness,
             ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
             ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness)),
             ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
-            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng)),
+            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng, witness)),
             ("forward", "scores", forward),
             ("trajectory", "epoch_step", lambda: (check_trajectory if exact else trajectory_in_distribution)(
                 R, side, cfg, seed, state["parted"]))]
@@ -698,7 +706,7 @@ def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
 
 
 def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
-        platform: ReferencePlatform | None = None, device: str = "cpu") -> list[Row]:
+        platform: ReferencePlatform | None = None, device: str = "cpu", seconds: dict | None = None) -> list[Row]:
     """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree.adapter.PortSide).
     Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
     distribution (parity.tree.dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
@@ -706,7 +714,8 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     `reference`: the reference's functions (default parity.tree.reference, live JAX; a bundle's replay:
     parity.tree.vectors.replay_reference, or bundle_reference for a bundle folder at this configuration and seed); a
     check needing a call the bundle cannot answer is skipped with the reason. `platform`: where the live reference
-    runs (spec.platform; default where JAX runs); `device`: the torch side's device."""
+    runs (spec.platform; default where JAX runs); `device`: the torch side's device; `seconds`, when given, gets each
+    check's time ({check: s})."""
     from parity.core.port import NonFinite
     from parity.core.tape import NotRecorded
     if reference is None:
@@ -739,8 +748,12 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
             got = _nonfinite_rows(name, err, R, cfg, side, repro)
         rows += got
         fails = [r for r in got if r.verdict == "fail"]
+        took = time.perf_counter() - t0
+        if seconds is not None:
+            seconds[name] = took
+        shown = merged_causes((r.cause for r in fails if r.cause), cfg.tree.paths)[:1]
         log(f"{name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "
-            f"({len(got)} rows, {time.perf_counter() - t0:.1f} s)" + (f"  {fails[0].cause}" if fails else ""))
+            f"({len(got)} rows, {took:.1f} s)" + "".join(f"  {c}" for c in shown))
     return rows
 
 
@@ -754,16 +767,23 @@ def _nonfinite_rows(name: str, err, R, cfg: LMConfig, side, repro) -> list[Row]:
     return rows
 
 
-def write(out: str, rows: list[Row], header: list[str], footer: list[str] = ()) -> None:
-    os.makedirs(out, exist_ok=True)
-    checks = list(dict.fromkeys(r.check for r in rows))
-    table = []
-    for c in checks:
+def verdicts(rows: list[Row]) -> list[tuple[str, str, Row]]:
+    """(check, verdict, the row its headline shows) per check in run order: fail (its first failing row), skip (every
+    row skipped) or pass (its largest value)."""
+    out = []
+    for c in dict.fromkeys(r.check for r in rows):
         rs = [r for r in rows if r.check == c]
         fails = [r for r in rs if r.verdict == "fail"]
         verdict = "fail" if fails else ("skip" if all(r.verdict == "skip" for r in rs) else "pass")
-        shown = fails[0] if fails else max((r for r in rs if r.value == r.value), key=lambda r: r.value, default=rs[0])
-        table.append([c, verdict, f"{shown.quantity} = {shown.value:.4g}", shown.allowed, shown.cause or "-"])
+        out.append((c, verdict, fails[0] if fails else max((r for r in rs if r.value == r.value),
+                                                           key=lambda r: r.value, default=rs[0])))
+    return out
+
+
+def write(out: str, rows: list[Row], header: list[str], footer: list[str] = ()) -> None:
+    os.makedirs(out, exist_ok=True)
+    table = [[c, verdict, f"{shown.quantity} = {shown.value:.4g}", shown.allowed, shown.cause or "-"]
+             for c, verdict, shown in verdicts(rows)]
     text = "\n".join(header + ["", markdown_table(["check", "verdict", "observed (worst)", "allowed", "likely cause"],
                                                   table), "", *footer])
     atomic_write(os.path.join(out, "summary.md"), text)

@@ -4,6 +4,7 @@ LM; --task tree a port on its own declared tree (parity/tree/adapter.py), with t
 from __future__ import annotations
 
 import argparse
+import datetime
 import shlex
 import sys
 import time
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
     add_reference_flags(p)
     p.add_argument("--quiet", action="store_true", help="only the verdict line")
+    p.add_argument("--json", action="store_true",
+                   help="print the machine-readable result (result.json, always written beside summary.md) on "
+                        "stdout, and the progress and verdict lines on stderr")
     return p
 
 
@@ -93,6 +97,7 @@ def main(argv: list[str]) -> int:
         print(f"parity check: {err}", file=sys.stderr)
         return 2
     from parity.tree import check as tree_check
+    from parity.tree.base import merged_causes
     from parity.core.port import PortError
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
@@ -106,15 +111,17 @@ def main(argv: list[str]) -> int:
             return 2
         side = PortSide(CheckedTreePort(collector.recorded(port), cfg), cfg)
         who = f"port {side.name} ({args.port})"
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
-    started = time.perf_counter()
+    text = sys.stderr if args.json else sys.stdout          # --json: stdout holds result.json alone
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=text, flush=True))
+    started, began = time.perf_counter(), datetime.datetime.now().isoformat(timespec="seconds")
     drifts = dict((k, v[1]) for k, v in tree_drifts(knobs).items()) or "(faithful)"
     against = f"the bundle {args.against}" if bundle else "jax_reference"
     log(f"parity check --task {args.task}: {who if args.port else f'torch_impl {drifts}'} vs {against}, "
         f"size {args.size}, seed {args.seed}")
+    seconds: dict[str, float] = {}
     try:
         rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference,
-                              device=args.device)
+                              device=args.device, seconds=seconds)
     except PortError as err:
         print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree/adapter.py)", file=sys.stderr)
         return 2
@@ -124,11 +131,17 @@ def main(argv: list[str]) -> int:
                            time.perf_counter() - started)
     unseen = [f"{r.quantity}: {r.cause}" for r in rows if r.verdict == "skip" and r.quantity.startswith("knob `")]
     header += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
-    tree_check.write(args.out, rows, header, repro_lines(args, argv, rows, collector, recipe))
+    written = write_repros(args, argv, rows, collector, recipe)
+    tree_check.write(args.out, rows, header, repro_lines(written))
+    info = run_info(args, argv, cfg, knobs, who, bundle, reference, began, time.perf_counter() - started)
+    result = write_result(args.out, rows, seconds, written, info, 1 if failed else 0, cfg.tree.paths)
     for u in unseen:
         log(f"note: {u}")
-    causes = list(dict.fromkeys(r.cause for r in failed if r.cause))
-    print(f"{verdict}: report in {args.out}/summary.md" + ("\n  " + "\n  ".join(causes) if causes else ""))
+    causes = merged_causes((r.cause for r in failed if r.cause), cfg.tree.paths)     # one line per fact
+    if args.json:
+        print(result, end="")
+    print(f"{verdict}: report in {args.out}/summary.md" + ("\n  " + "\n  ".join(causes) if causes else ""),
+          file=text)
     return 1 if failed else 0
 
 
@@ -148,8 +161,7 @@ def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle,
             f"- size: {args.size}: {cfg if args.task == 'lm' else 'the settings above'}", f"- seed: {args.seed}",
             f"- versions: {', '.join(f'{k} {v}' for k, v in versions(packages).items())}",
             *(bundle_lines(bundle, reference) if bundle else []),
-            f"- device: torch side on {args.device}; JAX reference on {platform.where()[len('JAX on '):]}; reference "
-            f"platform: {platform.fields_text()}",
+            f"- device: {device_text(args, platform)}; reference platform: {platform.fields_text()}",
             f"- XLA_FLAGS: {xla_flags_text(xla_flags())}",
             f"- took {seconds:.1f} s",
             "- tolerances: see parity/tree/check.py's docstring (float32 product and shaping bounds, exact draws, "
@@ -159,6 +171,51 @@ def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle,
             + "; a TF32 reference's own bounds and measured rounding); a side without JAX's draws is checked in "
             f"distribution: parity/tree/dist.py's docstring (each test's alpha, {tree_dist.FALSE_ALARM:.2g} per run "
             "in all)"]
+
+
+def device_text(args, platform) -> str:
+    """Where each side ran: the torch side's device and the JAX reference's platform."""
+    return f"torch side on {args.device}; JAX reference on {platform.where()[len('JAX on '):]}"
+
+
+def run_info(args, argv, cfg, knobs, who: str, bundle, reference, began: str, seconds: float):
+    """What result.json records about the run (parity.core.report.RunInfo, as the CartPole suite's)."""
+    from parity.core.report import REFERENCE_SIDE, RunInfo
+    from parity.core.tape import recording_of
+    from reporting import versions, xla_flags
+    configuration = (f"foreign port {args.port}" if args.port else f"profile {args.profile}, knobs {knobs}"
+                     + (f" ({args.followed})" if args.followed else ""))
+    sizes = (f"{args.size}: {cfg}" if args.task == "lm" else f"{args.size}: pop {cfg.pop}, rank {cfg.rank}, sigma "
+             f"{cfg.sigma}, lr {cfg.lr}, group_size {cfg.group_size}, noise_reuse {cfg.noise_reuse}, freeze_nonlora "
+             f"{cfg.freeze_nonlora}, {len(cfg.tree.leaves)} leaves")
+    return RunInfo(command=f"python -m parity check {shlex.join(argv)}", port=who, configuration=configuration,
+                   sizes=sizes, seed=args.seed,
+                   versions=versions(("torch", "numpy") if bundle else ("torch", "jax", "numpy")),
+                   device=device_text(args, reference.platform), started=began, seconds=seconds,
+                   extra={REFERENCE_SIDE: f"the {recording_of(bundle)}"} if bundle else {},
+                   platform=reference.platform, xla_flags=xla_flags())
+
+
+def write_result(out: str, rows, seconds: dict, written: dict, info, code: int, paths) -> str:
+    """Write result.json beside summary.md (parity.core.report.result_json, the CartPole suite's fields: per check its
+    verdict, headline, causes with the knob each names (those differing only in their leaf as one, listing the leaves
+    `paths` names), time and repro); returns its text."""
+    from parity.core.report import RESULT, result_json
+    from parity.core.verdict import KNOB_IN_CAUSE, Cause, CheckResult
+    from parity.tree import check as tree_check
+    from parity.tree.base import merged_causes
+    from reporting import atomic_write
+    results = []
+    for name, verdict, shown in tree_check.verdicts(rows):
+        texts = merged_causes((r.cause for r in rows if r.check == name and r.verdict == "fail" and r.cause), paths)
+        causes = tuple(Cause(next(iter(KNOB_IN_CAUSE.findall(t)), None), t) for t in texts)
+        observed = f"skipped: {shown.cause}" if verdict == "skip" else f"{shown.quantity} = {shown.value:.4g}"
+        results.append(CheckResult(name, verdict, observed, "-" if verdict == "skip" else shown.allowed, causes, (),
+                                   "", seconds=seconds.get(name, 0.0),
+                                   repro=written[name].folder if name in written else ""))
+    text = result_json(results, info, code)
+    atomic_write(Path(out) / RESULT, text)
+    return text
 
 
 def bundle_lines(bundle, reference) -> list[str]:
@@ -201,14 +258,18 @@ def repro_setup(args, cfg):
     return collector, port_recipe(args.port, cfg) if args.port else tree_torch_recipe(args.profile, args.pinned, cfg)
 
 
-def repro_lines(args, argv: list[str], rows, collector, recipe) -> list[str]:
-    """Write each failed check's repro (parity.core.repro) beside the report; the summary's lines naming them."""
-    from parity.core.repro import write_repros
+def write_repros(args, argv: list[str], rows, collector, recipe) -> dict:
+    """Write each failed check's repro (parity.core.repro) beside the report; {failed check: Written}."""
+    from parity.core import repro
     verdicts = {}
     for r in rows:
         verdicts[r.check] = "fail" if r.verdict == "fail" or verdicts.get(r.check) == "fail" else "pass"
     command = f"python -m parity check {shlex.join(argv)}"
-    written = write_repros(Path(args.out), verdicts, collector.evidence, recipe, command)
+    return repro.write_repros(Path(args.out), verdicts, collector.evidence, recipe, command)
+
+
+def repro_lines(written: dict) -> list[str]:
+    """The summary's lines naming each failed check's repro folder, or why it has none."""
     lines = [f"- {name}: `{w.folder}/`: run `python {w.folder}/repro.py` (numpy and the port only; exit 1 while it "
              "still fails)" if w.folder else f"- {name}: no repro: {w.note}" for name, w in written.items()]
     return ["## Repros of the failed checks", "", *lines, ""] if lines else []

@@ -12,6 +12,7 @@ from examples import gpt_port
 from examples.gpt_adapter import GPTAdapter
 from spec.tree import Leaf, make_tree
 from spec.tree_knobs import TreeKnobs
+from torch_impl.tree.noise import make_plan
 
 
 def Small(**settings):
@@ -41,6 +42,21 @@ class GradientTimesTwo(GPTAdapter):
 
     def gradient(self, noise, shaped, sigma):
         return {k: v * 2 for k, v in super().gradient(noise, shaped, sigma).items()}
+
+
+class GradientTimesN(GPTAdapter):
+    """gradient N times the reference's (the mean's / N left out)."""
+
+    def gradient(self, noise, shaped, sigma):
+        return {k: v * np.float32(self.pop) for k, v in super().gradient(noise, shaped, sigma).items()}
+
+
+class UpdateOverN(GPTAdapter):
+    """update one N-th of the reference's step (its gradient as the reference's)."""
+
+    def update(self, params, noise, shaped, sigma, lr):
+        new = super().update(params, noise, shaped, sigma, lr)
+        return {k: (params[k] + (new[k] - params[k]) / np.float32(self.pop)).astype(np.float32) for k in params}
 
 
 class ProductWithoutLowRank(GPTAdapter):
@@ -104,6 +120,28 @@ class IgnoresNoiseReuse(GPTAdapter):
         return fresh._to_protocol(fresh.port.sample(state[1], epoch), np.arange(self.pop))
 
 
+# ----------------------------------------------------------------------------- the product methods a tree needs
+class WithoutTmm(GPTAdapter):
+    """The worked example with the MLP's up projection declared mm (the same draws, gradient and step at the stored
+    shape) and no perturbed_tmm: a tree without tmm leaves needs none."""
+
+    perturbed_tmm = None
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        tree = self.tree
+        self.tree = self.port.tree = make_tree([Leaf(leaf.path, leaf.shape, "mm" if leaf.cls == "tmm" else leaf.cls,
+                                                     leaf.scan_axes) for leaf in map(tree.leaf, tree.declared)])
+        es = self.port.es
+        self.port.plan = make_plan(self.tree, self.port.knobs, es.pop, es.rank, es.noise_reuse, es.freeze_nonlora)
+
+
+class NoTmmMethod(GPTAdapter):
+    """The worked example (its MLP's up projection is tmm) without perturbed_tmm."""
+
+    perturbed_tmm = None
+
+
 # ----------------------------------------------------------------------------- trees that cannot be right
 class ByClasses(GPTAdapter):
     """The faithful example, its tree given as leaf_classes + scan_axes (read with init_params' shapes)."""
@@ -156,6 +194,35 @@ class NotAMatrix(ByClasses):
         del self.scan_axes["blocks.attn.q"]
 
 
+class ClassTypo(ByClasses):
+    """leaf_classes names 'blocks.attn.qq' for the parameter 'blocks.attn.q'."""
+
+    def __init__(self):
+        super().__init__()
+        self.leaf_classes["blocks.attn.qq"] = self.leaf_classes.pop("blocks.attn.q")
+
+
+class ScanTypo(ByClasses):
+    def __init__(self):
+        super().__init__()
+        self.scan_axes["blocks.attn.qq"] = self.scan_axes.pop("blocks.attn.q")
+
+
+class LawTypo(GPTAdapter):
+    def __init__(self):
+        super().__init__()
+        self.init_laws["blocks.attn.qq"] = self.init_laws.pop("blocks.attn.q")
+
+
+class TreeLeafTypo(GPTAdapter):
+    """A declared `tree` whose leaf 'blocks.attn.qq' is init_params' 'blocks.attn.q'."""
+
+    def __init__(self):
+        super().__init__()
+        self.tree = make_tree([Leaf("blocks.attn.qq" if leaf.path == "blocks.attn.q" else leaf.path, leaf.shape,
+                                    leaf.cls, leaf.scan_axes) for leaf in self.tree.leaves])
+
+
 class EmptyTree(GPTAdapter):
     def __init__(self):
         super().__init__()
@@ -192,6 +259,10 @@ class GradientOfOneLeaf(GPTAdapter):
 
 
 # ----------------------------------------------------------------------------- at population 8 (the bundle tests)
+def UpdateOverNSmall():
+    return UpdateOverN(pop=8)
+
+
 def FitnessStdSmall():
     return FitnessStd(pop=8)
 
