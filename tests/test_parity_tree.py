@@ -125,7 +125,7 @@ def test_the_cli_writes_result_json_and_json_prints_it_alone(tmp_path, capsys):
     assert "FAIL: report in" in err and "fitness    FAIL" in err and "FAIL" not in out.replace('"fail"', "")
     assert (result["verdict"], result["exit_code"], result["seed"], result["knobs"]) == ("fail", 1, 5, ["fitness"])
     checks = {c["name"]: c for c in result["checks"]}
-    assert list(checks) == list(tree_check.CHECKS) and checks["forward"]["verdict"] == "skip"
+    assert list(checks) == list(tree_check.CHECKS) and checks["forward"]["verdict"] == "pass"
     assert checks["fitness"]["verdict"] == "fail" and checks["fitness"]["repro"].endswith("repro/fitness")
     assert {c["knob"] for c in checks["fitness"]["causes"]} == {"fitness"} and checks["init"]["causes"] == []
     assert result["command"].startswith("python -m parity check --task tree --port") and result["reference_platform"]
