@@ -235,8 +235,6 @@ def check_forward(side, cfg, seed: int, keep: Callable | None = None) -> list[Ro
         for case in cases:
             noise = take(full_noise, case.members)
             out = judge.population(noise, batch)
-            if case.members is subset and b == 0:
-                rows.append(_determinism_row(judge, noise, batch, out, side, case))
             for pos in case.positions:
                 member = int(case.members[pos])
                 if (member, b) not in plains:
@@ -248,6 +246,8 @@ def check_forward(side, cfg, seed: int, keep: Callable | None = None) -> list[Ro
                                 "pass" if ratio <= 1 else "fail"))
                 if ratio > 1:
                     failures.append((case, noise, pos, out, plain))
+            if case.members is subset and b == 0:
+                rows.append(_determinism_row(judge, noise, out, plains[(int(subset[0]), 0)], side, case))
     if failures:
         rows = _explained(rows, judge, failures[0], side, keep)
     return rows
@@ -279,11 +279,11 @@ def _plain_determinism_row(judge: Judge, noise: dict, batch) -> Row:
                              f"oracle; run it in eval mode")
 
 
-def _determinism_row(judge: Judge, noise: dict, batch, out: np.ndarray, side, case: Case) -> Row:
+def _determinism_row(judge: Judge, noise: dict, out: np.ndarray, plain: Plain, side, case: Case) -> Row:
     """The subset's population forward called again on the same inputs: the outputs must agree within the plain
-    forward's bound at member 0 of the subset (a faithful forward gives the same bits)."""
+    forward's bound at the subset's first member (a faithful forward gives the same bits)."""
+    batch = case.batch
     again = judge.population(noise, batch)
-    plain = judge.plain(noise, 0, batch)
     diff = float(np.max(np.abs(again.astype(np.float64) - out))) if out.size else 0.0
     ok = diff <= plain.bound
     why = ""
