@@ -131,11 +131,11 @@ def perturbation(leaf: Leaf, value, row: int) -> np.ndarray:
 
 def point(params: dict, tree, noise: dict, row: int, extra: dict | None = None) -> dict:
     """theta + E_row in float64 (plus `extra` {path: float64 perturbation}), every leaf of params."""
-    out = {p: np.asarray(v, np.float64) for p, v in params.items()}
+    out = {p: np.array(v, np.float64) for p, v in params.items()}          # copies: added to in place
     for path, value in noise.items():
-        out[path] = out[path] + perturbation(tree.leaf(path), value, row)
+        out[path] += perturbation(tree.leaf(path), value, row)
     for path, d in (extra or {}).items():
-        out[path] = out[path] + d
+        out[path] += d
     return out
 
 
@@ -184,13 +184,16 @@ class Judge:
 
     def __init__(self, side, cfg, params: dict):
         self.side, self.port, self.cfg, self.tree, self.params = side, side.port, cfg, cfg.tree, params
-        self.params64 = {p: np.asarray(v, np.float64) for p, v in params.items()}
 
     def plain(self, noise: dict, row: int, batch, extra: dict | None = None) -> Plain:
-        """The plain forward at theta + E_row (+ extra): its float64 value where the port gives one, and the bound."""
-        at64 = point(self.params64, self.tree, noise, row, extra)
+        """The plain forward at theta + E_row (+ extra): its float64 value where the port gives one, and the bound.
+        One point's copies at a time (a GPT-2-sized tree's float64 point is 1 GB)."""
+        at64 = point(self.params, self.tree, noise, row, extra)
         y64 = self.port.plain_forward(at64, batch)
-        y32 = self.port.plain_forward({p: v.astype(np.float32) for p, v in at64.items()}, batch)
+        at32 = {p: v.astype(np.float32) for p, v in at64.items()}
+        del at64
+        y32 = self.port.plain_forward(at32, batch)
+        del at32
         if y32.shape != y64.shape:
             from parity.core.port import PortError
             raise PortError("plain_forward", f"returned shape {y64.shape} for float64 parameters and {y32.shape} for "
@@ -267,7 +270,7 @@ def _plain_determinism_row(judge: Judge, noise: dict, batch) -> Row:
     """The plain forward called twice at theta + E_0 in float32: the two must agree within FALLBACK_ULPS float32 ulps
     of the output's largest entry (a reduction whose order varies from call to call, as on a GPU, moves a few; a
     random draw moves entries by their own size), or it cannot be the oracle: its own spread would be the draw's."""
-    at32 = {p: v.astype(np.float32) for p, v in point(judge.params64, judge.tree, noise, 0).items()}
+    at32 = {p: v.astype(np.float32) for p, v in point(judge.params, judge.tree, noise, 0).items()}
     first, second = (judge.port.plain_forward(at32, batch).astype(np.float64) for _ in range(2))
     allowed = max(FALLBACK_ULPS * 2 * U32 * float(np.max(np.abs(first))) if first.size else 0.0, 1e-30)
     diff = float(np.max(np.abs(first - second))) if first.size else 0.0
