@@ -390,9 +390,14 @@ class PortSide:
         """One leaf's noise as the port gave it ((A, B) or eps), or None when the port does not perturb it."""
         return self.noise(seed, epoch).get(leaf.path)
 
-    def dense_noise(self, seed: int, epoch: int, leaf: Leaf) -> np.ndarray | None:
+    def dense_noise(self, seed: int, epoch: int, leaf: Leaf, block=None) -> np.ndarray | None:
+        """(pop, *shape) perturbation of one leaf (None: not perturbed); `block` (a parity.tree.blocks.Block): only
+        that block, (members, slices, rows, *rest), from the block's factors."""
+        from parity.tree.blocks import dense_block
         value = self.noise(seed, epoch).get(leaf.path)
-        return None if value is None else dense_of(leaf, value)
+        if value is None:
+            return None
+        return dense_of(leaf, value) if block is None else dense_block(leaf, value, block)
 
     def shape(self, f: np.ndarray) -> np.ndarray:
         return self.port.shape_fitness(f, self.cfg.group_size)

@@ -62,6 +62,7 @@ from scipy import stats
 
 from parity.core.diagnose import is_rescaled, scale_cause
 from parity.core.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
+from parity.tree import blocks as B
 from parity.tree.adapter import dense_of
 from parity.tree.base import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u
 from spec.lm import H0_SCALE, LMConfig, init_plan, lm_tree
@@ -120,16 +121,17 @@ def identical_slices(leaf: Leaf, x: np.ndarray) -> tuple[int, int]:
 
 
 def estimate(leaf: Leaf, value, shaped: np.ndarray) -> np.ndarray:
-    """The reference's ES gradient on given noise, float64 at the leaf's shape: einsum(f A, B) / N, mean(f eps)."""
-    return np.tensordot(np.asarray(shaped, np.float64), dense64(leaf, value), axes=1) / len(shaped)
+    """The reference's ES gradient on given noise, float64 at the leaf's shape: einsum(f A, B) / N (one matmul of
+    the factors, blocks.weighted_sum), mean(f eps)."""
+    return B.weighted_sum(leaf, value, np.asarray(shaped, np.float64)) / len(shaped)
 
 
 def grad_bound(cfg: LMConfig, leaf: Leaf, value, shaped: np.ndarray) -> np.ndarray:
     """The exact mode's gradient bound on this noise: 2 gamma_n |f| |noise| averaged over members, n = N r + 3
-    (low-rank einsum) or N + 2 (param mean)."""
+    (low-rank einsum) or N + 2 (param mean); |A||B|^T summed as factors (blocks.weighted_sum)."""
     n = cfg.pop * cfg.rank + 3 if isinstance(value, tuple) else cfg.pop + 2
     w = 2 * gamma(n) * np.abs(np.asarray(shaped, np.float64))
-    return np.tensordot(w, magnitude(leaf, value), axes=1) / len(shaped)
+    return B.weighted_sum(leaf, B.magnitude_of(value), w) / len(shaped)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -238,9 +240,20 @@ def check_init_laws(side, cfg, seed: int) -> list[Row]:
 
 
 # ----------------------------------------------------------------------------- noise
+def members_of(value) -> int:
+    """How many members a leaf's protocol noise holds."""
+    return (value[0] if isinstance(value, tuple) else value).shape[0]
+
+
+def max_abs(leaf: Leaf, value) -> float:
+    """max |E| over every member's perturbation (dense64), block by block."""
+    return max(float(np.max(np.abs(B.dense_block(leaf, value, blk, np.float64))))
+               for blk in B.blocks(leaf, members_of(value)))
+
+
 def unperturbed_row(leaf: Leaf, value, q: str) -> Row:
     """A leaf the reference never perturbs: the side's noise must be absent or zero; else name the knob."""
-    worst = 0.0 if value is None else float(np.max(np.abs(dense64(leaf, value))))
+    worst = 0.0 if value is None else max_abs(leaf, value)
     knob = "embedding" if leaf.cls == "embedding" else "frozen_leaves"
     why = cause(knob, f"{leaf.path} is perturbed (max |noise| {worst:.3g}); the reference leaves {leaf.cls} leaves"
                       + (" under freeze_nonlora" if leaf.cls == "param" else "") + " unperturbed") \
@@ -250,23 +263,29 @@ def unperturbed_row(leaf: Leaf, value, q: str) -> Row:
 
 def _antithetic_row(leaf: Leaf, value, q: str) -> Row:
     """Member 2k+1 = -member 2k: |E_2k + E_2k+1| within gamma_r (|A||B|^T of both) for factors (each float64 product
-    of float32 factors rounds its r-term sum), exactly for eps (a sign flip is exact)."""
-    d = dense64(leaf, value)
-    gap = np.abs(d[0::2] + d[1::2])
-    if isinstance(value, tuple):
-        mag = magnitude(leaf, value)
-        bound = gamma(value[0].shape[-1], 2.0 ** -53) * (mag[0::2] + mag[1::2])
-    else:
-        bound = np.zeros_like(gap)
-    worst = float(np.max(gap - bound))
+    of float32 factors rounds its r-term sum), exactly for eps (a sign flip is exact). Block by block
+    (parity.tree.blocks); a block after the first whose pairs' values are negated bit for bit is within it by
+    construction (the two products are then exact negations) and is not formed."""
+    mag = B.magnitude_of(value) if isinstance(value, tuple) else None
+
+    def excess(blk: B.Block) -> float:
+        d = B.dense_block(leaf, value, blk, np.float64)
+        gap = np.abs(d[0::2] + d[1::2])
+        if mag is None:
+            return float(np.max(gap))
+        m = B.magnitude_block(leaf, mag, blk)
+        return float(np.max(gap - gamma(value[0].shape[-1], 2.0 ** -53) * (m[0::2] + m[1::2])))
+    worst, done, every = B.worst_over(leaf, members_of(value), lambda blk: B.mirrored(value, blk, leaf), excess)
+    pairing = worst > 0 and pairing_text(leaf, B.dense_block(leaf, value, B.head(leaf, members_of(value)),
+                                                             np.float64))
     return exact_row("noise", f"{q}: antithetic pairs, max (|E_2k + E_2k+1| - bound)", worst,
-                     "<= 0 (member 2k+1 = -member 2k; float64 rounding of the products)", worst <= 0,
-                     "; ".join(filter(None, [f"{leaf.path}: member 2k+1 is not the negation of member 2k "
-                                             f"(interleaved antithetic pairs)", worst > 0 and pairing_text(leaf, d)])))
+                     "<= 0 (member 2k+1 = -member 2k; float64 rounding of the products)" + B.skipped_words(done, every),
+                     worst <= 0, "; ".join(filter(None, [f"{leaf.path}: member 2k+1 is not the negation of member 2k "
+                                                         f"(interleaved antithetic pairs)", pairing])))
 
 
 def _slices_row(leaf: Leaf, value, q: str) -> Row:
-    n, of = identical_slices(leaf, dense64(leaf, value))
+    n, of = B.identical_slices(leaf, value)
     return exact_row("noise", f"{q}: identical slice pairs", n, f"== 0 of {of} (one key per slice)", n == 0,
                      cause("stack_keys", f"{n} of {of} pairs of {leaf.path}'s {leaf.n_slices} slices hold identical "
                                          f"noise: every slice drawn from one key, so the layers share their noise"))
@@ -302,7 +321,7 @@ def _pooled_row(cfg: LMConfig, seen: dict, alpha: float) -> list[Row]:
 
 def _epoch_row(R, cfg: LMConfig, leaf: Leaf, values: list) -> Row:
     """Epochs 0 and 1 draw alike exactly when noise_reuse gives them one generation."""
-    same = bool(np.array_equal(dense64(leaf, values[0]), dense64(leaf, values[1])))
+    same = B.equal_dense(leaf, members_of(values[0]), values[0], values[1])
     expected = R.true_epoch(EPOCHS[0], cfg.noise_reuse) == R.true_epoch(EPOCHS[1], cfg.noise_reuse)
     return exact_row("noise", f"{leaf.path}: epochs {EPOCHS[0]} and {EPOCHS[1]} draw alike", float(same),
                      f"== {int(expected)} (noise_reuse {cfg.noise_reuse})", same == expected,
