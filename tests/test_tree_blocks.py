@@ -1,15 +1,16 @@
 """The tree suite's memory at real sizes (parity/tree/blocks.py): a leaf's per-member noise is handled in blocks of at
-most BLOCK_ENTRIES entries, kept as factors where sums over the members are taken. Here, at small sizes with the caps
-made small: the blocks cover each leaf exactly once and give the unblocked arrays (bit for bit where a block holds
-whole slices); the factored sums are the dense ones; the suite's verdicts and the drifts it names are the same; and,
-measured with tracemalloc, the checks' memory does not grow as population x a big leaf, where with one block per leaf
-it does."""
+most BLOCK_ENTRIES entries, kept as factors where sums over the members are taken, and a KS test sorts at most
+KS_SAMPLE values. Here, at small sizes with the caps made small: the blocks cover each leaf exactly once and give the
+unblocked arrays (bit for bit where a block holds whole slices); the factored sums are the dense ones; the suite's
+verdicts and the drifts it names are the same; and, measured with tracemalloc, the checks' memory does not grow as
+population x a big leaf, where with one block per leaf it does."""
 from __future__ import annotations
 
 import tracemalloc
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from examples.gpt_adapter import GPTAdapter
 from examples.gpt_port import GPTConfig
@@ -117,6 +118,31 @@ def test_mirrored_and_same_read_the_values_bit_for_bit():
     eps = rng.standard_normal((4, 5)).astype(np.float32)
     eps[1::2] = -eps[0::2]
     assert B.mirrored(eps, B.whole(Leaf("v", (5,), "param"), 4), Leaf("v", (5,), "param"))
+
+
+def test_the_ks_distance_is_scipys_bit_for_bit():
+    rng = np.random.default_rng(4)
+    for x in (rng.standard_normal(1000), rng.standard_normal(777) * 1.3 + 0.1, np.sort(rng.standard_normal(50))):
+        assert D.normal_ks(x) == float(stats.kstest(x, "norm").statistic)
+        assert D.normal_ks(np.sort(x), presorted=True) == float(stats.kstest(x, "norm").statistic)
+
+
+def test_a_pooled_law_over_the_caps_tests_every_value_and_an_evenly_spaced_sample(monkeypatch):
+    """Past BLOCK_ENTRIES the mean square is summed in blocks (the same value); past KS_SAMPLE the KS takes evenly
+    spaced values, its exact critical value at that n: a faithful sample passes, one at 1.3x the scale fails."""
+    rng = np.random.default_rng(5)
+    parts = [rng.standard_normal(30_000).astype(np.float32) * 0.5, rng.standard_normal(20_000).astype(np.float32) * 0.5]
+    whole = D.pooled_law_rows("init", "x", parts, 0.5, 1e-3, "why")
+    monkeypatch.setattr(B, "BLOCK_ENTRIES", 4_096)
+    monkeypatch.setattr(D, "KS_SAMPLE", 5_000)
+    capped = D.pooled_law_rows("init", "x", parts, 0.5, 1e-3, "why")
+    assert [r.verdict for r in whole] == [r.verdict for r in capped] == ["pass", "pass"]
+    assert capped[1].value == pytest.approx(whole[1].value, rel=1e-12) and "(50000 values)" in capped[1].quantity
+    assert "5000 evenly spaced of 50000 values" in capped[0].quantity
+    want = np.concatenate(parts).astype(np.float64)[::10] / 0.5
+    assert capped[0].value == float(stats.kstest(want, "norm").statistic)
+    wide = D.pooled_law_rows("init", "x", [p * 1.3 for p in parts], 0.5, 1e-3, "why")
+    assert [r.verdict for r in wide] == ["fail", "fail"]
 
 
 # ----------------------------------------------------------------------------- the suite with small blocks
