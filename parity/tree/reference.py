@@ -43,6 +43,16 @@ def init(cfg: LMConfig, seed: int) -> dict[str, np.ndarray]:
 
 
 def noiser(cfg):
+    """(frozen noiser params, noiser params) of the configuration: the second a fresh dict each call (apply_grads sets
+    its opt_state in place), over one kept initialisation."""
+    frozen, nparams = _noiser(cfg)
+    return frozen, dict(nparams)
+
+
+@functools.lru_cache(maxsize=8)
+def _noiser(cfg):
+    """EggRoll.init_noiser on the tree's zeros, once per configuration (the zeros of every leaf: 0.65 GB and 0.3 s at
+    GPT-2's size, where the suite asks for the noiser some twenty times)."""
     return EggRoll.init_noiser(nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()}), cfg.sigma, cfg.lr,
                                group_size=cfg.group_size, freeze_nonlora=cfg.freeze_nonlora,
                                noise_reuse=cfg.noise_reuse, rank=cfg.rank)
@@ -245,10 +255,12 @@ def es_maps(tree) -> tuple[dict, dict]:
 
 @functools.lru_cache(maxsize=8)
 def _grads_fn(cfg):
-    """(es_grads jitted for this configuration's tree and settings, its zero params): compiled once per
-    configuration, where eager es_grads would trace every stacked leaf's lax.scan again at each call."""
+    """(es_grads jitted for this configuration's tree and settings, its params as shapes): compiled once per
+    configuration, where eager es_grads would trace every stacked leaf's lax.scan again at each call. The params are
+    jax.ShapeDtypeStructs (their values never enter the estimate): with zeros closed over, the first call left 1.4 GB
+    more resident at GPT-2's shapes (0.1 GB so)."""
     frozen, nparams = noiser(cfg)
-    params = nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()})
+    params = nest({p: jax.ShapeDtypeStruct(s, jnp.float32) for p, s in cfg.tree.shapes.items()})
     es_map = es_maps(cfg.tree)[1]
     return jax.jit(lambda keys, shaped, epochs, tids: es_grads(frozen, nparams, params, keys, shaped, (epochs, tids),
                                                                es_map)), params
