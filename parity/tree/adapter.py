@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -217,6 +218,7 @@ def declared_run(port: Any, defaults: Mapping[str, Any]) -> tuple[TreeRun, list[
     the settings it leaves out; lines for the report), or UsageError saying what is wrong and what would be right:
     a tree that cannot be right (declared_tree), a stack that is not the leading axes, settings no run can have,
     a tree whose noise would not fit in this machine's memory."""
+    from parity.tree import blocks
     from spec.limits import check_fits, estimate_tree_check_bytes
     tree = declared_tree(port)
     odd = [f"{leaf.path} {leaf.scan_axes} (shape {leaf.shape})" for leaf in tree.leaves if not leading_scan(leaf)]
@@ -227,12 +229,14 @@ def declared_run(port: Any, defaults: Mapping[str, Any]) -> tuple[TreeRun, list[
     given = {k: getattr(port, k) for k in SETTINGS if getattr(port, k, None) is not None}
     try:
         run = TreeRun(tree, **{**dict(defaults), **given}, init_laws=_init_laws(port))
-        check_fits(estimate=estimate_tree_check_bytes(tree, run.pop, run.rank), pop=run.pop,
-                   where="this machine")
+        check_fits(estimate=estimate_tree_check_bytes(tree, run.pop, run.rank, blocks.BLOCK_ENTRIES,
+                                                      run.freeze_nonlora), pop=run.pop, where="this machine")
     except ValueError as err:          # TreeError and the limits' refusals are ValueErrors
         raise UsageError(f"the adapter's tree and settings: {err}") from err
     said = ", ".join(f"{k} {getattr(run, k)}" + ("" if k in given else " (the size's)") for k in SETTINGS)
-    return run, [f"tree: {len(tree.leaves)} leaves ({', '.join(f'{c} {len(tree.of_class(c))}' for c in CLASSES)})",
+    n_params = sum(math.prod(leaf.shape) for leaf in tree.leaves)
+    return run, [f"tree: {len(tree.leaves)} leaves, {n_params:,} parameters "
+                 f"({', '.join(f'{c} {len(tree.of_class(c))}' for c in CLASSES)})",
                  f"settings: {said}"]
 
 
