@@ -19,6 +19,7 @@ import torch
 from bench import ceilings as ceil
 from bench import names as M
 from bench import busy, report, runners, solve
+from bench import tree as treebench
 from bench import lm as lmbench
 from bench.measure import (Skipped, Timing, quantiles,
                                   time_round_robin)
@@ -59,6 +60,7 @@ class BenchPlan(NamedTuple):
     busy_seconds: float = busy.PROBE_SECONDS   # busy-machine section: seconds timed per probe (0: skip it)
     lm_pops: tuple[int, ...] = lmbench.LM_POPS    # the byte-level LM's population forward (() skips it)
     lm_run: bool = True                # time a cpu-preset LM training run per side (one thread, fresh process)
+    tree_sizes: tuple[str, ...] = treebench.TREE_SIZES   # the tree suite per size, a fresh process each (() skips)
 
 
 FULL = BenchPlan(
@@ -78,7 +80,7 @@ QUICK = BenchPlan(
     warmup=1, repeats=2, min_repeats=2, group_budget_s=0.5, max_call_s=5.0, max_first_call_s=60.0,
     headline=("cartpole", 64), step_pop=64, gen_pairs=32,
     matmul_n=256, copy_mib=8, deadline_s=120.0, headline_repeats=2, headline_budget_s=0.5, quick=True,
-    solve_runs=(("cpu", 0),), busy_seconds=0.5, lm_pops=lmbench.QUICK_POPS,
+    solve_runs=(("cpu", 0),), busy_seconds=0.5, lm_pops=lmbench.QUICK_POPS, tree_sizes=treebench.QUICK_SIZES,
 )
 
 
@@ -363,6 +365,19 @@ class Bench:
             self.rows.add_value(impl, "lm:run", 0, M.LM_RUN_S, r.wall_s, "s", "cpu")
             self.rows.add_value(impl, "lm:run", 0, M.LM_RUN_BPB, r.val_bpb, "bits/byte", "cpu")
 
+    def tree_group(self) -> None:
+        """The tree suite on each size of the example GPT, each in a fresh process (bench.tree), stopped past twice
+        the aim's time or 90% of the memory available at the start."""
+        guard = treebench.memory_guard(available_bytes())
+        for size in self.plan.tree_sizes:
+            run = treebench.run_size(size, max_rss=guard)
+            self.log(f"tree suite {size}: {treebench.verdict(run)}, {run.process.wall_s:.1f} s, peak RSS "
+                     f"{run.process.peak_rss / 2 ** 30:.2f} GiB")
+            if run.process.stopped or run.process.exit_code not in (0, 1):
+                tail = run.process.output.strip().splitlines()[-1:] or ["no output"]
+                self.notes.append(f"tree suite {size}: {treebench.verdict(run)} ({tail[0]})")
+            self.rows.extend(tree_rows(run))
+
     def generator_group(self, spec: ModelSpec, pairs: int) -> None:
         """The paper preset's factor draws by torch.randn, torch_impl.random.normal and jax.random.normal."""
         if self.out_of_time("generator comparison"):
@@ -388,6 +403,19 @@ def solve_rows(times: list[solve.SolveTime], device: str) -> list[Measurement]:
             for measure, value in ((M.SOLVE_PHASE_S + p.phase, p.wall_s), (M.SOLVE_PHASE_CPU_S + p.phase, p.cpu_s)):
                 rows.append(Measurement(t.impl, f"solve:{t.preset}", pop, measure, value, value, value, "s", device))
     return rows
+
+
+def tree_rows(run: treebench.TreeRun) -> list[Measurement]:
+    """One size's tree-suite run as rows (impl parity_tree, model = the factory, pop = its population, 0 where its
+    report gave none): wall seconds, peak RSS in GiB, parameters, exit code (nan when stopped), each check's
+    seconds."""
+    p, nan = run.process, float("nan")
+    values = [(M.TREE_S, p.wall_s, "s"), (M.TREE_RSS, p.peak_rss / 2 ** 30, "GiB"),
+              (M.TREE_PARAMS, float(run.params) if run.params else nan, "parameters"),
+              (M.TREE_EXIT, nan if p.exit_code is None else float(p.exit_code), "code")]
+    values += [(M.TREE_CHECK_S + check, s, "s") for check, s in run.checks.items()]
+    return [Measurement("parity_tree", run.size, run.pop or 0, measure, v, v, v, unit, "cpu")
+            for measure, v, unit in values]
 
 
 def profile_forward(spec: ModelSpec, pop: int, device: torch.device, seed: int) -> list[str]:
@@ -431,6 +459,7 @@ def run(plan: BenchPlan, device: torch.device, seed: int, log: Callable[[str], N
     bench.lm_run_group()
     bench.busy_group()
     bench.solve_group()
+    bench.tree_group()
     agreement = runners.agreement_report(1 << 16 if plan.quick else 1 << 20)
     log(f"generator agreement: {agreement}")
     ctx = BenchInfo(
@@ -540,6 +569,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                          "skips them; the paper run costs about 5 minutes of 2 cores)")
     ap.add_argument("--busy-seconds", type=float, default=None,
                     help="busy-machine section: seconds timed per probe (default 5, quick 0.5; 0 skips the section)")
+    ap.add_argument("--tree-sizes", default=None,
+                    help="the tree suite's sizes, comma-separated from " + ", ".join(treebench.TREE_SIZES) +
+                         " (examples.gpt_adapter's factories; default all, about 6 minutes of 2 cores, quick: "
+                         "GPTAdapter), or none")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds after which remaining groups are skipped (default: 360, quick 120); with --device "
                          "cuda the whole section's bound (default 300)")
@@ -578,7 +611,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = plan._replace(busy_seconds=args.busy_seconds)
     try:
         plan = restrict(plan, args.models, args.pops)
-        plan = plan._replace(solve_runs=solve_plan(args.solve, plan.solve_runs))
+        plan = plan._replace(solve_runs=solve_plan(args.solve, plan.solve_runs),
+                             tree_sizes=treebench.check_sizes(args.tree_sizes, plan.quick))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -600,7 +634,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-CPU_ONLY_FLAGS = {"solve": "--solve", "busy_seconds": "--busy-seconds", "models": "--models"}
+CPU_ONLY_FLAGS = {"solve": "--solve", "busy_seconds": "--busy-seconds", "models": "--models",
+                  "tree_sizes": "--tree-sizes"}
 
 
 def main_gpu(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
@@ -608,7 +643,7 @@ def main_gpu(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX beside torch on one GPU: allocate as used
     from bench import gpu
 
-    given = [flag for dest, flag in CPU_ONLY_FLAGS.items() if getattr(args, dest) is not None]
+    given = [flag for dest, flag in CPU_ONLY_FLAGS.items() if getattr(args, dest, None) is not None]
     plan = gpu.GPU_QUICK if args.quick else gpu.GPU_FULL
     try:
         if given:

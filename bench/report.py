@@ -10,6 +10,7 @@ from bench import names as M
 from bench.ceilings import Ceilings
 from bench.measure import Timing, median_ci, ms_summary, paired_ratio, rate_summary
 from bench.solve import PHASES
+from bench.tree import AIM_RSS, AIM_S, AIM_SIZE
 from reporting import fmt as _fmt
 from reporting import markdown_table, xla_flags, xla_flags_text
 
@@ -713,11 +714,43 @@ def _lm_section(rows: Sequence[Measurement], quick: bool = False) -> list[str]:
     return out + [""]
 
 
+def _tree_section(rows: Sequence[Measurement]) -> list[str]:
+    """The tree suite from the example GPT up to GPT-2 small's shapes: parameters, population, wall time, peak RSS and
+    the slowest checks per size (each a fresh process), and the aim for GPT-2 small."""
+    got = {(r.model, r.measure): r for r in rows if r.impl == "parity_tree"}
+    sizes = [model for model, measure in got if measure == M.TREE_S]
+    if not sizes:
+        return []
+    out = ["## The tree suite at real sizes (`python -m parity check --task tree`)", "",
+           "`python -m parity check --task tree --port examples.gpt_adapter:<model>` on the example GPT, each size "
+           "in a fresh process: its wall time (start-up and JAX's compiles included) and its own peak resident memory "
+           "(the child's ru_maxrss). The checks' memory grows with the parameters, not with population x parameters "
+           "(parity/tree/blocks.py).", ""]
+    table = []
+    for model in sizes:
+        wall, rss, params, code = (got[(model, m)] for m in (M.TREE_S, M.TREE_RSS, M.TREE_PARAMS, M.TREE_EXIT))
+        checks = sorted(((m[len(M.TREE_CHECK_S):], r.median) for (name, m), r in got.items()
+                         if name == model and m.startswith(M.TREE_CHECK_S)), key=lambda kv: -kv[1])
+        said = {0: "PASS", 1: "FAIL"}.get(int(code.median), f"exit {code.median:.0f}") if code.median == code.median \
+            else "stopped (see the notes)"
+        table.append([model, f"{params.median:,.0f}" if params.median == params.median else "-", wall.pop or "-",
+                      f"{wall.median:.1f}", f"{rss.median:.2f}", said,
+                      ", ".join(f"{k} {v:.1f}" for k, v in checks[:3]) or "-"])
+    out += [markdown_table(["model", "parameters", "pop", "wall s", "peak RSS GiB", "verdict", "slowest checks (s)"],
+                           table), ""]
+    if (AIM_SIZE, M.TREE_S) in got:
+        wall, rss, code = (got[(AIM_SIZE, m)] for m in (M.TREE_S, M.TREE_RSS, M.TREE_EXIT))
+        met = wall.median <= AIM_S and rss.median * 2 ** 30 <= AIM_RSS and code.median == 0
+        out.append(f"- Aim: {AIM_SIZE} at pop 16 within {AIM_S / 60:.0f} minutes and {AIM_RSS / 2 ** 30:.0f} GiB, "
+                   f"passing: {wall.median:.0f} s, {rss.median:.2f} GiB, {'met' if met else 'missed'}.")
+    return out + [""]
+
+
 def summary_markdown(rows: Sequence[Measurement], ctx: BenchInfo) -> str:
     """The benchmark's summary page: environment, goal check, ratio tables, floors, step, generators."""
     lines = (_intro(ctx) + _ceilings_section(ctx) + _goal_section(rows) + _throughput_sections(rows, ctx)
              + _floor_sections(rows, ctx) + _step_section(rows) + _generator_section(rows, ctx) + _knob_section(rows)
-             + _busy_section(rows) + _solve_section(rows) + _lm_section(rows, ctx.quick))
+             + _busy_section(rows) + _solve_section(rows) + _lm_section(rows, ctx.quick) + _tree_section(rows))
     if ctx.profile:
         lines += ["## Where torch_impl's forward spends its time (torch.profiler, 10 calls at the goal size)", "",
                   "```", *ctx.profile, "```", ""]

@@ -1,7 +1,13 @@
 """The worked example of the tree suite on a port's own tree: a small GPT (examples/gpt_port.py) behind the tree
 protocol (parity/tree/adapter.py).
 
-    python -m parity check --task tree --port examples.gpt_adapter:GPTAdapter
+    python -m parity check --task tree --port examples.gpt_adapter:GPTAdapter       # 2 x 16, vocabulary 64
+    python -m parity check --task tree --port examples.gpt_adapter:gpt2_small       # GPT-2 small's shapes, 163M
+
+The sizes by name (GPT_SIZES; each a factory of this module, pop 16 as the example): `GPTAdapter` (2 blocks x 16
+wide, 8,480 parameters), `gpt_4x128` (vocabulary 256, 0.86M), `gpt_6x384` (vocabulary 1,024, 11.5M) and
+`gpt2_small` (12 x 768, vocabulary 50,257, context 1,024: GPT-2 small's shapes, 163M parameters with the head untied
+as here, 124M tied as GPT-2's). `python -m bench --tree-sizes ...` times the tree suite on each (docs/studies.md).
 
 The adapter declares the tree (`tree`) and the run's settings (rank, sigma, lr, group_size, noise_reuse,
 freeze_nonlora, and the init laws), and converts at the boundary (numpy float32 in and out); each protocol method is
@@ -26,6 +32,7 @@ spec.tree_knobs.TreeKnobs so the self-tests can drift the port one knob at a tim
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
@@ -147,3 +154,32 @@ class GPTAdapter:
         with torch.inference_mode():
             return self.port.logits({k: torch.from_numpy(np.array(v)) for k, v in params.items()}, None,
                                     torch.from_numpy(batch)[None])[0].numpy()
+
+# ----------------------------------------------------------------------------- the sizes by name
+GPT_SIZES: dict[str, GPTConfig] = {
+    "GPTAdapter": GPTConfig(),
+    "gpt_4x128": GPTConfig(vocab=256, block_size=64, n_layer=4, n_head=4, n_embd=128),
+    "gpt_6x384": GPTConfig(vocab=1024, block_size=256, n_layer=6, n_head=6, n_embd=384),
+    "gpt2_small": GPTConfig(vocab=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+}
+
+
+def n_params(cfg: GPTConfig) -> int:
+    """The GPT's parameter count (every leaf of gpt_tree(cfg))."""
+    return sum(math.prod(leaf.shape) for leaf in gpt_port.gpt_tree(cfg).leaves)
+
+
+def gpt_4x128() -> GPTAdapter:
+    """4 blocks x 128 wide, vocabulary 256, context 64 (862,464 parameters)."""
+    return GPTAdapter(model=GPT_SIZES["gpt_4x128"])
+
+
+def gpt_6x384() -> GPTAdapter:
+    """6 blocks x 384 wide, vocabulary 1,024, context 256 (11,511,552 parameters)."""
+    return GPTAdapter(model=GPT_SIZES["gpt_6x384"])
+
+
+def gpt2_small() -> GPTAdapter:
+    """GPT-2 small's shapes: 12 blocks x 768 wide, 12 heads, vocabulary 50,257, context 1,024 (162,954,240 parameters:
+    the head is untied here; 124M with it tied, as GPT-2's)."""
+    return GPTAdapter(model=GPT_SIZES["gpt2_small"])

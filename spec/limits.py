@@ -78,6 +78,7 @@ def check_out_dir(path: str, flag: str = "--out") -> str:
 class MemoryEstimate(NamedTuple):
     total: int                     # bytes
     parts: dict[str, int]
+    fixed: int = 0                 # bytes of total that do not grow with the population
 
 
 def estimate_population_bytes(pop: int, dims: tuple[int, ...], rank: int) -> MemoryEstimate:
@@ -90,17 +91,32 @@ def estimate_population_bytes(pop: int, dims: tuple[int, ...], rank: int) -> Mem
     return MemoryEstimate(sum(parts.values()), parts)
 
 
-def estimate_tree_check_bytes(tree: Tree, pop: int, rank: int) -> MemoryEstimate:
-    """The tree suite's largest arrays on a declared tree: every member's noise of every leaf (low-rank leaves as
-    factors, (a + b) r per slice; the others at full size; float32) and, one leaf at a time, the comparisons' dense
-    perturbations (each member's A B^T or eps at the leaf's stored shape, float64, about four copies: both sides',
-    the bound, the difference). A lower bound on the peak, used to refuse trees that cannot fit."""
-    noise = sum(leaf.n_slices * sum(leaf.slice_shape) * rank if leaf.factor_dims else math.prod(leaf.shape)
-                for leaf in tree.leaves)
+# Copies of the parameters the tree suite holds at once (float32), at least: the port's params before and after a step,
+# the port's gradient, and the reference's gradient, step and copies of its inputs (measured at GPT-2's size: about 10,
+# with the runtimes' own memory).
+TREE_PARAM_COPIES = 6
+
+
+def estimate_tree_check_bytes(tree: Tree, pop: int, rank: int, block_entries: int,
+                              freeze_nonlora: bool = True) -> MemoryEstimate:
+    """The tree suite's largest arrays on a declared tree: TREE_PARAM_COPIES copies of the parameters; every member's
+    noise of every leaf the reference perturbs at two epochs (low-rank leaves as factors, (a + b) r per slice; param
+    leaves at full size unless freeze_nonlora; float32); and the comparisons' dense perturbations, in blocks of at
+    most `block_entries` entries (parity.tree.blocks: float64, about four arrays: both sides', the bound, the
+    difference). A lower bound on the peak, used to refuse trees that cannot fit; what grows with the population is
+    the noise, and the blocks until they reach their cap."""
+    params = sum(math.prod(leaf.shape) for leaf in tree.leaves)
+    noise = sum(leaf.n_slices * sum(leaf.slice_shape) * rank if leaf.factor_dims else
+                math.prod(leaf.shape) if leaf.cls == "param" and not freeze_nonlora else 0 for leaf in tree.leaves)
     largest = max(math.prod(leaf.shape) for leaf in tree.leaves)
-    parts = {"noise of every leaf (float32)": pop * noise * 4,
-             "dense perturbations of the largest leaf (float64, 4 copies)": 4 * pop * largest * 8}
-    return MemoryEstimate(sum(parts.values()), parts)
+    capped = pop * largest > block_entries
+    parts = {f"parameters (float32, {TREE_PARAM_COPIES} copies)": TREE_PARAM_COPIES * params * 4,
+             "noise of every perturbed leaf, two epochs (float32)": 2 * pop * noise * 4,
+             "dense perturbations of the largest leaf in blocks (float64, 4 arrays)":
+                 4 * min(pop * largest, block_entries) * 8}
+    fixed = parts[f"parameters (float32, {TREE_PARAM_COPIES} copies)"] + \
+        (parts["dense perturbations of the largest leaf in blocks (float64, 4 arrays)"] if capped else 0)
+    return MemoryEstimate(sum(parts.values()), parts, fixed)
 
 
 def estimate_training_bytes(cfg: Config) -> MemoryEstimate:
@@ -142,7 +158,8 @@ def check_fits(cfg: Config | None = None, available: int | None = None, where: s
     pop = pop or cfg.pop
     available = available_bytes() if available is None else available
     if available is not None and est.total > available:
-        largest = int(available / (est.total / pop)) // 2 * 2
+        per_member = (est.total - est.fixed) / pop
+        largest = int((available - est.fixed) / per_member) // 2 * 2 if available > est.fixed and per_member else 0
         top = ", ".join(f"{k} {gib(v)}" for k, v in sorted(est.parts.items(), key=lambda kv: -kv[1])[:3])
         fits = (f"use a population of at most about {largest:,}" if largest >= 2 else
                 "not even a population of 2 fits: give a smaller model or a machine with more memory")

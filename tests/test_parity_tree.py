@@ -280,12 +280,12 @@ def test_a_leaf_typo_is_told_the_leaf_it_may_mean(tmp_path, capsys, attr, says):
 
 def test_a_tree_that_cannot_fit_in_memory_exits_2_with_the_estimate(tmp_path, capsys, monkeypatch):
     import spec.limits
-    monkeypatch.setattr(spec.limits, "available_bytes", lambda: 2 * 2 ** 30)
+    monkeypatch.setattr(spec.limits, "available_bytes", lambda: 2 ** 30)
     out = tmp_path / "out"
     assert main(["check", "--task", "tree", "--port", "tests.ports.gpt_ports:TooBig", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "pop 16 needs at least 8.0 GiB" in err and "has 2.0 GiB available" in err, err
-    assert "use a population of at most about 2" in err, err
+    assert "pop 16 needs at least 1.7 GiB" in err and "has 1.0 GiB available" in err, err
+    assert "use a population of at most about 4" in err, err          # (1 GiB - 0.7 GiB fixed) / 64 MiB a member
     assert not out.exists()
 
 
@@ -449,7 +449,7 @@ def test_the_reference_draws_a_two_axis_stack_as_torch_impl_and_its_numpy_replay
 
 def test_the_settings_and_the_memory_estimate():
     from spec.limits import check_fits, estimate_tree_check_bytes
-    from spec.tree import TreeError, TreeRun
+    from spec.tree import Leaf, TreeError, TreeRun, make_tree
     tree = GPTAdapter().tree
     for bad, says in [(dict(pop=6, group_size=4), "does not divide the population 6"),
                       (dict(noise_reuse=-1), "noise_reuse must be an integer >= 0"),
@@ -458,11 +458,17 @@ def test_the_settings_and_the_memory_estimate():
                       (dict(init_laws=(("nope", "zeros", 0.0),)), "no leaf 'nope' in the tree")]:
         with pytest.raises((ValueError, TreeError), match=re.escape(says)):
             TreeRun(tree, **bad)
-    small, big = estimate_tree_check_bytes(tree, 8, 2), estimate_tree_check_bytes(tree, 80, 2)
-    assert big.total == 10 * small.total and len(small.parts) == 2
+    small, big = estimate_tree_check_bytes(tree, 8, 2, 2 ** 24), estimate_tree_check_bytes(tree, 80, 2, 2 ** 24)
+    assert big.fixed == small.fixed > 0 and len(small.parts) == 3      # the parameters' copies: not the population's
+    assert big.total - big.fixed == 10 * (small.total - small.fixed)   # the noise and (uncapped) blocks grow with it
     assert check_fits(estimate=small, pop=8, available=1 << 30).total < 1 << 20      # the example: well under 1 MiB
     with pytest.raises(ValueError, match="not even a population of 2 fits"):
-        check_fits(estimate=small, pop=8, available=small.total // 8)
+        check_fits(estimate=small, pop=8, available=small.fixed)
+    head = make_tree([Leaf("lm_head", (50257, 768), "mm")])           # GPT-2's head: its blocks are capped
+    capped = [estimate_tree_check_bytes(head, pop, 2, 2 ** 24) for pop in (16, 64)]
+    dense = "dense perturbations of the largest leaf in blocks (float64, 4 arrays)"
+    assert capped[0].parts[dense] == capped[1].parts[dense] == 4 * 2 ** 24 * 8
+    assert capped[0].total < 1.5 * 2 ** 30 < 4 * 16 * 50257 * 768 * 8     # not the 18.4 GiB of four dense copies
 
 
 def _op_by_op(run, seed, epoch, leaf, variant, what):

@@ -81,6 +81,10 @@ def _feed(h, value: Any) -> None:
         for f in dataclasses.fields(value):
             _feed(h, f.name)
             _feed(h, getattr(value, f.name))
+    elif isinstance(value, slice):                  # a block of a leaf (parity.tree.blocks.Block holds three)
+        h.update(b"R:")
+        for part in (value.start, value.stop, value.step):
+            _feed(h, part)
     elif isinstance(value, (tuple, list)):
         h.update(b"L%d:" % len(value) + type(value).__name__.encode() + b":")
         for item in value:
@@ -89,7 +93,7 @@ def _feed(h, value: Any) -> None:
         _feed(h, np.asarray(value))
     else:
         raise TypeError(f"cannot key a call on a {type(value).__name__}: give arrays, scalars, strings, dicts, "
-                        "tuples, dataclasses or Tokens")
+                        "tuples, slices, dataclasses or Tokens")
 
 
 def call_key(method: str, args: tuple = (), kwargs: Mapping | None = None, scope: str = "") -> str:

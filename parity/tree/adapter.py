@@ -79,6 +79,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -246,6 +247,7 @@ def declared_run(port: Any, defaults: Mapping[str, Any]) -> tuple[TreeRun, list[
     the settings it leaves out; lines for the report), or UsageError saying what is wrong and what would be right:
     a tree that cannot be right (declared_tree), a stack that is not the leading axes, settings no run can have,
     a tree whose noise would not fit in this machine's memory."""
+    from parity.tree import blocks
     from spec.limits import check_fits, estimate_tree_check_bytes
     tree = declared_tree(port)
     require_products(port, tree)
@@ -257,12 +259,14 @@ def declared_run(port: Any, defaults: Mapping[str, Any]) -> tuple[TreeRun, list[
     given = {k: getattr(port, k) for k in SETTINGS if getattr(port, k, None) is not None}
     try:
         run = TreeRun(tree, **{**dict(defaults), **given}, init_laws=_init_laws(port))
-        check_fits(estimate=estimate_tree_check_bytes(tree, run.pop, run.rank), pop=run.pop,
-                   where="this machine")
+        check_fits(estimate=estimate_tree_check_bytes(tree, run.pop, run.rank, blocks.BLOCK_ENTRIES,
+                                                      run.freeze_nonlora), pop=run.pop, where="this machine")
     except ValueError as err:          # TreeError and the limits' refusals are ValueErrors
         raise UsageError(f"the adapter's tree and settings: {err}") from err
     said = ", ".join(f"{k} {getattr(run, k)}" + ("" if k in given else " (the size's)") for k in SETTINGS)
-    return run, [f"tree: {len(tree.leaves)} leaves ({', '.join(f'{c} {len(tree.of_class(c))}' for c in CLASSES)})",
+    n_params = sum(math.prod(leaf.shape) for leaf in tree.leaves)
+    return run, [f"tree: {len(tree.leaves)} leaves, {n_params:,} parameters "
+                 f"({', '.join(f'{c} {len(tree.of_class(c))}' for c in CLASSES)})",
                  f"settings: {said}"]
 
 
@@ -459,9 +463,14 @@ class PortSide:
         """One leaf's noise as the port gave it ((A, B) or eps), or None when the port does not perturb it."""
         return self.noise(seed, epoch).get(leaf.path)
 
-    def dense_noise(self, seed: int, epoch: int, leaf: Leaf) -> np.ndarray | None:
+    def dense_noise(self, seed: int, epoch: int, leaf: Leaf, block=None) -> np.ndarray | None:
+        """(pop, *shape) perturbation of one leaf (None: not perturbed); `block` (a parity.tree.blocks.Block): only
+        that block, (members, slices, rows, *rest), from the block's factors."""
+        from parity.tree.blocks import dense_block
         value = self.noise(seed, epoch).get(leaf.path)
-        return None if value is None else dense_of(leaf, value)
+        if value is None:
+            return None
+        return dense_of(leaf, value) if block is None else dense_block(leaf, value, block)
 
     def shape(self, f: np.ndarray) -> np.ndarray:
         return self.port.shape_fitness(f, self.cfg.group_size)

@@ -13,6 +13,7 @@ import numpy as np
 
 from parity.core import diagnose
 from parity.core.tolerances import U32, U_TF32, gamma, shaping_bound
+from parity.tree import blocks as B
 from spec.lm import LMConfig
 from spec.platform import ReferencePlatform
 from spec.tree_knobs import TREE_CHOICES, TREE_DESCRIPTIONS
@@ -108,6 +109,38 @@ def fitness_text(f: np.ndarray, port: np.ndarray, g: int) -> str:
                                                  + f", the reference's {diagnose.FITNESS_CANDIDATES['jax'][0]} with "
                                                    f"group means and the global variance").text
     return "fitness shaping differs"
+
+
+def reference_magnitude(R, cfg, seed: int, epoch: int, leaf):
+    """|noise| of the reference's draws of one leaf as a parity.tree.blocks.Magnitude: low-rank as the factors it
+    forms |A| |B|^T from (R.abs_factors, float64), param leaves |eps| (pop, *shape)."""
+    if leaf.cls == "param":
+        return B.Magnitude(np.abs(R.dense_noise(cfg, seed, epoch, leaf)).astype(np.float64))
+    return B.Magnitude(*R.abs_factors(cfg, seed, epoch, leaf))
+
+
+def noise_excess(R, cfg, seed: int, epoch: int, leaf, port_value, port_dense) -> tuple[float, int, int]:
+    """(max (|port - ref| - bound) over one perturbed leaf's blocks, blocks formed, blocks) against the reference's
+    draws at epoch: bound 2 gamma_r |A||B|^T (param leaves 0: exact). port_dense(block) is the side's perturbation
+    there. A block after the first where the side's factors (or eps) are the reference's bit for bit is within the
+    bound by construction (each side's float32 product of the same factors is within gamma_r |A||B|^T of their
+    exact one) and is not formed (parity.tree.blocks)."""
+    ref_value = R.leaf_noise(cfg, seed, epoch, leaf)
+
+    def excess(blk) -> float:
+        d = port_dense(blk).astype(np.float64)
+        d -= R.dense_noise(cfg, seed, epoch, leaf, block=blk)
+        np.abs(d, out=d)
+        if leaf.cls != "param":
+            d -= 2 * gamma(cfg.rank) * R.factors_abs_product(cfg, seed, epoch, leaf, block=blk)
+        return float(np.max(d))
+    return B.worst_over(leaf, cfg.pop, lambda blk: B.same(port_value, ref_value, blk, leaf), excess)
+
+
+def reference_update(R, cfg, params: dict, grads: dict) -> dict:
+    """R.update (one optax-sgd step of the reference's noiser) leaf by leaf: the step is elementwise within each leaf,
+    so the numbers are the whole tree's, while the reference holds one leaf's copies at a time, not the tree's."""
+    return {p: R.update(cfg, {p: params[p]}, {p: grads[p]})[p] for p in params}
 
 
 def ref_u(R) -> float:

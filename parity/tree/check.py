@@ -23,12 +23,17 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
   by at most 2 gamma_r |A||B|^T (one float32 product of r terms per side, Higham's bound); param leaves exactly. A
   leaf one side perturbs and the other does not names `embedding` or `frozen_leaves`; a difference that matches the
   reference's draw with shared slice keys, declaration-order keys or a transposed tmm split names `stack_keys`,
-  `leaf_order` or `tmm_layout`.
+  `leaf_order` or `tmm_layout`. The comparison runs block by block (parity/tree/blocks.py: at most BLOCK_ENTRIES
+  entries of the members' perturbation at once; one block, the whole leaf, when it fits); a block after the first
+  where the side's factors (or eps) equal the reference's bit for bit is within the bound by construction (each
+  side's float32 product of the same factors is within gamma_r |A||B|^T of the exact one) and is not formed: the row
+  then says how many blocks were, and its value is their worst (for a large faithful leaf, its first block's).
 - fitness: fresh random fitness vectors with groups, against the sum of both sides' float32 shaping bounds; a side
   that matches each group divided by its own spread names `group_fitness`.
 - gradients: per leaf on the same shaped fitness, each side with its own noise (skipped for leaves whose noise
-  already differs), within both sides' einsum bounds (gamma_{N r + 3} sum |f||A||B|^T / N per side); frozen, embedding and
-  excluded leaves must be exactly zero.
+  already differs), within both sides' einsum bounds (gamma_{N r + 3} sum |f||A||B|^T / N per side, the sum over the
+  members one matmul of |A| and |B|: parity.tree.blocks.mean_abs); frozen, embedding and excluded leaves must be
+  exactly zero.
 - products: mm (x @ W.T + (x @ B) @ A.T) and tmm (x @ W + (x @ A) @ B.T) at the LM's slice shapes and three more
   (wide, tall, square), fresh W, factors and inputs, against the expression's float64 value within one side's float32
   bound (parity.core.tolerances.linear_bound, gamma_{in + r + 1}); the reference's jitted product is held to it too.
@@ -71,7 +76,9 @@ from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exac
 from parity.tree import dist as D
 from parity.tree import es_lockstep
 from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, group_var, merged_causes,
-                              pairing_text, ref_perturbs, ref_u, shaping_pair_bound, step_text, unchanged_cause)
+                              noise_excess, pairing_text, ref_perturbs, ref_u, reference_magnitude,
+                              reference_update, shaping_pair_bound, step_text, unchanged_cause)
+from parity.tree import blocks as B
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
 from spec.platform import ReferencePlatform
@@ -131,11 +138,14 @@ def _init_cause(R, cfg, seed, path: str, port: dict, seen: dict) -> str:
     return "init differs"
 
 
-def _noise_cause(R, cfg, seed, epoch, leaf, port) -> str:
+def _noise_cause(R, cfg, seed, epoch, leaf, port, block) -> str:
+    """Why a leaf's noise differs, from one block of it (parity.tree.blocks.head: every member, the whole leaf when
+    it fits): port is the side's perturbation there, compared with the reference's drifted draws there."""
     other = other_normals(R)
     if other is not None:                      # the same draws through the other backend's float32 normal
-        alt = other.dense_noise(cfg, seed, epoch, leaf)
-        bound = 0.0 if leaf.cls == "param" else 2 * gamma(cfg.rank) * R.factors_abs_product(cfg, seed, epoch, leaf)
+        alt = other.dense_noise(cfg, seed, epoch, leaf, block=block)
+        bound = 0.0 if leaf.cls == "param" else \
+            2 * gamma(cfg.rank) * R.factors_abs_product(cfg, seed, epoch, leaf, block=block)
         if np.all(np.abs(port.astype(np.float64) - alt) <= bound):
             return backend_cause(R, f"{leaf.path}'s noise equals the reference's draw on those normals")
     for variant, knob, detail in (
@@ -145,10 +155,10 @@ def _noise_cause(R, cfg, seed, epoch, leaf, port) -> str:
             ("tmm_transposed", "tmm_layout", "the (in, out) weight was transposed and factored as an mm")):
         if variant == "shared" and not leaf.scan_axes or variant == "tmm_transposed" and leaf.cls != "tmm":
             continue
-        alt = R.dense_noise(cfg, seed, epoch, leaf, variant)
+        alt = R.dense_noise(cfg, seed, epoch, leaf, variant, block=block)
         if np.allclose(alt, port, rtol=0, atol=1e-6 * max(1.0, float(np.abs(alt).max()))):
             return cause(knob, f"{leaf.path}'s noise equals the reference's draw when {detail}")
-    ref = R.dense_noise(cfg, seed, epoch, leaf)
+    ref = R.dense_noise(cfg, seed, epoch, leaf, block=block)
     return pairing_text(leaf, port) or scale_text(leaf, port, ref, cfg) or \
         f"{leaf.path}: noise differs and matches no known tree drift (rng or key scheme)"
 
@@ -169,38 +179,43 @@ def scale_text(leaf, port: np.ndarray, ref: np.ndarray, cfg) -> str:
 
 
 def check_noise(R, side, cfg, seed) -> tuple[list[Row], set[str]]:
+    """Every leaf's noise at EPOCHS against the reference's draws, block by block (parity.tree.blocks: members,
+    slices and rows of at most BLOCK_ENTRIES entries; one block, the whole leaf, when it fits)."""
     rows, parted = [], set()
     for epoch in EPOCHS:
         for leaf in cfg.tree.leaves:
-            port = side.dense_noise(seed, epoch, leaf)
+            value = side.leaf_noise(seed, epoch, leaf)
             q = f"{leaf.path} ({leaf.cls}) epoch {epoch}"
             if not ref_perturbs(cfg, leaf):
-                ok = port is None or not np.any(port)
+                worst = 0.0 if value is None else max(float(np.abs(side.dense_noise(seed, epoch, leaf, blk)).max())
+                                                      for blk in B.blocks(leaf, cfg.pop))
+                ok = worst == 0
                 why = ""
                 if not ok:
                     knob = "embedding" if leaf.cls == "embedding" else "frozen_leaves"
-                    why = cause(knob, f"{leaf.path} is perturbed (max |noise| {np.abs(port).max():.3g}); the reference "
+                    why = cause(knob, f"{leaf.path} is perturbed (max |noise| {worst:.3g}); the reference "
                                       f"leaves {leaf.cls} leaves" + (" under freeze_nonlora" if leaf.cls == "param" else "")
                                       + " unperturbed")
                     parted.add(leaf.path)
-                rows.append(Row("noise", f"{q}: max |noise|", 0.0 if port is None else float(np.abs(port).max()),
-                                "== 0 (not perturbed)", "pass" if ok else "fail", why))
+                rows.append(Row("noise", f"{q}: max |noise|", worst, "== 0 (not perturbed)", "pass" if ok else "fail",
+                                why))
                 continue
-            ref = R.dense_noise(cfg, seed, epoch, leaf)
-            if port is None:
+            if value is None:
                 parted.add(leaf.path)
                 rows.append(Row("noise", f"{q}: perturbed", 0.0, "perturbed as the reference", "fail",
                                 f"{leaf.path} is not perturbed; the reference perturbs {leaf.cls} leaves"))
                 continue
-            bound = 0.0 if leaf.cls == "param" else 2 * gamma(cfg.rank) * R.factors_abs_product(cfg, seed, epoch, leaf)
-            excess = np.abs(port.astype(np.float64) - ref) - bound
-            worst = float(np.max(excess))
+            worst, done, every = noise_excess(R, cfg, seed, epoch, leaf, value,
+                                              lambda blk: side.dense_noise(seed, epoch, leaf, blk))
             ok = worst <= 0
+            why = ""
             if not ok:
                 parted.add(leaf.path)
+                head = B.head(leaf, cfg.pop)
+                why = _noise_cause(R, cfg, seed, epoch, leaf, side.dense_noise(seed, epoch, leaf, head), head)
             rows.append(Row("noise", f"{q}: max (|port - ref| - bound)", worst,
-                            "<= 0 (2 gamma_r |A||B|^T; param leaves exact)", "pass" if ok else "fail",
-                            "" if ok else _noise_cause(R, cfg, seed, epoch, leaf, port)))
+                            "<= 0 (2 gamma_r |A||B|^T; param leaves exact)" + B.skipped_words(done, every),
+                            "pass" if ok else "fail", why))
     return rows, parted
 
 
@@ -251,12 +266,12 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
             rows.append(Row("gradients", q, float(diff.max()), "== 0 (no update)", "pass" if ok else "fail",
                             "" if ok else f"{leaf.path} gets an update the reference never gives it"))
             continue
-        w = np.abs(shaped).astype(np.float64).reshape((-1,) + (1,) * len(leaf.shape))     # |f_n|, broadcast
+        w = np.abs(shaped).astype(np.float64)                                  # |f_n|
         if leaf.cls == "param":     # mean_n f_n eps_n: N products and sums, one rounding each, both sides
-            bound = 2 * gamma(cfg.pop + 2) * np.mean(w * np.abs(R.dense_noise(cfg, seed, 0, leaf)), 0)
+            bound = 2 * gamma(cfg.pop + 2) * B.mean_abs(leaf, reference_magnitude(R, cfg, seed, 0, leaf), w)
         else:                       # einsum over N members and r columns, then / N: gamma_{N r + 3} per side
             g = gamma(cfg.pop * cfg.rank + 3)                           # the reference's with TF32 operands if any
-            bound = (g + with_operands(g, 2, u)) * np.mean(w * R.factors_abs_product(cfg, seed, 0, leaf), 0)
+            bound = (g + with_operands(g, 2, u)) * B.mean_abs(leaf, reference_magnitude(R, cfg, seed, 0, leaf), w)
         witness(f"{leaf.path} ({leaf.cls})", port, port[leaf.path], ref[leaf.path], bound,
                 "both sides' float32 einsum/mean bounds", (leaf.path,))
         ratio = float(np.max(diff / np.maximum(bound, 1e-30)))
@@ -455,23 +470,26 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     params = fresh_params(R, cfg, seed, rng)
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     new, g = side.update(seed, 0, params, shaped)
-    ref = R.update(cfg, params, g)
+    ref = reference_update(R, cfg, params, g)
     step = math.sqrt(cfg.pop) * cfg.lr
     rows = []
     for leaf in cfg.tree.leaves:
         p = leaf.path
-        moved = np.abs(new[p].astype(np.float64) - params[p])
         if not ref_perturbs(cfg, leaf):
-            witness(f"{p} ({leaf.cls})", new, new[p], params[p], 0.0, "exact: the reference never updates this leaf",
-                    (p,))
-            ok = not np.any(moved)
-            rows.append(Row("updates", f"{p} ({leaf.cls}): max |new - old|", float(moved.max()), "== 0 (not updated)",
+            moved = B.flat_max(lambda n, o: np.abs(n.astype(np.float64) - o), new[p], params[p])
+            ok = moved == 0
+            if not ok:              # the port's one update call shows it: its repro (a leaf-sized comparison)
+                witness(f"{p} ({leaf.cls})", new, new[p], params[p], 0.0,
+                        "exact: the reference never updates this leaf", (p,))
+            rows.append(Row("updates", f"{p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
                             "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated")))
             continue
-        bound = 2 * update_bound(ref[p], step * g[p].astype(np.float64))
-        witness(f"{p} ({leaf.cls})", new, new[p], ref[p], bound, "both sides' update_bound of optax.sgd(lr) on "
-                "-(g sqrt(N)) from the same params, g the port's own gradient", (p,))
-        ratio = float(np.max(np.abs(new[p].astype(np.float64) - ref[p]) / np.maximum(bound, 1e-30)))
+        ratio = B.flat_max(lambda n, x, gp: np.abs(n.astype(np.float64) - x) / np.maximum(
+            2 * update_bound(x, step * gp.astype(np.float64)), 1e-30), new[p], ref[p], g[p])
+        if ratio > 1:
+            witness(f"{p} ({leaf.cls})", new, new[p], ref[p], 2 * update_bound(ref[p], step * g[p].astype(np.float64)),
+                    "both sides' update_bound of optax.sgd(lr) on -(g sqrt(N)) from the same params, g the port's own "
+                    "gradient", (p,))
         ok = ratio <= 1
         rows.append(Row("updates", f"{p} ({leaf.cls}): max |port - ref| / bound", ratio,
                         "<= 1 (u |p'| + gamma_24 |lr sqrt(N) g|, both sides)", "pass" if ok else "fail",

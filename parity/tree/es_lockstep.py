@@ -27,9 +27,11 @@ import numpy as np
 
 from parity.core import diagnose
 from parity.core.tolerances import gamma, update_bound
-from parity.tree.base import (Row, fitness_text, fresh_params, pairing_text, ref_perturbs, shaping_pair_bound,
-                              step_text, unchanged_cause)
-from parity.tree.dist import asked_rows, dense64, estimate, magnitude, unperturbed_row
+from parity.tree import blocks as B
+from parity.tree.base import (Row, fitness_text, fresh_params, noise_excess, pairing_text, ref_perturbs,
+                              reference_magnitude, reference_update, shaping_pair_bound, step_text,
+                              unchanged_cause)
+from parity.tree.dist import asked_rows, estimate, unperturbed_row
 from parity.tree.numpy_reference import true_epoch
 
 MAX_EPOCHS = 7
@@ -56,19 +58,20 @@ def synthetic_scores(cfg, seed: int) -> list[np.ndarray]:
             for _ in range(epochs(cfg))]
 
 
-def drive(side, cfg, seed: int, params0: dict) -> tuple[dict, list[dict]]:
-    """The port's own loop from params0: (es_params right after es_init, [{epoch, noise, scores, before, after}])."""
+def drive(side, cfg, seed: int, params0: dict):
+    """The port's own loop from params0, one epoch at a time: yields es_params right after es_init, then
+    {epoch, noise, scores, before, after} per epoch. Lazy, so that only the epoch being judged holds its params
+    (two copies of the tree, not one per epoch)."""
     port = side.port
     state = port.es_init(params0, seed)
-    before = start = port.es_params(state)
-    run = []
+    before = port.es_params(state)
+    yield before
     for epoch, f in enumerate(synthetic_scores(cfg, seed)):
         noise = port.es_ask(state, epoch)
         state = port.es_tell(state, noise, f, epoch)
         after = port.es_params(state)
-        run.append({"epoch": epoch, "noise": noise, "scores": f, "before": before, "after": after})
+        yield {"epoch": epoch, "noise": noise, "scores": f, "before": before, "after": after}
         before = after
-    return start, run
 
 
 # ----------------------------------------------------------------------------- noise
@@ -79,17 +82,18 @@ def _fit_scale(port: np.ndarray, ref: np.ndarray) -> float | None:
     return c if np.allclose(p, c * r, rtol=1e-4, atol=1e-7 * float(np.abs(p).max() + 1e-300)) else None
 
 
-def _asked_cause(R, cfg, seed: int, epoch: int, leaf, port: np.ndarray) -> str:
+def _asked_cause(R, cfg, seed: int, epoch: int, leaf, port: np.ndarray, block) -> str:
     """Why es_ask's noise of a leaf at epoch differs from the reference's draws there: another generation
-    (`noise_reuse`), the same draws at another scale (`sigma_decay`), the pairing, or none of these."""
+    (`noise_reuse`), the same draws at another scale (`sigma_decay`), the pairing, or none of these; port is the
+    perturbation in one block (parity.tree.blocks.head: every member; the whole leaf when it fits)."""
     gen = true_epoch(epoch, cfg.noise_reuse)
     for other in range(epochs(cfg) + 1):
-        alt = R.dense_noise(generations(cfg), seed, other, leaf)
+        alt = R.dense_noise(generations(cfg), seed, other, leaf, block=block)
         if other != gen and np.allclose(port, alt, rtol=0, atol=1e-6 * max(1.0, float(np.abs(alt).max()))):
             return diagnose.cause("noise_reuse", f"es_ask's noise of {leaf.path} at epoch {epoch} is the reference's "
                                                  f"generation {other}; with noise_reuse {cfg.noise_reuse} the "
                                                  f"reference draws generation {gen}").text
-    c = _fit_scale(port, R.dense_noise(cfg, seed, epoch, leaf))
+    c = _fit_scale(port, R.dense_noise(cfg, seed, epoch, leaf, block=block))
     if c is not None and epoch > 0 and abs(c - 1) > 1e-3:
         return diagnose.sigma_schedule_cause(epoch, c, 1.0).text
     return pairing_text(leaf, port) or f"{leaf.path}: es_ask's noise at epoch {epoch} is not the reference's draws"
@@ -108,13 +112,15 @@ def _exact_noise_rows(R, cfg, seed: int, step: dict) -> list[Row]:
                             f"{leaf.path}: the port's training loop (es_ask) does not perturb it; the reference "
                             f"perturbs {leaf.cls} leaves"))
             continue
-        port = dense64(leaf, value)
-        bound = 0.0 if leaf.cls == "param" else 2 * gamma(cfg.rank) * R.factors_abs_product(cfg, seed, e, leaf)
-        worst = float(np.max(np.abs(port - R.dense_noise(cfg, seed, e, leaf)) - bound))
+        worst, done, every = noise_excess(R, cfg, seed, e, leaf, value,
+                                          lambda blk: B.dense_block(leaf, value, blk, np.float64))
+        why = ""
+        if worst > 0:
+            head = B.head(leaf, cfg.pop)
+            why = _asked_cause(R, cfg, seed, e, leaf, B.dense_block(leaf, value, head, np.float64), head)
         rows.append(Row("trajectory", f"{q}: max (|port - ref| - bound)", worst,
-                        "<= 0 (the reference's draws at true_epoch(e, noise_reuse); 2 gamma_r |A||B|^T)",
-                        "pass" if worst <= 0 else "fail", "" if worst <= 0 else _asked_cause(R, cfg, seed, e, leaf,
-                                                                                            port)))
+                        "<= 0 (the reference's draws at true_epoch(e, noise_reuse); 2 gamma_r |A||B|^T)" +
+                        B.skipped_words(done, every), "pass" if worst <= 0 else "fail", why))
     return rows
 
 
@@ -131,15 +137,20 @@ def _dist_noise_rows(cfg, step: dict, before: dict | None) -> list[Row]:
             rows.append(Row("trajectory", f"{q}: perturbed", 0.0, "perturbed as the reference", "fail",
                             f"{leaf.path}: the port's training loop (es_ask) does not perturb it"))
         elif before is not None and before.get(leaf.path) is not None:
-            rows.append(_reuse_row(cfg, leaf, e, dense64(leaf, before[leaf.path]), dense64(leaf, value), same_gen))
+            rows.append(_reuse_row(cfg, leaf, e, before[leaf.path], value, same_gen))
     return rows
 
 
-def _reuse_row(cfg, leaf, e: int, prev: np.ndarray, cur: np.ndarray, same_gen: bool) -> Row:
-    same = bool(np.array_equal(prev, cur))
+def _reuse_row(cfg, leaf, e: int, prev, cur, same_gen: bool) -> Row:
+    """Epochs e - 1 and e's es_ask noise of a leaf (protocol values) drawn alike exactly when the reference's
+    generations are alike (blocks.equal_dense: the perturbations bit for bit); a same-generation pair that differs by
+    one factor, fitted on every member's first rows and slices (blocks.head), names `sigma_decay`."""
+    same = B.equal_dense(leaf, cfg.pop, prev, cur)
     why = ""
     if same != same_gen:
-        c = _fit_scale(cur, prev) if same_gen else None
+        head = B.head(leaf, cfg.pop)
+        c = _fit_scale(B.dense_block(leaf, cur, head, np.float64), B.dense_block(leaf, prev, head, np.float64)) \
+            if same_gen else None
         why = diagnose.sigma_schedule_cause(e, c, 1.0, since=e - 1).text if c is not None else diagnose.cause(
             "noise_reuse", f"es_ask's noise of {leaf.path} at epochs {e - 1} and {e} is "
                            f"{'the same' if same else 'different'}; with noise_reuse {cfg.noise_reuse} the reference "
@@ -161,22 +172,22 @@ def _shaping_row(R, side, cfg, step: dict) -> Row:
 
 
 def _reference_step(R, cfg, seed: int, step: dict, exact: bool) -> tuple[dict, dict, dict]:
-    """(the reference's gradient per leaf, its new params, {path: (|noise| per member, float32 roundings)}) for one
-    epoch: its own draws (exact) or the port's es_ask noise, on the port's params before the step."""
+    """(the reference's gradient per leaf, its new params, {path: (|noise| per member as a blocks.Magnitude, float32
+    roundings)}) for one epoch: its own draws (exact) or the port's es_ask noise, on the port's params before the
+    step."""
     shaped = R.shape(cfg, step["scores"])
     perturbed = [leaf for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)]
+    rounds = {leaf.path: cfg.pop * cfg.rank + 3 if leaf.cls in ("mm", "tmm") else cfg.pop + 2 for leaf in perturbed}
     if exact:
         grads = R.grads(cfg, seed, step["epoch"], shaped)
-        mags = {leaf.path: ((np.abs(R.dense_noise(cfg, seed, step["epoch"], leaf)), cfg.pop + 2) if leaf.cls == "param"
-                            else (R.factors_abs_product(cfg, seed, step["epoch"], leaf), cfg.pop * cfg.rank + 3))
+        mags = {leaf.path: (reference_magnitude(R, cfg, seed, step["epoch"], leaf), rounds[leaf.path])
                 for leaf in perturbed}
     else:
         value = step["noise"]
         grads = {leaf.path: (estimate(leaf, value[leaf.path], shaped).astype(np.float32) if leaf in perturbed
                              else np.zeros(leaf.shape, np.float32)) for leaf in cfg.tree.leaves}
-        mags = {leaf.path: (magnitude(leaf, value[leaf.path]),
-                            cfg.pop * cfg.rank + 3 if leaf.cls in ("mm", "tmm") else cfg.pop + 2) for leaf in perturbed}
-    return grads, R.update(cfg, step["before"], grads), mags
+        mags = {leaf.path: (B.magnitude_of(value[leaf.path]), rounds[leaf.path]) for leaf in perturbed}
+    return grads, reference_update(R, cfg, step["before"], grads), mags
 
 
 def _step_rows(R, cfg, seed: int, step: dict, exact: bool) -> list[Row]:
@@ -189,15 +200,16 @@ def _step_rows(R, cfg, seed: int, step: dict, exact: bool) -> list[Row]:
     for leaf in cfg.tree.leaves:
         p, before, after = leaf.path, step["before"][leaf.path], step["after"][leaf.path]
         if p not in mags:
-            moved = float(np.max(np.abs(after.astype(np.float64) - before)))
+            moved = B.flat_max(lambda a, b: np.abs(a.astype(np.float64) - b), after, before)
             rows.append(Row("trajectory", f"epoch {e}: {p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
                             "pass" if moved == 0 else "fail",
                             "" if moved == 0 else unchanged_cause(cfg, leaf, "updated")))
             continue
         mag, n_round = mags[p]
-        g_bound = np.mean((2 * gamma(n_round) * f_abs + f_err).reshape((-1,) + (1,) * len(leaf.shape)) * mag, 0)
-        bound = lr_step * g_bound + 2 * update_bound(expected[p], lr_step * grads[p].astype(np.float64))
-        ratio = float(np.max(np.abs(after.astype(np.float64) - expected[p]) / np.maximum(bound, 1e-30)))
+        g_bound = B.mean_abs(leaf, mag, 2 * gamma(n_round) * f_abs + f_err)
+        ratio = B.flat_max(lambda a, x, g, gb: np.abs(a.astype(np.float64) - x) / np.maximum(
+            lr_step * gb + 2 * update_bound(x, lr_step * g.astype(np.float64)), 1e-30), after, expected[p], grads[p],
+            g_bound)
         rows.append(Row("trajectory", f"epoch {e}: {p} ({leaf.cls}) params after es_tell, max |port - ref| / bound",
                         ratio, "<= 1 (lr sqrt(N) x the gradient's bound + update_bound, both sides)",
                         "pass" if ratio <= 1 else "fail",
@@ -229,23 +241,27 @@ def _step_cause(cfg, step: dict, grads: dict, expected: dict, paths: list[str], 
 def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
     """Every epoch of the port's own loop on synthetic fitness, judged in turn (the module docstring)."""
     params0 = fresh_params(R, cfg, seed, np.random.default_rng([seed, STREAM_PARAMS]))
-    start, run = drive(side, cfg, seed, params0)
+    run = drive(side, cfg, seed, params0)
+    start = next(run)
     moved = max(float(np.max(np.abs(start[p].astype(np.float64) - params0[p]))) for p in params0)
     rows = [Row("trajectory", "es_init: max |es_params - the params given|", moved, "== 0 (es_init keeps them)",
                 "pass" if moved == 0 else "fail", "" if moved == 0 else "es_init changes the params it is given")]
-    previous = None
-    for step in run:
-        got = _exact_noise_rows(R, cfg, seed, step) if exact else _dist_noise_rows(cfg, step, previous)
+    del start, params0
+    previous, asked, failed = None, [], False
+    for step in run:             # every epoch is driven (the port's calls as without a failure); judged until one fails
+        asked.append(step["noise"])
+        if not failed:
+            got = _exact_noise_rows(R, cfg, seed, step) if exact else _dist_noise_rows(cfg, step, previous)
+            if not any(r.verdict == "fail" for r in got):
+                got.append(_shaping_row(R, side, cfg, step))
+            if not any(r.verdict == "fail" for r in got):
+                got += _step_rows(R, cfg, seed, step, exact)
+            rows += got
+            failed = any(r.verdict == "fail" for r in rows)
         previous = step["noise"]
-        if not any(r.verdict == "fail" for r in got):
-            got.append(_shaping_row(R, side, cfg, step))
-        if not any(r.verdict == "fail" for r in got):
-            got += _step_rows(R, cfg, seed, step, exact)
-        rows += got
-        if any(r.verdict == "fail" for r in rows):
-            break
+        del step
     if not exact:
-        rows += asked_rows(cfg, [step["noise"] for step in run])
+        rows += asked_rows(cfg, asked)
     return rows
 
 

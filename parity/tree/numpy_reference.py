@@ -191,17 +191,35 @@ class NumpyTreeReference:
     def _z(self, cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str) -> np.ndarray:
         return self.draws(cfg, seed, epoch, leaf, "faithful" if variant == "tmm_transposed" else variant)
 
-    def dense_noise(self, cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful") -> np.ndarray:
-        """(pop, *shape) float32: each member's perturbation of one leaf (tree_reference.dense_noise)."""
-        return noise64(cfg, leaf, self._z(cfg, seed, epoch, leaf, variant), variant).astype(F32)
+    def leaf_noise(self, cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful"):
+        """Every member's noise of one leaf in the protocol's form, float32 (tree_reference.leaf_noise): the
+        factors (A, B) or eps."""
+        z = self._z(cfg, seed, epoch, leaf, variant)
+        if leaf.cls in ("mm", "tmm"):
+            A, B = factors(cfg, leaf, z, variant)
+            return (B, A) if variant == "tmm_transposed" else (A, B)
+        return eps_noise(cfg, z)
 
-    def factors_abs_product(self, cfg: LMConfig, seed: int, epoch: int, leaf: Leaf) -> np.ndarray:
-        """(pop, *shape) float64 |A| |B|^T per member, as the reference forms it: float64 draws times the float32
-        sigma / sqrt(r), unrounded."""
+    def dense_noise(self, cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful",
+                    block=None) -> np.ndarray:
+        """(pop, *shape) float32: each member's perturbation of one leaf (tree_reference.dense_noise), A B^T in
+        float64 rounded once; `block` (a parity.tree.blocks.Block): only that block."""
+        from parity.tree import blocks
+        value = self.leaf_noise(cfg, seed, epoch, leaf, variant)
+        return blocks.dense_block(leaf, value, block, np.float64 if leaf.cls in ("mm", "tmm") else None).astype(F32)
+
+    def abs_factors(self, cfg: LMConfig, seed: int, epoch: int, leaf: Leaf) -> tuple[np.ndarray, np.ndarray]:
+        """(|A|, |B|) per member, float64, as the reference forms them: float64 draws times the float32
+        sigma / sqrt(r), unrounded (tree_reference.abs_factors)."""
         _check_layout(leaf)
         b = leaf.slice_shape[1]
         z = np.repeat(np.asarray(self._z(cfg, seed, epoch, leaf, "faithful"), np.float64), 2, axis=0)
-        return _outer(np.abs(z[..., b:, :] * float(lowrank_scale(cfg))), np.abs(z[..., :b, :]))
+        return np.abs(z[..., b:, :] * float(lowrank_scale(cfg))), np.abs(z[..., :b, :])
+
+    def factors_abs_product(self, cfg: LMConfig, seed: int, epoch: int, leaf: Leaf, block=None) -> np.ndarray:
+        """(pop, *shape) float64 |A| |B|^T per member (abs_factors'); `block`: only that block."""
+        from parity.tree import blocks
+        return blocks.dense_block(leaf, self.abs_factors(cfg, seed, epoch, leaf), block)
 
     def noise64(self, cfg: LMConfig, seed: int, epoch: int) -> dict[str, np.ndarray]:
         """{path: (pop, *shape) float64} of every leaf the reference perturbs."""
@@ -209,11 +227,13 @@ class NumpyTreeReference:
                 for leaf in cfg.tree.leaves if perturbs(cfg, leaf)}
 
     def grads(self, cfg: LMConfig, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarray]:
-        """The noiser's g per leaf: einsum(f A, B) / N (param: mean(f eps)); zero where it perturbs nothing."""
+        """The noiser's g per leaf: einsum(f A, B) / N in float64 on the float32 factors, one matmul of them
+        (parity.tree.blocks.weighted_sum: no (pop, *shape) array), param mean(f eps); rounded once to float32; zero
+        where it perturbs nothing."""
+        from parity.tree import blocks
         f = np.asarray(shaped, F32).astype(np.float64)
-        noise = self.noise64(cfg, seed, epoch)
-        return {leaf.path: (np.tensordot(f, noise[leaf.path], axes=1) / f.size).astype(F32) if leaf.path in noise
-                else np.zeros(leaf.shape, F32) for leaf in cfg.tree.leaves}
+        return {leaf.path: (blocks.weighted_sum(leaf, self.leaf_noise(cfg, seed, epoch, leaf), f) / f.size).astype(F32)
+                if perturbs(cfg, leaf) else np.zeros(leaf.shape, F32) for leaf in cfg.tree.leaves}
 
     def scores(self, cfg: LMConfig, seed: int, params: dict, epoch: int, tokens: np.ndarray, noise: bool):
         """(scores (m,), intermediates) of members 0..m-1 on tokens (m, T + 1), each with its own noise at epoch

@@ -29,6 +29,24 @@ def protocol_noise(noise: TreeNoise, tree) -> dict:
     return out
 
 
+def _grouped(t: torch.Tensor, leaf: Leaf) -> torch.Tensor:
+    """(m, *stack, *rest) stack-first -> (m, S, *rest) (a scalar slice gets a unit row axis)."""
+    rest = t.shape[1 + len(leaf.stack_shape):]
+    return t.reshape(t.shape[0], leaf.n_slices, *(rest or (1,)))
+
+
+def _dense_block(noise: TreeNoise, leaf: Leaf, role: LeafRole, block) -> torch.Tensor:
+    """One block of the per-member noise's perturbation at the stored slice layout (lowrank_dense's product, on the
+    block's rows: A's rows, or B's where the role factors the slice transposed), or eps."""
+    m, s, rows = block
+    if role.kind == "param":
+        return _grouped(noise.eps[leaf.path], leaf)[m, s][:, :, rows]
+    A, B = (_grouped(t, leaf)[m, s] for t in (noise.A[leaf.path], noise.B[leaf.path]))
+    if role.transposed:                                  # stored = (A @ B^T)^T: the stored rows are B's
+        return (A @ B[:, :, rows].transpose(-1, -2)).transpose(-1, -2)
+    return A[:, :, rows] @ B.transpose(-1, -2)
+
+
 class TorchTree:
     """One configured torch side: init, dense noise per leaf, shaping, scores and gradients."""
 
@@ -68,13 +86,17 @@ class TorchTree:
         """One leaf's noise in the protocol's form ((A, B) or eps), or None when this side does not perturb it."""
         return self.protocol(seed, epoch).get(leaf.path)
 
-    def dense_noise(self, seed: int, epoch: int, leaf: Leaf) -> np.ndarray | None:
-        """(pop, *shape) perturbation of one leaf, or None when this side does not perturb it."""
+    def dense_noise(self, seed: int, epoch: int, leaf: Leaf, block=None) -> np.ndarray | None:
+        """(pop, *shape) perturbation of one leaf, or None when this side does not perturb it; `block` (a
+        parity.tree.blocks.Block): only that block, (members, slices, rows, *rest), from the block's factors."""
         noise = self.noise(seed, epoch)
-        if noise.roles[leaf.path].kind == "none":
+        role = noise.roles[leaf.path]
+        if role.kind == "none":
             return None
         with torch.inference_mode():
-            return _np(dense(noise, leaf))
+            if block is None:
+                return _np(dense(noise, leaf))
+            return _np(_dense_block(per_member(noise), leaf, role, block))
 
     def shape(self, f: np.ndarray) -> np.ndarray:
         return _np(self.es.shaping(self._t(np.asarray(f, np.float32))))
