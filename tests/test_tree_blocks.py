@@ -157,7 +157,7 @@ def rows_of(port, seed: int, budget: int, monkeypatch):
 def test_the_example_passes_every_check_in_small_blocks(port, monkeypatch):
     rows = rows_of(port, 3, 64, monkeypatch)
     assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
-    assert {r.check for r in rows if r.verdict != "skip"} == set(tree_check.CHECKS) - {"forward"}
+    assert {r.check for r in rows if r.verdict != "skip"} == set(tree_check.CHECKS)
     assert any("blocks of 64 entries formed" in r.allowed for r in rows if r.check in ("noise", "trajectory"))
 
 
