@@ -91,26 +91,9 @@ def _ratio(y: np.ndarray, want: np.ndarray, bound: np.ndarray) -> float:
     return float(np.max(np.abs(y - want) / np.maximum(bound, 1e-300))) if y.size else 0.0
 
 
-def _judged(layer: Layer, x: np.ndarray, y: np.ndarray, m: int) -> tuple[float, Layout | None, tuple | None]:
-    """(the best ratio over the member layouts, that layout, (xm, ym, base, low, bound) under it)."""
-    best = (np.inf, None, None)
-    for lay in layouts(x.shape, m):
-        try:
-            xm, ym = lay.gather(x), lay.gather(y)
-        except ValueError:
-            continue
-        base, low, bound = layer.parts(xm)
-        if ym.shape != base.shape:
-            continue
-        ratio = _ratio(ym, base + low + layer.bias, bound)
-        if ratio < best[0]:
-            best = (ratio, lay, (xm, ym, base, low, bound))
-    return best
-
-
-def diagnosis(layer: Layer, x: np.ndarray, y: np.ndarray, m: int, scales: dict[str, float]) -> str:
-    """How a layer's output departs from x (W + A B^T)^T + b: the first known mistake that reproduces it within the
-    bound under some layout of the members, else that it differs."""
+def gathered(layer: Layer, x: np.ndarray, y: np.ndarray, m: int):
+    """For each layout the members may have in x and y: (layout, xm, ym, x W^T, the low-rank term, the bound), all
+    (m, rows, features)."""
     for lay in layouts(x.shape, m):
         try:
             xm, ym = lay.gather(x), lay.gather(y)
@@ -118,9 +101,22 @@ def diagnosis(layer: Layer, x: np.ndarray, y: np.ndarray, m: int, scales: dict[s
             continue
         base, low, bound = layer.parts(xm)
         if ym.shape == base.shape:
-            found = _mistake(layer, xm, ym, base, low, bound, scales)
-            if found:
-                return found
+            yield lay, xm, ym, base, low, bound
+
+
+def _judged(layer: Layer, x: np.ndarray, y: np.ndarray, m: int) -> tuple[float, Layout | None]:
+    """(the best ratio over the member layouts, that layout)."""
+    return min(((_ratio(ym, base + low + layer.bias, bound), lay) for lay, _, ym, base, low, bound in
+                gathered(layer, x, y, m)), key=lambda t: t[0], default=(np.inf, None))
+
+
+def diagnosis(layer: Layer, x: np.ndarray, y: np.ndarray, m: int, scales: dict[str, float]) -> str:
+    """How a layer's output departs from x (W + A B^T)^T + b: the first known mistake that reproduces it within the
+    bound under some layout of the members, else that it differs."""
+    for _, xm, ym, base, low, bound in gathered(layer, x, y, m):
+        found = _mistake(layer, xm, ym, base, low, bound, scales)
+        if found:
+            return found
     form = "x (W + A B^T)^T" if layer.cls == "mm" else "x (W + A B^T)"
     return f"differs from {form} + b per member"
 
@@ -200,7 +196,7 @@ def _layer_row(layer: Layer, plain_layer: Layer, calls: list, zero_calls: list, 
                        f"{layer.path}: its module does not compute x W^T + b of its input even with every "
                        f"perturbation zero (input {x.shape}): not a plain linear layer; the forward check judges it")
     worst = max(((_judged(layer, x, y, m), x, y) for _, x, y in calls if x is not None), key=lambda t: t[0][0])
-    (ratio, lay, _), x, y = worst
+    (ratio, lay), x, y = worst
     shape = f"input {tuple(x.shape)}, {x.ndim}-D" + (f", {lay.words}" if lay is not None else "")
     if lay is None:
         return Row("products", f"{q} (input {tuple(x.shape)})", float("nan"), "-", "skip",
