@@ -142,7 +142,7 @@ class GPTAdapter:
         return torch.randint(0, model.vocab, (2, min(model.block_size, 16)), generator=gen).numpy()
 
     def population_forward(self, params, noise, batch):
-        """EggrollGPT.logits on the members' noise: (m, 2, block_size, vocab)."""
+        """EggrollGPT.logits on the members' noise: (m, 2, T, vocab)."""
         with torch.inference_mode():
             noise = self._from_protocol(noise)
             m = next(iter({**noise.A, **noise.eps}.values())).shape[0]

@@ -51,9 +51,11 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from parity.core.tolerances import U32
-from parity.tree.adapter import dense_of
+from parity.core.optscale import named_scales as gradient_scales
+from parity.core.port import PortError
 from parity.tree import hooks
 from parity.tree.base import Row
+from parity.tree.dist import dense64
 from spec.tree import Leaf, slice_index
 
 FORWARD_SPREAD = 32      # allowance in units of the plain forward's own float32 rounding (the docstring: why)
@@ -123,10 +125,9 @@ def restrict(noise: dict, units) -> dict:
 
 
 def perturbation(leaf: Leaf, value, row: int) -> np.ndarray:
-    """Member `row`'s perturbation of one leaf at its stored shape, float64 (A B^T per slice from float32 factors)."""
-    if isinstance(value, tuple):
-        return dense_of(leaf, tuple(np.asarray(t[row:row + 1], np.float64) for t in value))[0]
-    return np.asarray(value[row], np.float64)
+    """Member `row`'s perturbation of one leaf at its stored shape, float64 (parity.tree.dist.dense64 of its row)."""
+    one = tuple(t[row:row + 1] for t in value) if isinstance(value, tuple) else value[row:row + 1]
+    return dense64(leaf, one)[0]
 
 
 def point(params: dict, tree, noise: dict, row: int, extra: dict | None = None) -> dict:
@@ -195,7 +196,6 @@ class Judge:
         y32 = self.port.plain_forward(at32, batch)
         del at32
         if y32.shape != y64.shape:
-            from parity.core.port import PortError
             raise PortError("plain_forward", f"returned shape {y64.shape} for float64 parameters and {y32.shape} for "
                                              f"float32 ones")
         scale = float(np.max(np.abs(y64))) if y64.size else 0.0
@@ -209,7 +209,6 @@ class Judge:
 
     def ratio(self, out: np.ndarray, plain: Plain) -> float:
         if out.shape != plain.value.shape:
-            from parity.core.port import PortError
             raise PortError("population_forward", f"a member's outputs have shape {out.shape}; the plain forward's "
                                                   f"are {plain.value.shape}")
         return float(np.max(np.abs(out.astype(np.float64) - plain.value)) / plain.bound) if out.size else 0.0
@@ -379,14 +378,11 @@ def localise(judge: Judge, failure, side) -> Found:
                  (judge.params, restricted, case.batch), out, plain)
 
 
-SCALES = {"2": 2.0, "1/2": 0.5, "-1 (the opposite sign)": -1.0, "sqrt(2)": math.sqrt(2), "1/sqrt(2)": 1 / math.sqrt(2)}
-
-
 def named_scales(cfg) -> dict[str, float]:
-    """The factors a perturbation's scale is read as, in the run's sigma and rank."""
-    out = dict(SCALES)
-    out.update({"sqrt(r)": math.sqrt(cfg.rank), "1/sqrt(r)": 1 / math.sqrt(cfg.rank), "sigma": cfg.sigma,
-                "1/sigma": 1 / cfg.sigma, "r": float(cfg.rank), "1/r": 1 / cfg.rank})
+    """The factors a perturbation's scale is read as: the gradient's vocabulary (parity.core.optscale, in sigma, N and
+    r) and the ones a perturbation has besides (the opposite sign, sqrt(2), r)."""
+    out = {**gradient_scales(cfg.sigma, cfg.pop, cfg.rank), "-1 (the opposite sign)": -1.0, "sqrt(2)": math.sqrt(2),
+           "1/sqrt(2)": 1 / math.sqrt(2), "r": float(cfg.rank), "1/r": 1 / cfg.rank}
     return {k: v for k, v in out.items() if abs(v - 1) > 1e-9}
 
 

@@ -96,7 +96,8 @@ def first_nondeterministic(side, params: dict, noise: dict, batch) -> str:
 
     import torch
     handles = [mod.register_forward_pre_hook(training(name)) for name, mod in module.named_modules()
-               if isinstance(mod, torch.nn.modules.dropout._DropoutNd)]
+               if isinstance(mod, (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
+                                   torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout))]
     try:
         for _ in range(2):
             with capturing(module, list(leaf_of)) as calls:

@@ -155,18 +155,18 @@ def check_layers(side, cfg, seed: int) -> list[Row]:
     m = len(members)
     leaves = [leaf for leaf in cfg.tree.of_class("mm", "tmm") if owner_name(module, leaf.path) is not None]
     owners = {leaf.path: owner_name(module, leaf.path) for leaf in leaves}
+    zero = restrict(noise, [])
     captured = {}
-    for label, given in (("noise", noise), ("zero", restrict(noise, []))):
+    for label, given in (("noise", noise), ("zero", zero)):
         with capturing(module, owners.values()) as calls:
             population(side, params, given, batch)
         captured[label] = calls
-    rows = []
+    scales, rows = named_scales(cfg), []
     for leaf in leaves:
         layer = _layer(cfg.tree, leaf, owners[leaf.path], params, noise, m)
-        zero = restrict(noise, [])
         plain_layer = _layer(cfg.tree, leaf, owners[leaf.path], params, zero, m)
         rows.append(_layer_row(layer, plain_layer, [c for c in captured["noise"] if c[0] == owners[leaf.path]],
-                               [c for c in captured["zero"] if c[0] == owners[leaf.path]], m, named_scales(cfg)))
+                               [c for c in captured["zero"] if c[0] == owners[leaf.path]], m, scales))
     return rows
 
 
