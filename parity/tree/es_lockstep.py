@@ -13,10 +13,13 @@ own; each epoch is judged on its own against one reference step from the port's 
 - step: es_params after es_tell against the reference's optax-sgd step (R.update) from the params before it, on the
   reference's estimate from the same scores (shaped by the reference; its own draws, or the port's es_ask noise),
   within lr sqrt(N) times the gradient's bound (both sides' einsum bounds, 2 gamma_n |f| |noise| averaged, plus the
-  shaping error shaping_pair_bound times |noise|) plus both sides' update_bound. Named at the first epoch by
+  shaping error shaping_pair_bound times |noise|) plus base.leaf_step_bound (parity.core.tolerances.step_bound: the
+  step added once or in up to N per-member adds into the weights, on the noise's own magnitude). Named at the first epoch by
   parity.tree.check.step_text (optax sgd, adam or adamw up to a gradient scale: knob `optimizer`, or the scale);
   later, a step along the reference's at a steady factor per epoch names `lr_decay`.
 - untouched leaves (those the reference never perturbs: embedding, excluded, frozen params): given back bit for bit.
+- zero fitness: one more es_tell on zero scores from es_init must give the params back bit for bit (its step is
+  exactly zero in any order); rounding-sized moves name an in-place perturb and restore, in every failing step row.
 The first epoch with a failing row ends the check: what follows from it is not judged.
 """
 from __future__ import annotations
@@ -26,11 +29,11 @@ import math
 import numpy as np
 
 from parity.core import diagnose
-from parity.core.tolerances import gamma, update_bound
+from parity.core.tolerances import gamma
 from parity.tree import blocks as B
-from parity.tree.base import (Row, fitness_text, fresh_params, noise_excess, pairing_text, ref_perturbs,
-                              reference_magnitude, reference_update, shaping_pair_bound, step_text,
-                              unchanged_cause)
+from parity.tree.base import (IN_PLACE, Row, fitness_text, fresh_params, leaf_step_bound, noise_excess, pairing_text,
+                              ref_perturbs, reference_magnitude, reference_update, shaping_pair_bound, step_text,
+                              unchanged_cause, zero_step_row)
 from parity.tree.dist import asked_rows, estimate, unperturbed_row
 from parity.tree.numpy_reference import true_epoch
 
@@ -190,9 +193,10 @@ def _reference_step(R, cfg, seed: int, step: dict, exact: bool) -> tuple[dict, d
     return grads, reference_update(R, cfg, step["before"], grads), mags
 
 
-def _step_rows(R, cfg, seed: int, step: dict, exact: bool) -> list[Row]:
+def _step_rows(R, cfg, seed: int, step: dict, exact: bool, drift: str = "") -> list[Row]:
     """es_params after es_tell, every leaf, against one reference step from the params before it (see the module
-    docstring for the bound); the first failing leaf's cause names the optimizer, a scale or lr_decay."""
+    docstring for the bound); the first failing leaf's cause names the optimizer, a scale or lr_decay, or `drift`
+    (the zero-fitness row's in-place cause) when es_tell drifts the weights."""
     grads, expected, mags = _reference_step(R, cfg, seed, step, exact)
     f = step["scores"]
     f_abs, f_err = np.abs(R.shape(cfg, f)).astype(np.float64), shaping_pair_bound(f, cfg.group_size)
@@ -207,16 +211,17 @@ def _step_rows(R, cfg, seed: int, step: dict, exact: bool) -> list[Row]:
             continue
         mag, n_round = mags[p]
         g_bound = B.mean_abs(leaf, mag, 2 * gamma(n_round) * f_abs + f_err)
-        ratio = B.flat_max(lambda a, x, g, gb: np.abs(a.astype(np.float64) - x) / np.maximum(
-            lr_step * gb + 2 * update_bound(x, lr_step * g.astype(np.float64)), 1e-30), after, expected[p], grads[p],
-            g_bound)
+        bound = lr_step * g_bound + leaf_step_bound(cfg, leaf, before, expected[p], grads[p], mag, (f_abs + f_err) *
+                                                    (1 + 2 * gamma(cfg.rank)))
+        ratio = B.flat_max(lambda a, x, b: np.abs(a.astype(np.float64) - x) / np.maximum(b, 1e-30), after,
+                           expected[p], bound)
         rows.append(Row("trajectory", f"epoch {e}: {p} ({leaf.cls}) params after es_tell, max |port - ref| / bound",
-                        ratio, "<= 1 (lr sqrt(N) x the gradient's bound + update_bound, both sides)",
+                        ratio, "<= 1 (lr sqrt(N) x the gradient's bound + step_bound: added once or in N adds)",
                         "pass" if ratio <= 1 else "fail",
                         "" if ratio <= 1 else f"{p}: the step of es_tell at epoch {e} differs from optax.sgd(lr)"))
     failed = [r for r in rows if r.verdict == "fail" and "the step of es_tell" in r.cause]
     if failed:
-        why = _step_cause(cfg, step, grads, expected, list(mags), f"{failed[0].value:.3g} x bound")
+        why = drift or _step_cause(cfg, step, grads, expected, list(mags), f"{failed[0].value:.3g} x bound")
         rows = [r._replace(cause=f"{r.cause}; {why}") if r in failed else r for r in rows]
     return rows
 
@@ -234,18 +239,42 @@ def _step_cause(cfg, step: dict, grads: dict, expected: dict, paths: list[str], 
     if c <= 0 or cosine < 1 - 1e-6:       # the steps' float32 roundings leave a parallel step within 1e-8 of 1
         return (f"the step at epoch {step['epoch']} is not along the reference's sgd step (cosine {cosine:.6g}; "
                 f"{worst})")
+    if abs(c - 1) < 1e-6:                 # the reference's step at its own size, yet beyond the bound
+        return (f"the step at epoch {step['epoch']} is the reference's sgd step at factor {c:.8f}, yet beyond the "
+                f"bound: its rounding exceeds even the per-member summation bound (N adds into the weights); "
+                f"something else moves the params by rounding-sized amounts ({worst})")
     return diagnose.lr_schedule_cause({step["epoch"]: c}, 1.0).text
+
+
+def zero_fitness_row(side, cfg, seed: int, params0: dict) -> Row:
+    """es_tell at epoch 0 on zero scores from a fresh es_init(params0): the port's shaping of zeros is zero (else
+    the row is skipped), so its step is exactly zero in any order of summation and es_params must be params0 bit for
+    bit (base.zero_step_row names rounding-sized moves as an in-place perturb and restore)."""
+    zeros = np.zeros(cfg.pop, np.float32)
+    if np.any(side.shape(zeros) != 0):
+        return Row("trajectory", "es_tell: a step on zero fitness (g = 0), entries moved", float("nan"), "== 0",
+                   "skip", "the port's shape_fitness of zero scores is not zero, so its step there need not be")
+    port, before = side.port, {p: np.array(v) for p, v in params0.items()}
+    state = port.es_init(params0, seed)
+    noise = port.es_ask(state, 0)
+    after = port.es_params(port.es_tell(state, noise, zeros, 0))
+    mags = {p: B.magnitude_of(v) for p, v in noise.items()}
+    return zero_step_row(cfg, "trajectory", "es_tell", before, after, mags)
 
 
 # ----------------------------------------------------------------------------- the check
 def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
-    """Every epoch of the port's own loop on synthetic fitness, judged in turn (the module docstring)."""
+    """Every epoch of the port's own loop on synthetic fitness, judged in turn (the module docstring), and one more
+    es_tell on zero fitness (zero_fitness_row), whose in-place cause names the epochs' failing steps."""
     params0 = fresh_params(R, cfg, seed, np.random.default_rng([seed, STREAM_PARAMS]))
+    zero = zero_fitness_row(side, cfg, seed, params0)
+    drift = zero.cause if IN_PLACE in zero.cause else ""
     run = drive(side, cfg, seed, params0)
     start = next(run)
     moved = max(float(np.max(np.abs(start[p].astype(np.float64) - params0[p]))) for p in params0)
     rows = [Row("trajectory", "es_init: max |es_params - the params given|", moved, "== 0 (es_init keeps them)",
-                "pass" if moved == 0 else "fail", "" if moved == 0 else "es_init changes the params it is given")]
+                "pass" if moved == 0 else "fail", "" if moved == 0 else "es_init changes the params it is given"),
+            zero]
     del start, params0
     previous, asked, failed = None, [], False
     for step in run:             # every epoch is driven (the port's calls as without a failure); judged until one fails
@@ -255,9 +284,9 @@ def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
             if not any(r.verdict == "fail" for r in got):
                 got.append(_shaping_row(R, side, cfg, step))
             if not any(r.verdict == "fail" for r in got):
-                got += _step_rows(R, cfg, seed, step, exact)
+                got += _step_rows(R, cfg, seed, step, exact, drift)
             rows += got
-            failed = any(r.verdict == "fail" for r in rows)
+            failed = any(r.verdict == "fail" for r in rows if r is not zero)
         previous = step["noise"]
         del step
     if not exact:
