@@ -209,12 +209,14 @@ def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
                                                 f"reference's learning rate, at any gradient scale ({worst})").text
     if fit.name == "1" and fit.optimizer != "sgd":
         return diagnose.optimizer_cause(fit.optimizer, "sgd", worst).text
-    if fit.name == "1":             # the reference's own step fits, yet the step fails its bound: not a scale
+    if fit.optimizer == "sgd" and (fit.name == "1" or abs(fit.c - 1) < MATCH):   # no scale a port writes: rounding
         return diagnose.other("optimizer step", f"the port's step is optax sgd on its gradient at the reference's "
-                                                f"scale (c = 1), yet beyond the bound: its rounding exceeds even the "
-                                                f"per-member summation bound (N adds into the weights, "
-                                                f"parity.core.tolerances.step_bound), so something else moves the "
-                                                f"params by rounding-sized amounts ({worst})").text
+                                                f"scale (fitted c = {fit.c:.6g}), yet beyond the bound: its rounding "
+                                                f"exceeds even the per-member summation bound (N adds into the "
+                                                f"weights, parity.core.tolerances.step_bound): the step is formed or "
+                                                f"applied coarser than float32 in any order of summation allows (a "
+                                                f"reduced-precision format, or weights disturbed in place: see the "
+                                                f"zero-fitness row) ({worst})").text
     return diagnose.scaled_optimizer_cause(fit, "sgd", optscale.words(fit, cfg.sigma, cfg.pop), worst).text
 
 

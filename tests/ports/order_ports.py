@@ -85,3 +85,29 @@ class InPlaceRestore(GPTAdapter):
         drifted = perturb_and_restore(self.tree, {k: _np(v) for k, v in state[0].items()}, noise)
         return super().es_tell(({k: _t(v) for k, v in drifted.items()}, state[1]), noise, scores, epoch)
 
+
+
+class InPlaceForward(GPTAdapter):
+    """Planted: population_forward perturbs the params it is given in place per member (p += E_n, then p -= E_n,
+    float32, in the suite's own arrays) around the forward."""
+
+    def population_forward(self, params, noise, batch):
+        drifted = perturb_and_restore(self.tree, params, noise)
+        for k, v in drifted.items():
+            params[k][...] = v
+        return super().population_forward(params, noise, batch)
+
+
+def keep_bits(x: np.ndarray, bits: int) -> np.ndarray:
+    """float32 x rounded toward zero to `bits` mantissa bits (a step computed in a coarser format)."""
+    i = np.asarray(x, np.float32).view(np.int32)
+    return (i & np.int32(~((1 << (23 - bits)) - 1))).view(np.float32)
+
+
+class CoarseStep(GPTAdapter):
+    """Planted: update forms its step lr sqrt(N) g with 14 mantissa bits (a coarser format than float32): the step
+    is the reference's sgd at c = 1 within 1e-4, yet its rounding is beyond any float32 order of summation."""
+
+    def update(self, params, noise, shaped, sigma, lr):
+        new = super().update(params, noise, shaped, sigma, lr)
+        return {k: (params[k] + keep_bits(new[k] - params[k], 14)).astype(np.float32) for k in params}
