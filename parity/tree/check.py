@@ -481,8 +481,7 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     step, f_abs = math.sqrt(cfg.pop) * cfg.lr, np.abs(shaped).astype(np.float64)
     mags = {leaf.path: (None if side.leaf_noise(seed, 0, leaf) is None else B.magnitude_of(
         side.leaf_noise(seed, 0, leaf))) for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)}
-    zero = zero_step_row(cfg, "updates", "update", params, side.update(seed, 0, params, np.zeros_like(shaped))[0],
-                         mags)
+    zero = _zero_update_row(side, cfg, seed, params, mags)
     rows = [zero]
     for leaf in cfg.tree.leaves:
         p = leaf.path
@@ -518,6 +517,18 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
             cfg, *({p: t[p] for p in updated} for t in (params, g, new)), f"{failed[0].value:.3g} x bound")
         rows = [r._replace(cause=f"{r.cause}; {why}") if r in failed else r for r in rows]
     return rows
+
+
+def _zero_update_row(side, cfg, seed, params: dict, mags: dict) -> Row:
+    """base.zero_step_row of the side's update on zero shaped fitness; skipped where that step is not finite (a step
+    divided by the gradient's norm is 0 / 0 there: no zero step to compare)."""
+    from parity.core.port import NonFinite
+    try:
+        after = side.update(seed, 0, params, np.zeros(cfg.pop, np.float32))[0]
+    except NonFinite as e:
+        return Row("updates", "update: a step on zero fitness (g = 0), entries moved", float("nan"), "== 0", "skip",
+                   f"the port's update on zero fitness is not finite ({e}), so it has no zero step to compare")
+    return zero_step_row(cfg, "updates", "update", params, after, mags)
 
 
 def trajectory_gap(ref: dict, ref32: dict | None) -> dict | None:

@@ -250,8 +250,13 @@ def zero_fitness_row(side, cfg, seed: int, params0: dict) -> Row:
     """es_tell at epoch 0 on zero scores from a fresh es_init(params0): the port's shaping of zeros is zero (else
     the row is skipped), so its step is exactly zero in any order of summation and es_params must be params0 bit for
     bit (base.zero_step_row names rounding-sized moves as an in-place perturb and restore)."""
+    from parity.core.port import NonFinite
     zeros = np.zeros(cfg.pop, np.float32)
-    if np.any(side.shape(zeros) != 0):
+    try:
+        shaped = side.shape(zeros)
+    except NonFinite:                 # a shaping without an epsilon: 0 / 0 (the fitness check names it)
+        shaped = None
+    if shaped is None or np.any(shaped != 0):
         return Row("trajectory", "es_tell: a step on zero fitness (g = 0), entries moved", float("nan"), "== 0",
                    "skip", "the port's shape_fitness of zero scores is not zero, so its step there need not be")
     port, before = side.port, {p: np.array(v) for p, v in params0.items()}
