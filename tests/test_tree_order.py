@@ -105,3 +105,11 @@ def test_a_step_beyond_the_bound_at_the_references_scale_is_not_called_sgd_at_c_
     assert "exceeds even the per-member summation bound" in bad[0].cause, bad[0].cause
     assert "gradient 1 times" not in bad[0].cause
     assert all(r.verdict == "pass" for r in rows if "a step on zero fitness" in r.quantity)
+
+
+def test_an_in_place_perturb_and_restore_of_full_rank_leaves_names_them_too():
+    """freeze_nonlora off: the layer norms' biases drift too, and are named with their counts."""
+    rows = rows_of(order_ports.InPlaceRestore(freeze_nonlora=False, **SIZES["small"]), seed=2)
+    zero = [r for r in fails(rows) if "a step on zero fitness" in r.quantity]
+    assert zero and all(IN_PLACE in r.cause for r in zero)
+    assert all(re.search(r"blocks\.ln_\d\.bias \(param\): \d+ of 24", r.cause) for r in zero), zero[0].cause

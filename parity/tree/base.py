@@ -270,7 +270,7 @@ def zero_step_row(cfg, check: str, at: str, before: dict, after: dict, mags: dic
     named = sorted(worst, key=lambda p: -moved[p])
     where = "; ".join(f"{p} ({cfg.tree.leaf(p).cls}): {moved[p]} of {np.size(before[p])} entries moved, by up to "
                       f"{worst[p][1]:.3g} ({worst[p][0]:.3g} x that rounding)" for p in named[:3]) + \
-        (f"; and {len(named) - 3} more leaves" if len(named) > 3 else "")
+        "".join(f"; {p} ({cfg.tree.leaf(p).cls}): {moved[p]} of {np.size(before[p])}" for p in named[3:])
     if max(r for r, _ in worst.values()) <= 1:
         why = (f"{IN_PLACE}: a step on zero fitness (exactly zero in any order of summation) still moves the params, "
                f"by no more than N in-place perturb-and-restores of |p| + |E| round to; {where}")
