@@ -164,11 +164,13 @@ def facts(sh: Shaping, g: int, n: int) -> list[str]:
     """What differs from the reference, one fact each."""
     grouped = bool(g) and g < n
     out = []
-    layer_norm = sh.place == "inside" and sh.ddof == 0 and sh.eps > 0 and (sh.centre == "population" or not grouped)
+    other_eps = sh.eps != 1e-5 or sh.fitted
+    layer_norm = sh.place == "inside" and sh.ddof == 0 and sh.eps > 0 and (
+        (sh.centre == "population" and grouped) or (not grouped and other_eps))
     if layer_norm:
         out.append(f"a layer norm of the fitness with eps {_eps_words(sh.eps, sh.fitted)} (F.layer_norm over the "
-                   f"population)" + ("" if sh.eps != 1e-5 or sh.fitted else ": the reference's epsilon"))
-    elif sh.place == "inside" and sh.eps > 0 and sh.eps != 1e-5:
+                   f"population)" + ("" if other_eps else ": the reference's epsilon"))
+    elif sh.place == "inside" and sh.eps > 0 and other_eps:
         out.append(f"eps {_eps_words(sh.eps, sh.fitted)} inside the square root of the variance, not the reference's "
                    f"1e-05")
     if sh.place == "outside" and sh.eps > 0:
@@ -219,6 +221,9 @@ def _named(pairs, g: int) -> str | None:
     centres = ("group", "population") if g and g < n else ("group",)
     for centre in centres:
         found = fit_family(pairs, g, centre)
+        if found and not facts(found[0], g, n):      # the reference's own formula: rounding, not a formula
+            return diagnose.other("fitness shaping", f"the port's shaped fitness is the reference's {REFERENCE} within "
+                                                     f"a float32 port's rounding, beyond both sides' bound").text
         if found:
             return sentence(found[0], g, n)
     for name in ("rank", "raw"):
