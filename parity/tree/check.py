@@ -29,7 +29,8 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
   side's float32 product of the same factors is within gamma_r |A||B|^T of the exact one) and is not formed: the row
   then says how many blocks were, and its value is their worst (for a large faithful leaf, its first block's).
 - fitness: fresh random fitness vectors with groups, against the sum of both sides' float32 shaping bounds; a side
-  that matches each group divided by its own spread names `group_fitness`.
+  that differs is named by what differs (parity/tree/shaping.py: the epsilon's place and value, ddof, centring only,
+  groups ignored, ranks, each group by its own spread: `group_fitness`).
 - gradients: per leaf on the same shaped fitness, each side with its own noise (skipped for leaves whose noise
   already differs), within both sides' einsum bounds (gamma_{N r + 3} sum |f||A||B|^T / N per side, the sum over the
   members one matmul of |A| and |B|: parity.tree.blocks.mean_abs); frozen, embedding and excluded leaves must be

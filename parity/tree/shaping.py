@@ -20,14 +20,17 @@ parity.core.tolerances.shaping_bound): the centre gamma_n mean|f|, the centred v
 variance relative gamma_{n+3} (the sum, the division by n or n - 1), so the root half of it; + eps, the root, the
 division and the output's rounding 4 U:  bound = (gamma_n mean|f| + U |d|) / s + |d| / s (gamma_{n+3} / 2 + 4 U).
 
-Power. The reference and a variant differ in the divisor only (or the centre): relative departure
-|s / s_ref - 1| against the bound's relative part ~ gamma_{n+3} / 2 + the centre's gamma_n mean|f| / |d| (~1e-6
-at pop 16). ddof 1 departs by n / (n - 1) at every spread (3.3 % at pop 16); an epsilon's place or value only where
-the variance is near eps: eps 1e-5 outside the root departs by ~1e-5 / std, beyond the bound for std below ~3 (the
-normal trials' std ~3.5 sit at the edge, the tiny-spread trial (std 1e-3) at ~3000x); eps 1e-6 or 1e-8 inside the
-root by (1e-5 - eps) / (2 var), invisible at var ~13, ~1e5x at var 1e-6. Telling the place apart needs two spreads
-where eps matters: the probes below add variance ~1e-4 to the tiny trial's ~1e-6 (eps 1e-5 outside fitted as eps
-2e-8 inside at 1e-6 misses by ~1e-3 relative at 1e-4: ~1000x the bound).
+Power (measured at pop 8 and 16, groups of 4, seeds 0-9; tests/test_tree_fitness.py). Detection, against the
+fitness check's bound (base.shaping_pair_bound): a variant departs from the reference in its divisor (or its centre),
+so ddof 1 by n / (n - 1) at every spread (>= 9e3 x the bound on the normal trials, >= 900 x on the tiny one), ranks,
+centring only, groups ignored, a layer norm and the plain std by >= 1e4 x everywhere; an epsilon's place or value only
+where the variance is near eps: eps 1e-5 outside the root is 2.4 x at std 1, 1.5 x at 3, 0.5 x at 10 (the normal
+trials, std ~3.5, at 0.7-2.4 x), eps 1e-8 inside 3.2 x at std 1, 0.4 x at 3 (normal trials 0.1-0.4 x); both >= 1e6 x
+on the tiny-spread trial (variance ~1e-6). Naming: the check's four trials alone tell the epsilon's place at
+0.8-6 x the port bound only (eps 1e-8 outside with ddof 1 from ~2e-12 inside not at all: 0.05 x), so `describe`
+adds its own probes (PROBE_SPREADS, stream PROBE_STREAM: no check's numbers move) at variance ~1e-4 and ~1e-8: the
+true shaping then reproduces the port at <= 0.18 of the port bound and the nearest other member of the family misses
+by >= 7 x (ddof 1, eps 1e-8 outside against inside), every other by >= 6e3 x.
 """
 from __future__ import annotations
 
