@@ -116,8 +116,8 @@ def _rounded(eps: float, err: float) -> tuple[float, bool]:
 
 
 def fit_family(pairs: Sequence[tuple[np.ndarray, np.ndarray]], g: int, centre: str) -> list[Shaping]:
-    """Members of the family with this centre that reproduce every (f, port) pair, round epsilons first, then
-    ddof 0 before 1, inside before outside."""
+    """Members of the family with this centre that reproduce every (f, port) pair: round epsilons first (powers of
+    ten before other single digits), then centring only, ddof 0 before 1, inside before outside."""
     scales = [one_scale(f, p, g, centre) for f, p in pairs]
     if any(sc is None for sc in scales):
         return []

@@ -94,6 +94,15 @@ class CentredRanks(_Shaping):
         return ranks / (f.numel() - 1) - 0.5
 
 
+class GroupOwnSpread(_Shaping):
+    """(f - group mean) / sqrt(var(group) + 1e-5): each group by its own spread (the tree knob group_fitness=group_var)."""
+
+    @staticmethod
+    def formula(f, g):
+        x = f.reshape(-1, g)
+        return ((x - x.mean(1, keepdim=True)) / torch.sqrt(x.var(1, unbiased=False, keepdim=True) + 1e-5)).reshape(-1)
+
+
 # (port, what its cause says, one phrase each fact)
 PLANTED = {
     "EpsOutsideStd": ["(f - group mean) / (std + 1e-05)",
@@ -110,4 +119,5 @@ PLANTED = {
     "GroupsIgnored": ["(f - mean) / sqrt(var + 1e-05)", "centred by the whole population's mean, its groups of 4 "
                                                           "ignored, not by each group's mean"],
     "CentredRanks": ["centred ranks in [-0.5, 0.5]", "(as fitness=rank)"],
+    "GroupOwnSpread": ["(knob `group_fitness`): each group is divided by its own spread, not by the global variance"],
 }
