@@ -82,11 +82,6 @@ def pairing_text(leaf, dense: np.ndarray) -> str:
     return f"{leaf.path}: {found.text}" if found is not None else ""
 
 
-def group_var(f: np.ndarray, g: int) -> np.ndarray:
-    x = f.astype(np.float64).reshape(-1, g or f.size)
-    return ((x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)).ravel()
-
-
 def shaping_pair_bound(f: np.ndarray, g: int) -> np.ndarray:
     """Both sides' float32 bound for group shaping (group means, the global variance), per member."""
     g = g or f.size
@@ -95,20 +90,13 @@ def shaping_pair_bound(f: np.ndarray, g: int) -> np.ndarray:
                 math.sqrt(f.astype(np.float64).var() + 1e-5))
 
 
-def fitness_text(f: np.ndarray, port: np.ndarray, g: int) -> str:
-    """The cause of a shaping that differs: `group_fitness` (each group by its own spread), else the MLP suite's
-    knob `fitness` when one of its known shapings (parity.core.diagnose.FITNESS_CANDIDATES) reproduces the port's."""
-    if np.allclose(port, group_var(f, g), rtol=1e-4, atol=1e-5):
-        return cause("group_fitness", "each group is divided by its own spread, not by the global variance")
-    f64 = f.astype(np.float64)
-    for groups, note in ((g, " with group means"), (0, " over the whole population (its groups ignored)")):
-        for name, (words, formula, knob_value) in diagnose.FITNESS_CANDIDATES.items():
-            if name != "jax" and np.allclose(port, formula(f64, groups), rtol=1e-4, atol=1e-5):
-                return diagnose.cause("fitness", f"the port's shaped fitness is {words}{note}"
-                                                 + (f" (as fitness={knob_value})" if knob_value else "")
-                                                 + f", the reference's {diagnose.FITNESS_CANDIDATES['jax'][0]} with "
-                                                   f"group means and the global variance").text
-    return "fitness shaping differs"
+def fitness_text(f: np.ndarray, port: np.ndarray, g: int, shape=None) -> str:
+    """The cause of a shaping that differs, by what differs (parity.tree.shaping.describe: the epsilon's place and
+    value, ddof, centring, groups, ranks, `group_fitness`), on f and, where `shape` (the port's shaping) is given, on
+    that module's probe vectors too. Every place that names fitness (the fitness check, the es_* lockstep's shaping
+    row, the LM trajectory) calls it."""
+    from parity.tree import shaping
+    return shaping.describe(f, port, g, shape)
 
 
 def reference_magnitude(R, cfg, seed: int, epoch: int, leaf):

@@ -29,7 +29,8 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
   side's float32 product of the same factors is within gamma_r |A||B|^T of the exact one) and is not formed: the row
   then says how many blocks were, and its value is their worst (for a large faithful leaf, its first block's).
 - fitness: fresh random fitness vectors with groups, against the sum of both sides' float32 shaping bounds; a side
-  that matches each group divided by its own spread names `group_fitness`.
+  that differs is named by what differs (parity/tree/shaping.py: the epsilon's place and value, ddof, centring only,
+  groups ignored, ranks, each group by its own spread: `group_fitness`).
 - gradients: per leaf on the same shaped fitness, each side with its own noise (skipped for leaves whose noise
   already differs), within both sides' einsum bounds (gamma_{N r + 3} sum |f||A||B|^T / N per side, the sum over the
   members one matmul of |A| and |B|: parity.tree.blocks.mean_abs); frozen, embedding and excluded leaves must be
@@ -75,7 +76,7 @@ from parity.core import diagnose
 from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, update_bound, with_operands
 from parity.tree import dist as D
 from parity.tree import es_lockstep
-from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, group_var, merged_causes,
+from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, merged_causes,
                               noise_excess, pairing_text, ref_perturbs, ref_u, reference_magnitude,
                               reference_update, shaping_pair_bound, step_text, unchanged_cause)
 from parity.tree import blocks as B
@@ -244,7 +245,7 @@ def check_fitness(R, side, cfg, rng, witness=no_witness, spread_rng=None) -> lis
         ok = ratio <= 1
         rows.append(Row("fitness", f"{label}: max |port - ref| / bound", ratio,
                         "<= 1 (both sides' float32 shaping bounds)", "pass" if ok else "fail",
-                        "" if ok else fitness_text(f, port, g)))
+                        "" if ok else fitness_text(f, port, g, side.shape)))
     return rows
 
 
@@ -515,9 +516,10 @@ def trajectory_gap(ref: dict, ref32: dict | None) -> dict | None:
 
 
 def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str,
-                        gap: dict | None = None) -> tuple[list[Row], np.ndarray | None]:
+                        gap: dict | None = None, shape=None) -> tuple[list[Row], np.ndarray | None]:
     """Rows for the scores and the shaped fitness of one epoch, and the shaped fitness' bound (None: a stage failed);
-    gap: the reference's own TF32 rounding per stage (trajectory_gap), added to each allowance."""
+    gap: the reference's own TF32 rounding per stage (trajectory_gap), added to each allowance; shape: the port's
+    shaping, which the cause of a shaped fitness that differs also probes (base.fitness_text)."""
     s_ref = ref["scores"].astype(np.float64)
     s_bound = FORWARD_ULPS * 2 * U32 * np.maximum(np.abs(s_ref), 1e-30) + (0.0 if gap is None else gap["scores"])
     ratio = float(np.max(np.abs(port["scores"] - s_ref) / s_bound))
@@ -533,11 +535,7 @@ def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str,
         ((2 * D + np.abs(ref["shaped"].astype(np.float64)) * D) / (std - D) if std > D else np.inf) + \
         (0.0 if gap is None else gap["shaped"])
     ratio = float(np.max(np.abs(port["shaped"] - ref["shaped"].astype(np.float64)) / f_err))
-    why = ""
-    if ratio > 1:
-        why = (cause("group_fitness", "each group is divided by its own spread, not by the global variance")
-               if np.allclose(port["shaped"], group_var(port["scores"], cfg.group_size), rtol=1e-4, atol=1e-5)
-               else "fitness shaping differs")
+    why = fitness_text(port["scores"], port["shaped"], cfg.group_size, shape) if ratio > 1 else ""
     rows.append(Row("trajectory", f"{at}: shaped fitness, max |port - ref| / bound", ratio,
                     f"<= 1 (shaping bounds + the scores' bound propagated{plus})", "pass" if ratio <= 1 else "fail",
                     why))
@@ -608,7 +606,7 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
             ref, port, mags, ref32 = step(params, epoch, tokens)
         gap = trajectory_gap(ref, ref32)
         at = f"epoch {epoch}"
-        got, f_err = _trajectory_fitness(cfg, ref, port, at, gap)
+        got, f_err = _trajectory_fitness(cfg, ref, port, at, gap, side.shape)
         rows += got
         if f_err is None:
             break

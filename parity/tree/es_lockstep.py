@@ -162,13 +162,14 @@ def _reuse_row(cfg, leaf, e: int, prev, cur, same_gen: bool) -> Row:
 # ----------------------------------------------------------------------------- the step
 def _shaping_row(R, side, cfg, step: dict) -> Row:
     """The port's shape_fitness of the epoch's scores against the reference's (the fitness check's bound): a loop
-    whose step differs because its shaping does is named by the shaping (tree_check.fitness_text)."""
+    whose step differs because its shaping does is named by the shaping (base.fitness_text, which also probes
+    the port's shape_fitness)."""
     f = step["scores"]
     port, ref = side.shape(f), R.shape(cfg, f)
     ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / shaping_pair_bound(f, cfg.group_size)))
     return Row("trajectory", f"epoch {step['epoch']}: shaped fitness of the scores, max |port - ref| / bound", ratio,
                "<= 1 (both sides' float32 shaping bounds)", "pass" if ratio <= 1 else "fail",
-               "" if ratio <= 1 else fitness_text(f, port, cfg.group_size))
+               "" if ratio <= 1 else fitness_text(f, port, cfg.group_size, side.shape))
 
 
 def _reference_step(R, cfg, seed: int, step: dict, exact: bool) -> tuple[dict, dict, dict]:
