@@ -21,11 +21,11 @@ to g_1's (mu, or mu^2 / (1 + mu) with nesterov: the two conventions agree on two
 (mu'^2 against mu^3 / (1 + mu)), so 3 epochs identify (c, mu, wd) and nesterov (MIN_EPOCHS).
 
 Verified, not fitted, decides: the model's steps reproduce the port's at every epoch and entry within the model's
-own bound, sum_k |w_ek| (|c| b_k + gamma(2e + 5) |c s_k - lr wd p_k|): b_k the lockstep's step bound at epoch k
-(both gradients' float32 bounds and both steps' update_bound), carried through the buffer by the same weights, plus
-the port's float32 buffer arithmetic (two roundings per epoch's buffer update, the nesterov add, the lr product and
-the decay product). No chance enters: a verified model has no false-alarm rate; one that is not verified is never
-named.
+own bound, sum_k |w_ek| (max(|c|, 1) b_k + gamma(2e + 5) |c s_k - lr wd p_k|): b_k the lockstep's step bound at
+epoch k (both gradients' float32 bounds, which scale with c, and both steps' update_bound, whose rounding of the
+params does not), carried through the buffer by the same weights, plus the port's float32 buffer arithmetic (two
+roundings per epoch's buffer update, the nesterov add, the lr product and the decay product). No chance enters: a
+verified model has no false-alarm rate; one that is not verified is never named.
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def model_bound(f: MomentumFit, unit: np.ndarray, params: np.ndarray, bounds: np
     for e in range(unit.shape[0]):
         w = np.abs(weights(f.mu, e, f.nesterov))
         g = np.abs(f.c * unit[: e + 1] - (0.0 if f.decoupled else lr * f.wd) * params[: e + 1])
-        out[e] = w @ (abs(f.c) * bounds[: e + 1]) + gamma(2 * e + 5) * (w @ g)
+        out[e] = w @ (max(abs(f.c), 1.0) * bounds[: e + 1]) + gamma(2 * e + 5) * (w @ g)
         if f.decoupled:
             out[e] += gamma(2) * lr * abs(f.wd) * np.abs(params[e])
     return out

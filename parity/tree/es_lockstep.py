@@ -13,11 +13,27 @@ own; each epoch is judged on its own against one reference step from the port's 
 - step: es_params after es_tell against the reference's optax-sgd step (R.update) from the params before it, on the
   reference's estimate from the same scores (shaped by the reference; its own draws, or the port's es_ask noise),
   within lr sqrt(N) times the gradient's bound (both sides' einsum bounds, 2 gamma_n |f| |noise| averaged, plus the
-  shaping error shaping_pair_bound times |noise|) plus both sides' update_bound. Named at the first epoch by
-  parity.tree.check.step_text (optax sgd, adam or adamw up to a gradient scale: knob `optimizer`, or the scale);
-  later, a step along the reference's at a steady factor per epoch names `lr_decay`.
+  shaping error shaping_pair_bound times |noise|) plus both sides' update_bound (_bound, per entry).
 - untouched leaves (those the reference never perturbs: embedding, excluded, frozen params): given back bit for bit.
-The first epoch with a failing row ends the check: what follows from it is not judged.
+
+Every epoch is judged, a failure at one not ending the check: each epoch's step is judged from the port's own params
+before it, so the epochs are independent. Where es_ask's noise departs from the reference's draws (exact mode), that
+epoch's step is judged on the port's own noise (the reference's estimate on it, as in distribution); where the
+shaping departs, on the port's own shaped fitness: a noise or shaping departure is named by its own rows and the
+step by its own. A step that is not judged (es_ask hands no noise of a perturbed leaf) is a skip row saying so.
+
+The failing steps are named over the epochs (_named_steps), by the simplest model that reproduces the port's steps
+at every epoch within the step bound, on PICKS entries of each perturbed leaf (the run seed's stream; elementwise
+optimizers, so a sample is enough, and no epoch keeps a tree): a constant gradient scale (the first step's words,
+parity.tree.base.step_text: optax sgd, adam or adamw up to a gradient scale, knob `optimizer` or the scale); a scale
+c d^e (`lr_decay` d, with the scale c named where it is not 1); sgd with momentum mu (nesterov or not) and weight
+decay wd on c g (parity.core.momentum: torch.optim.SGD's convention, optax.sgd(momentum) after add_decayed_weights
+the same; its bound is the step bound carried through the buffer's weights plus the buffer's float32 arithmetic;
+3 epochs identify it, and epochs(cfg) >= momentum.MIN_EPOCHS); optax adam or adamw at the first step's scale with
+its moments carried (within parity.core.optscale.MATCH, as the first step's match). Where none does, each epoch is
+named alone: its first step's words, or a later step along the reference's at a factor (`lr_decay`), or not along
+it (its cosine). One cause of several epochs is one line naming them ("epochs 1, 2"), the leaves merged as
+parity.tree.base.merged_causes merges them.
 """
 from __future__ import annotations
 
@@ -44,9 +60,9 @@ STEP_MARK = "the step of es_tell"            # a failing step row's cause, named
 
 
 def epochs(cfg) -> int:
-    """Enough epochs for the noise to change generation twice: 2 noise_reuse + 1 (3 with reuse 0 or 1), at most
-    MAX_EPOCHS."""
-    return min(2 * max(cfg.noise_reuse, 1) + 1, MAX_EPOCHS)
+    """Enough epochs for the noise to change generation twice: 2 noise_reuse + 1 (3 with reuse 0 or 1), at least
+    the momentum fit's momentum.MIN_EPOCHS (3), at most MAX_EPOCHS."""
+    return min(max(2 * max(cfg.noise_reuse, 1) + 1, momentum.MIN_EPOCHS), MAX_EPOCHS)
 
 
 def generations(cfg):
@@ -307,9 +323,10 @@ def _per_epoch_scales(ch: Chain) -> np.ndarray:
 
 
 def _scaled_ratio(ch: Chain, c: np.ndarray) -> float:
-    """max |port step - c_e s_e| / (|c_e| b_e): the sgd step at scale c_e per epoch against the port's."""
+    """max |port step - c_e s_e| / (max(|c_e|, 1) b_e): the sgd step at scale c_e per epoch against the port's (the
+    bound's gradient part scales with c_e, its rounding of the params does not)."""
     c = np.asarray(c, np.float64).reshape(-1, 1)
-    return float(np.max(np.abs(ch.steps - c * ch.unit) / (np.abs(c) * ch.bounds)))
+    return float(np.max(np.abs(ch.steps - c * ch.unit) / (np.maximum(np.abs(c), 1) * ch.bounds)))
 
 
 def _adam_along(cfg, samples: list, ch: Chain) -> bool:
