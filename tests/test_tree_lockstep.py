@@ -1,7 +1,7 @@
 """The trajectory's lockstep judges every epoch on its own, and tells optimizer state from a gradient scale (issue
 53, items 4 and 7): planted on the worked GPT example at two sizes, each departure is caught and named in its own
-words (sgd with momentum, nesterov or not, and weight decay; Adam beside a wrong noise reuse; lr_decay on a scaled
-gradient); the faithful example, also stepping through torch's own SGD, is never flagged."""
+words (sgd with momentum, nesterov or not, and weight decay, in torch's and optax's conventions; Adam beside a wrong
+noise reuse; lr_decay on a scaled gradient; a constant scale still as the scale); the faithful example, also stepping through torch's own SGD, is never flagged."""
 from __future__ import annotations
 
 import math
@@ -37,6 +37,9 @@ PLANTS = [
                             "(nesterov) and weight decay 0.01 on the reference's gradient", "times the reference's"),
     ("Momentum09", "are sgd with momentum 0.9 (not nesterov) on the reference's gradient", "weight decay"),
     ("WeightDecayOnly", "are sgd with weight decay 0.01 on the reference's gradient", "momentum 0"),
+    ("OptaxTrace", "are sgd with momentum 0.5 (not nesterov) on the reference's gradient", "weight decay"),
+    ("ScaledGradient", "optimizer step differs: the port's parameter updates match optax sgd on a gradient 2 times "
+                       "the reference's", "momentum"),
     ("LrDecayOnScaledGradient", "(knob `lr_decay`): the port's update size relative to the reference's is epoch 0: "
                                 "2.000000, epoch 1: 1.800000", "(knob `optimizer`)"),
 ]

@@ -98,3 +98,40 @@ class PlainTorchSGD(TorchOptimizer):
 
     def make(self, params):
         return torch.optim.SGD(params, lr=self.lr)
+
+
+class ScaledGradient(TorchOptimizer):
+    """Plain sgd on 2x the gradient at every epoch: a constant scale, named as the scale (no optimizer state)."""
+
+    def make(self, params):
+        return torch.optim.SGD(params, lr=self.lr)
+
+    def gradient_scale(self, epoch):
+        return 2.0
+
+
+class OptaxTrace(GPTAdapter):
+    """optax.sgd(lr, momentum=0.5)'s trace written out in numpy float32 (trace = g + mu trace; updates = -lr trace on
+    the solver input -(g sqrt(N))), its trace carried in es_* state: (params, seed, trace)."""
+
+    MU = np.float32(0.5)
+
+    def es_init(self, params, seed):
+        p, s = super().es_init(params, seed)
+        return p, s, None
+
+    def es_ask(self, state, epoch):
+        return super().es_ask(state[:2], epoch)
+
+    def es_tell(self, state, noise, scores, epoch):
+        params, seed, trace = state
+        with torch.inference_mode():
+            grads = self.port.gradients(self._from_protocol(noise), self.port.shape_fitness(_t(scores)))
+        root, lr = np.float32(math.sqrt(self.pop)), np.float32(self.lr)
+        g = {k: -(v.numpy().astype(np.float32) * root) for k, v in grads.items() if k in noise}   # perturbed leaves
+        trace = g if trace is None else {k: (g[k] + self.MU * trace[k]).astype(np.float32) for k in g}
+        new = {k: (_t(params[k].numpy() - lr * trace[k]) if k in trace else params[k]) for k in params}
+        return new, seed, trace
+
+    def es_params(self, state):
+        return super().es_params(state[:2])
