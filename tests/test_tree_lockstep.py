@@ -1,7 +1,8 @@
 """The trajectory's lockstep judges every epoch on its own, and tells optimizer state from a gradient scale (issue
 53, items 4 and 7): planted on the worked GPT example at two sizes, each departure is caught and named in its own
 words (sgd with momentum, nesterov or not, and weight decay, in torch's and optax's conventions; Adam beside a wrong
-noise reuse; lr_decay on a scaled gradient; a constant scale still as the scale); the faithful example, also stepping through torch's own SGD, is never flagged."""
+noise reuse; lr_decay on a scaled gradient; a constant scale still as the scale); the faithful example, also
+stepping through torch's own SGD, is never flagged."""
 from __future__ import annotations
 
 import math

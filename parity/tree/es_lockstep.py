@@ -267,7 +267,8 @@ def _step_rows(R, cfg, seed: int, step: dict, exact: bool, shaped=None, pick=Non
             bounds[p] = _bound(lr_step, np.ravel(expected[p])[at], np.ravel(grads[p])[at], np.ravel(g_bound)[at])
         rows.append(Row("trajectory", f"epoch {e}: {p} ({leaf.cls}) params after es_tell, max |port - ref| / bound",
                         ratio, f"<= 1 (lr sqrt(N) x the gradient's bound + update_bound, both sides{on})",
-                        "pass" if ratio <= 1 else "fail", "" if ratio <= 1 else f"{p}: {STEP_MARK} differs from optax.sgd(lr)"))
+                        "pass" if ratio <= 1 else "fail",
+                        "" if ratio <= 1 else f"{p}: {STEP_MARK} differs from optax.sgd(lr)"))
     sample = None
     if pick is not None:
         flat = lambda t: np.concatenate([np.ravel(t[p])[pick[p]].astype(np.float64) for p in pick])   # noqa: E731
