@@ -287,28 +287,36 @@ def _step_caps(cfg, old: dict, grads: dict, new: dict, fits: dict) -> dict[str, 
 
 def step_texts(cfg, old: dict, grads: dict, new: dict, worst: str) -> dict[str, str]:
     """{leaf: which optax optimizer, on the port's gradient times which scale, reproduces its step}: one fit for the
-    whole tree when one fits (step_text's words, every leaf), else one per leaf (a leaf's step clipped at a norm is
-    said so: _step_caps); a leaf no optimizer explains at any scale is said so."""
+    whole tree when one fits (the same words for every leaf), else one per leaf (a leaf's step clipped at a norm is
+    said so: _step_caps; a leaf no optimizer explains at any scale is said so), or that none explains any leaf."""
     fit = _tree_fit(cfg, old, grads, new)
     if fit is not None:
         return dict.fromkeys(old, _fit_words(cfg, fit, worst))
     fits = {p: _tree_fit(cfg, {p: old[p]}, {p: grads[p]}, {p: new[p]}) for p in old}
+    if all(f is None for f in fits.values()):             # no optimizer explains any leaf: no knob is named
+        return dict.fromkeys(old, diagnose.other(
+            "optimizer step", f"the port's step matches none of optax sgd, adam, adamw at the reference's learning "
+                              f"rate, at any gradient scale ({worst})").text)
     capped = _step_caps(cfg, old, grads, new, fits)
     out = {}
     for p, f in fits.items():
         leaf = cfg.tree.leaf(p)
         if p in capped:
             out[p] = (clipped_text(capped[p][0], leaf, capped[p][1], f.c)
-                      + ("" if capped[p][0] == "update" else " before the step") + "; one scale does not fit every leaf")
+                      + ("" if capped[p][0] == "update" else " before the step"))
         elif f is not None and f.optimizer == "sgd" and f.name == "1":
-            out[p] = f"the step of {p} ({leaf.cls}) is the reference's (optax sgd at gradient scale 1)"
+            out[p] = f"the step of {p} ({leaf.cls}) is the reference's {SCALE_ONE}"
         elif f is None:
             out[p] = diagnose.other("optimizer step", f"the step of {p} ({leaf.cls}) matches none of optax sgd, adam, "
                                                       f"adamw at the reference's learning rate, at any gradient scale "
                                                       f"({worst})").text
         else:
-            out[p] = f"{p} ({leaf.cls}), leaf by leaf (one scale does not fit every leaf): {_fit_words(cfg, f, worst)}"
-    return out
+            out[p] = f"the step of {p} ({leaf.cls}): {_fit_words(cfg, f, worst)}"
+    return {p: t if t.endswith(SCALE_ONE) else f"{t}; {ONE_SCALE}" for p, t in out.items()}
+
+
+SCALE_ONE = "(optax sgd at gradient scale 1)"
+ONE_SCALE = "one scale does not fit every leaf"
 
 
 def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
@@ -319,10 +327,8 @@ def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
     texts = step_texts(cfg, old, grads, new, worst)
     if len(set(texts.values())) == 1:
         return next(iter(texts.values()))
-    if all(" matches none of optax " in t for t in texts.values()):          # no leaf explained either
-        return diagnose.other("optimizer step", f"the port's step matches none of optax sgd, adam, adamw at the "
-                                                f"reference's learning rate, at any gradient scale ({worst})").text
-    return "; ".join(t for t in texts.values() if not t.endswith("(optax sgd at gradient scale 1)"))
+    return f"{ONE_SCALE}, leaf by leaf: " + "; ".join(t.removesuffix(f"; {ONE_SCALE}") for t in texts.values()
+                                                     if not t.endswith(SCALE_ONE))
 
 
 def follow_reference_rng(knobs, platform) -> tuple:
