@@ -33,7 +33,10 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
 - gradients: per leaf on the same shaped fitness, each side with its own noise (skipped for leaves whose noise
   already differs), within both sides' einsum bounds (gamma_{N r + 3} sum |f||A||B|^T / N per side, the sum over the
   members one matmul of |A| and |B|: parity.tree.blocks.mean_abs); frozen, embedding and excluded leaves must be
-  exactly zero.
+  exactly zero. A failing leaf is diagnosed as in distribution (parity.tree.base.gradient_texts): the port's gradient
+  fitted to the reference's, c = <p, r> / <r, r>, is "the same direction" when |p - c r| stays within c times this
+  bound plus the scaling's own rounding (parity.core.optscale.fit_leaf), and c is then named in sigma, N and r, or
+  the leaf said to be clipped at a norm (a round one, or one several leaves share).
 - products: mm (x @ W.T + (x @ B) @ A.T) and tmm (x @ W + (x @ A) @ B.T) at the LM's slice shapes and three more
   (wide, tall, square), fresh W, factors and inputs, against the expression's float64 value within one side's float32
   bound (parity.core.tolerances.linear_bound, gamma_{in + r + 1}); the reference's jitted product is held to it too.
@@ -451,7 +454,7 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     """One step from the same params: the side's new params against the reference's optax-sgd step on the side's
     own gradient (so only the step is judged), within both sides' update_bound; leaves the reference never updates
     must come back bit for bit. A step that differs is matched against optax's sgd, adam and adamw up to a gradient
-    scale (step_text). Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
+    scale (parity.tree.base.step_texts: one scale for the tree, else one per leaf, a leaf clipped at a norm named). Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
     params = fresh_params(R, cfg, seed, rng)
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     new, g = side.update(seed, 0, params, shaped)

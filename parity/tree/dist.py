@@ -25,7 +25,10 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
     (CheckedTreePort refuses any other shape), so every member's E has rank <= r by construction.
 - gradients: the reference's estimate einsum(f A, B) / N (param: mean(f eps)) in numpy float64 on the side's own
   noise, within the exact mode's float32 bound 2 gamma_{N r + 3} mean(|f| |A||B|^T) (param 2 gamma_{N + 2}
-  mean(|f| |eps|)): one side's float32 einsum bound doubled; the float64 reference uses ~1e-16 of it.
+  mean(|f| |eps|)): one side's float32 einsum bound doubled; the float64 reference uses ~1e-16 of it. A leaf beyond
+  it gets the exact mode's words (parity.tree.base.gradient_texts): its scale against that estimate, fitted and
+  judged "same direction" within this bound (parity.core.optscale.fit_leaf), named in sigma, N and r (N/sigma,
+  1/(sigma^2 sqrt(N)), sqrt(r), ...), or clipped at a norm.
 - forward: the reference's forward (jax_reference.lm.model.member_score, noise off) on params + E_i per member, E_i the
   side's own perturbation of each leaf the reference perturbs (formed in float64 from the factors, rounded once),
   against the side's forward on its own noise, within the exact mode's FORWARD_ULPS ulps of each intermediate's
