@@ -11,8 +11,8 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from parity.core import diagnose
-from parity.core.tolerances import U32, U_TF32, gamma, shaping_bound
+from parity.core import diagnose, optscale
+from parity.core.tolerances import U32, U_TF32, gamma, shaping_bound, update_bound
 from parity.tree import blocks as B
 from spec.lm import LMConfig
 from spec.platform import ReferencePlatform
@@ -201,11 +201,10 @@ def leaf_gradient_text(leaf, port: np.ndarray, ref: np.ndarray, bound, sigma: fl
     scale when port - c ref is within the rounding bound (parity.core.optscale.fit_leaf; c named when one of sigma, N
     and r fits: 1/sigma, N/sigma, 1/(sigma^2 sqrt(N)), sqrt(r), 2, ...), the opposite sign, or another direction
     (its cosine, norm ratio and the least-squares scale)."""
-    from parity.core import optscale
     p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
     norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
     if norm_r == 0:
-        return f"{leaf.path}: the gradient differs (the reference's is zero)"
+        return f"{leaf.path}: the gradient is nonzero (norm {norm_p:.6g}) where the reference's is zero"
     fit = fit or optscale.fit_leaf(p, r, bound)
     # the leaf's class after its path, so a path ending in ".bias" is not read as the MLP's bias knobs
     text = diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", fit.c if fit.aligned else norm_p / norm_r,
@@ -231,7 +230,6 @@ def gradient_texts(cfg, failing: Sequence[tuple]) -> dict[str, str]:
     modes (parity.tree.check.check_gradients, parity.tree.dist.check_gradients): leaf_gradient_text, except that
     leaves scaled down along the reference's direction, by no named scale, whose norms sit at one cap (a round value,
     or one norm two or more of them share: parity.core.optscale.caps) are said to be clipped at it."""
-    from parity.core import optscale
     fits = {leaf.path: optscale.fit_leaf(port, ref, bound) for leaf, port, ref, bound in failing}
     down = {leaf.path: (float(np.linalg.norm(np.asarray(port, np.float64))), optscale.cap_tolerance(np.size(port)))
             for leaf, port, ref, bound in failing if fits[leaf.path].aligned and 0 < fits[leaf.path].c < 1
@@ -255,14 +253,12 @@ def with_gradient_causes(cfg, rows: list[Row], failing: list[tuple]) -> list[Row
 def _tree_fit(cfg, old: dict, grads: dict, new: dict):
     """The optax optimizer and gradient scale reproducing the port's step on these leaves (parity.core.optscale over
     sgd, adam and adamw, verified within parity.core.optscale.MATCH), or None."""
-    from parity.core import optscale
     fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
                                cfg.sigma)
     return optscale.best_match(fits, optscale.MATCH)
 
 
 def _fit_words(cfg, fit, worst: str) -> str:
-    from parity.core import optscale
     if fit.name == "1" and fit.optimizer != "sgd":
         return diagnose.optimizer_cause(fit.optimizer, "sgd", worst).text
     return diagnose.scaled_optimizer_cause(fit, "sgd", optscale.words(fit, cfg.sigma, cfg.pop), worst).text
@@ -272,8 +268,6 @@ def _step_caps(cfg, old: dict, grads: dict, new: dict, fits: dict) -> dict[str, 
     """{leaf: (what, cap)} for leaves whose step is sgd scaled down (c < 1, no named scale): the update new - old, or
     the gradient it steps on (c g = update / (lr sqrt(N))), at one cap (parity.core.optscale.caps; the update's norm
     allowed its float32 rounding, update_bound, besides)."""
-    from parity.core import optscale
-    from parity.core.tolerances import update_bound
     down = [p for p, f in fits.items() if f is not None and f.optimizer == "sgd" and 0 < f.c < 1 and f.name is None]
     steps = {p: np.asarray(new[p], np.float64) - old[p] for p in down}
     norms = {p: float(np.linalg.norm(u)) for p, u in steps.items()}

@@ -454,7 +454,8 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     """One step from the same params: the side's new params against the reference's optax-sgd step on the side's
     own gradient (so only the step is judged), within both sides' update_bound; leaves the reference never updates
     must come back bit for bit. A step that differs is matched against optax's sgd, adam and adamw up to a gradient
-    scale (parity.tree.base.step_texts: one scale for the tree, else one per leaf, a leaf clipped at a norm named). Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
+    scale (parity.tree.base.step_texts: one scale for the tree, else one per leaf, a leaf clipped at a norm named).
+    Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
     params = fresh_params(R, cfg, seed, rng)
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     new, g = side.update(seed, 0, params, shaped)
