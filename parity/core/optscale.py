@@ -21,6 +21,12 @@ Tolerance for "matches up to scale": a named scale is taken when its value lies 
 (deterministic: no false-alarm rate), else the fitted value is given. Whatever the name, the candidate optimizer fed
 c g must reproduce the port's first step within MATCH of its largest entry (MATCH below, the threshold
 an unscaled candidate must meet): that verification, not the fit, decides a match.
+
+One leaf's gradient up to a scale (fit_leaf, for the tree suite's gradients check in both modes): the port's p
+against the reference's r on the same noise, c = <p, r> / <r, r>, and "the same direction" when every |p_i - c r_i|
+is within its worst case for a scaled reference (fit_leaf's docstring derives it from the check's own bound). A leaf
+scaled down along that direction whose norm is a round value, or one norm several leaves share (caps, within
+cap_tolerance), is read as clipped at that norm.
 """
 from __future__ import annotations
 
