@@ -34,7 +34,10 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
 - gradients: per leaf on the same shaped fitness, each side with its own noise (skipped for leaves whose noise
   already differs), within both sides' einsum bounds (gamma_{N r + 3} sum |f||A||B|^T / N per side, the sum over the
   members one matmul of |A| and |B|: parity.tree.blocks.mean_abs); frozen, embedding and excluded leaves must be
-  exactly zero.
+  exactly zero. A failing leaf is diagnosed as in distribution (parity.tree.base.gradient_texts): the port's gradient
+  fitted to the reference's, c = <p, r> / <r, r>, is "the same direction" when |p - c r| stays within c times this
+  bound plus the scaling's own rounding (parity.core.optscale.fit_leaf), and c is then named in sigma, N and r, or
+  the leaf said to be clipped at a norm (a round one, or one several leaves share).
 - products: mm (x @ W.T + (x @ B) @ A.T) and tmm (x @ W + (x @ A) @ B.T) at the LM's slice shapes and three more
   (wide, tall, square), fresh W, factors and inputs, against the expression's float64 value within one side's float32
   bound (parity.core.tolerances.linear_bound, gamma_{in + r + 1}); the reference's jitted product is held to it too.
@@ -78,7 +81,8 @@ from parity.tree import dist as D
 from parity.tree import es_lockstep
 from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, merged_causes,
                               noise_excess, pairing_text, ref_perturbs, ref_u, reference_magnitude,
-                              reference_update, shaping_pair_bound, step_text, unchanged_cause)
+                              reference_update, shaping_pair_bound, step_texts, unchanged_cause,
+                              with_gradient_causes)
 from parity.tree import blocks as B
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
@@ -253,7 +257,7 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     u = ref_u(R)
     ref, port = R.grads(cfg, seed, 0, shaped), side.grads(seed, 0, shaped)
-    rows = []
+    rows, failing = [], []
     for leaf in cfg.tree.leaves:
         q = f"{leaf.path} ({leaf.cls}): max |port - ref|"
         if leaf.path in parted:
@@ -278,25 +282,9 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
         ratio = float(np.max(diff / np.maximum(bound, 1e-30)))
         ok = ratio <= 1
         rows.append(Row("gradients", f"{leaf.path} ({leaf.cls}): max |port - ref| / bound", ratio,
-                        "<= 1 (both sides' float32 einsum/mean bounds)", "pass" if ok else "fail",
-                        "" if ok else gradient_text(leaf, port[leaf.path], ref[leaf.path], cfg.sigma, cfg.pop,
-                                                    cfg.rank)))
-    return rows
-
-
-def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float, pop: int | None = None,
-                  rank: int | None = None) -> str:
-    """Why one leaf's gradient differs, in the MLP suite's words (parity.core.diagnose.gradient_cause): zero, a pure scale
-    (named when one of sigma, N and r fits: 1/sigma, N, 1/N, sqrt(N), sqrt(r), 2, ...), the opposite sign, or another
-    direction (its cosine and norm ratio)."""
-    p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
-    norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
-    if norm_r == 0:
-        return f"{leaf.path}: the gradient differs (the reference's is zero)"
-    cosine = float(p @ r) / (norm_p * norm_r) if norm_p else 0.0
-    # the leaf's class after its path, so a path ending in ".bias" is not read as the MLP's bias knobs
-    return diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", norm_p / norm_r, cosine, None, sigma, None, pop,
-                                   rank).text
+                        "<= 1 (both sides' float32 einsum/mean bounds)", "pass" if ok else "fail"))
+        failing += [] if ok else [(leaf, port[leaf.path], ref[leaf.path], bound)]
+    return with_gradient_causes(cfg, rows, failing)
 
 
 def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str, gap: dict | None = None) -> Row:
@@ -467,7 +455,8 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     """One step from the same params: the side's new params against the reference's optax-sgd step on the side's
     own gradient (so only the step is judged), within both sides' update_bound; leaves the reference never updates
     must come back bit for bit. A step that differs is matched against optax's sgd, adam and adamw up to a gradient
-    scale (step_text). Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
+    scale (parity.tree.base.step_texts: one scale for the tree, else one per leaf, a leaf clipped at a norm named).
+    Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
     params = fresh_params(R, cfg, seed, rng)
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     new, g = side.update(seed, 0, params, shaped)
@@ -499,8 +488,8 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     failed = [r for r in rows if r.verdict == "fail" and "the step differs" in r.cause]
     if failed:
         updated = [leaf.path for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)]
-        why = step_text(cfg, *({p: t[p] for p in updated} for t in (params, g, new)), f"{failed[0].value:.3g} x bound")
-        rows = [r._replace(cause=f"{r.cause}; {why}") if r in failed else r for r in rows]
+        why = step_texts(cfg, *({p: t[p] for p in updated} for t in (params, g, new)), f"{failed[0].value:.3g} x bound")
+        rows = [r._replace(cause=f"{r.cause}; {why[r.quantity.split(' (')[0]]}") if r in failed else r for r in rows]
     return rows
 
 
