@@ -33,8 +33,9 @@ class Block(NamedTuple):
 
 
 def grid(leaf: Leaf) -> tuple[int, int, int]:
-    """(slices S, rows R, entries per row) of one member's perturbation of the leaf."""
-    shape = leaf.slice_shape or (1,)
+    """(slices S, rows R, entries per row) of one member's perturbation of the leaf (an N-D mm slice: its declared
+    matrix's rows and columns)."""
+    shape = leaf.matrix or leaf.slice_shape or (1,)
     return leaf.n_slices, shape[0], math.prod(shape[1:])
 
 
@@ -85,8 +86,11 @@ def probe(leaf: Leaf, m: int) -> Block:
 
 # ----------------------------------------------------------------------------- arrays on the grid
 def grouped(leaf: Leaf, x: np.ndarray) -> np.ndarray:
-    """(m, *stack, *rest) -> (m, S, *rest) (a view; a scalar slice gets a unit row axis)."""
+    """(m, *stack, *rest) -> (m, S, *rest) (a view; a scalar slice gets a unit row axis; an N-D mm slice at its
+    stored shape its declared matrix (a, b), row-major, as the factors' rows and columns index it)."""
     rest = x.shape[1 + len(leaf.stack_shape):]
+    if leaf.matrix is not None and tuple(rest) == leaf.slice_shape:
+        rest = leaf.matrix
     return x.reshape(x.shape[0], leaf.n_slices, *(rest or (1,)))
 
 

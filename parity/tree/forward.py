@@ -378,6 +378,46 @@ def localise(judge: Judge, failure, side) -> Found:
                  (judge.params, restricted, case.batch), out, plain)
 
 
+def axis_names(n: int) -> tuple[str, ...]:
+    """A slice's axes by name: a conv weight's (out, in, kh, kw), else axis 0, axis 1, ..."""
+    return ("out", "in", "kh", "kw") if n == 4 else ("out", "in", "kd", "kh", "kw") if n == 5 else \
+        tuple(f"axis {k}" for k in range(n))
+
+
+def matricization_words(leaf: Leaf, perm: tuple[int, ...]) -> str:
+    """How a port that lays the declared matrix over the slice's axes in the order `perm` reads, against the
+    declared row-major one."""
+    names = axis_names(len(leaf.slice_shape))
+    said = ", ".join(names[k] for k in perm)
+    return (f"its perturbation is A B^T matricized in another order: the port lays the {leaf.matrix[0]} x "
+            f"{leaf.matrix[1]} matrix over the stored axes as ({said}), the tree declares the row-major "
+            f"({', '.join(names)}) (W.reshape{leaf.matrix}, im2col's order): reshape A B^T to "
+            f"{leaf.slice_shape} directly, or declare the weight in the port's order")
+
+
+def matricizations(leaf: Leaf) -> list[tuple[int, ...]]:
+    """The orders a port may lay an N-D slice's matrix over its axes in, other than row-major: every permutation of
+    the slice's axes, the leading (out) axis kept first before the others (the likelier mistakes: (in, kw, kh),
+    channels last (kh, kw, in))."""
+    import itertools
+    n = len(leaf.slice_shape)
+    perms = [p for p in itertools.permutations(range(n)) if p != tuple(range(n))]
+    return sorted(perms, key=lambda p: (p[0] != 0, p))
+
+
+def other_matricization(leaf: Leaf, M: np.ndarray, matches: Callable[[np.ndarray], bool]) -> str:
+    """Words for the order the forward lays the matrix M (*stack, a, b) over the slice's axes in, where one other
+    than the declared row-major one matches it (matches(E) on a perturbation at the stored shape), else ''."""
+    lead = M.shape[:-2]
+    for perm in matricizations(leaf):
+        shape = tuple(leaf.slice_shape[k] for k in perm)
+        E = np.moveaxis(M.reshape(lead + shape), [len(lead) + i for i in range(len(perm))],
+                        [len(lead) + k for k in perm])
+        if matches(np.ascontiguousarray(E)):
+            return matricization_words(leaf, perm)
+    return ""
+
+
 def named_scales(cfg) -> dict[str, float]:
     """The factors a perturbation's scale is read as: the gradient's vocabulary (parity.core.optscale, in sigma, N and
     r) and the ones a perturbation has besides (the opposite sign, sqrt(2), r)."""
@@ -416,12 +456,17 @@ def classify(judge: Judge, case: Case, pos: int, before, unit: Unit, passing: tu
         if abs(c / v - 1) < 0.1 and matches(v * E):
             return f"its perturbation is applied at {name} times its scale ({v:.6g}x)"
     if leaf.cls in ("mm", "tmm"):
-        summed = np.broadcast_to(E.sum(axis=-1 if leaf.cls == "mm" else -2, keepdims=True), E.shape)
-        if matches(np.array(summed)):
+        M = E.reshape(leaf.stack_shape + leaf.factor_dims)            # the matrix A B^T (an N-D slice: its declared one)
+        summed = np.broadcast_to(M.sum(axis=-1 if leaf.cls == "mm" else -2, keepdims=True), M.shape)
+        if matches(np.array(summed).reshape(E.shape)):
             return ("its low-rank term sums x and B over the input separately (an einsum naming their input index "
                     "differently): the forward applies A B^T 1 1^T, the all-ones direction")
-        if E.shape[-1] == E.shape[-2] and matches(np.swapaxes(E, -1, -2)):
+        if M.shape[-1] == M.shape[-2] and matches(np.swapaxes(M, -1, -2).reshape(E.shape)):
             return "its perturbation is applied transposed: (A B^T)^T in place of A B^T"
+        if leaf.matrix is not None:
+            order = other_matricization(leaf, M, matches)
+            if order:
+                return order
     if abs(cosine) > 0.999 and matches(c * E):
         return f"its perturbation is applied at {c:.4g} times its scale"
     return (f"its perturbation is applied in another direction or scale: the output moves {abs(c):.3g}x as far "

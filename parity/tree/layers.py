@@ -17,6 +17,10 @@ and, where one of these reproduces it within the same bound, how: the low-rank t
 every member's base product, x and B summed over the input separately (an einsum's index), the low-rank term at
 another scale. A module that does not compute x W^T + b of its input with every perturbation zero is not a plain
 linear layer and is not judged here (the forward check judges it); one never called is reported as such.
+An N-D mm leaf owned by an nn.Conv2d (one group, zero padding) is judged as the mm of its declared matrix (out, in *
+kh * kw) on im2col's patches of the hooked input (F.unfold: a patch's entries in (in, kh, kw) order, the row-major
+order the matrix declares), its output's pixels as rows: y_i = conv2d(x_i, W + (A_i B_i^T).reshape(W.shape)) + b
+within the same bound (in = in * kh * kw). Any other owner of an N-D leaf is skipped, saying so.
 
 """
 from __future__ import annotations
@@ -165,9 +169,49 @@ def check_layers(side, cfg, seed: int) -> list[Row]:
     for leaf in leaves:
         layer = _layer(cfg.tree, leaf, owners[leaf.path], params, noise, m)
         plain_layer = _layer(cfg.tree, leaf, owners[leaf.path], params, zero, m)
-        rows.append(_layer_row(layer, plain_layer, [c for c in captured["noise"] if c[0] == owners[leaf.path]],
-                               [c for c in captured["zero"] if c[0] == owners[leaf.path]], m, scales))
+        calls, zero_calls = ([c for c in captured[k] if c[0] == owners[leaf.path]] for k in ("noise", "zero"))
+        if leaf.matrix is not None:
+            conv = module.get_submodule(owners[leaf.path]) if owners[leaf.path] else module
+            why = conv_unjudged(leaf, conv)
+            if why:
+                rows.append(Row("products", f"{leaf.path} (mm through its matrix {leaf.matrix}) as the model calls "
+                                            f"it", float("nan"), "-", "skip", why))
+                continue
+            calls, zero_calls = (as_matrix_calls(conv, c) for c in (calls, zero_calls))
+        rows.append(_layer_row(layer, plain_layer, calls, zero_calls, m, scales))
     return rows
+
+
+def conv_unjudged(leaf, owner) -> str:
+    """Why an N-D mm leaf's layer cannot be judged as the mm of its matrix on im2col patches ('' when it can: an
+    nn.Conv2d, one group, zero padding, its weight's matrix (out, in * kh * kw))."""
+    import torch
+    if not isinstance(owner, torch.nn.Conv2d):
+        return (f"{leaf.path}: its owner is a {type(owner).__name__}, not an nn.Conv2d, so its input's matrix (im2col "
+                f"patches) is not known here; the forward check judges it")
+    if owner.groups != 1 or owner.padding_mode != "zeros" or isinstance(owner.padding, str):
+        return (f"{leaf.path}: its nn.Conv2d has groups {owner.groups}, padding {owner.padding!r} "
+                f"({owner.padding_mode}); the layer check forms patches for one group and numeric zero padding; the "
+                f"forward check judges it")
+    if leaf.scan_axes or leaf.matrix != (owner.out_channels, int(np.prod(leaf.slice_shape[1:]))):
+        return f"{leaf.path}: matrix {leaf.matrix} is not its conv's (out, in * kh * kw); the forward check judges it"
+    return ""
+
+
+def as_matrix_calls(conv, calls: list) -> list:
+    """A conv's calls (name, x (n, in, H, W), y (n, out, H', W')) as an mm's: (name, im2col patches (n, L, in kh kw)
+    in the row-major (in, kh, kw) order of its weight's matrix, y (n, L, out)); a call that is no plain 4-D tensor
+    kept as (name, None, None)."""
+    import torch
+    out = []
+    for name, x, y in calls:
+        if x is None or x.ndim != 4 or y is None or y.ndim != 4:
+            out.append((name, None, None))
+            continue
+        cols = torch.nn.functional.unfold(torch.from_numpy(x), conv.kernel_size, dilation=conv.dilation,
+                                          padding=conv.padding, stride=conv.stride).numpy()
+        out.append((name, np.swapaxes(cols, 1, 2), np.moveaxis(y, 1, -1).reshape(y.shape[0], -1, y.shape[1])))
+    return out
 
 
 def _layer(tree, leaf, owner: str, params: dict, noise: dict, m: int) -> Layer:
@@ -178,7 +222,9 @@ def _layer(tree, leaf, owner: str, params: dict, noise: dict, m: int) -> Layer:
     A, B = (np.asarray(t, np.float64) for t in noise[leaf.path]) if leaf.path in noise else (None, None)
     if A is not None and not np.any(A):
         A = B = None
-    return Layer(leaf.path, leaf.cls, np.asarray(params[leaf.path], np.float64), A, B,
+    W = np.asarray(params[leaf.path], np.float64)
+    W = W if leaf.matrix is None else W.reshape(leaf.matrix)                       # an N-D slice: its declared matrix
+    return Layer(leaf.path, leaf.cls, W, A, B,
                  (b + eps)[:, None, :], np.broadcast_to(b, (m, 1, out)))
 
 
