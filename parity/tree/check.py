@@ -288,6 +288,9 @@ def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float, pop: in
     """Why one leaf's gradient differs, in the MLP suite's words (parity.core.diagnose.gradient_cause): zero, a pure scale
     (named when one of sigma, N and r fits: 1/sigma, N, 1/N, sqrt(N), sqrt(r), 2, ...), the opposite sign, or another
     direction (its cosine and norm ratio)."""
+    order = B.other_order(leaf, port, ref)               # an N-D mm leaf's gradient laid out in another order
+    if order:
+        return f"{leaf.path} ({leaf.cls}): the gradient {order}"
     p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
     norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
     if norm_r == 0:

@@ -55,6 +55,7 @@ from parity.core.optscale import named_scales as gradient_scales
 from parity.core.port import PortError
 from parity.tree import hooks
 from parity.tree.base import Row
+from parity.tree.blocks import laid_out, matricization_words, matricizations
 from parity.tree.dist import dense64
 from spec.tree import Leaf, slice_index
 
@@ -378,43 +379,12 @@ def localise(judge: Judge, failure, side) -> Found:
                  (judge.params, restricted, case.batch), out, plain)
 
 
-def axis_names(n: int) -> tuple[str, ...]:
-    """A slice's axes by name: a conv weight's (out, in, kh, kw), else axis 0, axis 1, ..."""
-    return ("out", "in", "kh", "kw") if n == 4 else ("out", "in", "kd", "kh", "kw") if n == 5 else \
-        tuple(f"axis {k}" for k in range(n))
-
-
-def matricization_words(leaf: Leaf, perm: tuple[int, ...]) -> str:
-    """How a port that lays the declared matrix over the slice's axes in the order `perm` reads, against the
-    declared row-major one."""
-    names = axis_names(len(leaf.slice_shape))
-    said = ", ".join(names[k] for k in perm)
-    return (f"its perturbation is A B^T matricized in another order: the port lays the {leaf.matrix[0]} x "
-            f"{leaf.matrix[1]} matrix over the stored axes as ({said}), the tree declares the row-major "
-            f"({', '.join(names)}) (W.reshape{leaf.matrix}, im2col's order): reshape A B^T to "
-            f"{leaf.slice_shape} directly, or declare the weight in the port's order")
-
-
-def matricizations(leaf: Leaf) -> list[tuple[int, ...]]:
-    """The orders a port may lay an N-D slice's matrix over its axes in, other than row-major: every permutation of
-    the slice's axes, the leading (out) axis kept first before the others (the likelier mistakes: (in, kw, kh),
-    channels last (kh, kw, in))."""
-    import itertools
-    n = len(leaf.slice_shape)
-    perms = [p for p in itertools.permutations(range(n)) if p != tuple(range(n))]
-    return sorted(perms, key=lambda p: (p[0] != 0, p))
-
-
 def other_matricization(leaf: Leaf, M: np.ndarray, matches: Callable[[np.ndarray], bool]) -> str:
     """Words for the order the forward lays the matrix M (*stack, a, b) over the slice's axes in, where one other
     than the declared row-major one matches it (matches(E) on a perturbation at the stored shape), else ''."""
-    lead = M.shape[:-2]
-    for perm in matricizations(leaf):
-        shape = tuple(leaf.slice_shape[k] for k in perm)
-        E = np.moveaxis(M.reshape(lead + shape), [len(lead) + i for i in range(len(perm))],
-                        [len(lead) + k for k in perm])
-        if matches(np.ascontiguousarray(E)):
-            return matricization_words(leaf, perm)
+    for perm in matricizations(leaf.slice_shape):
+        if matches(laid_out(M, leaf.slice_shape, perm)):
+            return matricization_words(leaf.slice_shape, leaf.matrix, perm)
     return ""
 
 

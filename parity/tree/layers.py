@@ -31,6 +31,7 @@ import numpy as np
 
 from parity.core.tolerances import gamma
 from parity.tree.base import Row
+from parity.tree.blocks import laid_out, matricization_words, matricizations
 from parity.tree.forward import SUBSET, forward_params, named_scales, restrict, take
 from parity.tree.hooks import capturing, module_of, owner_name, population
 
@@ -72,6 +73,7 @@ class Layer(NamedTuple):
     B: np.ndarray | None
     bias: np.ndarray
     bias_plain: np.ndarray
+    slice_shape: tuple[int, ...] = ()      # an N-D mm leaf's stored slice (W, A, B are its declared matrix's)
 
     def parts(self, xm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(x W^T or x W, the low-rank term, gamma_{in + r + 2}'s magnitude) for xm (m, rows, in)."""
@@ -142,7 +144,32 @@ def _mistake(layer: Layer, xm, ym, base, low, bound, scales: dict[str, float]) -
         for name, v in scales.items():
             if abs(c / v - 1) < 0.1 and _ratio(ym, base + v * low + layer.bias, bound) <= 1:
                 return f"applies the low-rank term at {name} times its scale ({v:.6g}x)"
+        if layer.slice_shape:
+            M = layer.A @ np.swapaxes(layer.B, -1, -2)                                  # (m, a, b)
+            for perm in matricizations(layer.slice_shape):
+                E = laid_out(M, layer.slice_shape, perm).reshape(M.shape)
+                if _ratio(ym, base + xm @ np.swapaxes(E, -1, -2) + layer.bias, bound) <= 1:
+                    return matricization_words(layer.slice_shape, M.shape[1:], perm).replace("its perturbation is",
+                                                                                              "perturbs with")
+        rank = solved_rank(xm, ym - base - layer.bias)
+        r = layer.A.shape[-1]
+        if rank is not None and rank > r:
+            return (f"perturbs the weight at rank {rank} (of at most {min(layer.W.shape)}), not the rank {r} of "
+                    f"A_i B_i^T: a full-rank perturbation in place of the low-rank one (member 0's perturbation solved "
+                    f"from its calls' inputs and outputs)")
     return ""
+
+
+def solved_rank(xm: np.ndarray, d: np.ndarray) -> int | None:
+    """The rank of member 0's perturbation D (in, out) solved from d = x D by least squares (x (rows, in), d (rows,
+    out), rows >= in): the singular values above 1e-3 of the largest (a normal matrix's spread its singular values
+    within a factor of a few, float32 rounding leaves them below 1e-5); None when the rows cannot determine D."""
+    x, y = xm[0], d[0]
+    if x.shape[0] < x.shape[1] or np.linalg.matrix_rank(x) < x.shape[1]:
+        return None
+    D = np.linalg.lstsq(x, y, rcond=None)[0]
+    sv = np.linalg.svd(D, compute_uv=False)
+    return int(np.sum(sv > 1e-3 * sv[0])) if sv.size and sv[0] > 0 else None
 
 
 def check_layers(side, cfg, seed: int) -> list[Row]:
@@ -225,7 +252,7 @@ def _layer(tree, leaf, owner: str, params: dict, noise: dict, m: int) -> Layer:
     W = np.asarray(params[leaf.path], np.float64)
     W = W if leaf.matrix is None else W.reshape(leaf.matrix)                       # an N-D slice: its declared matrix
     return Layer(leaf.path, leaf.cls, W, A, B,
-                 (b + eps)[:, None, :], np.broadcast_to(b, (m, 1, out)))
+                 (b + eps)[:, None, :], np.broadcast_to(b, (m, 1, out)), leaf.slice_shape if leaf.matrix else ())
 
 
 def _layer_row(layer: Layer, plain_layer: Layer, calls: list, zero_calls: list, m: int, scales) -> Row:
