@@ -46,6 +46,7 @@ class Leaf:
     cls: str
     scan_axes: tuple[int, ...] = ()
     matrix: tuple[int, int] | None = None
+    KEY_OPTIONAL = ("matrix",)     # a recorded call's key (parity.core.tape) holds `matrix` only when one is declared
 
     def __post_init__(self) -> None:
         if self.cls not in CLASSES:
