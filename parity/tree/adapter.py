@@ -272,8 +272,11 @@ def declared_run(port: Any, defaults: Mapping[str, Any]) -> tuple[TreeRun, list[
         raise UsageError(f"the adapter's tree and settings: {err}") from err
     said = ", ".join(f"{k} {getattr(run, k)}" + ("" if k in given else " (the size's)") for k in SETTINGS)
     n_params = sum(math.prod(leaf.shape) for leaf in tree.leaves)
+    matricized = [f"{leaf.path} {leaf.slice_shape} as {leaf.matrix[0]} x {leaf.matrix[1]}" for leaf in tree.leaves
+                  if leaf.matrix is not None]
     return run, [f"tree: {len(tree.leaves)} leaves, {n_params:,} parameters "
-                 f"({', '.join(f'{c} {len(tree.of_class(c))}' for c in CLASSES)})",
+                 f"({', '.join(f'{c} {len(tree.of_class(c))}' for c in CLASSES)})"
+                 + (f"; mm through a declared matrix: {', '.join(matricized)}" if matricized else ""),
                  f"settings: {said}"]
 
 

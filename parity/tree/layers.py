@@ -33,7 +33,7 @@ from parity.core.tolerances import gamma
 from parity.tree.base import Row
 from parity.tree.blocks import laid_out, matricization_words, matricizations
 from parity.tree.forward import SUBSET, forward_params, named_scales, restrict, take
-from parity.tree.hooks import capturing, module_of, owner_name, population
+from parity.tree.hooks import capturing, conv2d_of, im2col, module_of, owner_name, population
 
 
 # ----------------------------------------------------------------------------- one layer's calls
@@ -212,15 +212,15 @@ def check_layers(side, cfg, seed: int) -> list[Row]:
 def conv_unjudged(leaf, owner) -> str:
     """Why an N-D mm leaf's layer cannot be judged as the mm of its matrix on im2col patches ('' when it can: an
     nn.Conv2d, one group, zero padding, its weight's matrix (out, in * kh * kw))."""
-    import torch
-    if not isinstance(owner, torch.nn.Conv2d):
+    conv = conv2d_of(owner)
+    if conv is None:
         return (f"{leaf.path}: its owner is a {type(owner).__name__}, not an nn.Conv2d, so its input's matrix (im2col "
                 f"patches) is not known here; the forward check judges it")
-    if owner.groups != 1 or owner.padding_mode != "zeros" or isinstance(owner.padding, str):
-        return (f"{leaf.path}: its nn.Conv2d has groups {owner.groups}, padding {owner.padding!r} "
-                f"({owner.padding_mode}); the layer check forms patches for one group and numeric zero padding; the "
+    if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        return (f"{leaf.path}: its nn.Conv2d has groups {conv.groups}, padding {conv.padding!r} "
+                f"({conv.padding_mode}); the layer check forms patches for one group and numeric zero padding; the "
                 f"forward check judges it")
-    if leaf.scan_axes or leaf.matrix != (owner.out_channels, int(np.prod(leaf.slice_shape[1:]))):
+    if leaf.scan_axes or leaf.matrix != (conv.out_channels, int(np.prod(leaf.slice_shape[1:]))):
         return f"{leaf.path}: matrix {leaf.matrix} is not its conv's (out, in * kh * kw); the forward check judges it"
     return ""
 
@@ -229,15 +229,12 @@ def as_matrix_calls(conv, calls: list) -> list:
     """A conv's calls (name, x (n, in, H, W), y (n, out, H', W')) as an mm's: (name, im2col patches (n, L, in kh kw)
     in the row-major (in, kh, kw) order of its weight's matrix, y (n, L, out)); a call that is no plain 4-D tensor
     kept as (name, None, None)."""
-    import torch
     out = []
     for name, x, y in calls:
         if x is None or x.ndim != 4 or y is None or y.ndim != 4:
             out.append((name, None, None))
             continue
-        cols = torch.nn.functional.unfold(torch.from_numpy(x), conv.kernel_size, dilation=conv.dilation,
-                                          padding=conv.padding, stride=conv.stride).numpy()
-        out.append((name, np.swapaxes(cols, 1, 2), np.moveaxis(y, 1, -1).reshape(y.shape[0], -1, y.shape[1])))
+        out.append((name, im2col(conv, x), np.moveaxis(y, 1, -1).reshape(y.shape[0], -1, y.shape[1])))
     return out
 
 
