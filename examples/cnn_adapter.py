@@ -91,3 +91,12 @@ SMALL = dict(model=cp.CNNConfig(in_ch=2, image=6, width=4, classes=3), pop=8)
 def small() -> CNNAdapter:
     """The small size (2 -> 4 channels, 6 x 6 images, pop 8)."""
     return CNNAdapter(**SMALL)
+
+
+class TorchRng(CNNAdapter):
+    """The same port on torch's generator (torch_impl's tree noise, knob rng=torch): checked in distribution."""
+
+    jax_compatible_rng = False
+
+    def __init__(self, model: cp.CNNConfig = cp.CNNConfig(), **settings):
+        super().__init__(model, TreeKnobs(rng="torch"), **settings)
