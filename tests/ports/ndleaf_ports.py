@@ -13,9 +13,9 @@ overrides what a port that matricizes its conv weight otherwise gets wrong, the 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from examples.cnn_adapter import SMALL, CNNAdapter
+from parity.tree.torch_module import numpy_of, tensors
 
 SIZES = {"small": SMALL, "example": {}}
 
@@ -53,18 +53,17 @@ class _Permuted(CNNAdapter):
             g[leaf.path] = np.ascontiguousarray(self._laid(g[leaf.path].reshape(leaf.matrix), leaf)).astype(np.float32)
         return g
 
-    def update(self, params, noise, shaped, sigma, lr):
-        g = self.gradient(noise, shaped, sigma)
-        return self.es_params(self.es_tell_grads(params, g))
+    def _stepped(self, params: dict, g: dict) -> dict:
+        """The port's sgd step on its (permuted) gradient, numpy in and out."""
+        return numpy_of(self.es.step(tensors(params), tensors(g)))
 
-    def es_tell_grads(self, params, g):
-        return self.es.step({k: torch.from_numpy(np.array(v)) for k, v in params.items()},
-                            {k: torch.from_numpy(np.array(v)) for k, v in g.items()}), 0
+    def update(self, params, noise, shaped, sigma, lr):
+        return self._stepped(params, self.gradient(noise, shaped, sigma))
 
     def es_tell(self, state, noise, scores, epoch):
         shaped = self.shape_fitness(np.asarray(scores, np.float32), self.group_size)
-        params = self.es_params(state)
-        return self.es_tell_grads(params, self.gradient(noise, shaped, self.sigma))[0], state[1]
+        new = self._stepped(numpy_of(state[0]), self.gradient(noise, shaped, self.sigma))
+        return tensors(new), state[1]
 
 
 class KhKwSwapped(_Permuted):
@@ -124,10 +123,4 @@ class ConvNoiseLeftOut(CNNAdapter):
 
     def population_forward(self, params, noise, batch):
         kept = {p: v for p, v in noise.items() if p not in {leaf.path for leaf in convs(self.tree)}}
-        self.load(params)
-        from examples import cnn_port as cp      # noqa: F401  (the port's own score on the kept noise)
-        from parity.tree.torch_module import numpy_of, tensors
-        m = next(iter(noise.values()))[0].shape[0]
-        if not kept:
-            return np.repeat(super().plain_forward(params, batch)[None], m, 0)
-        return numpy_of(self.es.score(tensors(batch), {p: tensors(v) for p, v in kept.items()}))
+        return super().population_forward(params, kept, batch)
