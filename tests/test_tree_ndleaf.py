@@ -161,3 +161,14 @@ def test_each_conv_drift_is_caught_and_named_with_its_leaf(name, check, says, si
         assert "matricized in another order" in forward[0].cause
     if name == "ConvNoiseLeftOut":
         assert "applies none of its noise" in forward[0].cause
+
+
+@pytest.mark.slow
+def test_the_cnn_on_torchs_generator_is_checked_in_distribution_at_its_matrix():
+    """jax_compatible_rng False: the convs' noise laws, the gradient on the port's own noise and the step, as mm."""
+    from examples.cnn_adapter import TorchRng
+    rows = rows_of(TorchRng(**P.SIZES["small"]), 3)
+    assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
+    q = [r.quantity for r in rows if r.verdict == "pass"]
+    assert any(s.startswith("conv1.weight (mm) epoch 0: diagonal entries of E / sigma") for s in q)
+    assert any(s.startswith("conv2.weight (mm): max |port - ref on the port's noise| / bound") for s in q)
