@@ -2,10 +2,11 @@
 
 The oracle needs no model of the suite's own. For member i, the port's population forward with the noise E_i must
 equal the port's PLAIN forward of the same model at the materialized parameters theta + E_i (A_i B_i^T at the stored
-slice shape on each low-rank leaf, an N-D mm leaf's matrix reshaped row-major to the slice, eps_i on each full-rank one, on every leaf the port's noise has; nothing on the
-others), up to float32 rounding. The plain forward is usually the code the port was ported from (for an nn.Module,
-torch.func.functional_call: parity.tree.torch_module), which is rarely where the bug is. No JAX and no reference
-noise are needed, so the check runs alike draw by draw, in distribution and against a bundle.
+slice shape on each low-rank leaf, an N-D mm leaf's matrix reshaped row-major to the slice, eps_i on each full-rank
+one, on every leaf the port's noise has; nothing on the others), up to float32 rounding. The plain forward is usually
+the code the port was ported from (for an nn.Module, torch.func.functional_call: parity.tree.torch_module), which is
+rarely where the bug is. No JAX and no reference noise are needed, so the check runs alike draw by draw, in
+distribution and against a bundle.
 
 The protocol (optional methods; without them the check is skipped, saying so):
     batch(seed) -> an input the model takes, the same for every member (numpy arrays, or dicts/tuples of them)
@@ -41,7 +42,8 @@ whose noise the forward mishandles; then it says how, in plain words: none of it
 hands it out and its gradient uses it), a member's output depending on the other members (alone it is right),
 the perturbation at another named scale, the low-rank term summing x and B apart (an einsum's index), transposed,
 an N-D leaf's A B^T laid over its axes in another order than its declared row-major matrix (the orders tried: every
-permutation of the slice's axes, those keeping the leading axis first tried first), or in another direction; and, before any of that, whether two calls on the same inputs differ (dropout left on?).
+permutation of the slice's axes, those keeping the leading axis first tried first), or in another direction; and,
+before any of that, whether two calls on the same inputs differ (dropout left on?).
 The failing call, with the noise up to that unit, is the check's repro.
 """
 from __future__ import annotations
@@ -427,7 +429,7 @@ def classify(judge: Judge, case: Case, pos: int, before, unit: Unit, passing: tu
         if abs(c / v - 1) < 0.1 and matches(v * E):
             return f"its perturbation is applied at {name} times its scale ({v:.6g}x)"
     if leaf.cls in ("mm", "tmm"):
-        M = E.reshape(leaf.stack_shape + leaf.factor_dims)            # the matrix A B^T (an N-D slice: its declared one)
+        M = E.reshape(leaf.stack_shape + leaf.factor_dims)          # the matrix A B^T (an N-D slice: its declared one)
         summed = np.broadcast_to(M.sum(axis=-1 if leaf.cls == "mm" else -2, keepdims=True), M.shape)
         if matches(np.array(summed).reshape(E.shape)):
             return ("its low-rank term sums x and B over the input separately (an einsum naming their input index "
