@@ -188,7 +188,11 @@ def leaf_gradient_text(leaf, port: np.ndarray, ref: np.ndarray, bound, sigma: fl
     """Why one leaf's gradient differs, in the MLP suite's words (parity.core.diagnose.gradient_cause): zero, a pure
     scale when port - c ref is within the rounding bound (parity.core.optscale.fit_leaf; c named when one of sigma, N
     and r fits: 1/sigma, N/sigma, 1/(sigma^2 sqrt(N)), sqrt(r), 2, ...), the opposite sign, or another direction
-    (its cosine, norm ratio and the least-squares scale)."""
+    (its cosine, norm ratio and the least-squares scale); an N-D mm leaf's gradient laid out in another order of its
+    matrix says that order (blocks.other_order)."""
+    order = B.other_order(leaf, port, ref)
+    if order:
+        return f"{leaf.path} ({leaf.cls}): the gradient {order}"
     p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
     norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
     if norm_r == 0:

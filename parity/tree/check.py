@@ -380,13 +380,20 @@ def slices_shown(leaf) -> list[tuple[int, ...]]:
     return [every[round(i * (len(every) - 1) / (PRODUCT_SLICES - 1))] for i in range(PRODUCT_SLICES)]
 
 
+def matrix_words(leaf) -> str:
+    """', the matrix of the stored (8, 3, 3, 3)' for an N-D mm leaf (its product is the mm of its matrix), else ''."""
+    return f", the matrix of the stored {leaf.slice_shape}" if leaf.matrix is not None else ""
+
+
 def product_cases(cfg) -> list[ProductCase]:
     """The LM (--task lm): its slice shapes and three more (wide, tall, square), rows (batch,). A declared tree
-    (--task tree): every mm and tmm leaf at its class and slice shape, stacked slices included, rows (batch, seq) as
-    a transformer layer sees them."""
+    (--task tree): every mm and tmm leaf at its class and slice shape (an N-D mm leaf at its declared matrix: a conv
+    is the mm of its matrix on im2col's patches), stacked slices included, rows (batch, seq) as a transformer layer
+    sees them."""
     if not isinstance(cfg, LMConfig):
-        return [ProductCase(f"{leaf.path}{list(idx) if idx else ''} ({leaf.cls} {leaf.slice_shape[0]}x"
-                            f"{leaf.slice_shape[1]})", leaf.cls, leaf.slice_shape, TREE_PRODUCT_ROWS)
+        return [ProductCase(f"{leaf.path}{list(idx) if idx else ''} ({leaf.cls} {leaf.factor_dims[0]}x"
+                            f"{leaf.factor_dims[1]}{matrix_words(leaf)})", leaf.cls, leaf.factor_dims,
+                            TREE_PRODUCT_ROWS)
                 for leaf in cfg.tree.of_class("mm", "tmm") for idx in slices_shown(leaf)]
     cases = list(dict.fromkeys((leaf.cls, leaf.slice_shape) for leaf in lm_tree(cfg).of_class("mm", "tmm")))
     cases += [(form, s) for form in ("mm", "tmm") for s in EXTRA_PRODUCT_SHAPES if (form, s) not in cases]
