@@ -106,7 +106,7 @@ def estimate_tree_check_bytes(tree: Tree, pop: int, rank: int, block_entries: in
     difference). A lower bound on the peak, used to refuse trees that cannot fit; what grows with the population is
     the noise, and the blocks until they reach their cap."""
     params = sum(math.prod(leaf.shape) for leaf in tree.leaves)
-    noise = sum(leaf.n_slices * sum(leaf.slice_shape) * rank if leaf.factor_dims else
+    noise = sum(leaf.n_slices * sum(leaf.factor_dims) * rank if leaf.factor_dims else
                 math.prod(leaf.shape) if leaf.cls == "param" and not freeze_nonlora else 0 for leaf in tree.leaves)
     largest = max(math.prod(leaf.shape) for leaf in tree.leaves)
     capped = pop * largest > block_entries

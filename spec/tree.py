@@ -22,7 +22,7 @@ from typing import Iterable, Mapping, Sequence
 CLASSES: tuple[str, ...] = ("mm", "tmm", "param", "embedding", "excluded")
 ES_MAP: dict[str, int] = {"param": 0, "mm": 1, "tmm": 1, "embedding": 2, "excluded": 3}
 CLASS_NOTES: dict[str, str] = {
-    "mm": "matrix stored (out, in), used as x @ W.T: low-rank noise",
+    "mm": "matrix stored (out, in), used as x @ W.T: low-rank noise (an N-D weight through its declared `matrix`)",
     "tmm": "matrix stored (in, out), used as x @ W: low-rank noise on the stored shape",
     "param": "any other tensor: full-rank noise, frozen when freeze_nonlora",
     "embedding": "lookup table: no noise, no update",
@@ -37,12 +37,16 @@ class TreeError(ValueError):
 
 @dataclass(frozen=True)
 class Leaf:
-    """One parameter leaf: its path, full (stacked) shape, class and scanned axes."""
+    """One parameter leaf: its path, full (stacked) shape, class and scanned axes; `matrix` (mm only): the (a, b) an
+    N-D slice is perturbed as, its row-major reshape (a conv weight (out, in, kh, kw) as (out, in * kh * kw), the
+    matrix torch's W.reshape(out, -1) and im2col's patches use): the reference's mm noise at (a, b), reshaped."""
 
     path: str
     shape: tuple[int, ...]
     cls: str
     scan_axes: tuple[int, ...] = ()
+    matrix: tuple[int, int] | None = None
+    KEY_OPTIONAL = ("matrix",)     # a recorded call's key (parity.core.tape) holds `matrix` only when one is declared
 
     def __post_init__(self) -> None:
         if self.cls not in CLASSES:
@@ -57,10 +61,17 @@ class Leaf:
                                 f"(axes 0..{len(self.shape) - 1})")
         if len(set(self.scan_axes)) != len(self.scan_axes):
             raise TreeError(f"leaf {self.path!r}: scan axes {self.scan_axes} repeat an axis")
-        if self.cls in LOWRANK and len(self.slice_shape) != 2:
+        if self.matrix is not None:
+            if isinstance(self.matrix, list):
+                object.__setattr__(self, "matrix", tuple(self.matrix))
+            check_matrix(self)
+        elif self.cls in LOWRANK and len(self.slice_shape) != 2:
+            hint = (f"; an N-D weight perturbed through its matricization declares it: matrix="
+                    f"{matrix_hint(self.slice_shape)} (the row-major reshape, a conv weight's (out, in * kh * kw))"
+                    if self.cls == "mm" and len(self.slice_shape) > 2 else "")
             raise TreeError(f"leaf {self.path!r}: a {self.cls} slice must be a matrix, got slice shape "
                             f"{self.slice_shape} (shape {self.shape}, scan axes {self.scan_axes}); declare a stack's "
-                            f"axes as scan axes (e.g. (0,)), or class a leaf that is no weight matrix param")
+                            f"axes as scan axes (e.g. (0,)), or class a leaf that is no weight matrix param{hint}")
 
     @property
     def slice_shape(self) -> tuple[int, ...]:
@@ -82,13 +93,56 @@ class Leaf:
 
     @property
     def factor_dims(self) -> tuple[int, int] | None:
-        """(a, b) of a low-rank slice as upstream draws it: the stored slice shape (mm: (out, in), tmm: (in, out))."""
-        return tuple(self.slice_shape) if self.cls in LOWRANK else None
+        """(a, b) of a low-rank slice as upstream draws it: the stored slice shape (mm: (out, in), tmm: (in, out)),
+        or the declared matrix of an N-D mm slice."""
+        if self.cls not in LOWRANK:
+            return None
+        return self.matrix if self.matrix is not None else tuple(self.slice_shape)
+
+    @property
+    def matrix_shape(self) -> tuple[int, ...]:
+        """The leaf's shape as the noiser sees it: the stack, then the declared matrix (the stored shape when none)."""
+        return self.shape if self.matrix is None else (*self.stack_shape, *self.matrix)
 
     @property
     def noised(self) -> bool:
         """Whether the reference ever perturbs it (param leaves only when freeze_nonlora is off)."""
         return self.cls in ("mm", "tmm", "param")
+
+
+def matrix_hint(slice_shape: Sequence[int]) -> tuple[int, int]:
+    """(first axis, the rest's product): the matricization of an (out, in, kh, kw) conv weight."""
+    return (int(slice_shape[0]), math.prod(slice_shape[1:]))
+
+
+def matrix_splits(slice_shape: Sequence[int]) -> list[tuple[int, int]]:
+    """The row-major matricizations of a slice: (product of its first k axes, product of the rest), k = 1 .. n - 1."""
+    return [(math.prod(slice_shape[:k]), math.prod(slice_shape[k:])) for k in range(1, len(slice_shape))]
+
+
+def check_matrix(leaf: Leaf) -> None:
+    """TreeError, saying what would be right, unless the leaf's `matrix` declares a row-major matricization of an N-D
+    mm slice (two positive integers whose product is the slice's size, the scanned axes leading)."""
+    m, where = leaf.matrix, f"leaf {leaf.path!r} (shape {leaf.shape}, slice {leaf.slice_shape})"
+    if leaf.cls != "mm":
+        raise TreeError(f"{where}: `matrix` declares an mm leaf's matricization; a {leaf.cls} leaf has none (class "
+                        f"it mm, or drop `matrix`)")
+    if not isinstance(m, tuple) or len(m) != 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                                      for n in m):
+        raise TreeError(f"{where}: matrix {m!r} must be a pair of positive integers (a, b), e.g. "
+                        f"{matrix_hint(leaf.slice_shape)}")
+    if len(leaf.slice_shape) < 3:
+        raise TreeError(f"{where}: matrix {m} is for a slice of 3 or more axes; a {len(leaf.slice_shape)}-D slice "
+                        f"is {'its own matrix' if len(leaf.slice_shape) == 2 else 'no matrix'}: drop `matrix`")
+    splits = matrix_splits(leaf.slice_shape)
+    if m not in splits:
+        raise TreeError(f"{where}: matrix {m} is no row-major matricization of the slice ({math.prod(m)} entries, the "
+                        f"slice {math.prod(leaf.slice_shape)}): rows are the product of its leading axes and columns "
+                        f"of the rest, one of {', '.join(map(str, splits))} ({splits[0]} for a conv weight (out, in, "
+                        f"kh, kw)); a port whose matrix permutes the axes reshapes to this order at its boundary")
+    if not leading_scan(leaf):
+        raise TreeError(f"{where}: a matricized leaf's scanned axes must lead ((0,), (0, 1), ...), got "
+                        f"{leaf.scan_axes}")
 
 
 def key_tuple(path: str) -> tuple[str, ...]:
@@ -174,20 +228,23 @@ def _unknown(names: Iterable[str], unmatched: Iterable[str]) -> str:
 
 
 def tree_from_maps(shapes: Mapping[str, Sequence[int]], classes: Mapping[str, str],
-                   scan_axes: Mapping[str, Sequence[int]] | None = None) -> Tree:
-    """A Tree from {path: shape} (e.g. an adapter's init_params) and a class map; every path needs a class, and a
-    map's path that names no parameter is refused with the closest one it may mean."""
-    scan_axes = scan_axes or {}
+                   scan_axes: Mapping[str, Sequence[int]] | None = None,
+                   matrices: Mapping[str, Sequence[int]] | None = None) -> Tree:
+    """A Tree from {path: shape} (e.g. an adapter's init_params), a class map, and optionally the scanned axes and
+    the matrices of N-D mm leaves; every path needs a class, and a map's path that names no parameter is refused
+    with the closest one it may mean."""
+    scan_axes, matrices = scan_axes or {}, matrices or {}
     missing = sorted(set(shapes) - set(classes))
     extra = [f"{_unknown(sorted(set(m) - set(shapes)), sorted(set(shapes) - set(m)))} in `{what}`"
-             for what, m in (("leaf_classes", classes), ("scan_axes", scan_axes)) if set(m) - set(shapes)]
+             for what, m in (("leaf_classes", classes), ("scan_axes", scan_axes), ("matrices", matrices))
+             if set(m) - set(shapes)]
     if extra:
         raise TreeError(f"the class or scan map names leaves the parameters do not hold: {'; '.join(extra)}"
                         + (f"; no leaf class for {', '.join(missing)}" if missing else ""))
     if missing:
         raise TreeError(f"no leaf class for {', '.join(missing)}; give each one of {', '.join(CLASSES)}")
-    return make_tree([Leaf(p, tuple(int(n) for n in shapes[p]), classes[p], tuple(scan_axes.get(p, ())))
-                      for p in shapes])
+    return make_tree([Leaf(p, tuple(int(n) for n in shapes[p]), classes[p], tuple(scan_axes.get(p, ())),
+                           tuple(matrices[p]) if p in matrices else None) for p in shapes])
 
 
 def check_params(tree: Tree, shapes: Mapping[str, Sequence[int]], who: str = "params") -> None:

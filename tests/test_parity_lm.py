@@ -230,7 +230,7 @@ def test_each_visible_tree_drift_is_named_through_the_protocol_in_distribution(k
     ("InitTooWide", "init", "init differs"),
     ("ForwardIgnoresHeadNoise", "forward", "the forward first departs at head"),
     ("AskAtTwiceSigma", "trajectory", "the training loop's (es_ask) low-rank noise over sigma: not distributed"),
-    ("GradientTwiceAsLarge", "gradients", "the gradient differs from einsum(f A, B) / N on the port's own noise"),
+    ("GradientTwiceAsLarge", "gradients", "gradient is 2x the reference's, a factor 2 (same direction)"),
 ])
 def test_each_in_distribution_test_can_fail(attr, check, says, size):
     """A port drifting only where one in-distribution test looks is caught by that test (first failing check)."""

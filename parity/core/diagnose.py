@@ -364,10 +364,12 @@ def activation_cause(port_act: str | None, ref_act: str, worst: str) -> Cause:
 
 # ----------------------------------------------------------------------------- gradients
 def gradient_cause(leaf: str, norm_ratio: float, cosine: float, ratio_other_sigma: float | None,
-                   sigma: float, other_sigma: float | None, pop: int | None = None, rank: int | None = None) -> Cause:
+                   sigma: float, other_sigma: float | None, pop: int | None = None, rank: int | None = None,
+                   aligned: bool | None = None) -> Cause:
     """A gradient leaf that differs: zero (a bias: no bias noise), a pure scale (1/sigma; given pop, and rank, any
-    other factor parity.core.optscale names: N, 1/N, sqrt(N), sqrt(r), 2, ...), a sign flip, or a different
-    direction."""
+    other factor parity.core.optscale names: N, 1/N, sqrt(N), sqrt(r), N/sigma, 2, ...), a sign flip, or a different
+    direction. `aligned` (parity.core.optscale.fit_leaf: port - c ref within the rounding bound, norm_ratio then c)
+    decides "same direction" where given; else the cosine within 1e-4 of +-1 does."""
     is_bias = leaf.endswith(".bias")
     if norm_ratio == 0:
         if is_bias:
@@ -375,7 +377,8 @@ def gradient_cause(leaf: str, norm_ratio: float, cosine: float, ratio_other_sigm
                                        "gradient ignores the bias noise it is given, so it perturbs no bias (as "
                                        "bias_noise=off); the reference's is mean(f * sigma * eps)")
         return other("gradient estimate", f"'{leaf}' gradient is zero on the reference's noise and fitness")
-    if cosine > 1 - 1e-4 and math.isfinite(norm_ratio):
+    same = cosine > 1 - 1e-4 if aligned is None else aligned and norm_ratio > 0
+    if same and math.isfinite(norm_ratio):
         scales_with_sigma = (ratio_other_sigma is not None and other_sigma is not None
                              and abs(ratio_other_sigma * other_sigma / (norm_ratio * sigma) - 1) < 1e-3)
         if abs(norm_ratio * sigma - 1) < 1e-3 or scales_with_sigma:
@@ -385,7 +388,7 @@ def gradient_cause(leaf: str, norm_ratio: float, cosine: float, ratio_other_sigm
             return cause("bias_grad", detail) if is_bias else other("weight gradient scale", detail)
         return other("gradient scale", f"'{leaf}' gradient is {fmt(norm_ratio)}x the reference's"
                                        f"{named_factor(norm_ratio, sigma, pop, rank)} (same direction)")
-    if cosine < -1 + 1e-4:
+    if (cosine < -1 + 1e-4) if aligned is None else (aligned and norm_ratio < 0):
         return other("gradient sign", f"'{leaf}' gradient points the opposite way (cosine {fmt(cosine)}); "
                                       "the reference's convention is the ascent direction")
     return other("gradient estimate", f"'{leaf}' gradient has cosine {fmt(cosine)} and norm ratio "

@@ -21,6 +21,12 @@ Tolerance for "matches up to scale": a named scale is taken when its value lies 
 (deterministic: no false-alarm rate), else the fitted value is given. Whatever the name, the candidate optimizer fed
 c g must reproduce the port's first step within MATCH of its largest entry (MATCH below, the threshold
 an unscaled candidate must meet): that verification, not the fit, decides a match.
+
+One leaf's gradient up to a scale (fit_leaf, for the tree suite's gradients check in both modes): the port's p
+against the reference's r on the same noise, c = <p, r> / <r, r>, and "the same direction" when every |p_i - c r_i|
+is within its worst case for a scaled reference (fit_leaf's docstring derives it from the check's own bound). A leaf
+scaled down along that direction whose norm is a round value, or one norm several leaves share (caps, within
+cap_tolerance), is read as clipped at that norm.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity.core.tolerances import update_bound
+from parity.core.tolerances import U32, gamma, update_bound
 
 ADAM_EPS = 1e-8     # optax.adam's and adamw's default eps
 ADAMW_DECAY = 1e-4  # optax.adamw's default weight decay
@@ -61,7 +67,10 @@ def named_scales(sigma: float, pop: int, rank: int | None = None) -> dict[str, f
              "N": float(pop), "1/N": 1 / pop}
     if rank is not None:
         names.update({"sqrt(r)": math.sqrt(rank), "1/sqrt(r)": 1 / math.sqrt(rank)})
-    return {**names, "2": 2.0, "1/2": 0.5}
+    # seen in real ports (issue 53), after the older names so that one equal in value at some size never takes
+    # its place (scale_names keeps the table's order on ties)
+    later = {"N/sigma": pop / sigma, "1/(sigma^2 sqrt(N))": 1 / (sigma ** 2 * root)}
+    return {**names, "2": 2.0, "1/2": 0.5, **later}
 
 
 def scale_names(c: float, lo: float, hi: float, sigma: float, pop: int, rank: int | None = None) -> list[str]:
@@ -70,13 +79,88 @@ def scale_names(c: float, lo: float, hi: float, sigma: float, pop: int, rank: in
     inside = {n: v for n, v in named_scales(sigma, pop, rank).items() if lo <= v <= hi}
     if not (0 < c < math.inf):
         return []
-    return sorted(inside, key=lambda n: abs(math.log(inside[n] / c)))
+    # equal values formed by different float64 expressions (N/sigma and 1/sigma^2 at N = 1/sigma) differ by an ulp:
+    # rounded to 1e-9, they tie and keep the table's order (the older name first)
+    return sorted(inside, key=lambda n: round(abs(math.log(inside[n] / c)), 9))
 
 
 def name_scale(c: float, lo: float, hi: float, sigma: float, pop: int) -> str | None:
     """The named scale inside [lo, hi], the closest to c in log when several; None when none is."""
     found = scale_names(c, lo, hi, sigma, pop)
     return found[0] if found else None
+
+
+# ----------------------------------------------------------------------------- one leaf's gradient up to a scale
+SCALE_ROUNDINGS = 4     # roundings a port's scaling of its gradient adds per entry (constants formed and applied)
+
+
+class LeafFit(NamedTuple):
+    """A leaf's port gradient p against the reference's r: p ~ c r (least squares), c's worst-case interval, the
+    cosine, and whether p - c r is within the rounding bound (the direction is the reference's)."""
+
+    c: float
+    lo: float
+    hi: float
+    cosine: float
+    aligned: bool
+    excess: float         # max |p - c r| / its allowance (<= 1: aligned)
+
+
+def fit_leaf(port: np.ndarray, ref: np.ndarray, bound: np.ndarray) -> LeafFit:
+    """p = c* r + d with |d_i| <= e_i = |c*| b_i + SCALE_ROUNDINGS u |p_i| when the port's gradient is the
+    reference's scaled (b: the check's bound on |port - ref| at scale 1, both sides' rounding; u |p| per rounding of
+    the scaling). Then c_hat = <p, r> / <r, r> has |c_hat - c*| <= h = sum(e |r|) / <r, r>, and
+    |p_i - c_hat r_i| <= e_i + h |r_i|: within that, for every entry, the direction is the reference's."""
+    p, r = (np.asarray(x, np.float64).ravel() for x in (port, ref))
+    b = np.broadcast_to(np.asarray(bound, np.float64), np.shape(ref)).ravel()
+    rr, norms = float(r @ r), float(np.linalg.norm(p)) * float(np.linalg.norm(r))
+    if rr == 0 or not np.all(np.isfinite(p)):
+        return LeafFit(math.nan, -math.inf, math.inf, math.nan, False, math.inf)
+    c = float(p @ r) / rr
+    half = float(np.abs(r) @ (abs(c) * b + SCALE_ROUNDINGS * U32 * np.abs(p))) / rr
+    e = (abs(c) + half) * b + SCALE_ROUNDINGS * U32 * np.abs(p)       # |c*| <= |c_hat| + h
+    half = float(np.abs(r) @ e) / rr
+    excess = float(np.max(np.abs(p - c * r) / np.maximum(e + half * np.abs(r), 1e-300)))
+    return LeafFit(c, c - half, c + half, float(p @ r) / norms if norms else 0.0, excess <= 1, excess)
+
+
+# A norm that is a cap: torch's clip_grad_norm_ scales by max / (norm + 1e-6), off by 1e-6 / norm relative (1e-5
+# allows norms down to 0.1), and the norm a port computes in float32 over n entries is within gamma_n of it.
+CAP_RTOL = 1e-5
+ROUND_MANTISSAS = (1.0, 2.0, 2.5, 5.0)
+
+
+def cap_tolerance(n: int, extra: float = 0.0) -> float:
+    """How far (relative) a leaf's norm may be from a cap it was clipped at: CAP_RTOL + gamma_n + extra (the
+    caller's own rounding of the norm it measures)."""
+    return CAP_RTOL + gamma(n) + extra
+
+
+def round_value(x: float, rtol: float) -> float | None:
+    """m 10^k (m in ROUND_MANTISSAS) within rtol of x, else None."""
+    if not (x > 0 and math.isfinite(x)):
+        return None
+    k = math.floor(math.log10(x))
+    for e in (k - 1, k, k + 1):
+        for m in ROUND_MANTISSAS:
+            v = m * 10.0 ** e
+            if abs(x / v - 1) <= rtol:
+                return v
+    return None
+
+
+def caps(norms: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """{leaf: the cap its norm sits at} among leaves scaled down along the reference's direction ({leaf: (norm,
+    rtol)}): a round value (1.0, 0.5, ...) within rtol, else a norm two or more of them share within rtol."""
+    out = {}
+    for k, (x, rtol) in norms.items():
+        v = round_value(x, rtol)
+        shared = [y for j, (y, t) in norms.items() if j != k and abs(y / x - 1) <= max(rtol, t)]
+        if v is not None:
+            out[k] = v
+        elif shared:
+            out[k] = float(np.mean([x, *shared]))
+    return out
 
 
 def fit_sgd(port_step: np.ndarray, unit_step: np.ndarray, new: np.ndarray) -> tuple[float, float, float]:

@@ -78,7 +78,10 @@ def _feed(h, value: Any) -> None:
             _feed(h, value[k])
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         h.update(b"C" + type(value).__name__.encode() + b":")
+        optional = getattr(type(value), "KEY_OPTIONAL", ())       # fields added later: keyed only off their default
         for f in dataclasses.fields(value):
+            if f.name in optional and getattr(value, f.name) == f.default:
+                continue
             _feed(h, f.name)
             _feed(h, getattr(value, f.name))
     elif isinstance(value, slice):                  # a block of a leaf (parity.tree.blocks.Block holds three)

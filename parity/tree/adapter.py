@@ -11,8 +11,14 @@ one of two ways:
     tree: spec.tree.Tree                       the whole declaration (spec.lm.lm_tree(cfg) for a faithful LM port)
     leaf_classes: {path: class}                read with init_params(0)'s shapes through spec.tree.tree_from_maps,
     scan_axes: {path: (axis, ...)} (optional)  with the stacked leaves' scanned axes (the leading ones, in order)
+    matrices: {path: (a, b)} (optional)        and the matrix each N-D mm leaf is perturbed through
+An N-D weight (a conv's (out, in, kh, kw)) is an mm leaf with a declared matrix, Leaf(path, shape, "mm",
+matrix=(out, in * kh * kw)): its noise is the reference's mm noise at (a, b) (drawn by the leaf's key index at that
+shape), A B^T reshaped row-major to the slice; its factors, products, gradient and update are checked as an mm's at
+(a, b). The matrix must be a row-major split of the slice (rows the product of its leading axes).
 A tree that does not match init_params (a leaf path not in the params, a param not in the tree), an unknown class,
-a scan axis out of range or not leading, an mm/tmm leaf that is not 2-D per slice, an empty tree, or (--task tree)
+a scan axis out of range or not leading, an mm/tmm leaf that is not 2-D per slice and declares no matrix (or a matrix
+that is no row-major split of its slice), an empty tree, or (--task tree)
 a tree whose noise would not fit in memory is refused (exit 2) before any check runs; with --task lm so is a tree
 whose paths or shapes are not the LM's (a leaf declared with another class than the LM's is noted in the report).
 
@@ -26,7 +32,8 @@ The noise of members `members` (int64, into a population of pop) is a dict, abse
     mm / tmm leaf (and an embedding a port perturbs):
         (A (m, *stack, a, r) already times +-sigma/sqrt(r), B (m, *stack, b, r))
         a, b = the stored slice shape as upstream draws it (mm (out, in); tmm stored (in, out): a = in, b = out),
-        so member i's perturbation of the slice is A_i B_i^T at the stored slice shape
+        so member i's perturbation of the slice is A_i B_i^T at the stored slice shape (an N-D mm leaf: a, b its
+        declared matrix, the perturbation A_i B_i^T reshaped row-major to the slice)
     param leaf: eps (m, *shape) already times +-sigma, at the leaf's stored shape
 Stack axes (*stack) are the leaf's scanned axes' sizes, first after the member axis.
 
@@ -196,7 +203,7 @@ def declared_tree(port: Any) -> Tree:
         unknown = sorted(f"{p}: {c!r}" for p, c in dict(classes).items() if c not in CLASSES)
         if unknown:
             raise UsageError(f"unknown leaf class(es) {', '.join(unknown)}; known: {', '.join(CLASSES)}")
-        return tree_from_maps(shapes, classes, getattr(port, "scan_axes", None))
+        return tree_from_maps(shapes, classes, getattr(port, "scan_axes", None), getattr(port, "matrices", None))
     except TreeError as err:
         raise UsageError(f"the adapter's tree: {err}") from err
 
@@ -265,26 +272,54 @@ def declared_run(port: Any, defaults: Mapping[str, Any]) -> tuple[TreeRun, list[
         raise UsageError(f"the adapter's tree and settings: {err}") from err
     said = ", ".join(f"{k} {getattr(run, k)}" + ("" if k in given else " (the size's)") for k in SETTINGS)
     n_params = sum(math.prod(leaf.shape) for leaf in tree.leaves)
+    matricized = [f"{leaf.path} {leaf.slice_shape} as {leaf.matrix[0]} x {leaf.matrix[1]}" for leaf in tree.leaves
+                  if leaf.matrix is not None]
     return run, [f"tree: {len(tree.leaves)} leaves, {n_params:,} parameters "
-                 f"({', '.join(f'{c} {len(tree.of_class(c))}' for c in CLASSES)})",
+                 f"({', '.join(f'{c} {len(tree.of_class(c))}' for c in CLASSES)})"
+                 + (f"; mm through a declared matrix: {', '.join(matricized)}" if matricized else ""),
                  f"settings: {said}"]
 
 
 # ----------------------------------------------------------------------------- the checked wrapper
 def _leaf_noise(method: str, leaf: Leaf, value: Any, m: int, rank: int):
-    """One leaf's noise: (A, B) at the stored slice shape for a matrix slice, or eps at the leaf's shape."""
+    """One leaf's noise: (A, B) at the factored slice shape (the stored slice, or an N-D mm slice's declared matrix)
+    for a low-rank leaf, or eps at the leaf's shape."""
     stack = leaf.stack_shape
     if isinstance(value, (tuple, list)):
-        if len(value) != 2 or len(leaf.slice_shape) != 2:
+        if len(value) != 2 or leaf.factor_dims is None and len(leaf.slice_shape) != 2:
             raise PortError(method, f"'{leaf.path}' ({leaf.cls}, slice {leaf.slice_shape}): low-rank noise is a pair "
                                     f"(A (m, *stack, a, r), B (m, *stack, b, r)) of a matrix slice")
-        a, b = leaf.slice_shape
+        a, b = leaf.factor_dims or leaf.slice_shape
+        if leaf.matrix is not None:
+            _matrix_factors(method, leaf, value, m, rank)
         return (_array(method, f"A of '{leaf.path}'", value[0], (m, *stack, a, rank)),
                 _array(method, f"B of '{leaf.path}'", value[1], (m, *stack, b, rank)))
     if leaf.cls in ("mm", "tmm"):
-        raise PortError(method, f"'{leaf.path}' is {leaf.cls}: its noise is a pair (A {(m, *stack, *leaf.slice_shape[:1], rank)}, "
-                                f"B {(m, *stack, *leaf.slice_shape[1:], rank)}), got one array of shape {np.shape(value)}")
+        a, b = leaf.factor_dims
+        through = f" through its matrix {leaf.matrix}" if leaf.matrix is not None else ""
+        full = (f": one array at the leaf's shape is a full-rank perturbation of '{leaf.path}', which the tree "
+                f"declares low-rank{through} (perturb it as A B^T of that matrix, or class it param)"
+                if tuple(np.shape(value)) == (m, *leaf.shape) else "")
+        raise PortError(method, f"'{leaf.path}' is {leaf.cls}{through}: its noise is a pair (A {(m, *stack, a, rank)}, "
+                                f"B {(m, *stack, b, rank)}), got one array of shape {np.shape(value)}{full}")
     return _array(method, f"eps of '{leaf.path}'", value, (m, *leaf.shape))
+
+
+def _matrix_factors(method: str, leaf: Leaf, value, m: int, rank: int) -> None:
+    """PortError naming the matricization a matricized mm leaf's factors are of when it is not the declared one (A's
+    rows times B's rows the slice's size, in another split: e.g. (out * kh * kw, in) for a declared (out, in * kh *
+    kw))."""
+    shapes = [tuple(np.shape(v)) for v in value]
+    if any(len(s) != 3 + len(leaf.stack_shape) or s[-1] != rank for s in shapes):
+        return                                            # the shape check says what is wrong
+    got = (shapes[0][-2], shapes[1][-2])
+    if got != leaf.matrix and math.prod(got) == math.prod(leaf.slice_shape):
+        raise PortError(method, f"'{leaf.path}' (mm, stored {leaf.slice_shape}) is declared perturbed through its "
+                                f"matrix {leaf.matrix} (rows the product of its leading axes, row-major), but the "
+                                f"port's factors A {shapes[0]}, B {shapes[1]} are of a {got[0]} x {got[1]} "
+                                f"matricization: its noise is matricized in another order; form A B^T at "
+                                f"{leaf.matrix} (A (m, {leaf.matrix[0]}, r), B (m, {leaf.matrix[1]}, r)), or declare "
+                                f"the matrix the port uses")
 
 
 @finite_outputs("noise", "perturbed_mm", "perturbed_tmm", "shape_fitness", "gradient", "init_params", "forward",
@@ -418,11 +453,14 @@ def _plain_data(method: str, value: Any) -> None:
 
 # ----------------------------------------------------------------------------- the suite's view of a port
 def dense_of(leaf: Leaf, value) -> np.ndarray:
-    """(m, *leaf.shape) perturbation from one leaf's protocol noise (A B^T per slice, stack axes put back)."""
+    """(m, *leaf.shape) perturbation from one leaf's protocol noise (A B^T per slice, an N-D slice's matrix reshaped
+    row-major to the slice, stack axes put back)."""
     if not isinstance(value, tuple):
         return value
     A, B = value
     d = A @ np.swapaxes(B, -1, -2)                                       # (m, *stack, a, b)
+    if leaf.matrix is not None:
+        d = d.reshape(d.shape[:1] + leaf.stack_shape + leaf.slice_shape)
     rest = [ax for ax in range(len(leaf.shape)) if ax not in leaf.scan_axes]
     order = list(leaf.scan_axes) + rest                                  # stack-first position -> stored axis
     return np.moveaxis(d, list(range(1, d.ndim)), [1 + ax for ax in order])

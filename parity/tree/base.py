@@ -11,8 +11,8 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from parity.core import diagnose
-from parity.core.tolerances import U32, U_TF32, drift_bound, gamma, shaping_bound, step_bound
+from parity.core import diagnose, optscale
+from parity.core.tolerances import U32, U_TF32, drift_bound, gamma, shaping_bound, step_bound, update_bound
 from parity.tree import blocks as B
 from spec.lm import LMConfig
 from spec.platform import ReferencePlatform
@@ -82,11 +82,6 @@ def pairing_text(leaf, dense: np.ndarray) -> str:
     return f"{leaf.path}: {found.text}" if found is not None else ""
 
 
-def group_var(f: np.ndarray, g: int) -> np.ndarray:
-    x = f.astype(np.float64).reshape(-1, g or f.size)
-    return ((x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)).ravel()
-
-
 def shaping_pair_bound(f: np.ndarray, g: int) -> np.ndarray:
     """Both sides' float32 bound for group shaping (group means, the global variance), per member."""
     g = g or f.size
@@ -95,20 +90,13 @@ def shaping_pair_bound(f: np.ndarray, g: int) -> np.ndarray:
                 math.sqrt(f.astype(np.float64).var() + 1e-5))
 
 
-def fitness_text(f: np.ndarray, port: np.ndarray, g: int) -> str:
-    """The cause of a shaping that differs: `group_fitness` (each group by its own spread), else the MLP suite's
-    knob `fitness` when one of its known shapings (parity.core.diagnose.FITNESS_CANDIDATES) reproduces the port's."""
-    if np.allclose(port, group_var(f, g), rtol=1e-4, atol=1e-5):
-        return cause("group_fitness", "each group is divided by its own spread, not by the global variance")
-    f64 = f.astype(np.float64)
-    for groups, note in ((g, " with group means"), (0, " over the whole population (its groups ignored)")):
-        for name, (words, formula, knob_value) in diagnose.FITNESS_CANDIDATES.items():
-            if name != "jax" and np.allclose(port, formula(f64, groups), rtol=1e-4, atol=1e-5):
-                return diagnose.cause("fitness", f"the port's shaped fitness is {words}{note}"
-                                                 + (f" (as fitness={knob_value})" if knob_value else "")
-                                                 + f", the reference's {diagnose.FITNESS_CANDIDATES['jax'][0]} with "
-                                                   f"group means and the global variance").text
-    return "fitness shaping differs"
+def fitness_text(f: np.ndarray, port: np.ndarray, g: int, shape=None) -> str:
+    """The cause of a shaping that differs, by what differs (parity.tree.shaping.describe: the epsilon's place and
+    value, ddof, centring, groups, ranks, `group_fitness`), on f and, where `shape` (the port's shaping) is given, on
+    that module's probe vectors too. Every place that names fitness (the fitness check, the es_* lockstep's shaping
+    row, the LM trajectory) calls it."""
+    from parity.tree import shaping
+    return shaping.describe(f, port, g, shape)
 
 
 def reference_magnitude(R, cfg, seed: int, epoch: int, leaf):
@@ -195,21 +183,77 @@ class NumpyOptimizers:
         return optimizer_apply(params, state, grads, n, self.lr)
 
 
-def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
-    """Which optax optimizer, on the port's gradient times which scale, reproduces the port's step (parity.core.optscale
-    over sgd, adam and adamw, verified within parity.core.optscale.MATCH), in the MLP suite's words: the knob `optimizer`
-    when it is not sgd, else the scale; or that none does."""
-    from parity.core import optscale
-    from parity.core.optscale import MATCH
+def leaf_gradient_text(leaf, port: np.ndarray, ref: np.ndarray, bound, sigma: float, pop: int | None = None,
+                       rank: int | None = None, fit=None) -> str:
+    """Why one leaf's gradient differs, in the MLP suite's words (parity.core.diagnose.gradient_cause): zero, a pure
+    scale when port - c ref is within the rounding bound (parity.core.optscale.fit_leaf; c named when one of sigma, N
+    and r fits: 1/sigma, N/sigma, 1/(sigma^2 sqrt(N)), sqrt(r), 2, ...), the opposite sign, or another direction
+    (its cosine, norm ratio and the least-squares scale); an N-D mm leaf's gradient laid out in another order of its
+    matrix says that order (blocks.other_order)."""
+    order = B.other_order(leaf, port, ref)
+    if order:
+        return f"{leaf.path} ({leaf.cls}): the gradient {order}"
+    p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
+    norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
+    if norm_r == 0:
+        return f"{leaf.path}: the gradient is nonzero (norm {norm_p:.6g}) where the reference's is zero"
+    fit = fit or optscale.fit_leaf(p, r, bound)
+    # the leaf's class after its path, so a path ending in ".bias" is not read as the MLP's bias knobs
+    text = diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", fit.c if fit.aligned else norm_p / norm_r,
+                                   fit.cosine, None, sigma, None, pop, rank, fit.aligned).text
+    if fit.aligned or norm_p == 0:
+        return text
+    return f"{text} (least-squares scale {fit.c:.6g}; port - scale x ref is {fit.excess:.3g} x its rounding bound)"
+
+
+def cap_words(v: float) -> str:
+    """A cap as the report writes it: 1.0, 0.5, 2.5, 0.123457."""
+    text = f"{v:.6g}"
+    return text if any(ch in text for ch in ".e") else f"{text}.0"
+
+
+def clipped_text(what: str, leaf, cap: float, c: float) -> str:
+    return (f"the {what} of {leaf.path} ({leaf.cls}) is clipped at norm {cap_words(cap)} ({c:.3g} x the reference's, "
+            f"same direction)")
+
+
+def gradient_texts(cfg, failing: Sequence[tuple]) -> dict[str, str]:
+    """{path: why its gradient differs} for the failing leaves [(leaf, port, ref, bound)], the same words in both
+    modes (parity.tree.check.check_gradients, parity.tree.dist.check_gradients): leaf_gradient_text, except that
+    leaves scaled down along the reference's direction, by no named scale, whose norms sit at one cap (a round value,
+    or one norm two or more of them share: parity.core.optscale.caps) are said to be clipped at it."""
+    fits = {leaf.path: optscale.fit_leaf(port, ref, bound) for leaf, port, ref, bound in failing}
+    down = {leaf.path: (float(np.linalg.norm(np.asarray(port, np.float64))), optscale.cap_tolerance(np.size(port)))
+            for leaf, port, ref, bound in failing if fits[leaf.path].aligned and 0 < fits[leaf.path].c < 1
+            and not diagnose.named_factor(fits[leaf.path].c, cfg.sigma, cfg.pop, cfg.rank)}
+    capped = optscale.caps(down)
+    return {leaf.path: clipped_text("gradient", leaf, capped[leaf.path], fits[leaf.path].c) if leaf.path in capped
+            else leaf_gradient_text(leaf, port, ref, bound, cfg.sigma, cfg.pop, cfg.rank, fits[leaf.path])
+            for leaf, port, ref, bound in failing}
+
+
+def with_gradient_causes(cfg, rows: list[Row], failing: list[tuple]) -> list[Row]:
+    """A gradient check's rows with each failing leaf's cause, in both modes (parity.tree.check.check_gradients on
+    the reference's noise, parity.tree.dist.check_gradients on the port's own): gradient_texts over the failing
+    leaves [(leaf, port, ref, bound)] together, so a cap that several leaves' norms share is seen across them. A
+    failing row without a cause is a failing leaf's; its quantity begins '<path> ('."""
+    why = gradient_texts(cfg, failing)
+    return [r._replace(cause=why[r.quantity.split(" (")[0]]) if r.verdict == "fail" and not r.cause else r
+            for r in rows]
+
+
+def _tree_fit(cfg, old: dict, grads: dict, new: dict):
+    """The optax optimizer and gradient scale reproducing the port's step on these leaves (parity.core.optscale over
+    sgd, adam and adamw, verified within parity.core.optscale.MATCH), or None."""
     fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("sgd", "adam", "adamw"), old, grads, new, cfg.pop, cfg.lr,
                                cfg.sigma)
-    fit = optscale.best_match(fits, MATCH)
-    if fit is None:                 # no optimizer explains it: no knob is named
-        return diagnose.other("optimizer step", f"the port's step matches none of optax sgd, adam, adamw at the "
-                                                f"reference's learning rate, at any gradient scale ({worst})").text
+    return optscale.best_match(fits, optscale.MATCH)
+
+
+def _fit_words(cfg, fit, worst: str) -> str:
     if fit.name == "1" and fit.optimizer != "sgd":
         return diagnose.optimizer_cause(fit.optimizer, "sgd", worst).text
-    if fit.optimizer == "sgd" and (fit.name == "1" or abs(fit.c - 1) < MATCH):   # no scale a port writes: rounding
+    if fit.optimizer == "sgd" and (fit.name == "1" or abs(fit.c - 1) < optscale.MATCH):   # no scale a port writes: rounding
         return diagnose.other("optimizer step", f"the port's step is optax sgd on its gradient at the reference's "
                                                 f"scale (fitted c = {fit.c:.6g}), yet beyond the bound: its rounding "
                                                 f"exceeds even the per-member summation bound (N adds into the "
@@ -279,6 +323,67 @@ def zero_step_row(cfg, check: str, at: str, before: dict, after: dict, mags: dic
                f"in-place perturb-and-restore rounds to: the step is not made of the gradient alone (weight decay, "
                f"momentum, or noise left in the weights?); {where}")
     return Row(check, quantity, float(total), allowed, "fail", why)
+
+
+def _step_caps(cfg, old: dict, grads: dict, new: dict, fits: dict) -> dict[str, tuple[str, float]]:
+    """{leaf: (what, cap)} for leaves whose step is sgd scaled down (c < 1, no named scale): the update new - old, or
+    the gradient it steps on (c g = update / (lr sqrt(N))), at one cap (parity.core.optscale.caps; the update's norm
+    allowed its float32 rounding, update_bound, besides)."""
+    down = [p for p, f in fits.items() if f is not None and f.optimizer == "sgd" and 0 < f.c < 1 and f.name is None]
+    steps = {p: np.asarray(new[p], np.float64) - old[p] for p in down}
+    norms = {p: float(np.linalg.norm(u)) for p, u in steps.items()}
+    rtol = {p: optscale.cap_tolerance(u.size, float(np.linalg.norm(update_bound(np.asarray(new[p], np.float64), u)))
+                                      / max(norms[p], 1e-300)) for p, u in steps.items()}
+    out = {p: ("update", v) for p, v in optscale.caps({p: (norms[p], rtol[p]) for p in down}).items()}
+    per = cfg.lr * math.sqrt(cfg.pop)
+    grad = optscale.caps({p: (norms[p] / per, rtol[p]) for p in down if p not in out})
+    return {**out, **{p: ("gradient", v) for p, v in grad.items()}}
+
+
+def step_texts(cfg, old: dict, grads: dict, new: dict, worst: str) -> dict[str, str]:
+    """{leaf: which optax optimizer, on the port's gradient times which scale, reproduces its step}: one fit for the
+    whole tree when one fits (the same words for every leaf), else one per leaf (a leaf's step clipped at a norm is
+    said so: _step_caps; a leaf no optimizer explains at any scale is said so), or that none explains any leaf."""
+    fit = _tree_fit(cfg, old, grads, new)
+    if fit is not None:
+        return dict.fromkeys(old, _fit_words(cfg, fit, worst))
+    fits = {p: _tree_fit(cfg, {p: old[p]}, {p: grads[p]}, {p: new[p]}) for p in old}
+    if all(f is None for f in fits.values()):             # no optimizer explains any leaf: no knob is named
+        return dict.fromkeys(old, diagnose.other(
+            "optimizer step", f"the port's step matches none of optax sgd, adam, adamw at the reference's learning "
+                              f"rate, at any gradient scale ({worst})").text)
+    capped = _step_caps(cfg, old, grads, new, fits)
+    out = {}
+    for p, f in fits.items():
+        leaf = cfg.tree.leaf(p)
+        if p in capped:
+            out[p] = (clipped_text(capped[p][0], leaf, capped[p][1], f.c)
+                      + ("" if capped[p][0] == "update" else " before the step"))
+        elif f is not None and f.optimizer == "sgd" and f.name == "1":
+            out[p] = f"the step of {p} ({leaf.cls}) is the reference's {SCALE_ONE}"
+        elif f is None:
+            out[p] = diagnose.other("optimizer step", f"the step of {p} ({leaf.cls}) matches none of optax sgd, adam, "
+                                                      f"adamw at the reference's learning rate, at any gradient scale "
+                                                      f"({worst})").text
+        else:
+            out[p] = f"the step of {p} ({leaf.cls}): {_fit_words(cfg, f, worst)}"
+    return {p: t if t.endswith(SCALE_ONE) else f"{t}; {ONE_SCALE}" for p, t in out.items()}
+
+
+SCALE_ONE = "(optax sgd at gradient scale 1)"
+ONE_SCALE = "one scale does not fit every leaf"
+
+
+def step_text(cfg, old: dict, grads: dict, new: dict, worst: str) -> str:
+    """Which optax optimizer, on the port's gradient times which scale, reproduces the port's step (parity.core.optscale
+    over sgd, adam and adamw, verified within parity.core.optscale.MATCH), in the MLP suite's words: the knob `optimizer`
+    when it is not sgd, else the scale; or that none does. When no one fit explains every leaf, each leaf's
+    (step_texts) that is not sgd at scale 1, joined."""
+    texts = step_texts(cfg, old, grads, new, worst)
+    if len(set(texts.values())) == 1:
+        return next(iter(texts.values()))
+    return f"{ONE_SCALE}, leaf by leaf: " + "; ".join(t.removesuffix(f"; {ONE_SCALE}") for t in texts.values()
+                                                     if not t.endswith(SCALE_ONE))
 
 
 def follow_reference_rng(knobs, platform) -> tuple:

@@ -33,8 +33,9 @@ class Block(NamedTuple):
 
 
 def grid(leaf: Leaf) -> tuple[int, int, int]:
-    """(slices S, rows R, entries per row) of one member's perturbation of the leaf."""
-    shape = leaf.slice_shape or (1,)
+    """(slices S, rows R, entries per row) of one member's perturbation of the leaf (an N-D mm slice: its declared
+    matrix's rows and columns)."""
+    shape = leaf.matrix or leaf.slice_shape or (1,)
     return leaf.n_slices, shape[0], math.prod(shape[1:])
 
 
@@ -85,8 +86,11 @@ def probe(leaf: Leaf, m: int) -> Block:
 
 # ----------------------------------------------------------------------------- arrays on the grid
 def grouped(leaf: Leaf, x: np.ndarray) -> np.ndarray:
-    """(m, *stack, *rest) -> (m, S, *rest) (a view; a scalar slice gets a unit row axis)."""
+    """(m, *stack, *rest) -> (m, S, *rest) (a view; a scalar slice gets a unit row axis; an N-D mm slice at its
+    stored shape its declared matrix (a, b), row-major, as the factors' rows and columns index it)."""
     rest = x.shape[1 + len(leaf.stack_shape):]
+    if leaf.matrix is not None and tuple(rest) == leaf.slice_shape:
+        rest = leaf.matrix
     return x.reshape(x.shape[0], leaf.n_slices, *(rest or (1,)))
 
 
@@ -256,3 +260,54 @@ def chunks(n: int, budget: int | None = None) -> list[slice]:
     """Ranges covering [0, n) of at most `budget` each (one when n fits)."""
     budget = BLOCK_ENTRIES if budget is None else budget
     return _steps(n, max(budget, 1))
+
+
+# ----------------------------------------------------------------------------- an N-D slice's matricization
+def axis_names(n: int) -> tuple[str, ...]:
+    """A slice's axes by name: a conv weight's (out, in, kh, kw), else axis 0, axis 1, ..."""
+    return ("out", "in", "kh", "kw") if n == 4 else ("out", "in", "kd", "kh", "kw") if n == 5 else \
+        tuple(f"axis {k}" for k in range(n))
+
+
+def matricization_words(slice_shape: tuple[int, ...], matrix: tuple[int, int], perm: tuple[int, ...]) -> str:
+    """How a port that lays the declared matrix over the slice's axes in the order `perm` reads, against the
+    declared row-major one."""
+    names = axis_names(len(slice_shape))
+    said = ", ".join(names[k] for k in perm)
+    return (f"its perturbation is A B^T matricized in another order: the port lays the {matrix[0]} x {matrix[1]} "
+            f"matrix over the stored axes as ({said}), the tree declares the row-major ({', '.join(names)}) "
+            f"(W.reshape{matrix}, im2col's order): reshape A B^T to {slice_shape} directly, or declare the weight in "
+            f"the port's order")
+
+
+def matricizations(slice_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The orders a port may lay an N-D slice's matrix over its axes in, other than row-major: every permutation of
+    the slice's axes, those that keep the leading (out) axis first before the others (the likelier mistakes: (in,
+    kw, kh), channels last (kh, kw, in))."""
+    import itertools
+    n = len(slice_shape)
+    perms = [p for p in itertools.permutations(range(n)) if p != tuple(range(n))]
+    return sorted(perms, key=lambda p: (p[0] != 0, p))
+
+
+def laid_out(M: np.ndarray, slice_shape: tuple[int, ...], perm: tuple[int, ...]) -> np.ndarray:
+    """The matrix M (*lead, a, b) laid over the slice's axes in the order `perm`, at the stored layout (*lead,
+    *slice_shape): what a port that reshapes A B^T to the permuted shape and transposes back perturbs with."""
+    lead = M.shape[:-2]
+    shape = tuple(slice_shape[k] for k in perm)
+    return np.ascontiguousarray(np.moveaxis(M.reshape(lead + shape), [len(lead) + i for i in range(len(perm))],
+                                            [len(lead) + k for k in perm]))
+
+
+def other_order(leaf: Leaf, port: np.ndarray, ref: np.ndarray) -> str:
+    """Words for a port's array at an N-D mm leaf's stored shape (a gradient, an update) that is the reference's
+    matrix laid over the slice's axes in another order (within 1e-5 of its largest entry), else ''."""
+    if leaf.matrix is None or leaf.scan_axes:
+        return ""
+    p, r = np.asarray(port, np.float64), np.asarray(ref, np.float64).reshape(leaf.matrix)
+    tol = 1e-5 * max(float(np.max(np.abs(r))), 1e-30)
+    for perm in matricizations(leaf.slice_shape):
+        if float(np.max(np.abs(p - laid_out(r, leaf.slice_shape, perm)))) <= tol:
+            return matricization_words(leaf.slice_shape, leaf.matrix, perm).replace("its perturbation is A B^T",
+                                                                                    "is the reference's")
+    return ""

@@ -29,11 +29,15 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
   side's float32 product of the same factors is within gamma_r |A||B|^T of the exact one) and is not formed: the row
   then says how many blocks were, and its value is their worst (for a large faithful leaf, its first block's).
 - fitness: fresh random fitness vectors with groups, against the sum of both sides' float32 shaping bounds; a side
-  that matches each group divided by its own spread names `group_fitness`.
+  that differs is named by what differs (parity/tree/shaping.py: the epsilon's place and value, ddof, centring only,
+  groups ignored, ranks, each group by its own spread: `group_fitness`).
 - gradients: per leaf on the same shaped fitness, each side with its own noise (skipped for leaves whose noise
   already differs), within both sides' einsum bounds (gamma_{N r + 3} sum |f||A||B|^T / N per side, the sum over the
   members one matmul of |A| and |B|: parity.tree.blocks.mean_abs); frozen, embedding and excluded leaves must be
-  exactly zero.
+  exactly zero. A failing leaf is diagnosed as in distribution (parity.tree.base.gradient_texts): the port's gradient
+  fitted to the reference's, c = <p, r> / <r, r>, is "the same direction" when |p - c r| stays within c times this
+  bound plus the scaling's own rounding (parity.core.optscale.fit_leaf), and c is then named in sigma, N and r, or
+  the leaf said to be clipped at a norm (a round one, or one several leaves share).
 - products: mm (x @ W.T + (x @ B) @ A.T) and tmm (x @ W + (x @ A) @ B.T) at the LM's slice shapes and three more
   (wide, tall, square), fresh W, factors and inputs, against the expression's float64 value within one side's float32
   bound (parity.core.tolerances.linear_bound, gamma_{in + r + 1}); the reference's jitted product is held to it too.
@@ -80,7 +84,7 @@ from parity.tree import es_lockstep
 from parity.tree.base import (EPOCHS, IN_PLACE, Row, cause, fitness_text, float32_of, fresh_params, gradient_roundings,
                               group_var, leaf_step_bound, merged_causes, noise_excess, noise_mean, pairing_text,
                               ref_perturbs, ref_u, reference_magnitude, reference_update, shaping_pair_bound,
-                              step_text, unchanged_cause, zero_step_row)
+                              step_texts, unchanged_cause, with_gradient_causes, zero_step_row)
 from parity.tree import blocks as B
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
@@ -247,7 +251,7 @@ def check_fitness(R, side, cfg, rng, witness=no_witness, spread_rng=None) -> lis
         ok = ratio <= 1
         rows.append(Row("fitness", f"{label}: max |port - ref| / bound", ratio,
                         "<= 1 (both sides' float32 shaping bounds)", "pass" if ok else "fail",
-                        "" if ok else fitness_text(f, port, g)))
+                        "" if ok else fitness_text(f, port, g, side.shape)))
     return rows
 
 
@@ -255,7 +259,7 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     u = ref_u(R)
     ref, port = R.grads(cfg, seed, 0, shaped), side.grads(seed, 0, shaped)
-    rows = []
+    rows, failing = [], []
     for leaf in cfg.tree.leaves:
         q = f"{leaf.path} ({leaf.cls}): max |port - ref|"
         if leaf.path in parted:
@@ -280,25 +284,9 @@ def check_gradients(R, side, cfg, seed, rng, parted: set[str], witness=no_witnes
         ratio = float(np.max(diff / np.maximum(bound, 1e-30)))
         ok = ratio <= 1
         rows.append(Row("gradients", f"{leaf.path} ({leaf.cls}): max |port - ref| / bound", ratio,
-                        "<= 1 (both sides' float32 einsum/mean bounds)", "pass" if ok else "fail",
-                        "" if ok else gradient_text(leaf, port[leaf.path], ref[leaf.path], cfg.sigma, cfg.pop,
-                                                    cfg.rank)))
-    return rows
-
-
-def gradient_text(leaf, port: np.ndarray, ref: np.ndarray, sigma: float, pop: int | None = None,
-                  rank: int | None = None) -> str:
-    """Why one leaf's gradient differs, in the MLP suite's words (parity.core.diagnose.gradient_cause): zero, a pure scale
-    (named when one of sigma, N and r fits: 1/sigma, N, 1/N, sqrt(N), sqrt(r), 2, ...), the opposite sign, or another
-    direction (its cosine and norm ratio)."""
-    p, r = np.asarray(port, np.float64).ravel(), np.asarray(ref, np.float64).ravel()
-    norm_p, norm_r = float(np.linalg.norm(p)), float(np.linalg.norm(r))
-    if norm_r == 0:
-        return f"{leaf.path}: the gradient differs (the reference's is zero)"
-    cosine = float(p @ r) / (norm_p * norm_r) if norm_p else 0.0
-    # the leaf's class after its path, so a path ending in ".bias" is not read as the MLP's bias knobs
-    return diagnose.gradient_cause(f"{leaf.path} ({leaf.cls})", norm_p / norm_r, cosine, None, sigma, None, pop,
-                                   rank).text
+                        "<= 1 (both sides' float32 einsum/mean bounds)", "pass" if ok else "fail"))
+        failing += [] if ok else [(leaf, port[leaf.path], ref[leaf.path], bound)]
+    return with_gradient_causes(cfg, rows, failing)
 
 
 def forward_row(cfg: LMConfig, ri: dict, pi: dict, label: str, gap: dict | None = None) -> Row:
@@ -394,13 +382,20 @@ def slices_shown(leaf) -> list[tuple[int, ...]]:
     return [every[round(i * (len(every) - 1) / (PRODUCT_SLICES - 1))] for i in range(PRODUCT_SLICES)]
 
 
+def matrix_words(leaf) -> str:
+    """', the matrix of the stored (8, 3, 3, 3)' for an N-D mm leaf (its product is the mm of its matrix), else ''."""
+    return f", the matrix of the stored {leaf.slice_shape}" if leaf.matrix is not None else ""
+
+
 def product_cases(cfg) -> list[ProductCase]:
     """The LM (--task lm): its slice shapes and three more (wide, tall, square), rows (batch,). A declared tree
-    (--task tree): every mm and tmm leaf at its class and slice shape, stacked slices included, rows (batch, seq) as
-    a transformer layer sees them."""
+    (--task tree): every mm and tmm leaf at its class and slice shape (an N-D mm leaf at its declared matrix: a conv
+    is the mm of its matrix on im2col's patches), stacked slices included, rows (batch, seq) as a transformer layer
+    sees them."""
     if not isinstance(cfg, LMConfig):
-        return [ProductCase(f"{leaf.path}{list(idx) if idx else ''} ({leaf.cls} {leaf.slice_shape[0]}x"
-                            f"{leaf.slice_shape[1]})", leaf.cls, leaf.slice_shape, TREE_PRODUCT_ROWS)
+        return [ProductCase(f"{leaf.path}{list(idx) if idx else ''} ({leaf.cls} {leaf.factor_dims[0]}x"
+                            f"{leaf.factor_dims[1]}{matrix_words(leaf)})", leaf.cls, leaf.factor_dims,
+                            TREE_PRODUCT_ROWS)
                 for leaf in cfg.tree.of_class("mm", "tmm") for idx in slices_shown(leaf)]
     cases = list(dict.fromkeys((leaf.cls, leaf.slice_shape) for leaf in lm_tree(cfg).of_class("mm", "tmm")))
     cases += [(form, s) for form in ("mm", "tmm") for s in EXTRA_PRODUCT_SHAPES if (form, s) not in cases]
@@ -471,9 +466,10 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     step added once or in up to N per-member adds into the weights, on the side's own noise magnitude) plus lr
     sqrt(N) x the gradient's einsum bound (the side's g against the exact step); leaves the reference never updates
     must come back bit for bit. A second call on zero fitness must give the params back bit for bit
-    (base.zero_step_row: rounding-sized moves name an in-place perturb-and-restore). A step that differs is matched
-    against optax's sgd, adam and adamw up to a gradient scale (step_text). Each leaf's comparison is witnessed (the
-    port's one update call shows a failure alone)."""
+    (base.zero_step_row: rounding-sized moves name an in-place perturb-and-restore, and then every failing leaf's
+    cause says so). A step that differs otherwise is matched against optax's sgd, adam and adamw up to a gradient
+    scale (parity.tree.base.step_texts: one scale for the tree, else one per leaf, a leaf clipped at a norm named).
+    Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
     params = fresh_params(R, cfg, seed, rng)
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     new, g = side.update(seed, 0, params, shaped)
@@ -513,9 +509,9 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     failed = [r for r in rows if r.verdict == "fail" and "the step differs" in r.cause]
     if failed:
         updated = [leaf.path for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)]
-        why = zero.cause if IN_PLACE in zero.cause else step_text(
+        why = dict.fromkeys(updated, zero.cause) if IN_PLACE in zero.cause else step_texts(
             cfg, *({p: t[p] for p in updated} for t in (params, g, new)), f"{failed[0].value:.3g} x bound")
-        rows = [r._replace(cause=f"{r.cause}; {why}") if r in failed else r for r in rows]
+        rows = [r._replace(cause=f"{r.cause}; {why[r.quantity.split(' (')[0]]}") if r in failed else r for r in rows]
     return rows
 
 
@@ -543,9 +539,10 @@ def trajectory_gap(ref: dict, ref32: dict | None) -> dict | None:
 
 
 def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str,
-                        gap: dict | None = None) -> tuple[list[Row], np.ndarray | None]:
+                        gap: dict | None = None, shape=None) -> tuple[list[Row], np.ndarray | None]:
     """Rows for the scores and the shaped fitness of one epoch, and the shaped fitness' bound (None: a stage failed);
-    gap: the reference's own TF32 rounding per stage (trajectory_gap), added to each allowance."""
+    gap: the reference's own TF32 rounding per stage (trajectory_gap), added to each allowance; shape: the port's
+    shaping, which the cause of a shaped fitness that differs also probes (base.fitness_text)."""
     s_ref = ref["scores"].astype(np.float64)
     s_bound = FORWARD_ULPS * 2 * U32 * np.maximum(np.abs(s_ref), 1e-30) + (0.0 if gap is None else gap["scores"])
     ratio = float(np.max(np.abs(port["scores"] - s_ref) / s_bound))
@@ -561,11 +558,7 @@ def _trajectory_fitness(cfg: LMConfig, ref: dict, port: dict, at: str,
         ((2 * D + np.abs(ref["shaped"].astype(np.float64)) * D) / (std - D) if std > D else np.inf) + \
         (0.0 if gap is None else gap["shaped"])
     ratio = float(np.max(np.abs(port["shaped"] - ref["shaped"].astype(np.float64)) / f_err))
-    why = ""
-    if ratio > 1:
-        why = (cause("group_fitness", "each group is divided by its own spread, not by the global variance")
-               if np.allclose(port["shaped"], group_var(port["scores"], cfg.group_size), rtol=1e-4, atol=1e-5)
-               else "fitness shaping differs")
+    why = fitness_text(port["scores"], port["shaped"], cfg.group_size, shape) if ratio > 1 else ""
     rows.append(Row("trajectory", f"{at}: shaped fitness, max |port - ref| / bound", ratio,
                     f"<= 1 (shaping bounds + the scores' bound propagated{plus})", "pass" if ratio <= 1 else "fail",
                     why))
@@ -636,7 +629,7 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
             ref, port, mags, ref32 = step(params, epoch, tokens)
         gap = trajectory_gap(ref, ref32)
         at = f"epoch {epoch}"
-        got, f_err = _trajectory_fitness(cfg, ref, port, at, gap)
+        got, f_err = _trajectory_fitness(cfg, ref, port, at, gap, side.shape)
         rows += got
         if f_err is None:
             break

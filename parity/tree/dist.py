@@ -25,7 +25,10 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
     (CheckedTreePort refuses any other shape), so every member's E has rank <= r by construction.
 - gradients: the reference's estimate einsum(f A, B) / N (param: mean(f eps)) in numpy float64 on the side's own
   noise, within the exact mode's float32 bound 2 gamma_{N r + 3} mean(|f| |A||B|^T) (param 2 gamma_{N + 2}
-  mean(|f| |eps|)): one side's float32 einsum bound doubled; the float64 reference uses ~1e-16 of it.
+  mean(|f| |eps|)): one side's float32 einsum bound doubled; the float64 reference uses ~1e-16 of it. A leaf beyond
+  it gets the exact mode's words (parity.tree.base.gradient_texts): its scale against that estimate, fitted and
+  judged "same direction" within this bound (parity.core.optscale.fit_leaf), named in sigma, N and r (N/sigma,
+  1/(sigma^2 sqrt(N)), sqrt(r), ...), or clipped at a norm.
 - forward: the reference's forward (jax_reference.lm.model.member_score, noise off) on params + E_i per member, E_i the
   side's own perturbation of each leaf the reference perturbs (formed in float64 from the factors, rounded once),
   against the side's forward on its own noise, within the exact mode's FORWARD_ULPS ulps of each intermediate's
@@ -72,7 +75,8 @@ from parity.core.diagnose import is_rescaled, scale_cause
 from parity.core.tolerances import check_alpha, chi2_interval, entry_ks, gamma, ks_critical
 from parity.tree import blocks as B
 from parity.tree.adapter import dense_of
-from parity.tree.base import EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u
+from parity.tree.base import (EPOCHS, Row, cause, float32_of, pairing_text, ref_perturbs, ref_u,
+                              with_gradient_causes)
 from spec.lm import H0_SCALE, LMConfig, init_plan, lm_tree
 from spec.tree import Leaf
 
@@ -432,10 +436,12 @@ def reference_dense(cfg: LMConfig, noise: dict) -> dict[str, np.ndarray]:
 
 
 def check_gradients(R, side, cfg: LMConfig, seed: int, rng, parted: set[str]) -> list[Row]:
-    """Per leaf: the side's gradient against the reference's float64 estimate on the side's own noise (epoch 0)."""
+    """Per leaf: the side's gradient against the reference's float64 estimate on the side's own noise (epoch 0); a
+    leaf beyond the bound is diagnosed in the exact mode's words (parity.tree.base.with_gradient_causes: its scale
+    named in sigma, N and r when port - c ref is within the bound, clipped at a norm, or its cosine)."""
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     port, noise = side.grads(seed, 0, shaped), side.protocol(seed, 0)
-    rows = []
+    rows, failing = [], []
     for leaf in cfg.tree.leaves:
         p = leaf.path
         if p in parted:
@@ -447,13 +453,13 @@ def check_gradients(R, side, cfg: LMConfig, seed: int, rng, parted: set[str]) ->
                                   f"{p} gets an update the reference never gives it"))
         else:
             bound = np.maximum(grad_bound(cfg, leaf, noise[p], shaped), 1e-30)
-            ratio = float(np.max(np.abs(port[p].astype(np.float64) - estimate(leaf, noise[p], shaped)) / bound))
+            ref = estimate(leaf, noise[p], shaped)
+            ratio = float(np.max(np.abs(port[p].astype(np.float64) - ref) / bound))
             rows.append(exact_row("gradients", f"{p} ({leaf.cls}): max |port - ref on the port's noise| / bound", ratio,
                                   "<= 1 (2 gamma_{N r + 3} mean |f||A||B|^T; param 2 gamma_{N + 2} mean |f||eps|)",
-                                  ratio <= 1, f"{p}: the gradient differs from einsum(f A, B) / N on the port's own "
-                                              f"noise" if leaf.cls != "param" else
-                                  f"{p}: the gradient differs from mean(f eps) on the port's own noise"))
-    return rows
+                                  ratio <= 1, ""))
+            failing += [] if ratio <= 1 else [(leaf, port[p], ref, bound)]
+    return with_gradient_causes(cfg, rows, failing)
 
 
 def forward_reference(R, side, cfg: LMConfig, seed: int) -> Callable:

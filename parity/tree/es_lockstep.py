@@ -14,37 +14,59 @@ own; each epoch is judged on its own against one reference step from the port's 
   reference's estimate from the same scores (shaped by the reference; its own draws, or the port's es_ask noise),
   within lr sqrt(N) times the gradient's bound (both sides' einsum bounds, 2 gamma_n |f| |noise| averaged, plus the
   shaping error shaping_pair_bound times |noise|) plus base.leaf_step_bound (parity.core.tolerances.step_bound: the
-  step added once or in up to N per-member adds into the weights, on the noise's own magnitude). Named at the first epoch by
-  parity.tree.check.step_text (optax sgd, adam or adamw up to a gradient scale: knob `optimizer`, or the scale);
-  later, a step along the reference's at a steady factor per epoch names `lr_decay`.
+  step added once or in up to N per-member adds into the weights, on the noise's own magnitude), per entry.
 - untouched leaves (those the reference never perturbs: embedding, excluded, frozen params): given back bit for bit.
 - zero fitness: one more es_tell on zero scores from es_init must give the params back bit for bit (its step is
-  exactly zero in any order); rounding-sized moves name an in-place perturb and restore, in every failing step row.
-The first epoch with a failing row ends the check: what follows from it is not judged.
+  exactly zero in any order of summation); rounding-sized moves name an in-place perturb and restore
+  (base.zero_step_row), and then every failing step row says so.
+
+Every epoch is judged, a failure at one not ending the check: each epoch's step is judged from the port's own params
+before it, so the epochs are independent. Where es_ask's noise departs from the reference's draws (exact mode), that
+epoch's step is judged on the port's own noise (the reference's estimate on it, as in distribution); where the
+shaping departs, on the port's own shaped fitness: a noise or shaping departure is named by its own rows and the
+step by its own. A step that is not judged (es_ask hands no noise of a perturbed leaf) is a skip row saying so.
+
+The failing steps are named over the epochs (_named_steps), by the simplest model that reproduces the port's steps
+at every epoch within the step bound, on PICKS entries of each perturbed leaf (the run seed's stream; elementwise
+optimizers, so a sample is enough, and no epoch keeps a tree): a constant gradient scale (the first step's words,
+parity.tree.base.step_text: optax sgd, adam or adamw up to a gradient scale, knob `optimizer` or the scale); a scale
+c d^e (`lr_decay` d, with the scale c named where it is not 1); sgd with momentum mu (nesterov or not) and weight
+decay wd on c g (parity.core.momentum: torch.optim.SGD's convention, optax.sgd(momentum) after add_decayed_weights
+the same; its bound is the step bound carried through the buffer's weights plus the buffer's float32 arithmetic;
+3 epochs identify it, and epochs(cfg) >= momentum.MIN_EPOCHS); optax adam or adamw at the first step's scale with
+its moments carried (within parity.core.optscale.MATCH, as the first step's match). Where none does, each epoch is
+named alone: its first step's words, or a later step along the reference's at a factor (`lr_decay`), or not along
+it (its cosine). One cause of several epochs is one line naming them ("epochs 1, 2"), the leaves merged as
+parity.tree.base.merged_causes merges them.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
-from parity.core import diagnose
+from parity.core import diagnose, momentum, optscale
 from parity.core.tolerances import gamma
 from parity.tree import blocks as B
-from parity.tree.base import (IN_PLACE, Row, fitness_text, fresh_params, leaf_step_bound, noise_excess, pairing_text,
-                              ref_perturbs, reference_magnitude, reference_update, shaping_pair_bound, step_text,
-                              unchanged_cause, zero_step_row)
+from parity.tree.base import (IN_PLACE, NumpyOptimizers, Row, fitness_text, fresh_params, leaf_step_bound,
+                              noise_excess, pairing_text, ref_perturbs, reference_magnitude, reference_update,
+                              shaping_pair_bound, step_text, unchanged_cause, zero_step_row)
 from parity.tree.dist import asked_rows, estimate, unperturbed_row
 from parity.tree.numpy_reference import true_epoch
 
 MAX_EPOCHS = 7
 STREAM_SCORES, STREAM_PARAMS = 22, 23        # the run seed's numpy streams for the scores and the initial params
+STREAM_PICKS = 24                            # ... and for the entries the optimizer fit over the epochs reads
+PICKS = 512                                  # entries of each perturbed leaf that fit reads (all of a smaller leaf)
+FIT_RTOL = 1e-4                              # a fitted scale or decay within this of 1 is 1
+STEP_MARK = "the step of es_tell"            # a failing step row's cause, named over the epochs by _named_steps
 
 
 def epochs(cfg) -> int:
-    """Enough epochs for the noise to change generation twice: 2 noise_reuse + 1 (3 with reuse 0 or 1), at most
-    MAX_EPOCHS."""
-    return min(2 * max(cfg.noise_reuse, 1) + 1, MAX_EPOCHS)
+    """Enough epochs for the noise to change generation twice: 2 noise_reuse + 1 (3 with reuse 0 or 1), at least
+    the momentum fit's momentum.MIN_EPOCHS (3), at most MAX_EPOCHS."""
+    return min(max(2 * max(cfg.noise_reuse, 1) + 1, momentum.MIN_EPOCHS), MAX_EPOCHS)
 
 
 def generations(cfg):
@@ -163,22 +185,46 @@ def _reuse_row(cfg, leaf, e: int, prev, cur, same_gen: bool) -> Row:
 
 
 # ----------------------------------------------------------------------------- the step
+class Sample(NamedTuple):
+    """One epoch's step on the sampled entries (flat float64, the perturbed leaves' picks concatenated in tree
+    order): what the optimizer fit over epochs reads (parity.core.momentum), two trees' worth never kept."""
+
+    epoch: int
+    before: np.ndarray
+    after: np.ndarray
+    grad: np.ndarray        # the reference's gradient g there (ascent, before sqrt(N))
+    bound: np.ndarray       # the step's bound per entry (_step_rows: the gradient's and leaf_step_bound)
+    first: str = ""         # epoch 0's optimizer words on every entry (step_text) when its step fails
+
+
+def picks(cfg, seed: int) -> dict[str, np.ndarray]:
+    """Up to PICKS entries of each perturbed leaf (flat indices, sorted), from the run seed's own stream."""
+    rng = np.random.default_rng([seed, STREAM_PICKS])
+    out = {}
+    for leaf in cfg.tree.leaves:
+        if ref_perturbs(cfg, leaf):
+            n = math.prod(leaf.shape)
+            out[leaf.path] = np.sort(rng.choice(n, min(n, PICKS), replace=False))
+    return out
+
+
 def _shaping_row(R, side, cfg, step: dict) -> Row:
     """The port's shape_fitness of the epoch's scores against the reference's (the fitness check's bound): a loop
-    whose step differs because its shaping does is named by the shaping (tree_check.fitness_text)."""
+    whose step differs because its shaping does is named by the shaping (base.fitness_text, which also probes
+    the port's shape_fitness)."""
     f = step["scores"]
     port, ref = side.shape(f), R.shape(cfg, f)
     ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / shaping_pair_bound(f, cfg.group_size)))
     return Row("trajectory", f"epoch {step['epoch']}: shaped fitness of the scores, max |port - ref| / bound", ratio,
                "<= 1 (both sides' float32 shaping bounds)", "pass" if ratio <= 1 else "fail",
-               "" if ratio <= 1 else fitness_text(f, port, cfg.group_size))
+               "" if ratio <= 1 else fitness_text(f, port, cfg.group_size, side.shape))
 
 
-def _reference_step(R, cfg, seed: int, step: dict, exact: bool) -> tuple[dict, dict, dict]:
+def _reference_step(R, cfg, seed: int, step: dict, exact: bool, shaped=None) -> tuple[dict, dict, dict]:
     """(the reference's gradient per leaf, its new params, {path: (|noise| per member as a blocks.Magnitude, float32
     roundings)}) for one epoch: its own draws (exact) or the port's es_ask noise, on the port's params before the
-    step."""
-    shaped = R.shape(cfg, step["scores"])
+    step; on the reference's shaping of the scores, or `shaped` (the port's, where its shaping departs)."""
+    shaped = R.shape(cfg, step["scores"]) if shaped is None else shaped
     perturbed = [leaf for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)]
     rounds = {leaf.path: cfg.pop * cfg.rank + 3 if leaf.cls in ("mm", "tmm") else cfg.pop + 2 for leaf in perturbed}
     if exact:
@@ -193,14 +239,16 @@ def _reference_step(R, cfg, seed: int, step: dict, exact: bool) -> tuple[dict, d
     return grads, reference_update(R, cfg, step["before"], grads), mags
 
 
-def _step_rows(R, cfg, seed: int, step: dict, exact: bool, drift: str = "") -> list[Row]:
+def _step_rows(R, cfg, seed: int, step: dict, exact: bool, shaped=None, pick=None) -> tuple[list[Row], Sample]:
     """es_params after es_tell, every leaf, against one reference step from the params before it (see the module
-    docstring for the bound); the first failing leaf's cause names the optimizer, a scale or lr_decay, or `drift`
-    (the zero-fitness row's in-place cause) when es_tell drifts the weights."""
-    grads, expected, mags = _reference_step(R, cfg, seed, step, exact)
+    docstring for the bound; on the port's noise where exact is False, on `shaped` where given), and the epoch's
+    Sample at `pick`. A failing leaf's cause says STEP_MARK; _named_steps names it over the epochs."""
+    grads, expected, mags = _reference_step(R, cfg, seed, step, exact, shaped)
     f = step["scores"]
-    f_abs, f_err = np.abs(R.shape(cfg, f)).astype(np.float64), shaping_pair_bound(f, cfg.group_size)
-    lr_step, e, rows = math.sqrt(cfg.pop) * cfg.lr, step["epoch"], []
+    f_abs = np.abs(R.shape(cfg, f) if shaped is None else shaped).astype(np.float64)
+    f_err = shaping_pair_bound(f, cfg.group_size)
+    lr_step, e, rows, bounds = math.sqrt(cfg.pop) * cfg.lr, step["epoch"], [], {}
+    on = ("" if exact else "; on the port's es_ask noise") + ("" if shaped is None else "; on the port's shaping")
     for leaf in cfg.tree.leaves:
         p, before, after = leaf.path, step["before"][leaf.path], step["after"][leaf.path]
         if p not in mags:
@@ -215,37 +263,170 @@ def _step_rows(R, cfg, seed: int, step: dict, exact: bool, drift: str = "") -> l
                                                     (1 + 2 * gamma(cfg.rank)))
         ratio = B.flat_max(lambda a, x, b: np.abs(a.astype(np.float64) - x) / np.maximum(b, 1e-30), after,
                            expected[p], bound)
+        if pick is not None:
+            bounds[p] = np.ravel(bound)[pick[p]]
         rows.append(Row("trajectory", f"epoch {e}: {p} ({leaf.cls}) params after es_tell, max |port - ref| / bound",
-                        ratio, "<= 1 (lr sqrt(N) x the gradient's bound + step_bound: added once or in N adds)",
+                        ratio, f"<= 1 (lr sqrt(N) x the gradient's bound + step_bound: added once or in N adds{on})",
                         "pass" if ratio <= 1 else "fail",
-                        "" if ratio <= 1 else f"{p}: the step of es_tell at epoch {e} differs from optax.sgd(lr)"))
-    failed = [r for r in rows if r.verdict == "fail" and "the step of es_tell" in r.cause]
-    if failed:
-        why = drift or _step_cause(cfg, step, grads, expected, list(mags), f"{failed[0].value:.3g} x bound")
-        rows = [r._replace(cause=f"{r.cause}; {why}") if r in failed else r for r in rows]
-    return rows
+                        "" if ratio <= 1 else f"{p}: {STEP_MARK} differs from optax.sgd(lr)"))
+    sample = None
+    if pick is not None:
+        flat = lambda t: np.concatenate([np.ravel(t[p])[pick[p]].astype(np.float64) for p in pick])   # noqa: E731
+        failed = [r for r in rows if STEP_MARK in r.cause] if e == 0 else []
+        first = ""
+        if failed:
+            paths = list(mags)
+            sub = lambda t: {p: np.asarray(t[p]) for p in paths}         # noqa: E731
+            first = step_text(cfg, sub(step["before"]), sub(grads), sub(step["after"]),
+                              f"{max(r.value for r in failed):.3g} x bound")
+        sample = Sample(e, flat(step["before"]), flat(step["after"]), flat(grads),
+                        np.concatenate([bounds[p] for p in pick]), first)
+    return rows, sample
 
 
-def _step_cause(cfg, step: dict, grads: dict, expected: dict, paths: list[str], worst: str) -> str:
-    """At the first epoch: which optimizer and gradient scale reproduce the step (tree_check.step_text); later: a
-    step along the reference's at another size names `lr_decay` (its factor per epoch), else the step differs."""
-    pick = lambda t: {p: np.asarray(t[p]) for p in paths}         # noqa: E731
-    if step["epoch"] == 0:
-        return step_text(cfg, pick(step["before"]), pick(grads), pick(step["after"]), worst)
-    port = np.concatenate([(step["after"][p].astype(np.float64) - step["before"][p]).ravel() for p in paths])
-    ref = np.concatenate([(expected[p].astype(np.float64) - step["before"][p]).ravel() for p in paths])
+# ----------------------------------------------------------------------------- the step over the epochs
+def _epochs_words(es) -> str:
+    es = sorted(es)
+    return f"epoch {es[0]}" if len(es) == 1 else f"epochs {', '.join(map(str, es))}"
+
+
+def _scale_words(cfg, c: float) -> str:
+    """'' at c = 1 (within FIT_RTOL), else ' on a gradient <name or value> times the reference's'."""
+    if abs(c - 1) <= FIT_RTOL:
+        return ""
+    names = optscale.scale_names(c, c * (1 - FIT_RTOL), c * (1 + FIT_RTOL), cfg.sigma, cfg.pop, cfg.rank)
+    return f" on a gradient {names[0] if names else f'{c:.6g}'} times the reference's" + \
+        (f" (fitted c = {c:.6g})" if names else "")
+
+
+class Chain(NamedTuple):
+    """Every epoch's Sample from epoch 0 on, stacked (E, K) float64: the port's steps, the reference's sgd steps
+    lr sqrt(N) g, the params before each step and the step bounds."""
+
+    steps: np.ndarray
+    unit: np.ndarray
+    params: np.ndarray
+    bounds: np.ndarray
+
+
+def _chain(cfg, samples: list) -> Chain | None:
+    if not samples or any(s is None or s.epoch != e for e, s in enumerate(samples)):
+        return None
+    lr_step = math.sqrt(cfg.pop) * cfg.lr
+    return Chain(np.stack([s.after - s.before for s in samples]), np.stack([lr_step * s.grad for s in samples]),
+                 np.stack([s.before for s in samples]), np.maximum(np.stack([s.bound for s in samples]), 1e-300))
+
+
+def _per_epoch_scales(ch: Chain) -> np.ndarray:
+    """c_e: each epoch's step against the reference's sgd step, weighted least squares (weight 1/b)."""
+    w = ch.unit / ch.bounds
+    return np.sum(ch.steps / ch.bounds * w, 1) / np.maximum(np.sum(w * w, 1), 1e-300)
+
+
+def _scaled_ratio(ch: Chain, c: np.ndarray) -> float:
+    """max |port step - c_e s_e| / (max(|c_e|, 1) b_e): the sgd step at scale c_e per epoch against the port's (the
+    bound's gradient part scales with c_e, its rounding of the params does not)."""
+    c = np.asarray(c, np.float64).reshape(-1, 1)
+    return float(np.max(np.abs(ch.steps - c * ch.unit) / (np.maximum(np.abs(c), 1) * ch.bounds)))
+
+
+def _adam_along(cfg, samples: list, ch: Chain) -> bool:
+    """Whether optax adam or adamw at epoch 0's fitted gradient scale (parity.core.optscale), its moments carried
+    from epoch to epoch, reproduces the port's step at every epoch within optscale.MATCH of its largest entry."""
+    from parity.core.optimizers import optimizer_apply, optimizer_init
+    s0 = samples[0]
+    one = lambda x: {"x": x.astype(np.float32)}                # noqa: E731
+    fits = optscale.candidates(NumpyOptimizers(cfg.lr), ("adam", "adamw"), one(s0.before), one(s0.grad),
+                               one(s0.after), cfg.pop, cfg.lr, cfg.sigma)
+    best = optscale.best_match(fits, optscale.MATCH)
+    if best is None:
+        return False
+    state = optimizer_init(best.optimizer, one(s0.before))
+    for s in samples:
+        new, state = optimizer_apply(one(s.before), state, optscale.scaled(one(s.grad), best.c), cfg.pop, cfg.lr)
+        step = new["x"].astype(np.float64) - s.before
+        if np.max(np.abs(s.after - s.before - step)) > optscale.MATCH * max(float(np.max(np.abs(step))), 1e-30):
+            return False
+    return True
+
+
+def _trajectory_cause(cfg, samples: list) -> str | None:
+    """One cause for the port's steps over every epoch, the simplest that reproduces them within their bound: a
+    constant gradient scale (the first step's optimizer words, parity.core.optscale), a scale decaying by one factor
+    per epoch (`lr_decay`), sgd with momentum (nesterov or not) and weight decay (parity.core.momentum), or optax adam
+    or adamw with its moments carried; None when none does (or the epochs are too few or not all sampled)."""
+    ch = _chain(cfg, samples)
+    if ch is None or len(samples) < momentum.MIN_EPOCHS:
+        return None
+    E, K = ch.steps.shape
+    c_e = _per_epoch_scales(ch)
+    w = ch.unit / ch.bounds
+    c = float(np.sum(ch.steps / ch.bounds * w) / max(float(np.sum(w * w)), 1e-300))
+    constant = _scaled_ratio(ch, np.full(E, c))
+    if constant <= 1:
+        return samples[0].first or None
+    if np.all(c_e > 0):
+        slope, log_c = np.polyfit(np.arange(E), np.log(c_e), 1)
+        d, c0 = math.exp(slope), math.exp(log_c)
+        if abs(d - 1) > FIT_RTOL and _scaled_ratio(ch, c0 * d ** np.arange(E)) <= 1:
+            if abs(c0 - 1) <= FIT_RTOL:
+                return diagnose.lr_schedule_cause({e: float(c_e[e]) for e in range(1, E)}, 1.0).text
+            shown = ", ".join(f"epoch {e}: {c_e[e]:.6f}" for e in range(E))
+            return diagnose.cause("lr_decay", f"the port's update size relative to the reference's is {shown}: "
+                                              f"a per-epoch factor of {d:.6g} (lr_decay={d:.4g}), the reference "
+                                              f"uses 1,{_scale_words(cfg, c0)}").text
+    best, _ = momentum.simplest(ch.steps, ch.unit, ch.params, ch.bounds, cfg.lr)
+    if best is not None:
+        scale = _scale_words(cfg, best.c) or " on the reference's gradient"
+        return diagnose.cause("optimizer", f"the port's steps over epochs 0 to {E - 1} are {momentum.words(best)}"
+                                           f"{scale} (torch.optim.SGD's convention; optax.sgd(momentum, "
+                                           f"nesterov) after add_decayed_weights is the same), where the "
+                                           f"reference uses plain sgd: reproduced within {best.ratio:.3g} of the "
+                                           f"step bound at {K} sampled entries, where the best constant gradient "
+                                           f"scale ({c:.6g}) is {constant:.3g}x it").text
+    if samples[0].first and _adam_along(cfg, samples, ch):
+        return f"{samples[0].first}; at every epoch, its moments carried"
+    return None
+
+
+def _epoch_cause(cfg, s: Sample) -> str:
+    """One epoch's step on its own: epoch 0's optimizer words (step_text); later, a step along the reference's at
+    another size names `lr_decay` (its factor), else that it is not along the reference's step."""
+    if s.first:
+        return s.first
+    port, ref = s.after - s.before, math.sqrt(cfg.pop) * cfg.lr * s.grad
     c = float(port @ ref) / max(float(ref @ ref), 1e-300)
     cosine = float(port @ ref) / max(float(np.linalg.norm(port) * np.linalg.norm(ref)), 1e-300)
     if c <= 0 or cosine < 1 - 1e-6:       # the steps' float32 roundings leave a parallel step within 1e-8 of 1
-        return (f"the step at epoch {step['epoch']} is not along the reference's sgd step (cosine {cosine:.6g}; "
-                f"{worst})")
-    if abs(c - 1) < 1e-6:                 # the reference's step at its own size, yet beyond the bound
-        return (f"the step at epoch {step['epoch']} is the reference's sgd step at factor {c:.8f}, yet beyond the "
-                f"bound: its rounding exceeds even the per-member summation bound (N adds into the weights); "
-                f"something else moves the params by rounding-sized amounts ({worst})")
-    return diagnose.lr_schedule_cause({step["epoch"]: c}, 1.0).text
+        return f"the step at epoch {s.epoch} is not along the reference's sgd step (cosine {cosine:.6g})"
+    if abs(c - 1) <= FIT_RTOL:            # the reference's step at its own size, yet beyond the bound: no schedule
+        return (f"the step at epoch {s.epoch} is the reference's sgd step at factor {c:.8f}, yet beyond the bound: "
+                f"its rounding exceeds even the per-member summation bound (N adds into the weights)")
+    return diagnose.lr_schedule_cause({s.epoch: c}, 1.0).text
 
 
+def _named_steps(cfg, rows: list[Row], samples: list, drift: str = "") -> list[Row]:
+    """Each failing step row's cause: `drift` (the zero-fitness row's in-place cause) where es_tell drifts the
+    weights, else the one cause of every epoch's steps (_trajectory_cause) where one reproduces them, else each
+    epoch's own (_epoch_cause); one cause of several epochs says them ('epochs 1, 2')."""
+    failing = sorted({int(r.quantity.split(":")[0].split()[1]) for r in rows if STEP_MARK in r.cause})
+    if not failing:
+        return rows
+    whole = drift or _trajectory_cause(cfg, samples)
+    by_epoch = {s.epoch: s for s in samples if s is not None}
+    why = {e: whole or (_epoch_cause(cfg, by_epoch[e]) if e in by_epoch else "") for e in failing}
+    epochs_of = {w: [e for e in failing if why[e] == w] for w in why.values()}
+    out = []
+    for r in rows:
+        if STEP_MARK in r.cause:
+            e = int(r.quantity.split(":")[0].split()[1])
+            r = r._replace(cause=f"{r.cause.split(':')[0]}: the step of es_tell at {_epochs_words(epochs_of[why[e]])} "
+                                 f"differs from optax.sgd(lr)" + (f"; {why[e]}" if why[e] else ""))
+        out.append(r)
+    return out
+
+
+# ----------------------------------------------------------------------------- the check
 def zero_fitness_row(side, cfg, seed: int, params0: dict) -> Row:
     """es_tell at epoch 0 on zero scores from a fresh es_init(params0): the port's shaping of zeros is zero (else
     the row is skipped), so its step is exactly zero in any order of summation and es_params must be params0 bit for
@@ -267,13 +448,15 @@ def zero_fitness_row(side, cfg, seed: int, params0: dict) -> Row:
     return zero_step_row(cfg, "trajectory", "es_tell", before, after, mags)
 
 
-# ----------------------------------------------------------------------------- the check
+def _missing(cfg, step: dict) -> list[str]:
+    return [leaf.path for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf) and step["noise"].get(leaf.path) is None]
+
+
 def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
-    """Every epoch of the port's own loop on synthetic fitness, judged in turn (the module docstring), and one more
-    es_tell on zero fitness (zero_fitness_row), whose in-place cause names the epochs' failing steps."""
+    """Every epoch of the port's own loop on synthetic fitness, each judged on its own (the module docstring), and
+    one more es_tell on zero fitness (zero_fitness_row), whose in-place cause names the epochs' failing steps."""
     params0 = fresh_params(R, cfg, seed, np.random.default_rng([seed, STREAM_PARAMS]))
     zero = zero_fitness_row(side, cfg, seed, params0)
-    drift = zero.cause if IN_PLACE in zero.cause else ""
     run = drive(side, cfg, seed, params0)
     start = next(run)
     moved = max(float(np.max(np.abs(start[p].astype(np.float64) - params0[p]))) for p in params0)
@@ -281,19 +464,27 @@ def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
                 "pass" if moved == 0 else "fail", "" if moved == 0 else "es_init changes the params it is given"),
             zero]
     del start, params0
-    previous, asked, failed = None, [], False
-    for step in run:             # every epoch is driven (the port's calls as without a failure); judged until one fails
+    previous, asked, samples, pick = None, [], [], picks(cfg, seed)
+    for step in run:             # every epoch judged from the port's own params before it
         asked.append(step["noise"])
-        if not failed:
-            got = _exact_noise_rows(R, cfg, seed, step) if exact else _dist_noise_rows(cfg, step, previous)
-            if not any(r.verdict == "fail" for r in got):
-                got.append(_shaping_row(R, side, cfg, step))
-            if not any(r.verdict == "fail" for r in got):
-                got += _step_rows(R, cfg, seed, step, exact, drift)
-            rows += got
-            failed = any(r.verdict == "fail" for r in rows if r is not zero)
+        got = _exact_noise_rows(R, cfg, seed, step) if exact else _dist_noise_rows(cfg, step, previous)
+        shaping = _shaping_row(R, side, cfg, step)
+        got.append(shaping)
+        missing = _missing(cfg, step)
+        if missing:
+            got.append(Row("trajectory", f"epoch {step['epoch']}: the step", float("nan"), "-", "skip",
+                           f"not judged: es_ask hands no noise of {', '.join(missing)}"))
+            samples.append(None)
+        else:
+            own_noise = not exact or any(r.verdict == "fail" for r in got if "es_ask noise" in r.quantity)
+            shaped = None if shaping.verdict == "pass" else side.shape(step["scores"])
+            step_rows, sample = _step_rows(R, cfg, seed, step, not own_noise, shaped, pick)
+            got += step_rows
+            samples.append(sample)
+        rows += got
         previous = step["noise"]
         del step
+    rows = _named_steps(cfg, rows, samples, zero.cause if IN_PLACE in zero.cause else "")
     if not exact:
         rows += asked_rows(cfg, asked)
     return rows

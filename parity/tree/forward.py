@@ -2,10 +2,11 @@
 
 The oracle needs no model of the suite's own. For member i, the port's population forward with the noise E_i must
 equal the port's PLAIN forward of the same model at the materialized parameters theta + E_i (A_i B_i^T at the stored
-slice shape on each low-rank leaf, eps_i on each full-rank one, on every leaf the port's noise has; nothing on the
-others), up to float32 rounding. The plain forward is usually the code the port was ported from (for an nn.Module,
-torch.func.functional_call: parity.tree.torch_module), which is rarely where the bug is. No JAX and no reference
-noise are needed, so the check runs alike draw by draw, in distribution and against a bundle.
+slice shape on each low-rank leaf, an N-D mm leaf's matrix reshaped row-major to the slice, eps_i on each full-rank
+one, on every leaf the port's noise has; nothing on the others), up to float32 rounding. The plain forward is usually
+the code the port was ported from (for an nn.Module, torch.func.functional_call: parity.tree.torch_module), which is
+rarely where the bug is. No JAX and no reference noise are needed, so the check runs alike draw by draw, in
+distribution and against a bundle.
 
 The protocol (optional methods; without them the check is skipped, saying so):
     batch(seed) -> an input the model takes, the same for every member (numpy arrays, or dicts/tuples of them)
@@ -41,7 +42,9 @@ When a member fails, the check localises: the noise is switched on one unit at a
 whose noise the forward mishandles; then it says how, in plain words: none of its noise applied (though the port
 hands it out and its gradient uses it), a member's output depending on the other members (alone it is right),
 the perturbation at another named scale, the low-rank term summing x and B apart (an einsum's index), transposed,
-or in another direction; and, before any of that, whether two calls on the same inputs differ (dropout left on?).
+an N-D leaf's A B^T laid over its axes in another order than its declared row-major matrix (the orders tried: every
+permutation of the slice's axes, those keeping the leading axis first tried first), or in another direction; and,
+before any of that, whether two calls on the same inputs differ (dropout left on?).
 The failing call, with the noise up to that unit, is the check's repro.
 """
 from __future__ import annotations
@@ -57,6 +60,7 @@ from parity.core.port import PortError
 from parity.tree import hooks
 from parity.tree import blocks as B
 from parity.tree.base import IN_PLACE, Row
+from parity.tree.blocks import laid_out, matricization_words, matricizations
 from parity.tree.dist import dense64
 from spec.tree import Leaf, slice_index
 
@@ -418,6 +422,15 @@ def localise(judge: Judge, failure, side) -> Found:
                  (judge.params, restricted, case.batch), out, plain)
 
 
+def other_matricization(leaf: Leaf, M: np.ndarray, matches: Callable[[np.ndarray], bool]) -> str:
+    """Words for the order the forward lays the matrix M (*stack, a, b) over the slice's axes in, where one other
+    than the declared row-major one matches it (matches(E) on a perturbation at the stored shape), else ''."""
+    for perm in matricizations(leaf.slice_shape):
+        if matches(laid_out(M, leaf.slice_shape, perm)):
+            return matricization_words(leaf.slice_shape, leaf.matrix, perm)
+    return ""
+
+
 def named_scales(cfg) -> dict[str, float]:
     """The factors a perturbation's scale is read as: the gradient's vocabulary (parity.core.optscale, in sigma, N and
     r) and the ones a perturbation has besides (the opposite sign, sqrt(2), r)."""
@@ -456,12 +469,17 @@ def classify(judge: Judge, case: Case, pos: int, before, unit: Unit, passing: tu
         if abs(c / v - 1) < 0.1 and matches(v * E):
             return f"its perturbation is applied at {name} times its scale ({v:.6g}x)"
     if leaf.cls in ("mm", "tmm"):
-        summed = np.broadcast_to(E.sum(axis=-1 if leaf.cls == "mm" else -2, keepdims=True), E.shape)
-        if matches(np.array(summed)):
+        M = E.reshape(leaf.stack_shape + leaf.factor_dims)          # the matrix A B^T (an N-D slice: its declared one)
+        summed = np.broadcast_to(M.sum(axis=-1 if leaf.cls == "mm" else -2, keepdims=True), M.shape)
+        if matches(np.array(summed).reshape(E.shape)):
             return ("its low-rank term sums x and B over the input separately (an einsum naming their input index "
                     "differently): the forward applies A B^T 1 1^T, the all-ones direction")
-        if E.shape[-1] == E.shape[-2] and matches(np.swapaxes(E, -1, -2)):
+        if M.shape[-1] == M.shape[-2] and matches(np.swapaxes(M, -1, -2).reshape(E.shape)):
             return "its perturbation is applied transposed: (A B^T)^T in place of A B^T"
+        if leaf.matrix is not None:
+            order = other_matricization(leaf, M, matches)
+            if order:
+                return order
     if abs(cosine) > 0.999 and matches(c * E):
         return f"its perturbation is applied at {c:.4g} times its scale"
     return (f"its perturbation is applied in another direction or scale: the output moves {abs(c):.3g}x as far "

@@ -116,3 +116,18 @@ def first_nondeterministic(side, params: dict, noise: dict, batch) -> str:
                          f"(leaf {leaf_of[name]}): the randomness enters before it")
             break
     return "; ".join(words)
+
+
+def conv2d_of(owner) -> Any:
+    """The owner as an nn.Conv2d (its kernel, stride, padding, dilation, groups), or None when it is none."""
+    import torch
+    return owner if isinstance(owner, torch.nn.Conv2d) else None
+
+
+def im2col(conv, x: np.ndarray) -> np.ndarray:
+    """x (n, in, H, W) -> the conv's patches (n, L, in * kh * kw), float64, a patch's entries in (in, kh, kw) order
+    (F.unfold with the conv's kernel, dilation, padding and stride)."""
+    import torch
+    cols = torch.nn.functional.unfold(torch.from_numpy(np.asarray(x, np.float64)), conv.kernel_size,
+                                      dilation=conv.dilation, padding=conv.padding, stride=conv.stride)
+    return np.swapaxes(cols.numpy(), 1, 2)

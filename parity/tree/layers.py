@@ -17,6 +17,10 @@ and, where one of these reproduces it within the same bound, how: the low-rank t
 every member's base product, x and B summed over the input separately (an einsum's index), the low-rank term at
 another scale. A module that does not compute x W^T + b of its input with every perturbation zero is not a plain
 linear layer and is not judged here (the forward check judges it); one never called is reported as such.
+An N-D mm leaf owned by an nn.Conv2d (one group, zero padding) is judged as the mm of its declared matrix (out, in *
+kh * kw) on im2col's patches of the hooked input (F.unfold: a patch's entries in (in, kh, kw) order, the row-major
+order the matrix declares), its output's pixels as rows: y_i = conv2d(x_i, W + (A_i B_i^T).reshape(W.shape)) + b
+within the same bound (in = in * kh * kw). Any other owner of an N-D leaf is skipped, saying so.
 
 """
 from __future__ import annotations
@@ -27,8 +31,9 @@ import numpy as np
 
 from parity.core.tolerances import gamma
 from parity.tree.base import Row
+from parity.tree.blocks import laid_out, matricization_words, matricizations
 from parity.tree.forward import SUBSET, forward_params, named_scales, restrict, take
-from parity.tree.hooks import capturing, module_of, owner_name, population
+from parity.tree.hooks import capturing, conv2d_of, im2col, module_of, owner_name, population
 
 
 # ----------------------------------------------------------------------------- one layer's calls
@@ -68,6 +73,7 @@ class Layer(NamedTuple):
     B: np.ndarray | None
     bias: np.ndarray
     bias_plain: np.ndarray
+    slice_shape: tuple[int, ...] = ()      # an N-D mm leaf's stored slice (W, A, B are its declared matrix's)
 
     def parts(self, xm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(x W^T or x W, the low-rank term, gamma_{in + r + 2}'s magnitude) for xm (m, rows, in)."""
@@ -138,7 +144,32 @@ def _mistake(layer: Layer, xm, ym, base, low, bound, scales: dict[str, float]) -
         for name, v in scales.items():
             if abs(c / v - 1) < 0.1 and _ratio(ym, base + v * low + layer.bias, bound) <= 1:
                 return f"applies the low-rank term at {name} times its scale ({v:.6g}x)"
+        if layer.slice_shape:
+            M = layer.A @ np.swapaxes(layer.B, -1, -2)                                  # (m, a, b)
+            for perm in matricizations(layer.slice_shape):
+                E = laid_out(M, layer.slice_shape, perm).reshape(M.shape)
+                if _ratio(ym, base + xm @ np.swapaxes(E, -1, -2) + layer.bias, bound) <= 1:
+                    return matricization_words(layer.slice_shape, M.shape[1:], perm).replace("its perturbation is",
+                                                                                              "perturbs with")
+        rank = solved_rank(xm, ym - base - layer.bias)
+        r = layer.A.shape[-1]
+        if rank is not None and rank > r:
+            return (f"perturbs the weight at rank {rank} (of at most {min(layer.W.shape)}), not the rank {r} of "
+                    f"A_i B_i^T: a full-rank perturbation in place of the low-rank one (member 0's perturbation solved "
+                    f"from its calls' inputs and outputs)")
     return ""
+
+
+def solved_rank(xm: np.ndarray, d: np.ndarray) -> int | None:
+    """The rank of member 0's perturbation D (in, out) solved from d = x D by least squares (x (rows, in), d (rows,
+    out), rows >= in): the singular values above 1e-3 of the largest (a normal matrix's spread its singular values
+    within a factor of a few, float32 rounding leaves them below 1e-5); None when the rows cannot determine D."""
+    x, y = xm[0], d[0]
+    if x.shape[0] < x.shape[1] or np.linalg.matrix_rank(x) < x.shape[1]:
+        return None
+    D = np.linalg.lstsq(x, y, rcond=None)[0]
+    sv = np.linalg.svd(D, compute_uv=False)
+    return int(np.sum(sv > 1e-3 * sv[0])) if sv.size and sv[0] > 0 else None
 
 
 def check_layers(side, cfg, seed: int) -> list[Row]:
@@ -165,9 +196,46 @@ def check_layers(side, cfg, seed: int) -> list[Row]:
     for leaf in leaves:
         layer = _layer(cfg.tree, leaf, owners[leaf.path], params, noise, m)
         plain_layer = _layer(cfg.tree, leaf, owners[leaf.path], params, zero, m)
-        rows.append(_layer_row(layer, plain_layer, [c for c in captured["noise"] if c[0] == owners[leaf.path]],
-                               [c for c in captured["zero"] if c[0] == owners[leaf.path]], m, scales))
+        calls, zero_calls = ([c for c in captured[k] if c[0] == owners[leaf.path]] for k in ("noise", "zero"))
+        if leaf.matrix is not None:
+            conv = module.get_submodule(owners[leaf.path]) if owners[leaf.path] else module
+            why = conv_unjudged(leaf, conv)
+            if why:
+                rows.append(Row("products", f"{leaf.path} (mm through its matrix {leaf.matrix}) as the model calls "
+                                            f"it", float("nan"), "-", "skip", why))
+                continue
+            calls, zero_calls = (as_matrix_calls(conv, c) for c in (calls, zero_calls))
+        rows.append(_layer_row(layer, plain_layer, calls, zero_calls, m, scales))
     return rows
+
+
+def conv_unjudged(leaf, owner) -> str:
+    """Why an N-D mm leaf's layer cannot be judged as the mm of its matrix on im2col patches ('' when it can: an
+    nn.Conv2d, one group, zero padding, its weight's matrix (out, in * kh * kw))."""
+    conv = conv2d_of(owner)
+    if conv is None:
+        return (f"{leaf.path}: its owner is a {type(owner).__name__}, not an nn.Conv2d, so its input's matrix (im2col "
+                f"patches) is not known here; the forward check judges it")
+    if conv.groups != 1 or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        return (f"{leaf.path}: its nn.Conv2d has groups {conv.groups}, padding {conv.padding!r} "
+                f"({conv.padding_mode}); the layer check forms patches for one group and numeric zero padding; the "
+                f"forward check judges it")
+    if leaf.scan_axes or leaf.matrix != (conv.out_channels, int(np.prod(leaf.slice_shape[1:]))):
+        return f"{leaf.path}: matrix {leaf.matrix} is not its conv's (out, in * kh * kw); the forward check judges it"
+    return ""
+
+
+def as_matrix_calls(conv, calls: list) -> list:
+    """A conv's calls (name, x (n, in, H, W), y (n, out, H', W')) as an mm's: (name, im2col patches (n, L, in kh kw)
+    in the row-major (in, kh, kw) order of its weight's matrix, y (n, L, out)); a call that is no plain 4-D tensor
+    kept as (name, None, None)."""
+    out = []
+    for name, x, y in calls:
+        if x is None or x.ndim != 4 or y is None or y.ndim != 4:
+            out.append((name, None, None))
+            continue
+        out.append((name, im2col(conv, x), np.moveaxis(y, 1, -1).reshape(y.shape[0], -1, y.shape[1])))
+    return out
 
 
 def _layer(tree, leaf, owner: str, params: dict, noise: dict, m: int) -> Layer:
@@ -178,8 +246,10 @@ def _layer(tree, leaf, owner: str, params: dict, noise: dict, m: int) -> Layer:
     A, B = (np.asarray(t, np.float64) for t in noise[leaf.path]) if leaf.path in noise else (None, None)
     if A is not None and not np.any(A):
         A = B = None
-    return Layer(leaf.path, leaf.cls, np.asarray(params[leaf.path], np.float64), A, B,
-                 (b + eps)[:, None, :], np.broadcast_to(b, (m, 1, out)))
+    W = np.asarray(params[leaf.path], np.float64)
+    W = W if leaf.matrix is None else W.reshape(leaf.matrix)                       # an N-D slice: its declared matrix
+    return Layer(leaf.path, leaf.cls, W, A, B,
+                 (b + eps)[:, None, :], np.broadcast_to(b, (m, 1, out)), leaf.slice_shape if leaf.matrix else ())
 
 
 def _layer_row(layer: Layer, plain_layer: Layer, calls: list, zero_calls: list, m: int, scales) -> Row:

@@ -62,7 +62,7 @@ def factors(cfg: LMConfig, leaf: Leaf, z: np.ndarray, variant: str = "faithful")
     from pair draws z (pop // 2, *stack, a + b, r): the reference's split B = z[:b], A = z[b:] (tmm_transposed: B
     the first a rows, A the rest, scaled alike), members 2p and 2p+1 sharing pair p's draw."""
     _check_layout(leaf)
-    a, b = leaf.slice_shape
+    a, b = leaf.factor_dims
     zm = np.repeat(np.asarray(z, F32), 2, axis=0)
     s = _bcast(signs(zm.shape[0]) * lowrank_scale(cfg), zm.ndim)
     if variant == "tmm_transposed":
@@ -82,10 +82,12 @@ def _outer(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def noise64(cfg: LMConfig, leaf: Leaf, z: np.ndarray, variant: str = "faithful") -> np.ndarray:
-    """(pop, *shape) float64 perturbation of one leaf from its pair draws: A B^T of the float32 factors, or eps."""
+    """(pop, *shape) float64 perturbation of one leaf from its pair draws: A B^T of the float32 factors (an N-D mm
+    slice's matrix reshaped row-major to the slice), or eps."""
     if leaf.cls in ("mm", "tmm"):
         A, B = factors(cfg, leaf, z, variant)
-        return _outer(B, A) if variant == "tmm_transposed" else _outer(A, B)
+        d = _outer(B, A) if variant == "tmm_transposed" else _outer(A, B)
+        return d.reshape(d.shape[:1] + leaf.shape)
     return eps_noise(cfg, z).astype(np.float64)
 
 
@@ -212,7 +214,7 @@ class NumpyTreeReference:
         """(|A|, |B|) per member, float64, as the reference forms them: float64 draws times the float32
         sigma / sqrt(r), unrounded (tree_reference.abs_factors)."""
         _check_layout(leaf)
-        b = leaf.slice_shape[1]
+        b = leaf.factor_dims[1]
         z = np.repeat(np.asarray(self._z(cfg, seed, epoch, leaf, "faithful"), np.float64), 2, axis=0)
         return np.abs(z[..., b:, :] * float(lowrank_scale(cfg))), np.abs(z[..., :b, :])
 

@@ -53,9 +53,20 @@ def noiser(cfg):
 def _noiser(cfg):
     """EggRoll.init_noiser on the tree's zeros, once per configuration (the zeros of every leaf: 0.65 GB and 0.3 s at
     GPT-2's size, where the suite asks for the noiser some twenty times)."""
-    return EggRoll.init_noiser(nest({p: jnp.zeros(s) for p, s in cfg.tree.shapes.items()}), cfg.sigma, cfg.lr,
+    return EggRoll.init_noiser(nest({p: jnp.zeros(s) for p, s in matrix_shapes(cfg.tree).items()}), cfg.sigma, cfg.lr,
                                group_size=cfg.group_size, freeze_nonlora=cfg.freeze_nonlora,
                                noise_reuse=cfg.noise_reuse, rank=cfg.rank)
+
+
+def matrix_shapes(tree) -> dict[str, tuple[int, ...]]:
+    """{path: shape} as upstream's noiser takes the tree: an N-D mm leaf at its stack and declared matrix (its noise,
+    gradient and step are an mm's at that shape, reshaped back to the stored one), every other leaf as stored."""
+    return {leaf.path: leaf.matrix_shape for leaf in tree.leaves}
+
+
+def _stored(cfg, flat: dict) -> dict[str, np.ndarray]:
+    """The noiser's per-leaf arrays at the matrix shapes (matrix_shapes) back at the leaves' stored shapes."""
+    return {k: np.asarray(v).reshape(cfg.tree.leaf(k).shape) for k, v in flat.items()}
 
 
 def slice_keys(cfg, seed: int, leaf: Leaf, variant: str = "faithful"):
@@ -82,8 +93,9 @@ def _per_slices(fn, keys, leaf: Leaf, *rest):
 
 
 def _draw_shape(cfg, leaf: Leaf) -> tuple[int, ...]:
-    """One draw's shape: (a + b, r) for a low-rank leaf's factors, else the slice shape."""
-    return (sum(leaf.slice_shape), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
+    """One draw's shape: (a + b, r) for a low-rank leaf's factors ((a, b) an N-D mm slice's declared matrix: the
+    reference draws such a leaf by its key index at its matrix's shape), else the slice shape."""
+    return (sum(leaf.factor_dims), cfg.rank) if leaf.cls in ("mm", "tmm") else leaf.slice_shape
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
@@ -157,7 +169,7 @@ def leaf_noise(cfg, seed: int, epoch: int, leaf: Leaf, variant: str = "faithful"
     sign = np.where(np.arange(cfg.pop) % 2 == 0, np.float32(1), np.float32(-1)).reshape((-1,) + (1,) * (z.ndim - 1))
     if leaf.cls == "param":
         return z * (sign * np.float32(cfg.sigma))
-    a, b = leaf.slice_shape
+    a, b = leaf.factor_dims
     s = sign * _low_scale(cfg)
     if variant == "tmm_transposed":
         return z[..., :a, :], z[..., a:, :] * s
@@ -187,7 +199,7 @@ def abs_factors(cfg, seed: int, epoch: int, leaf: Leaf) -> tuple[np.ndarray, np.
     """(|A| (pop, *stack, a, r), |B| (pop, *stack, b, r)) float64: the draws times the float32 sigma / sqrt(r),
     unrounded: what |A| |B|^T, the scale of a low-rank product's rounding, is formed from."""
     z = _members(cfg, seed, epoch, leaf).astype(np.float64)
-    b = leaf.slice_shape[1]
+    b = leaf.factor_dims[1]
     return np.abs(z[..., b:, :] * float(_low_scale(cfg))), np.abs(z[..., :b, :])
 
 
@@ -260,7 +272,7 @@ def _grads_fn(cfg):
     jax.ShapeDtypeStructs (their values never enter the estimate): with zeros closed over, the first call left 1.4 GB
     more resident at GPT-2's shapes (0.1 GB so)."""
     frozen, nparams = noiser(cfg)
-    params = nest({p: jax.ShapeDtypeStruct(s, jnp.float32) for p, s in cfg.tree.shapes.items()})
+    params = nest({p: jax.ShapeDtypeStruct(s, jnp.float32) for p, s in matrix_shapes(cfg.tree).items()})
     es_map = es_maps(cfg.tree)[1]
     return jax.jit(lambda keys, shaped, epochs, tids: es_grads(frozen, nparams, params, keys, shaped, (epochs, tids),
                                                                es_map)), params
@@ -274,16 +286,18 @@ def grads(cfg, seed: int, epoch: int, shaped: np.ndarray) -> dict[str, np.ndarra
     keys = simple_es_tree_key(params, jlm.run_keys(seed)[1], es_maps(cfg.tree)[0])
     epochs, tids = population_iterinfos(epoch, cfg.pop)
     g = fn(keys, jnp.asarray(shaped, jnp.float32), epochs, tids)
-    return {p: np.asarray(v) for p, v in _flat(g).items()}
+    return _stored(cfg, _flat(g))
 
 
 def update(cfg, params: dict, grads: dict) -> dict[str, np.ndarray]:
-    """One optax-sgd step of the noiser on given per-leaf gradients (apply_grads: -(g sqrt(N)) to the solver)."""
+    """One optax-sgd step of the noiser on given per-leaf gradients (apply_grads: -(g sqrt(N)) to the solver), the
+    leaves at the noiser's shapes (matrix_shapes) and back."""
     frozen, nparams = noiser(cfg)
-    p = nest({k: jnp.asarray(v) for k, v in params.items()})
-    g = nest({k: jnp.asarray(v) for k, v in grads.items()})
+    shapes = matrix_shapes(cfg.tree)
+    p = nest({k: jnp.asarray(v).reshape(shapes.get(k, np.shape(v))) for k, v in params.items()})
+    g = nest({k: jnp.asarray(v).reshape(shapes.get(k, np.shape(v))) for k, v in grads.items()})
     _, new = apply_grads(frozen, nparams, p, g, cfg.pop)
-    return {k: np.asarray(v) for k, v in _flat(new).items()}
+    return {k: np.asarray(v).reshape(np.shape(params[k])) for k, v in _flat(new).items()}
 
 
 def product(W: np.ndarray, A: np.ndarray, B: np.ndarray, x: np.ndarray, form: str) -> np.ndarray:

@@ -8,6 +8,9 @@
 `ModuleAdapter(make_module, overrides)` gives:
 - `tree`: one leaf per entry of `named_parameters()` (a tied weight once), classed by the module that owns it:
   an `nn.Linear` weight (or a subclass's) `mm`, an `nn.Embedding` weight `embedding`, any 1-D parameter `param`;
+  a convolution's weight (`nn.Conv1d/2d/3d`, (out, in / groups, *kernel)) `mm` through its matrix (out, in / groups
+  * prod(kernel)) (spec.tree.Leaf's `matrix`: the reference's mm noise at that shape, reshaped; so is any N-D
+  weight an override classes mm);
   `overrides` {path, glob pattern, or owner class name (its matrices): class} say the rest (a GPT-2 `Conv1D`
   weight is `tmm`).
   A parameter that no rule classes is refused, naming it and its owner's type;
@@ -28,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from spec.tree import CLASSES, Leaf, Tree, TreeError, make_tree
+from spec.tree import CLASSES, Leaf, Tree, TreeError, make_tree, matrix_hint
 
 
 def tensors(value: Any) -> Any:
@@ -72,7 +75,7 @@ def leaf_class(path: str, owner: nn.Module, param: torch.Tensor, overrides: Mapp
             return cls
     if isinstance(owner, nn.Embedding) and param.dim() == 2:
         return "embedding"
-    if isinstance(owner, nn.Linear) and path.endswith("weight"):
+    if isinstance(owner, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)) and path.endswith("weight"):
         return "mm"
     return "param" if param.dim() == 1 else None
 
@@ -90,7 +93,9 @@ def module_tree(module: nn.Module, overrides: Mapping[str, str] | None = None) -
         if cls is None:
             unclassed.append(f"{path} (shape {tuple(param.shape)}, owned by a {type(owner).__name__})")
         else:
-            leaves.append(Leaf(path, tuple(param.shape), cls))
+            shape = tuple(param.shape)
+            matrix = matrix_hint(shape) if cls == "mm" and len(shape) > 2 else None   # a conv's (out, in * kh * kw)
+            leaves.append(Leaf(path, shape, cls, matrix=matrix))
     if unclassed:
         raise TreeError(f"no rule classes {'; '.join(unclassed)}: give overrides={{path or owner class name: class}} "
                         f"with a class of {', '.join(CLASSES)} (a GPT-2 Conv1D weight, stored (in, out), is tmm)")

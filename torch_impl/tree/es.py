@@ -24,7 +24,7 @@ from torch_impl.fitness import JAX_EPS, check_fitness, shape_jax
 from torch_impl.optim import Optimizer, apply_updates, make_optimizer
 from torch_impl.tree.keys import init_lm
 from torch_impl.tree.noise import (NoisePlan, TreeNoise, from_stack_first, make_plan, per_member,
-                                   sample)
+                                   sample, unmatrix)
 
 Params = dict[str, torch.Tensor]
 
@@ -111,7 +111,8 @@ def leaf_gradients(tree: Tree, noise: TreeNoise, shaped: torch.Tensor) -> Params
             A, B = noise.A[leaf.path], noise.B[leaf.path]                               # (rows, *stack, a|b, r)
             fA = (w.view(*w.shape, *[1] * (A.dim() - 1)) * A.unsqueeze(1)).flatten(0, 1)
             g = torch.einsum("n...ir,n...jr->...ij", fA, _expand_members(B, k)) / n
-            grads[leaf.path] = from_stack_first(g.transpose(-1, -2) if role.transposed else g, leaf).contiguous()
+            g = unmatrix(g.transpose(-1, -2) if role.transposed else g, leaf)        # an N-D slice from its matrix
+            grads[leaf.path] = from_stack_first(g, leaf).contiguous()
         elif role.kind == "param":
             eps = noise.eps[leaf.path]
             fe = (w.view(*w.shape, *[1] * (eps.dim() - 1)) * eps.unsqueeze(1)).flatten(0, 1)

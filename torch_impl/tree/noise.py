@@ -5,6 +5,7 @@ reference (EggRoll) draws Z = normal(fold_in(fold_in(k, g), p), (a + b, r)) on t
 B = Z[:b], A = Z[b:] * (+-sigma / sqrt(r)); a full-rank leaf gets eps * (+-sigma), eps = normal(same key,
 slice shape). What each leaf gets is its `LeafRole`, resolved once from the tree and the knobs:
     mm          lowrank on the stored (out, in): forward x @ W.T + (x @ B) @ A.T          (form "mm")
+                an N-D leaf (a conv's (out, in, kh, kw)) on its declared matrix (a, b), A B^T reshaped row-major
     tmm         tmm_layout=stored: lowrank on the stored (in, out): x @ W + (x @ A) @ B.T (form "tmm")
                 tmm_layout=transposed: factored as the (out, in) mm: B = Z[:in], A = Z[in:] (form "mm")
     param       eps * sigma unless freeze_nonlora (frozen_leaves=perturbed: perturbed anyway)
@@ -38,7 +39,7 @@ class LeafRole(NamedTuple):
 
 
 def _lowrank(leaf: Leaf, form: str, transposed: bool = False) -> LeafRole:
-    a, b = leaf.slice_shape
+    a, b = leaf.factor_dims or leaf.slice_shape          # an N-D mm slice: its declared matrix
     return LeafRole("lowrank", form, (b, a) if transposed else (a, b), transposed)
 
 
@@ -187,12 +188,20 @@ def lowrank_dense(A: torch.Tensor, B: torch.Tensor, role: LeafRole) -> torch.Ten
     return d.transpose(-1, -2) if role.transposed else d
 
 
+def unmatrix(t: torch.Tensor, leaf: Leaf) -> torch.Tensor:
+    """(*lead, *stack, a, b) -> (*lead, *stack, *slice_shape) for an N-D mm leaf (its matrix reshaped row-major to
+    the slice); any other leaf's t unchanged."""
+    if leaf.matrix is None:
+        return t
+    return t.reshape(*t.shape[:t.dim() - 2], *leaf.slice_shape)
+
+
 def dense(noise: TreeNoise, leaf: Leaf) -> torch.Tensor:
     """Every member's perturbation of one leaf at its stored shape (pop, *leaf.shape); zeros when unperturbed."""
     noise = per_member(noise)
     role = noise.roles[leaf.path]
     if role.kind == "lowrank":
-        d = lowrank_dense(noise.A[leaf.path], noise.B[leaf.path], role)
+        d = unmatrix(lowrank_dense(noise.A[leaf.path], noise.B[leaf.path], role), leaf)
     elif role.kind == "param":
         d = noise.eps[leaf.path]
     else:
