@@ -82,7 +82,7 @@ from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exac
 from parity.tree import dist as D
 from parity.tree import es_lockstep
 from parity.tree.base import (EPOCHS, IN_PLACE, Row, cause, fitness_text, float32_of, fresh_params, gradient_roundings,
-                              group_var, leaf_step_bound, merged_causes, noise_excess, noise_mean, pairing_text,
+                              leaf_step_bound, merged_causes, noise_excess, noise_mean, pairing_text,
                               ref_perturbs, ref_u, reference_magnitude, reference_update, shaping_pair_bound,
                               step_texts, unchanged_cause, with_gradient_causes, zero_step_row)
 from parity.tree import blocks as B
