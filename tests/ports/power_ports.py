@@ -43,3 +43,16 @@ class TorchRngAt(GPTAdapter):
 
     def __init__(self, **settings):
         super().__init__(TreeKnobs(rng="torch"), **settings)
+
+
+class AskVarianceScaled(GPTAdapter):
+    """The training loop's es_ask noise with every low-rank A times sqrt(c) (its steps taken on that noise); the
+    noise method the faithful port's."""
+
+    def __init__(self, c: float = 0.38, **settings):
+        super().__init__(TreeKnobs(rng="torch"), **settings)
+        self.c = c
+
+    def es_ask(self, state, epoch):
+        out = super().es_ask(state, epoch)
+        return {k: (v[0] * np.float32(np.sqrt(self.c)), v[1]) if isinstance(v, tuple) else v for k, v in out.items()}
