@@ -246,13 +246,13 @@ def test_the_statistical_rows_spend_exactly_the_stated_budget(size):
     """Init's, noise's and the trajectory's statistical rows split their check_alpha evenly: as many rows as the split
     assumes, so a faithful run fails by chance at most FALSE_ALARM (<= the suite's FAMILY_ALPHA)."""
     from parity.core.tolerances import FAMILY_ALPHA
-    from parity.tree.dist import FALSE_ALARM, noise_tests
+    from parity.tree.dist import FALSE_ALARM, asked_tests, noise_tests
     from spec.lm import init_plan
     cfg = tree_check.sizes()[size]
     rows = torch_rng_rows(TreeKnobs(), size, 0)
     drawn = sum(rule.kind in ("normal", "h0") for rule in init_plan(cfg).values())
     assert sum("alpha=" in r.allowed for r in rows if r.check == "init") == 2 * drawn
     assert sum("alpha=" in r.allowed for r in rows if r.check == "noise") == noise_tests(cfg)
-    assert sum("alpha=" in r.allowed for r in rows if r.check == "trajectory") == 1
-    assert sum("alpha=" in r.allowed for r in rows) == 2 * drawn + noise_tests(cfg) + 1
+    assert sum("alpha=" in r.allowed for r in rows if r.check == "trajectory") == asked_tests(cfg)
+    assert sum("alpha=" in r.allowed for r in rows) == 2 * drawn + noise_tests(cfg) + asked_tests(cfg)
     assert FALSE_ALARM <= FAMILY_ALPHA

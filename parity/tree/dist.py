@@ -17,12 +17,35 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
     epochs 0 and 1 different exactly when noise_reuse gives them different generations.
     statistical: low-rank leaves' independent entries (the diagonal of each slice's E = A B^T, one member per pair:
     entry (i, i) involves row i of A and of B only) over sigma are EGGROLL's sqrt(chi2_r / r) N(0, 1)
-    (parity.core.tolerances.entry_ks against its exact critical value, plus the CDF's numerical error); param leaves the
-    reference perturbs (freeze_nonlora off) eps / sigma N(0, 1) (KS and chi-square); and one KS of all low-rank
-    leaves' entries pooled over both epochs (power against a drift of the whole noise's scale: at the selftest size
-    it pools 576 entries and caught E at 2 sigma at 8 of 8 seeds, where a single leaf's 64 entries missed it).
+    (parity.core.tolerances.entry_ks against its exact critical value, plus the CDF's numerical error: the law's
+    shape); low-rank leaves' variance by the mean square of ALL of E's entries (below); param leaves the reference
+    perturbs (freeze_nonlora off) eps / sigma N(0, 1) (KS and chi-square); and, pooled over every low-rank leaf and
+    the epochs' distinct draws (an epoch of the same generation under noise_reuse counted once: the same values
+    pooled twice would halve the KS's critical distance for the same information), one KS of the diagonal entries
+    and one mean square of every entry.
     rank <= r is not tested: the tree protocol carries a low-rank leaf only as factors with r columns
     (CheckedTreePort refuses any other shape), so every member's E has rank <= r by construction.
+  The mean square of E's entries (dist.slice_mean_squares, issue 53). Per member and slice, with A = sigma/sqrt(r) X,
+    X (a, r) and B (b, r) i.i.d. N(0, 1): S = ||A B^T||_F^2 / (a b sigma^2) = tr(G_X G_B) / (r a b), G_X = X^T X and
+    G_B = B^T B the r x r Gram matrices (so S is computed without forming E, and is invariant to a scale moved
+    between A and B and to any rotation of the r columns, as E's law is; a test on A's or B's entries alone would
+    flag those legitimate conventions). Given G_B, tr(G_X G_B) sums a quadratic forms x_i^T G_B x_i of the rows of X:
+    mean a tr G_B, variance 2 a tr G_B^2; with E tr G_B = b r, Var tr G_B = 2 b r (tr G_B = ||B||^2 ~ chi2_{b r})
+    and E tr G_B^2 = r b (b + r + 1) (Wishart fourth moments: E|b_k|^4 = b (b + 2), E (b_k . b_l)^2 = b), so
+    E S = 1 and Var S = 2 (a + b + r + 1) / (r a b) exactly (dist.slice_null_var; a Monte Carlo of 40,000 slices
+    agrees, tests/test_tree_power.py). Slices and pairs are independent, so a leaf's mean square over its entries
+    (one member per pair; the odd member is the same matrix negated) has mean 1 and variance the sum of (a b)^2
+    Var S over (sum a b)^2 (dist.mean_square_of). Its region (dist.mean_square_region): the lower end is the
+    alpha/2 quantile of the gamma with that mean and variance, the upper the 1 - alpha/2 quantile of the log-normal
+    with them. Why: S is a sum of squares of products of normals, so its right tail is heavier than a gamma's (the
+    gamma's upper end under-covers up to 4.4x at 1e-5, a three-moment Pearson III still 2.2x) and its left tail
+    lighter; the log-normal's skewness 3 CV + CV^3 exceeds the gamma's 2 CV. Measured by a Monte Carlo of the
+    reference's law at the tests' shapes and alphas (report in tests/test_tree_power.py's module docstring): each
+    tail's false-alarm rate at most its alpha/2. A failure names the factor ("the noise of <leaf> has c x the
+    reference's variance"), and the rank clamped to the layer's smaller side when the factors have zero columns or
+    the fitted variance is min(a, b) / r within the region (the requested rank's sigma / sqrt(r) scale kept).
+    Power (20 seeds, VarianceScaled ports): a 0.38x variance is caught at every seed at pop 8, 16 and 64 at both
+    test sizes; 0.8x and 1.2x in the module docstring of tests/test_tree_power.py.
 - gradients: the reference's estimate einsum(f A, B) / N (param: mean(f eps)) in numpy float64 on the side's own
   noise, within the exact mode's float32 bound 2 gamma_{N r + 3} mean(|f| |A||B|^T) (param 2 gamma_{N + 2}
   mean(|f| |eps|)): one side's float32 einsum bound doubled; the float64 reference uses ~1e-16 of it.
@@ -38,8 +61,9 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
   shows as the forward's first departure.
 - trajectory: lockstep as in the exact mode, the reference's step (forward, shaping, float64 estimate, optax sgd)
   taken on the side's own es_ask noise (PortSide.epoch_step hands it back), with the exact mode's stage bounds; and
-  that noise itself: antithetic pairs per leaf and epoch (exact) and one KS of every low-rank leaf's entries, the
-  epochs pooled (a training loop drawing otherwise than the port's noise() would pass the lockstep, which is
+  that noise itself: antithetic pairs per leaf and epoch (exact), and over the epochs' distinct draws one KS of every
+  low-rank leaf's diagonal entries, one mean square of all their entries and a mean square per low-rank leaf
+  (check_alpha("trajectory") split evenly over the asked_tests(cfg) rows; a training loop drawing otherwise than the port's noise() would pass the lockstep, which is
   computed on its own draws).
 
 The knobs `tmm_layout` and `leaf_order` only relabel i.i.d. draws (which normals fill which factor, which key index a
@@ -49,7 +73,9 @@ skipped row for each rather than pretend. `stack_keys`, `frozen_leaves`, `embedd
 
 False alarms: only the statistical tests of init, noise and the trajectory's es_ask noise can fail a faithful side by
 chance. Init spends check_alpha("init") = 1e-4 split evenly over its tests, noise check_alpha("noise") = 4.5e-4 and
-the trajectory check_alpha("trajectory") = 1e-4 likewise (Bonferroni; each row states its alpha), so a faithful side
+the trajectory check_alpha("trajectory") = 1e-4 likewise (Bonferroni; each row states its alpha; issue 53 added the
+mean-square rows and re-split each share over noise_tests(cfg) and asked_tests(cfg) rows, totals unchanged: on the
+example GPT 30 noise rows at 1.5e-5 each, 9 trajectory rows at 1.1e-5), so a faithful side
 fails a run with probability at most FALSE_ALARM = 6.5e-4 (< the suite's FAMILY_ALPHA = 1e-3); every other row is a
 deterministic float32 bound or an exact comparison, which a faithful side never exceeds.
 
