@@ -5,8 +5,9 @@ own; each epoch is judged on its own against one reference step from the port's 
 - noise: what es_ask hands out at epoch e. A port drawing JAX's numbers: against the reference's draws at
   true_epoch(e, noise_reuse), within the noise check's bound (2 gamma_r |A||B|^T; param leaves exact). A port on its
   own generator: epochs e - 1 and e draw alike exactly when the reference's generations are alike, and (after the
-  loop) its pairs and law (parity.tree.dist's rows for es_ask's noise: antithetic pairs exactly, one KS of every
-  low-rank leaf's entries, the epochs pooled, at check_alpha("trajectory")). Named: `noise_reuse` (another
+  loop) its pairs and law (parity.tree.dist.asked_rows: antithetic pairs exactly; over the epochs' distinct draws
+  one KS of every low-rank leaf's diagonal entries, one mean square of all their entries and one per low-rank leaf,
+  at check_alpha("trajectory") / asked_tests(cfg)). Named: `noise_reuse` (another
   generation's draws, or fresh draws where the reference reuses them and the reverse), `sigma_decay` (the same
   draws at a scale that moves with the epoch, parity.core.diagnose.sigma_schedule_cause).
 - shaping: the port's shape_fitness of the epoch's scores within the fitness check's bound (its step would follow it).
