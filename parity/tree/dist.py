@@ -17,12 +17,39 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
     epochs 0 and 1 different exactly when noise_reuse gives them different generations.
     statistical: low-rank leaves' independent entries (the diagonal of each slice's E = A B^T, one member per pair:
     entry (i, i) involves row i of A and of B only) over sigma are EGGROLL's sqrt(chi2_r / r) N(0, 1)
-    (parity.core.tolerances.entry_ks against its exact critical value, plus the CDF's numerical error); param leaves the
-    reference perturbs (freeze_nonlora off) eps / sigma N(0, 1) (KS and chi-square); and one KS of all low-rank
-    leaves' entries pooled over both epochs (power against a drift of the whole noise's scale: at the selftest size
-    it pools 576 entries and caught E at 2 sigma at 8 of 8 seeds, where a single leaf's 64 entries missed it).
+    (parity.core.tolerances.entry_ks against its exact critical value, plus the CDF's numerical error: the law's
+    shape); low-rank leaves' variance by the mean square of ALL of E's entries (below); param leaves the reference
+    perturbs (freeze_nonlora off) eps / sigma N(0, 1) (KS and chi-square); and, pooled over every low-rank leaf and
+    the epochs' distinct draws (an epoch of the same generation under noise_reuse counted once: the same values
+    pooled twice would halve the KS's critical distance for the same information), one KS of the diagonal entries
+    and one mean square of every entry.
     rank <= r is not tested: the tree protocol carries a low-rank leaf only as factors with r columns
     (CheckedTreePort refuses any other shape), so every member's E has rank <= r by construction.
+  The mean square of E's entries (dist.slice_mean_squares, issue 53). Per member and slice, with A = sigma/sqrt(r) X,
+    X (a, r) and B (b, r) i.i.d. N(0, 1): S = ||A B^T||_F^2 / (a b sigma^2) = tr(G_X G_B) / (r a b), G_X = X^T X and
+    G_B = B^T B the r x r Gram matrices (so S is computed without forming E, and is invariant to a scale moved
+    between A and B and to any rotation of the r columns, as E's law is; a test on A's or B's entries alone would
+    flag those legitimate conventions). Given G_B, tr(G_X G_B) sums a quadratic forms x_i^T G_B x_i of the rows of X:
+    mean a tr G_B, variance 2 a tr G_B^2; with E tr G_B = b r, Var tr G_B = 2 b r (tr G_B = ||B||^2 ~ chi2_{b r})
+    and E tr G_B^2 = r b (b + r + 1) (Wishart fourth moments: E|b_k|^4 = b (b + 2), E (b_k . b_l)^2 = b), so
+    E S = 1 and Var S = 2 (a + b + r + 1) / (r a b) exactly (dist.slice_null_var; a Monte Carlo of 40,000 slices
+    agrees, tests/test_tree_power.py). Slices and pairs are independent, so a leaf's mean square over its entries
+    (one member per pair; the odd member is the same matrix negated) has mean 1 and variance the sum of (a b)^2
+    Var S over (sum a b)^2 (dist.mean_square_of). Its region (dist.mean_square_region): the lower end is the
+    alpha/2 quantile of the gamma with that mean and variance, the upper the 1 - alpha/2 quantile of the log-normal
+    with them. Why: S is a sum of squares of products of normals, so its right tail is heavier than a gamma's (the
+    gamma's upper end under-covers up to 4.4x at 1e-5, a three-moment Pearson III still 2.2x) and its left tail
+    lighter. Its skewness (third cumulant by the same conditioning, with E tr G^3 and E tr G tr G^2 of the Wishart)
+    lies between the gamma's 2 CV and the log-normal's 3 CV + CV^3: over (a, b, r) in {1, 2, 3, 8, 16, 64, 768,
+    3072}^2 x {1, 2, 3, 4, 8, 16, 64} it is 1.00 to 1.56 x 2 CV, and below 3 CV (at most 0.99 x) except for a 1 x 1
+    slice (1.04 x at r = 1); averaging K slices divides skewness and CV alike by sqrt(K), so the ordering holds at
+    any K and each tail is the conservative one's. The approximation, not a bound: measured by a Monte
+    Carlo of the reference's law at the tests' shapes (tests/test_tree_power.py's module docstring): at the
+    suite's alpha 1.5e-5 the false-alarm rate is 0.24 to 0.72 alpha, each tail at most its alpha/2. A failure names the factor ("the noise of <leaf> has c x the
+    reference's variance"), and the rank clamped to the layer's smaller side when the factors have zero columns or
+    the fitted variance is min(a, b) / r within the region (the requested rank's sigma / sqrt(r) scale kept).
+    Power (20 seeds, VarianceScaled ports): a 0.38x variance is caught at every seed at pop 8, 16 and 64 at both
+    test sizes; 0.8x and 1.2x in the module docstring of tests/test_tree_power.py.
 - gradients: the reference's estimate einsum(f A, B) / N (param: mean(f eps)) in numpy float64 on the side's own
   noise, within the exact mode's float32 bound 2 gamma_{N r + 3} mean(|f| |A||B|^T) (param 2 gamma_{N + 2}
   mean(|f| |eps|)): one side's float32 einsum bound doubled; the float64 reference uses ~1e-16 of it. A leaf beyond
@@ -41,8 +68,9 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
   shows as the forward's first departure.
 - trajectory: lockstep as in the exact mode, the reference's step (forward, shaping, float64 estimate, optax sgd)
   taken on the side's own es_ask noise (PortSide.epoch_step hands it back), with the exact mode's stage bounds; and
-  that noise itself: antithetic pairs per leaf and epoch (exact) and one KS of every low-rank leaf's entries, the
-  epochs pooled (a training loop drawing otherwise than the port's noise() would pass the lockstep, which is
+  that noise itself: antithetic pairs per leaf and epoch (exact), and over the epochs' distinct draws one KS of every
+  low-rank leaf's diagonal entries, one mean square of all their entries and a mean square per low-rank leaf
+  (check_alpha("trajectory") split evenly over the asked_tests(cfg) rows; a training loop drawing otherwise than the port's noise() would pass the lockstep, which is
   computed on its own draws).
 
 The knobs `tmm_layout` and `leaf_order` only relabel i.i.d. draws (which normals fill which factor, which key index a
@@ -52,7 +80,9 @@ skipped row for each rather than pretend. `stack_keys`, `frozen_leaves`, `embedd
 
 False alarms: only the statistical tests of init, noise and the trajectory's es_ask noise can fail a faithful side by
 chance. Init spends check_alpha("init") = 1e-4 split evenly over its tests, noise check_alpha("noise") = 4.5e-4 and
-the trajectory check_alpha("trajectory") = 1e-4 likewise (Bonferroni; each row states its alpha), so a faithful side
+the trajectory check_alpha("trajectory") = 1e-4 likewise (Bonferroni; each row states its alpha; issue 53 added the
+mean-square rows and re-split each share over noise_tests(cfg) and asked_tests(cfg) rows, totals unchanged: on the
+example GPT 30 noise rows at 1.5e-5 each, 9 trajectory rows at 1.1e-5), so a faithful side
 fails a run with probability at most FALSE_ALARM = 6.5e-4 (< the suite's FAMILY_ALPHA = 1e-3); every other row is a
 deterministic float32 bound or an exact comparison, which a faithful side never exceeds.
 
@@ -67,7 +97,8 @@ are computed block by block over every entry (parity/tree/blocks.py), never samp
 """
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -206,6 +237,118 @@ def mean_square_row(check: str, quantity: str, v: float, n: int, alpha: float, w
 
 def exact_row(check: str, quantity: str, value: float, allowed: str, ok: bool, why: str) -> Row:
     return Row(check, quantity, float(value), allowed, "pass" if ok else "fail", "" if ok else why)
+
+
+# ----------------------------------------------------------------------------- the variance of low-rank noise
+class MeanSquare(NamedTuple):
+    """The mean square of E's entries over sigma^2 (one member per antithetic pair, every slice), its exact null
+    variance under EGGROLL's law, and what it pooled."""
+    value: float
+    var: float
+    slices: int          # (member, slice) matrices pooled
+    entries: int         # E's entries pooled
+
+
+def slice_mean_squares(value, sigma: float) -> np.ndarray:
+    """(P * n_slices,) ||A_i B_i^T||_F^2 / (a b sigma^2) per even member i and slice, as tr((A^T A)(B^T B)) / (a b
+    sigma^2) from the r x r Gram matrices (no E formed): invariant to a scale moved between A and B and to any
+    rotation of the r columns, as E's law is."""
+    A, B = (np.asarray(v, np.float64)[::2] for v in value)              # (P, *stack, a, r), (P, *stack, b, r)
+    ga, gb = np.einsum("...ir,...is->...rs", A, A), np.einsum("...ir,...is->...rs", B, B)
+    return (np.einsum("...rs,...rs->...", ga, gb) / (A.shape[-2] * B.shape[-2] * sigma ** 2)).ravel()
+
+
+def slice_null_var(a: int, b: int, r: int) -> float:
+    """Var(||A B^T||_F^2 / (a b sigma^2)) for one (a, b) slice of EGGROLL's noise: 2 (a + b + r + 1) / (r a b)
+    (the module docstring derives it; the mean is 1)."""
+    return 2.0 * (a + b + r + 1) / (r * a * b)
+
+
+def mean_square_of(parts: list[tuple[np.ndarray, int, int, int]]) -> MeanSquare:
+    """Pool (slice mean squares, a, b, r) parts, each slice weighted by its a b entries: the mean square of every
+    pooled entry, and its null variance sum (a b)^2 var_s / (sum a b)^2 (slices independent)."""
+    w = sum(s.size * a * b for s, a, b, _ in parts)
+    value = sum(float(np.sum(s)) * a * b for s, a, b, _ in parts) / w
+    var = sum(s.size * (a * b) ** 2 * slice_null_var(a, b, r) for s, a, b, r in parts) / w ** 2
+    return MeanSquare(value, var, sum(s.size for s, *_ in parts), w)
+
+
+def mean_square_region(var: float, alpha: float) -> tuple[float, float]:
+    """[lo, hi] holding the null mean square (mean 1, variance var) but with chance <= alpha: lo the alpha/2 quantile
+    of the gamma, hi the 1 - alpha/2 quantile of the log-normal, each with mean 1 and variance var (the module
+    docstring: why each tail's approximation is conservative, and the Monte Carlo that measures it)."""
+    from scipy import stats
+    s2 = math.log1p(var)
+    return (float(stats.gamma(1 / var, scale=var).ppf(alpha / 2)),
+            float(stats.lognorm(math.sqrt(s2), scale=math.exp(-s2 / 2)).isf(alpha / 2)))
+
+
+def mean_square_p(ms: MeanSquare) -> float:
+    """The two-sided p-value of a mean square under mean_square_region's tails: 2 min(gamma CDF, log-normal SF)."""
+    from scipy import stats
+    s2 = math.log1p(ms.var)
+    low = stats.gamma(1 / ms.var, scale=ms.var).cdf(ms.value)
+    high = stats.lognorm(math.sqrt(s2), scale=math.exp(-s2 / 2)).sf(ms.value)
+    return float(min(1.0, 2 * min(low, high)))
+
+
+def zero_columns(value) -> int:
+    """How many of the r factor columns are zero in A or in B for every member, slice and row."""
+    A, B = (np.asarray(v) for v in value)
+    axes = tuple(range(A.ndim - 1))
+    return int(np.sum(np.all(A == 0, axis=axes) | np.all(B == 0, axis=axes)))
+
+
+def clamp_text(leaf: Leaf, value, ms: MeanSquare, r: int, alpha: float) -> str:
+    """Name the rank clamped to the layer's smaller side when the factors hold zero columns, or when min(a, b) < r
+    and the fitted variance is min(a, b) / r within the test's region."""
+    k, zero = min(leaf.slice_shape), zero_columns(value)
+    scale = f"with the requested rank's scale sigma / sqrt({r})"
+    if zero:
+        kept = r - zero
+        where = f", the layer's smaller side min(a, b) = {k}," if kept == k else ""
+        return (f"; {zero} of the {r} factor columns are zero: the rank clamped to {kept}{where} {scale} (variance "
+                f"{kept}/{r} = {kept / r:.3g} x)")
+    lo, hi = mean_square_region(ms.var, alpha)
+    if k < r and lo * k / r <= ms.value <= hi * k / r:
+        return (f"; the fitted variance is min(a, b) / r = {k}/{r} = {k / r:.3g}: the rank clamped to the layer's "
+                f"smaller side min(a, b) = {k} {scale}")
+    return ""
+
+
+def variance_row(check: str, quantity: str, ms: MeanSquare, sigma: float, alpha: float, who: str,
+                 clamp: str = "") -> Row:
+    """The mean square of E's entries over sigma^2 against mean_square_region; a failure names the factor c."""
+    lo, hi = mean_square_region(ms.var, alpha)
+    ok = lo <= ms.value <= hi
+    return Row(check, f"{quantity}: mean square of E / sigma ({ms.entries} entries of {ms.slices} slices, one member "
+                      f"per pair)", ms.value,
+               f"in [{lo:.4g}, {hi:.4g}] (mean 1, variance {ms.var:.3g}: gamma / log-normal tails, alpha={alpha:.2g})",
+               "pass" if ok else "fail",
+               "" if ok else f"the noise of {who} has {ms.value:.3g} x the reference's variance (sigma^2 = "
+                             f"{sigma ** 2:.4g}; the mean square of E's entries is {ms.value * sigma ** 2:.4g})" + clamp)
+
+
+def leaf_variance_row(check: str, q: str, leaf: Leaf, values: list, cfg, alpha: float) -> Row:
+    """variance_row of one low-rank leaf over the given (distinct) draws, the rank clamp named where it fits."""
+    a, b = leaf.slice_shape
+    ms = mean_square_of([(slice_mean_squares(v, cfg.sigma), a, b, v[0].shape[-1]) for v in values])
+    row = variance_row(check, q, ms, cfg.sigma, alpha, leaf.path)
+    return row._replace(cause=row.cause + clamp_text(leaf, values[0], ms, cfg.rank, alpha)) if row.cause else row
+
+
+def distinct(values: list) -> list:
+    """The draws of a list that are not bit for bit an earlier one's (epochs of one generation under noise_reuse hold
+    the same draws; pooling them twice would count them as independent)."""
+    kept = []
+    for v in values:
+        if not any(all(np.array_equal(x, y) for x, y in zip(_parts(v), _parts(k))) for k in kept):
+            kept.append(v)
+    return kept
+
+
+def _parts(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
 
 
 # ----------------------------------------------------------------------------- init
@@ -360,31 +503,44 @@ def _slices_row(leaf: Leaf, value, q: str) -> Row:
 
 
 def _law_rows(cfg: LMConfig, leaf: Leaf, value, q: str, alpha: float) -> list[Row]:
+    """Low-rank: KS of the diagonal of E / sigma against EGGROLL's entry law (its shape), and the mean square of every
+    entry of E / sigma (its variance, with the power of all a b entries per slice); param: KS and chi-square."""
     x = independent_entries(value, cfg.sigma)
     why = f"{leaf.path}'s noise over sigma"
     if isinstance(value, tuple):
         row = ks_row("noise", f"{q}: diagonal entries of E / sigma", x, alpha, why, cfg.rank)
         if row.verdict == "fail" and is_rescaled(x, cfg.rank):   # EGGROLL-shaped at another variance: a scale
             row = row._replace(cause=f"{row.cause}; {scale_cause(leaf.path, x).text}")
-        return [row]
+        return [leaf_variance_row("noise", q, leaf, [value], cfg, alpha), row]     # the variance named first
     return [ks_row("noise", f"{q}: eps / sigma", x, alpha, why), chi2_row("noise", f"{q}: eps / sigma", x, alpha, why)]
 
 
 def noise_tests(cfg: LMConfig) -> int:
-    """Statistical tests the noise check runs: per epoch, one KS per low-rank leaf, KS and chi-square per param leaf
-    the reference perturbs; and one KS of every low-rank leaf's entries pooled over both epochs (the most power
-    against a drift of the whole noise's scale)."""
-    return 1 + len(EPOCHS) * sum(1 if leaf.cls in ("mm", "tmm") else 2
-                                 for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf))
+    """Statistical tests the noise check runs: per epoch, a KS and a mean square per low-rank leaf, a KS and a
+    chi-square per param leaf the reference perturbs; and, pooled over every low-rank leaf and the epochs' distinct
+    draws, one KS and one mean square (the most power against a drift of the whole noise's scale)."""
+    return 2 + len(EPOCHS) * 2 * sum(1 for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf))
 
 
 def _pooled_row(cfg: LMConfig, seen: dict, alpha: float) -> list[Row]:
-    """KS of all low-rank leaves' independent entries over sigma, both epochs pooled (independent draws)."""
-    x = [independent_entries(v, cfg.sigma) for vs in seen.values() for v in vs if isinstance(v, tuple)]
-    if not x:
+    """KS of all low-rank leaves' independent entries over sigma and the mean square of all their entries, over the
+    epochs' distinct draws (an epoch drawing the same generation as an earlier one is not counted again)."""
+    low = {p: distinct(vs) for p, vs in seen.items() if isinstance(vs[0], tuple)}
+    if not low:
         return []
-    return [ks_row("noise", "every low-rank leaf, both epochs: diagonal entries of E / sigma", np.concatenate(x),
-                   alpha, "the low-rank noise over sigma", cfg.rank)]
+    return pooled_variance_rows("noise", "every low-rank leaf, epochs' distinct draws", cfg, low, alpha,
+                                "the low-rank noise over sigma")
+
+
+def pooled_variance_rows(check: str, what: str, cfg: LMConfig, low: dict, alpha: float, why: str,
+                         who: str = "every low-rank leaf") -> list[Row]:
+    """The pooled mean square of every entry of E / sigma (first: it names the factor) and the pooled KS of the
+    diagonal entries, over the draws {path: [factors, ...]} (each list already distinct)."""
+    x = np.concatenate([independent_entries(v, cfg.sigma) for vs in low.values() for v in vs])
+    parts = [(slice_mean_squares(v, cfg.sigma), *cfg.tree.leaf(p).slice_shape, v[0].shape[-1])
+             for p, vs in low.items() for v in vs]
+    return [variance_row(check, what, mean_square_of(parts), cfg.sigma, alpha, who),
+            ks_row(check, f"{what}: diagonal entries of E / sigma", x, alpha, why, cfg.rank)]
 
 
 def _epoch_row(R, cfg: LMConfig, leaf: Leaf, values: list) -> Row:
@@ -497,18 +653,31 @@ def trajectory_step(R, side, cfg: LMConfig, seed: int, asked: list | None = None
     return step
 
 
+def asked_tests(cfg: LMConfig) -> int:
+    """Statistical tests of asked_rows: a mean square per low-rank leaf the reference perturbs, and the pooled KS and
+    mean square."""
+    return 2 + sum(1 for leaf in cfg.tree.leaves if leaf.cls in ("mm", "tmm") and ref_perturbs(cfg, leaf))
+
+
 def asked_rows(cfg: LMConfig, asked: list) -> list[Row]:
-    """The training loop's own noise (es_ask): antithetic pairs per perturbed leaf and epoch (exact), and one KS of
-    every low-rank leaf's independent entries over sigma, the epochs pooled (576 entries at the selftest size: power
-    against a loop at twice the scale), at check_alpha("trajectory")."""
-    rows, x = [], []
+    """The training loop's own noise (es_ask): antithetic pairs per perturbed leaf and epoch (exact); over the
+    epochs' distinct draws (a generation reused by noise_reuse counted once), one KS of every low-rank leaf's
+    independent entries over sigma and one mean square of all their entries, and a mean square per low-rank leaf,
+    at check_alpha("trajectory") / asked_tests(cfg)."""
+    rows, low = [], {}
     for epoch, noise in enumerate(asked):
         leaves = [leaf for leaf in cfg.tree.leaves if noise.get(leaf.path) is not None]
         rows += [_antithetic_row(leaf, noise[leaf.path], f"epoch {epoch}: es_ask noise, {leaf.path}")._replace(
             check="trajectory") for leaf in leaves]
-        x += [independent_entries(noise[leaf.path], cfg.sigma) for leaf in leaves if leaf.cls in ("mm", "tmm")]
-    if x:
-        rows.append(ks_row("trajectory", f"es_ask noise, epochs 0-{len(asked) - 1}, every low-rank leaf: diagonal "
-                                         f"entries of E / sigma", np.concatenate(x), check_alpha("trajectory"),
-                           "the training loop's (es_ask) low-rank noise over sigma", cfg.rank))
-    return rows
+        for leaf in leaves:
+            if leaf.cls in ("mm", "tmm"):
+                low.setdefault(leaf.path, []).append(noise[leaf.path])
+    if not low:
+        return rows
+    low, alpha = {p: distinct(vs) for p, vs in low.items()}, check_alpha("trajectory") / asked_tests(cfg)
+    rows += pooled_variance_rows("trajectory", f"es_ask noise, epochs 0-{len(asked) - 1} (distinct draws), every "
+                                               f"low-rank leaf", cfg, low, alpha,
+                                 "the training loop's (es_ask) low-rank noise over sigma",
+                                 "every low-rank leaf of the training loop (es_ask)")
+    return rows + [leaf_variance_row("trajectory", f"es_ask noise, {p}, epochs' distinct draws", cfg.tree.leaf(p), vs,
+                                     cfg, alpha) for p, vs in low.items()]

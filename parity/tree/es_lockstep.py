@@ -5,8 +5,9 @@ own; each epoch is judged on its own against one reference step from the port's 
 - noise: what es_ask hands out at epoch e. A port drawing JAX's numbers: against the reference's draws at
   true_epoch(e, noise_reuse), within the noise check's bound (2 gamma_r |A||B|^T; param leaves exact). A port on its
   own generator: epochs e - 1 and e draw alike exactly when the reference's generations are alike, and (after the
-  loop) its pairs and law (parity.tree.dist's rows for es_ask's noise: antithetic pairs exactly, one KS of every
-  low-rank leaf's entries, the epochs pooled, at check_alpha("trajectory")). Named: `noise_reuse` (another
+  loop) its pairs and law (parity.tree.dist.asked_rows: antithetic pairs exactly; over the epochs' distinct draws
+  one KS of every low-rank leaf's diagonal entries, one mean square of all their entries and one per low-rank leaf,
+  at check_alpha("trajectory") / asked_tests(cfg)). Named: `noise_reuse` (another
   generation's draws, or fresh draws where the reference reuses them and the reverse), `sigma_decay` (the same
   draws at a scale that moves with the epoch, parity.core.diagnose.sigma_schedule_cause).
 - shaping: the port's shape_fitness of the epoch's scores within the fitness check's bound (its step would follow it).
@@ -23,8 +24,9 @@ own; each epoch is judged on its own against one reference step from the port's 
 Every epoch is judged, a failure at one not ending the check: each epoch's step is judged from the port's own params
 before it, so the epochs are independent. Where es_ask's noise departs from the reference's draws (exact mode), that
 epoch's step is judged on the port's own noise (the reference's estimate on it, as in distribution); where the
-shaping departs, on the port's own shaped fitness: a noise or shaping departure is named by its own rows and the
-step by its own. A step that is not judged (es_ask hands no noise of a perturbed leaf) is a skip row saying so.
+shaping departs, on the port's own shaped fitness, or on the reference's where that fits better (es_tell may shape
+on its own, not through shape_fitness): a noise or shaping departure is named by its own rows and the step by its
+own. A step that is not judged (es_ask hands no noise of a perturbed leaf) is a skip row saying so.
 
 The failing steps are named over the epochs (_named_steps), by the simplest model that reproduces the port's steps
 at every epoch within the step bound, on PICKS entries of each perturbed leaf (the run seed's stream; elementwise
@@ -194,7 +196,7 @@ class Sample(NamedTuple):
     after: np.ndarray
     grad: np.ndarray        # the reference's gradient g there (ascent, before sqrt(N))
     bound: np.ndarray       # the step's bound per entry (_step_rows: the gradient's and leaf_step_bound)
-    first: str = ""         # epoch 0's optimizer words on every entry (step_text) when its step fails
+    first: str = ""         # the epoch's optimizer words on every entry (step_text) when its step fails
 
 
 def picks(cfg, seed: int) -> dict[str, np.ndarray]:
@@ -272,7 +274,7 @@ def _step_rows(R, cfg, seed: int, step: dict, exact: bool, shaped=None, pick=Non
     sample = None
     if pick is not None:
         flat = lambda t: np.concatenate([np.ravel(t[p])[pick[p]].astype(np.float64) for p in pick])   # noqa: E731
-        failed = [r for r in rows if STEP_MARK in r.cause] if e == 0 else []
+        failed = [r for r in rows if STEP_MARK in r.cause]
         first = ""
         if failed:
             paths = list(mags)
@@ -390,9 +392,10 @@ def _trajectory_cause(cfg, samples: list) -> str | None:
 
 
 def _epoch_cause(cfg, s: Sample) -> str:
-    """One epoch's step on its own: epoch 0's optimizer words (step_text); later, a step along the reference's at
+    """One epoch's step on its own: epoch 0's optimizer words (step_text); later, a leaf's step clipped at a norm
+    (step_text's per-leaf words: clipping keeps no state, so any epoch shows it), or a step along the reference's at
     another size names `lr_decay` (its factor), else that it is not along the reference's step."""
-    if s.first:
+    if s.first and (s.epoch == 0 or "clipped at norm" in s.first):
         return s.first
     port, ref = s.after - s.before, math.sqrt(cfg.pop) * cfg.lr * s.grad
     c = float(port @ ref) / max(float(ref @ ref), 1e-300)
@@ -448,6 +451,10 @@ def zero_fitness_row(side, cfg, seed: int, params0: dict) -> Row:
     return zero_step_row(cfg, "trajectory", "es_tell", before, after, mags)
 
 
+def _fails(rows: list[Row]) -> int:
+    return sum(r.verdict == "fail" for r in rows)
+
+
 def _missing(cfg, step: dict) -> list[str]:
     return [leaf.path for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf) and step["noise"].get(leaf.path) is None]
 
@@ -477,8 +484,13 @@ def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
             samples.append(None)
         else:
             own_noise = not exact or any(r.verdict == "fail" for r in got if "es_ask noise" in r.quantity)
-            shaped = None if shaping.verdict == "pass" else side.shape(step["scores"])
-            step_rows, sample = _step_rows(R, cfg, seed, step, not own_noise, shaped, pick)
+            step_rows, sample = _step_rows(R, cfg, seed, step, not own_noise, None if shaping.verdict == "pass"
+                                           else side.shape(step["scores"]), pick)
+            if shaping.verdict == "fail" and _fails(step_rows):
+                # es_tell may shape on its own, not through shape_fitness: the step on the reference's shaping is
+                # kept where it fits better (the shaping's departure is its own row either way)
+                alt = _step_rows(R, cfg, seed, step, not own_noise, None, pick)
+                step_rows, sample = alt if _fails(alt[0]) < _fails(step_rows) else (step_rows, sample)
             got += step_rows
             samples.append(sample)
         rows += got
