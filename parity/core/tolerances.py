@@ -262,6 +262,48 @@ def update_bound(new_params: np.ndarray, update: np.ndarray) -> np.ndarray:
     return U32 * np.abs(np.asarray(new_params, np.float64)) + gamma(OPT_ROUNDINGS) * np.abs(np.asarray(update, np.float64))
 
 
+def step_bound(before, ref_new, ref_step, step_abs, n_round: int, adds: int) -> np.ndarray:
+    """Both sides' bound on |port's new params - reference's| for one ES step from the same params `before`, in any
+    order of summation a port may use: the step added once, or up to `adds` (N) per-member contributions (N/2 per
+    pair) added into the weights one at a time. Elementwise, float64; the callers add the gap between the reference's
+    s g and the port's exact step D below (lr sqrt(N) times the gradient's bound, and the shaping's where it is the
+    port's own).
+
+    The exact step is D = s sum_n f_n E_n / N (s = lr sqrt(N); the reference forms g = einsum(f A, B) / N, or
+    mean(f eps), and applies params + s g), and step_abs = s sum_n |f_n| |E_n| / N >= |D| bounds the sum of the
+    members' |contributions| (|E_n| as |A_n||B_n|^T: the noise's own magnitude per member).
+    - The reference: fl(p + fl(s g)) is within update_bound(ref_new, ref_step) = u |p'| + gamma_24 |s g| of p + s g.
+    - The port, added once: fl(p + fl(s g')) with its own g' (|s g'| <= (1 + G) step_abs, G below) is within
+      u (|p| + (1 + G) step_abs) + gamma_24 (1 + G) step_abs of p + s g'.
+    - The port, K = adds sequential adds p_k = fl(p_{k-1} + c_k), each c_k = s sum_{n in its group} f_n E_n / N a
+      float32 quantity of its own: forming c_k rounds at most n_round + OPT_ROUNDINGS times (its E_n from r-term
+      products, f, s, the division; n_round the gradient's roundings, N r + 3 or N + 2, covers any grouping), so
+      |c_k - exact c_k| <= G s sum_{n in group k} |f_n||E_n| / N, G = gamma_{n_round + 24}, their sum <= G step_abs
+      and sum |c_k| <= (1 + G) step_abs; recursive
+      summation of the K + 1 terms p, c_1..c_K (Higham, 2nd ed., eq. 4.4) adds at most gamma_K (|p| + sum |c_k|).
+      So |port - (p + D)| <= gamma_K (|p| + (1 + G) step_abs) + G step_abs.
+    One side's port term is the sum of the added-once and the K-adds bounds (whichever the port does), so the bound
+    holds for every order; the reference's is update_bound. gamma_K |p| (K = N) is what a per-member port's
+    rounding at the weights' size needs; a planted step error (a factor, another optimizer) moves entries by a
+    share of |D|, orders above it."""
+    p = np.abs(np.asarray(before, np.float64))
+    step_abs = np.asarray(step_abs, np.float64)
+    G, gk = gamma(n_round + OPT_ROUNDINGS), gamma(adds)
+    once = U32 * (p + (1 + G) * step_abs) + gamma(OPT_ROUNDINGS) * (1 + G) * step_abs
+    return update_bound(ref_new, ref_step) + once + gk * (p + (1 + G) * step_abs) + G * step_abs
+
+
+def drift_bound(before, noise_sum, members: int, rank: int) -> np.ndarray:
+    """How far `members` in-place perturb-and-restores can move the weights by rounding, elementwise: each member
+    adds E_n into p and subtracts it again in float32, two roundings of at most u |p + E_n| and u |p| (and an E_n
+    formed twice from r-term products differs by up to 2 gamma_r |E_n|), so after N members
+    |p_N - p| <= (1 + gamma_2N) (2 N u |p| + (u + 2 gamma_r) sum_n |E_n|); noise_sum is sum_n |E_n| (|A_n||B_n|^T
+    for low-rank noise). Names a step that moves params on zero fitness: within it, rounding; beyond it, a step."""
+    p = np.abs(np.asarray(before, np.float64))
+    return (1 + gamma(2 * members)) * (2 * members * U32 * p + (U32 + 2 * gamma(rank)) *
+                                       np.asarray(noise_sum, np.float64))
+
+
 # ----------------------------------------------------------------------------- statistics
 def _stats():
     """scipy.stats, imported at first use: 0.6 s of CPU that every `python -m parity` (--help and usage errors

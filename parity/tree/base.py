@@ -12,7 +12,7 @@ from typing import Iterable, NamedTuple, Sequence
 import numpy as np
 
 from parity.core import diagnose, optscale
-from parity.core.tolerances import U32, U_TF32, gamma, shaping_bound, update_bound
+from parity.core.tolerances import U32, U_TF32, drift_bound, gamma, shaping_bound, step_bound, update_bound
 from parity.tree import blocks as B
 from spec.lm import LMConfig
 from spec.platform import ReferencePlatform
@@ -253,7 +253,78 @@ def _tree_fit(cfg, old: dict, grads: dict, new: dict):
 def _fit_words(cfg, fit, worst: str) -> str:
     if fit.name == "1" and fit.optimizer != "sgd":
         return diagnose.optimizer_cause(fit.optimizer, "sgd", worst).text
+    if fit.optimizer == "sgd" and (fit.name == "1" or abs(fit.c - 1) < optscale.MATCH):   # no scale a port writes: rounding
+        return diagnose.other("optimizer step", f"the port's step is optax sgd on its gradient at the reference's "
+                                                f"scale (fitted c = {fit.c:.6g}), yet beyond the bound: its rounding "
+                                                f"exceeds even the per-member summation bound (N adds into the "
+                                                f"weights, parity.core.tolerances.step_bound): the step is formed or "
+                                                f"applied coarser than float32 in any order of summation allows (a "
+                                                f"reduced-precision format, or weights disturbed in place: see the "
+                                                f"zero-fitness row) ({worst})").text
     return diagnose.scaled_optimizer_cause(fit, "sgd", optscale.words(fit, cfg.sigma, cfg.pop), worst).text
+
+
+IN_PLACE = "the perturbation is added and removed in place, and the weights drift by rounding"
+
+
+def gradient_roundings(cfg, leaf) -> int:
+    """float32 roundings of one entry of a leaf's gradient: N r + 3 (einsum of f A and B over members and rank,
+    / N) for a low-rank leaf, N + 2 (mean of f eps) for a param leaf."""
+    return cfg.pop * cfg.rank + 3 if leaf.cls in ("mm", "tmm") else cfg.pop + 2
+
+
+def noise_mean(leaf, mag, w) -> np.ndarray:
+    """mean_n w_n |E_n| at the leaf's shape, float64: mag a blocks.Magnitude (blocks.mean_abs) or a dense |noise|
+    (pop, *shape); w (pop,) >= 0."""
+    if isinstance(mag, B.Magnitude):
+        return B.mean_abs(leaf, mag, w)
+    return np.mean(np.asarray(w, np.float64).reshape((-1,) + (1,) * (np.ndim(mag) - 1)) * mag, 0)
+
+
+def leaf_step_bound(cfg, leaf, before, ref_new, ref_grad, mag, f_abs) -> np.ndarray:
+    """parity.core.tolerances.step_bound of one leaf's step, the one allowance every check of a step uses (updates,
+    the lockstep, the LM trajectory): s = lr sqrt(N), step_abs = s mean_n |f_n| |E_n| from the side's own noise
+    magnitude per member (mag: blocks.Magnitude or dense |noise|; f_abs >= |the fitness either side weighs|), up to
+    N adds into the weights. The caller adds its gap between the two exact steps (s x the gradient's bound)."""
+    s = math.sqrt(cfg.pop) * cfg.lr
+    step_abs = s * noise_mean(leaf, mag, f_abs) if mag is not None else s * np.abs(np.asarray(ref_grad, np.float64))
+    return step_bound(before, ref_new, s * np.asarray(ref_grad, np.float64), step_abs, gradient_roundings(cfg, leaf),
+                      cfg.pop)
+
+
+def zero_step_row(cfg, check: str, at: str, before: dict, after: dict, mags: dict) -> Row:
+    """A step on zero fitness must give the params back bit for bit: g = 0 exactly, so p + lr sqrt(N) 0 = p in any
+    order of summation and for sgd and adam alike. Entries that move anyway are named: within drift_bound of the
+    members' perturb-and-restore rounding (|p| and the side's own |E_n|, mags: path -> blocks.Magnitude or None)
+    as IN_PLACE (a fail), with the leaf and how many entries moved; beyond it a skip saying so: a step not made of
+    the gradient alone (weight decay), which the step rows judge and name."""
+    moved = {p: int(np.count_nonzero(np.asarray(after[p]) != np.asarray(before[p]))) for p in before}
+    total = sum(moved.values())
+    quantity = f"{at}: a step on zero fitness (g = 0), entries moved"
+    allowed = "== 0 (p + lr sqrt(N) 0 = p bit for bit, in any order of summation)"
+    if total == 0:
+        return Row(check, quantity, 0.0, allowed, "pass")
+    worst = {}
+    for p in (p for p in before if moved[p]):
+        leaf = cfg.tree.leaf(p)
+        mag = mags.get(p)
+        noise_sum = 0.0 if mag is None else cfg.pop * noise_mean(leaf, mag, np.ones(cfg.pop))
+        d = np.abs(np.asarray(after[p], np.float64) - before[p])
+        worst[p] = (float(np.max(d / np.maximum(drift_bound(before[p], noise_sum, cfg.pop, cfg.rank), 1e-300))),
+                    float(np.max(d)))
+    named = sorted(worst, key=lambda p: -moved[p])
+    where = "; ".join(f"{p} ({cfg.tree.leaf(p).cls}): {moved[p]} of {np.size(before[p])} entries moved, by up to "
+                      f"{worst[p][1]:.3g} ({worst[p][0]:.3g} x that rounding)" for p in named[:3]) + \
+        "".join(f"; {p} ({cfg.tree.leaf(p).cls}): {moved[p]} of {np.size(before[p])}" for p in named[3:])
+    if max(r for r, _ in worst.values()) <= 1:
+        why = (f"{IN_PLACE}: a step on zero fitness (exactly zero in any order of summation) still moves the params, "
+               f"by no more than N in-place perturb-and-restores of |p| + |E| round to; {where}")
+        return Row(check, quantity, float(total), allowed, "fail", why)
+    # beyond rounding: a step not made of the gradient alone (weight decay?), which the step rows judge and name
+    return Row(check, quantity, float(total), allowed, "skip",
+               f"not rounding: a step on zero fitness moves the params by more than an in-place perturb-and-restore "
+               f"rounds to, so the step is not the gradient's alone (weight decay?); the step rows judge and name "
+               f"it; {where}")
 
 
 def _step_caps(cfg, old: dict, grads: dict, new: dict, fits: dict) -> dict[str, tuple[str, float]]:

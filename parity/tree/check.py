@@ -42,7 +42,9 @@ Checks (rng=jax: the sides share keys, so draws are compared element by element)
   (wide, tall, square), fresh W, factors and inputs, against the expression's float64 value within one side's float32
   bound (parity.core.tolerances.linear_bound, gamma_{in + r + 1}); the reference's jitted product is held to it too.
 - updates: one optax-sgd step from fresh params on the side's own gradient, against the reference's apply_grads on
-  that gradient, within both sides' update_bound; leaves the reference never updates must come back bit for bit
+  that gradient, within base.leaf_step_bound (the step added once or in up to N per-member adds, both sides) plus
+  lr sqrt(N) x the gradient's bound; on zero fitness the params must come back bit for bit (an in-place perturb and
+  restore drifts them by rounding, named so); leaves the reference never updates must come back bit for bit
   (an updated param or embedding leaf names `frozen_leaves` or `embedding`).
 - trajectory: TRAJECTORY_EPOCHS training epochs on the corpus in lockstep (each from the reference's params): scores,
   shaped fitness, per-leaf gradients and new params, each stage's bound derived from the one before (see
@@ -76,13 +78,13 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, update_bound, with_operands
+from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, with_operands
 from parity.tree import dist as D
 from parity.tree import es_lockstep
-from parity.tree.base import (EPOCHS, Row, cause, fitness_text, float32_of, fresh_params, merged_causes,
-                              noise_excess, pairing_text, ref_perturbs, ref_u, reference_magnitude,
-                              reference_update, shaping_pair_bound, step_texts, unchanged_cause,
-                              with_gradient_causes)
+from parity.tree.base import (EPOCHS, IN_PLACE, Row, cause, fitness_text, float32_of, fresh_params, gradient_roundings,
+                              leaf_step_bound, merged_causes, noise_excess, noise_mean, pairing_text,
+                              ref_perturbs, ref_u, reference_magnitude, reference_update, shaping_pair_bound,
+                              step_texts, unchanged_cause, with_gradient_causes, zero_step_row)
 from parity.tree import blocks as B
 from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
@@ -460,16 +462,23 @@ def _product_row(R, side, case: ProductCase, inputs, witness) -> Row:
 
 def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
     """One step from the same params: the side's new params against the reference's optax-sgd step on the side's
-    own gradient (so only the step is judged), within both sides' update_bound; leaves the reference never updates
-    must come back bit for bit. A step that differs is matched against optax's sgd, adam and adamw up to a gradient
+    own gradient (so only the step is judged), within base.leaf_step_bound (parity.core.tolerances.step_bound: the
+    step added once or in up to N per-member adds into the weights, on the side's own noise magnitude) plus lr
+    sqrt(N) x the gradient's einsum bound (the side's g against the exact step); leaves the reference never updates
+    must come back bit for bit. A second call on zero fitness must give the params back bit for bit
+    (base.zero_step_row: rounding-sized moves name an in-place perturb-and-restore, and then every failing leaf's
+    cause says so). A step that differs otherwise is matched against optax's sgd, adam and adamw up to a gradient
     scale (parity.tree.base.step_texts: one scale for the tree, else one per leaf, a leaf clipped at a norm named).
     Each leaf's comparison is witnessed (the port's one update call shows a failure alone)."""
     params = fresh_params(R, cfg, seed, rng)
     shaped = R.shape(cfg, rng.standard_normal(cfg.pop).astype(np.float32))
     new, g = side.update(seed, 0, params, shaped)
     ref = reference_update(R, cfg, params, g)
-    step = math.sqrt(cfg.pop) * cfg.lr
-    rows = []
+    step, f_abs = math.sqrt(cfg.pop) * cfg.lr, np.abs(shaped).astype(np.float64)
+    mags = {leaf.path: (None if side.leaf_noise(seed, 0, leaf) is None else B.magnitude_of(
+        side.leaf_noise(seed, 0, leaf))) for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)}
+    zero = _zero_update_row(side, cfg, seed, params, mags)
+    rows = [zero]
     for leaf in cfg.tree.leaves:
         p = leaf.path
         if not ref_perturbs(cfg, leaf):
@@ -481,23 +490,41 @@ def check_updates(R, side, cfg, seed, rng, witness=no_witness) -> list[Row]:
             rows.append(Row("updates", f"{p} ({leaf.cls}): max |new - old|", moved, "== 0 (not updated)",
                             "pass" if ok else "fail", "" if ok else unchanged_cause(cfg, leaf, "updated")))
             continue
-        ratio = B.flat_max(lambda n, x, gp: np.abs(n.astype(np.float64) - x) / np.maximum(
-            2 * update_bound(x, step * gp.astype(np.float64)), 1e-30), new[p], ref[p], g[p])
+        mag = mags[p]
+        bound = leaf_step_bound(cfg, leaf, params[p], ref[p], g[p], mag, f_abs)
+        if mag is not None:         # the side's g against the exact step: its einsum bound, times lr sqrt(N)
+            bound += step * gamma(gradient_roundings(cfg, leaf)) * noise_mean(leaf, mag, f_abs)
+        ratio = B.flat_max(lambda n, x, b: np.abs(n.astype(np.float64) - x) / np.maximum(b, 1e-30),
+                           new[p], ref[p], bound)
         if ratio > 1:
-            witness(f"{p} ({leaf.cls})", new, new[p], ref[p], 2 * update_bound(ref[p], step * g[p].astype(np.float64)),
-                    "both sides' update_bound of optax.sgd(lr) on -(g sqrt(N)) from the same params, g the port's own "
-                    "gradient", (p,))
+            witness(f"{p} ({leaf.cls})", new, new[p], ref[p], bound,
+                    "step_bound of optax.sgd(lr) on -(g sqrt(N)) from the same params, g the port's own gradient, "
+                    "added once or member by member", (p,))
         ok = ratio <= 1
         rows.append(Row("updates", f"{p} ({leaf.cls}): max |port - ref| / bound", ratio,
-                        "<= 1 (u |p'| + gamma_24 |lr sqrt(N) g|, both sides)", "pass" if ok else "fail",
+                        "<= 1 (step_bound: the step added once or in N adds, both sides, + lr sqrt(N) x the "
+                        "gradient's bound)", "pass" if ok else "fail",
                         "" if ok else f"{p}: the step differs from optax.sgd(lr) on -(g sqrt(N)) "
                                       f"(params + lr sqrt(N) g)"))
     failed = [r for r in rows if r.verdict == "fail" and "the step differs" in r.cause]
     if failed:
         updated = [leaf.path for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)]
-        why = step_texts(cfg, *({p: t[p] for p in updated} for t in (params, g, new)), f"{failed[0].value:.3g} x bound")
+        why = dict.fromkeys(updated, zero.cause) if IN_PLACE in zero.cause else step_texts(
+            cfg, *({p: t[p] for p in updated} for t in (params, g, new)), f"{failed[0].value:.3g} x bound")
         rows = [r._replace(cause=f"{r.cause}; {why[r.quantity.split(' (')[0]]}") if r in failed else r for r in rows]
     return rows
+
+
+def _zero_update_row(side, cfg, seed, params: dict, mags: dict) -> Row:
+    """base.zero_step_row of the side's update on zero shaped fitness; skipped where that step is not finite (a step
+    divided by the gradient's norm is 0 / 0 there: no zero step to compare)."""
+    from parity.core.port import NonFinite
+    try:
+        after = side.update(seed, 0, params, np.zeros(cfg.pop, np.float32))[0]
+    except NonFinite as e:
+        return Row("updates", "update: a step on zero fitness (g = 0), entries moved", float("nan"), "== 0", "skip",
+                   f"the port's update on zero fitness is not finite ({e}), so it has no zero step to compare")
+    return zero_step_row(cfg, "updates", "update", params, after, mags)
 
 
 def trajectory_gap(ref: dict, ref32: dict | None) -> dict | None:
@@ -563,15 +590,15 @@ def _trajectory_leaf(cfg, leaf, params, ref, port, f_err, at, mag, n_round, gap=
     g_bound = np.mean((2 * gamma(n_round) * f_abs + f_err).reshape((-1,) + (1,) * len(leaf.shape)) * mag, 0) + \
         (0.0 if gap is None else gap["grads"][p])
     g_ratio = float(np.max(np.abs(port["grads"][p] - ref["grads"][p].astype(np.float64)) / np.maximum(g_bound, 1e-30)))
-    p_bound = step * g_bound + 2 * update_bound(ref["params"][p], step * ref["grads"][p].astype(np.float64)) + \
-        (0.0 if gap is None else gap["params"][p])
+    p_bound = step * g_bound + leaf_step_bound(cfg, leaf, params[p], ref["params"][p], ref["grads"][p], mag,
+                                               f_abs + f_err) + (0.0 if gap is None else gap["params"][p])
     p_ratio = float(np.max(np.abs(port["params"][p] - ref["params"][p].astype(np.float64)) /
                            np.maximum(p_bound, 1e-30)))
     plus = "" if gap is None else " + the reference's own TF32 rounding"
     return [Row("trajectory", f"{at}: {p} ({leaf.cls}) {what}, max |port - ref| / bound", r, f"<= 1 ({allowed}{plus})",
                 "pass" if r <= 1 else "fail", "" if r <= 1 else f"{p}: the {what} after a training epoch differs")
             for what, r, allowed in (("gradient", g_ratio, "both sides' einsum bounds + shaped error x |noise|"),
-                                     ("params", p_ratio, "lr sqrt(N) x the gradient's bound + update_bound"))]
+                                     ("params", p_ratio, "lr sqrt(N) x the gradient's bound + step_bound"))]
 
 
 def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Row]:
@@ -579,8 +606,8 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
     shaped fitness, per-leaf gradients and new params. Bounds, derived stage by stage: scores FORWARD_ULPS ulps of
     |score| (the forward check's); shaped the float32 shaping bound plus what a score error D propagates,
     (2 D + |shaped| D) / (std - D) (the centred value moves by <= 2 D, the std by <= D); gradients both sides'
-    einsum bounds plus mean(|shaped error| |A||B|^T); params lr sqrt(N) times the gradient's bound plus both sides'
-    update_bound. A stage beyond its bound ends the check (what follows from it is not judged).
+    einsum bounds plus mean(|shaped error| |A||B|^T); params lr sqrt(N) times the gradient's bound plus
+    base.leaf_step_bound (the step added once or in up to N per-member adds into the weights). A stage beyond its bound ends the check (what follows from it is not judged).
 
     A TF32 reference's own rounding (each stage against the same epoch at float32, trajectory_gap) is added to every
     allowance.

@@ -14,8 +14,12 @@ own; each epoch is judged on its own against one reference step from the port's 
 - step: es_params after es_tell against the reference's optax-sgd step (R.update) from the params before it, on the
   reference's estimate from the same scores (shaped by the reference; its own draws, or the port's es_ask noise),
   within lr sqrt(N) times the gradient's bound (both sides' einsum bounds, 2 gamma_n |f| |noise| averaged, plus the
-  shaping error shaping_pair_bound times |noise|) plus both sides' update_bound (_bound, per entry).
+  shaping error shaping_pair_bound times |noise|) plus base.leaf_step_bound (parity.core.tolerances.step_bound: the
+  step added once or in up to N per-member adds into the weights, on the noise's own magnitude), per entry.
 - untouched leaves (those the reference never perturbs: embedding, excluded, frozen params): given back bit for bit.
+- zero fitness: one more es_tell on zero scores from es_init must give the params back bit for bit (its step is
+  exactly zero in any order of summation); rounding-sized moves name an in-place perturb and restore
+  (base.zero_step_row), and then every failing step row says so.
 
 Every epoch is judged, a failure at one not ending the check: each epoch's step is judged from the port's own params
 before it, so the epochs are independent. Where es_ask's noise departs from the reference's draws (exact mode), that
@@ -45,11 +49,11 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose, momentum, optscale
-from parity.core.tolerances import gamma, update_bound
+from parity.core.tolerances import gamma
 from parity.tree import blocks as B
-from parity.tree.base import (NumpyOptimizers, Row, fitness_text, fresh_params, noise_excess, pairing_text,
-                              ref_perturbs, reference_magnitude, reference_update, shaping_pair_bound, step_text,
-                              unchanged_cause)
+from parity.tree.base import (IN_PLACE, NumpyOptimizers, Row, fitness_text, fresh_params, leaf_step_bound,
+                              noise_excess, pairing_text, ref_perturbs, reference_magnitude, reference_update,
+                              shaping_pair_bound, step_text, unchanged_cause, zero_step_row)
 from parity.tree.dist import asked_rows, estimate, unperturbed_row
 from parity.tree.numpy_reference import true_epoch
 
@@ -191,7 +195,7 @@ class Sample(NamedTuple):
     before: np.ndarray
     after: np.ndarray
     grad: np.ndarray        # the reference's gradient g there (ascent, before sqrt(N))
-    bound: np.ndarray       # the step's bound per entry (_bound)
+    bound: np.ndarray       # the step's bound per entry (_step_rows: the gradient's and leaf_step_bound)
     first: str = ""         # the epoch's optimizer words on every entry (step_text) when its step fails
 
 
@@ -237,12 +241,6 @@ def _reference_step(R, cfg, seed: int, step: dict, exact: bool, shaped=None) -> 
     return grads, reference_update(R, cfg, step["before"], grads), mags
 
 
-def _bound(lr_step: float, x, g, gb):
-    """The step's bound per entry (the module docstring): x the reference's new params, g its gradient, gb the
-    gradient's bound, lr_step = lr sqrt(N)."""
-    return lr_step * gb + 2 * update_bound(x, lr_step * g.astype(np.float64))
-
-
 def _step_rows(R, cfg, seed: int, step: dict, exact: bool, shaped=None, pick=None) -> tuple[list[Row], Sample]:
     """es_params after es_tell, every leaf, against one reference step from the params before it (see the module
     docstring for the bound; on the port's noise where exact is False, on `shaped` where given), and the epoch's
@@ -263,13 +261,14 @@ def _step_rows(R, cfg, seed: int, step: dict, exact: bool, shaped=None, pick=Non
             continue
         mag, n_round = mags[p]
         g_bound = B.mean_abs(leaf, mag, 2 * gamma(n_round) * f_abs + f_err)
-        ratio = B.flat_max(lambda a, x, g, gb: np.abs(a.astype(np.float64) - x) / np.maximum(
-            _bound(lr_step, x, g, gb), 1e-30), after, expected[p], grads[p], g_bound)
+        bound = lr_step * g_bound + leaf_step_bound(cfg, leaf, before, expected[p], grads[p], mag, (f_abs + f_err) *
+                                                    (1 + 2 * gamma(cfg.rank)))
+        ratio = B.flat_max(lambda a, x, b: np.abs(a.astype(np.float64) - x) / np.maximum(b, 1e-30), after,
+                           expected[p], bound)
         if pick is not None:
-            at = pick[p]
-            bounds[p] = _bound(lr_step, np.ravel(expected[p])[at], np.ravel(grads[p])[at], np.ravel(g_bound)[at])
+            bounds[p] = np.ravel(bound)[pick[p]]
         rows.append(Row("trajectory", f"epoch {e}: {p} ({leaf.cls}) params after es_tell, max |port - ref| / bound",
-                        ratio, f"<= 1 (lr sqrt(N) x the gradient's bound + update_bound, both sides{on})",
+                        ratio, f"<= 1 (lr sqrt(N) x the gradient's bound + step_bound: added once or in N adds{on})",
                         "pass" if ratio <= 1 else "fail",
                         "" if ratio <= 1 else f"{p}: {STEP_MARK} differs from optax.sgd(lr)"))
     sample = None
@@ -403,16 +402,20 @@ def _epoch_cause(cfg, s: Sample) -> str:
     cosine = float(port @ ref) / max(float(np.linalg.norm(port) * np.linalg.norm(ref)), 1e-300)
     if c <= 0 or cosine < 1 - 1e-6:       # the steps' float32 roundings leave a parallel step within 1e-8 of 1
         return f"the step at epoch {s.epoch} is not along the reference's sgd step (cosine {cosine:.6g})"
+    if abs(c - 1) <= FIT_RTOL:            # the reference's step at its own size, yet beyond the bound: no schedule
+        return (f"the step at epoch {s.epoch} is the reference's sgd step at factor {c:.8f}, yet beyond the bound: "
+                f"its rounding exceeds even the per-member summation bound (N adds into the weights)")
     return diagnose.lr_schedule_cause({s.epoch: c}, 1.0).text
 
 
-def _named_steps(cfg, rows: list[Row], samples: list) -> list[Row]:
-    """Each failing step row's cause: the one cause of every epoch's steps (_trajectory_cause) where one reproduces
-    them, else each epoch's own (_epoch_cause); one cause of several epochs says them ('epochs 1, 2')."""
+def _named_steps(cfg, rows: list[Row], samples: list, drift: str = "") -> list[Row]:
+    """Each failing step row's cause: `drift` (the zero-fitness row's in-place cause) where es_tell drifts the
+    weights, else the one cause of every epoch's steps (_trajectory_cause) where one reproduces them, else each
+    epoch's own (_epoch_cause); one cause of several epochs says them ('epochs 1, 2')."""
     failing = sorted({int(r.quantity.split(":")[0].split()[1]) for r in rows if STEP_MARK in r.cause})
     if not failing:
         return rows
-    whole = _trajectory_cause(cfg, samples)
+    whole = drift or _trajectory_cause(cfg, samples)
     by_epoch = {s.epoch: s for s in samples if s is not None}
     why = {e: whole or (_epoch_cause(cfg, by_epoch[e]) if e in by_epoch else "") for e in failing}
     epochs_of = {w: [e for e in failing if why[e] == w] for w in why.values()}
@@ -427,6 +430,27 @@ def _named_steps(cfg, rows: list[Row], samples: list) -> list[Row]:
 
 
 # ----------------------------------------------------------------------------- the check
+def zero_fitness_row(side, cfg, seed: int, params0: dict) -> Row:
+    """es_tell at epoch 0 on zero scores from a fresh es_init(params0): the port's shaping of zeros is zero (else
+    the row is skipped), so its step is exactly zero in any order of summation and es_params must be params0 bit for
+    bit (base.zero_step_row names rounding-sized moves as an in-place perturb and restore)."""
+    from parity.core.port import NonFinite
+    zeros = np.zeros(cfg.pop, np.float32)
+    try:
+        shaped = side.shape(zeros)
+    except NonFinite:                 # a shaping without an epsilon: 0 / 0 (the fitness check names it)
+        shaped = None
+    if shaped is None or np.any(shaped != 0):
+        return Row("trajectory", "es_tell: a step on zero fitness (g = 0), entries moved", float("nan"), "== 0",
+                   "skip", "the port's shape_fitness of zero scores is not zero, so its step there need not be")
+    port, before = side.port, {p: np.array(v) for p, v in params0.items()}
+    state = port.es_init(params0, seed)
+    noise = port.es_ask(state, 0)
+    after = port.es_params(port.es_tell(state, noise, zeros, 0))
+    mags = {p: B.magnitude_of(v) for p, v in noise.items()}
+    return zero_step_row(cfg, "trajectory", "es_tell", before, after, mags)
+
+
 def _fails(rows: list[Row]) -> int:
     return sum(r.verdict == "fail" for r in rows)
 
@@ -436,13 +460,16 @@ def _missing(cfg, step: dict) -> list[str]:
 
 
 def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
-    """Every epoch of the port's own loop on synthetic fitness, each judged on its own (the module docstring)."""
+    """Every epoch of the port's own loop on synthetic fitness, each judged on its own (the module docstring), and
+    one more es_tell on zero fitness (zero_fitness_row), whose in-place cause names the epochs' failing steps."""
     params0 = fresh_params(R, cfg, seed, np.random.default_rng([seed, STREAM_PARAMS]))
+    zero = zero_fitness_row(side, cfg, seed, params0)
     run = drive(side, cfg, seed, params0)
     start = next(run)
     moved = max(float(np.max(np.abs(start[p].astype(np.float64) - params0[p]))) for p in params0)
     rows = [Row("trajectory", "es_init: max |es_params - the params given|", moved, "== 0 (es_init keeps them)",
-                "pass" if moved == 0 else "fail", "" if moved == 0 else "es_init changes the params it is given")]
+                "pass" if moved == 0 else "fail", "" if moved == 0 else "es_init changes the params it is given"),
+            zero]
     del start, params0
     previous, asked, samples, pick = None, [], [], picks(cfg, seed)
     for step in run:             # every epoch judged from the port's own params before it
@@ -469,7 +496,7 @@ def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
         rows += got
         previous = step["noise"]
         del step
-    rows = _named_steps(cfg, rows, samples)
+    rows = _named_steps(cfg, rows, samples, zero.cause if IN_PLACE in zero.cause else "")
     if not exact:
         rows += asked_rows(cfg, asked)
     return rows

@@ -18,6 +18,7 @@ What runs: on fresh parameters (init_params' values moved by fresh normal noise,
 and zeros) and BATCHES fresh batches, the population forward at two population sizes, the whole population (members
 0..N-1, compared at positions 0, 1 and N - 1) and SUBSET members drawn at random in a random order (each compared),
 each compared member against the plain forward at theta + E_i; and the subset's call made twice (determinism).
+The params the forwards were given must come back bit for bit (a digest of each leaf before and after).
 
 The bound, per member and batch: FORWARD_SPREAD times the plain forward's own float32 rounding at that point,
 max |plain32 - plain64| over the output (floored at one float32 ulp of the output's largest entry), against the
@@ -53,11 +54,12 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from parity.core.tolerances import U32
+from parity.core.tolerances import U32, drift_bound
 from parity.core.optscale import named_scales as gradient_scales
 from parity.core.port import PortError
 from parity.tree import hooks
-from parity.tree.base import Row
+from parity.tree import blocks as B
+from parity.tree.base import IN_PLACE, Row
 from parity.tree.blocks import laid_out, matricization_words, matricizations
 from parity.tree.dist import dense64
 from spec.tree import Leaf, slice_index
@@ -189,6 +191,7 @@ class Judge:
 
     def __init__(self, side, cfg, params: dict):
         self.side, self.port, self.cfg, self.tree, self.params = side, side.port, cfg, cfg.tree, params
+        self.members = 0            # members the population forwards evaluated on params (_params_kept_row)
 
     def plain(self, noise: dict, row: int, batch, extra: dict | None = None) -> Plain:
         """The plain forward at theta + E_row (+ extra): its float64 value where the port gives one, and the bound.
@@ -209,7 +212,9 @@ class Judge:
         return Plain(y64, max(FORWARD_SPREAD * max(spread, 2 * U32 * scale), 1e-30), True)
 
     def population(self, noise: dict, batch) -> np.ndarray:
-        return hooks.population(self.side, self.params, noise, batch)
+        out = hooks.population(self.side, self.params, noise, batch)
+        self.members += out.shape[0]
+        return out
 
     def ratio(self, out: np.ndarray, plain: Plain) -> float:
         if out.shape != plain.value.shape:
@@ -226,6 +231,7 @@ def check_forward(side, cfg, seed: int, keep: Callable | None = None) -> list[Ro
         return [Row("forward", "-", float("nan"), "-", "skip", NO_MODEL)]
     rng = np.random.default_rng([seed, 22])
     judge = Judge(side, cfg, forward_params(side, cfg, seed))
+    digest = _digests(judge.params)
     pop = cfg.pop
     subset = rng.choice(pop, size=min(SUBSET, pop), replace=False)
     batch_seeds = [int(s) for s in rng.integers(0, 2 ** 31, size=BATCHES)]
@@ -256,7 +262,41 @@ def check_forward(side, cfg, seed: int, keep: Callable | None = None) -> list[Ro
                 rows.append(_determinism_row(judge, noise, out, plains[(int(subset[0]), 0)], side, case))
     if failures:
         rows = _explained(rows, judge, failures[0], side, keep)
-    return rows
+    return rows + [_params_kept_row(judge, digest, forward_params(side, cfg, seed), full_noise)]
+
+
+_KEPT = "the params given to population_forward, entries changed by its calls"
+
+
+def _digests(params: dict) -> dict:
+    """A blake2b digest of each leaf's bytes: whether the forward gave its params back bit for bit, without a copy."""
+    import hashlib
+    return {p: hashlib.blake2b(np.ascontiguousarray(v).tobytes()).digest() for p, v in params.items()}
+
+
+def _params_kept_row(judge: Judge, digest: dict, fresh: dict, noise: dict) -> Row:
+    """The params the population forwards were given must come back bit for bit. A forward that adds each member's
+    noise into the weights and subtracts it again leaves them drifted by rounding: moves within drift_bound of the
+    members evaluated (|E_n| <= N mean_n |E_n| of the full noise) are named IN_PLACE, larger ones as noise left in
+    the weights. fresh: the same params made again (forward_params is deterministic), to count what moved."""
+    changed = [p for p, d in _digests(judge.params).items() if d != digest[p]]
+    if not changed:
+        return Row("forward", _KEPT, 0.0, "== 0 (given back bit for bit)", "pass")
+    moved, ratio = {}, 0.0
+    for p in changed:
+        d = np.abs(np.asarray(judge.params[p], np.float64) - fresh[p])
+        moved[p] = (int(np.count_nonzero(d)), float(np.max(d)))
+        leaf = judge.tree.leaf(p)
+        noise_sum = 0.0 if p not in noise else \
+            judge.members * judge.cfg.pop * B.mean_abs(leaf, B.magnitude_of(noise[p]), np.ones(judge.cfg.pop))
+        bound = drift_bound(fresh[p], noise_sum, judge.members, judge.cfg.rank)
+        ratio = max(ratio, float(np.max(d / np.maximum(bound, 1e-300))))
+    where = "; ".join(f"{p}: {moved[p][0]} of {np.size(fresh[p])} entries moved, by up to {moved[p][1]:.3g}"
+                      for p in sorted(changed, key=lambda p: -moved[p][0])[:3])
+    what = IN_PLACE if ratio <= 1 else "it leaves more than rounding in the weights (noise not removed?)"
+    return Row("forward", _KEPT, float(sum(n for n, _ in moved.values())), "== 0 (given back bit for bit)", "fail",
+               f"population_forward changes the params it is given: {what} ({where})")
+
 
 
 def _bound_words(plain: Plain) -> str:
