@@ -302,7 +302,7 @@ def zero_columns(value) -> int:
 def clamp_text(leaf: Leaf, value, ms: MeanSquare, r: int, alpha: float) -> str:
     """Name the rank clamped to the layer's smaller side when the factors hold zero columns, or when min(a, b) < r
     and the fitted variance is min(a, b) / r within the test's region."""
-    k, zero = min(leaf.slice_shape), zero_columns(value)
+    k, zero = min(leaf.factor_dims), zero_columns(value)
     scale = f"with the requested rank's scale sigma / sqrt({r})"
     if zero:
         kept = r - zero
@@ -331,7 +331,7 @@ def variance_row(check: str, quantity: str, ms: MeanSquare, sigma: float, alpha:
 
 def leaf_variance_row(check: str, q: str, leaf: Leaf, values: list, cfg, alpha: float) -> Row:
     """variance_row of one low-rank leaf over the given (distinct) draws, the rank clamp named where it fits."""
-    a, b = leaf.slice_shape
+    a, b = leaf.factor_dims
     ms = mean_square_of([(slice_mean_squares(v, cfg.sigma), a, b, v[0].shape[-1]) for v in values])
     row = variance_row(check, q, ms, cfg.sigma, alpha, leaf.path)
     return row._replace(cause=row.cause + clamp_text(leaf, values[0], ms, cfg.rank, alpha)) if row.cause else row
@@ -537,7 +537,7 @@ def pooled_variance_rows(check: str, what: str, cfg: LMConfig, low: dict, alpha:
     """The pooled mean square of every entry of E / sigma (first: it names the factor) and the pooled KS of the
     diagonal entries, over the draws {path: [factors, ...]} (each list already distinct)."""
     x = np.concatenate([independent_entries(v, cfg.sigma) for vs in low.values() for v in vs])
-    parts = [(slice_mean_squares(v, cfg.sigma), *cfg.tree.leaf(p).slice_shape, v[0].shape[-1])
+    parts = [(slice_mean_squares(v, cfg.sigma), *cfg.tree.leaf(p).factor_dims, v[0].shape[-1])
              for p, vs in low.items() for v in vs]
     return [variance_row(check, what, mean_square_of(parts), cfg.sigma, alpha, who),
             ks_row(check, f"{what}: diagonal entries of E / sigma", x, alpha, why, cfg.rank)]
