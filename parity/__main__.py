@@ -15,10 +15,10 @@ import shlex
 import sys
 import textwrap
 import time
-import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
+from parity.core.exits import EXIT_INTERNAL, EXIT_MISMATCH, EXIT_PASS, EXIT_USAGE, internal_error  # noqa: F401 (EXIT_INTERNAL: re-exported)
 from parity.core.port import UsageError
 from parity.mlp.suite import CHECKS, at_port_rank
 from parity.mlp.sizes import SIZES, Sizes
@@ -29,9 +29,6 @@ from spec.limits import check_out_dir, device_arg, seed_arg
 from spec.platform import add_reference_flags, check_against_bundle, recorded_platform, request_of
 
 SUITE_PACKAGES = ("torch", "jax", "numpy")
-
-EXIT_PASS, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
-EXIT_INTERNAL = 3   # the suite itself crashed: neither parity nor a mismatch
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,10 +177,7 @@ def main(argv: Sequence[str] | None = None, stream=None) -> int:
             results = run_suite(port, sizes, args.seed, checks=checks, log=log, against=args.bundle, repro=collector,
                                 platform=args.platform)
     except Exception:   # a crash of the suite itself must not read as a mismatch (exit 1)
-        traceback.print_exc()
-        print(f"parity check: internal error in the suite (exit {EXIT_INTERNAL}); no verdict, no report written. "
-              "Please report it with the traceback above.", file=sys.stderr)
-        return EXIT_INTERNAL
+        return internal_error("parity check")
     command = "python -m parity check " + " ".join(shlex.quote(a) for a in argv)
     results = with_repros(Path(args.out), results, collector.evidence, recipe, command)
     info = run_info(args, sizes, command, label, configuration, time.perf_counter() - started)

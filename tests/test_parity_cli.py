@@ -89,6 +89,32 @@ def test_internal_crash_is_not_read_as_a_mismatch(monkeypatch, tmp_path, capsys)
     assert not (tmp_path / "out" / "summary.md").exists()
 
 
+CRASH_SITES = {   # task: (the function its command runs the suite through, the command line)
+    "lm": ("parity.tree.check", "run", ["check", "--task", "lm", "--size", "selftest"]),
+    "tree": ("parity.tree.check", "run", ["check", "--task", "tree", "--port", "tests.ports.gpt_ports:Small"]),
+    "int8": ("parity.int8.cli", "run", ["int8", "--size", "selftest"]),
+}
+
+
+@pytest.mark.parametrize("task", CRASH_SITES)
+def test_a_crash_of_the_suite_exits_3_on_every_task_and_writes_nothing(task, monkeypatch, tmp_path, capsys):
+    """The exit contract (parity.core.exits) on the LM, tree and int8 commands as on CartPole's: a bug inside the
+    suite exits 3 with the traceback and 'internal error', never the mismatch code 1, and --out stays untouched."""
+    import importlib
+    from parity import __main__ as cli
+    module, name, argv = CRASH_SITES[task]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("deliberate crash")
+
+    monkeypatch.setattr(importlib.import_module(module), name, broken)
+    out = tmp_path / "out"
+    assert cli.main([*argv, "--out", str(out), "--quiet"]) == cli.EXIT_INTERNAL == 3
+    err = capsys.readouterr().err
+    assert "internal error in the suite (exit 3)" in err and "RuntimeError: deliberate crash" in err
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_a_port_accepting_nan_passes_with_the_warning_in_the_terminal(tmp_path, capsys):
     """The reference accepts NaN fitness, as upstream EggRoll: exit 0, and the terminal says so with advice, in the
     check's progress line and again after the verdict (stderr, shown with --quiet too)."""

@@ -269,7 +269,11 @@ def main(argv: list[str]) -> int:
         f"{args.seed}, trajectory {args.epochs} epochs")
     if plan.c_reason is not None:
         log(f"  {plan.c_reason}")
-    result = run(plan, args.seed, args.epochs, log)
+    try:
+        result = run(plan, args.seed, args.epochs, log)
+    except Exception:                # the suite's own crash: exit 3, never the parting code
+        from parity.core.exits import internal_error
+        return internal_error("parity int8")
     code = EXIT_PARTS if any(r["parting"] is not None for r in result["rows"]) else EXIT_PASS
     summary = write_report(Path(args.out), result, plan, argv, args.seed, time.perf_counter() - started, code)
     for row in result["rows"][1:]:

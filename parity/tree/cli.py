@@ -99,6 +99,7 @@ def main(argv: list[str]) -> int:
     from parity.tree import check as tree_check
     from parity.tree.base import merged_causes
     from parity.core.port import PortError
+    from parity.core.exits import internal_error
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
     collector, recipe = repro_setup(args, cfg)
@@ -125,6 +126,8 @@ def main(argv: list[str]) -> int:
     except PortError as err:
         print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree/adapter.py)", file=sys.stderr)
         return 2
+    except Exception:                # the suite's own crash: exit 3, never the mismatch code
+        return internal_error(f"parity check --task {args.task}")
     failed = [r for r in rows if r.verdict == "fail"]
     verdict = "FAIL" if failed else "PASS"
     header = report_header(args, argv, verdict, cfg, knobs, who, notes, bundle, reference,
