@@ -136,13 +136,14 @@ def _lm(argv: list[str]) -> int:
 
 
 def _unknown_task(task: str) -> int:
-    print(f"parity check: unknown --task {task!r}; known tasks: cartpole, lm, tree (and `python -m parity int8`)",
+    print(f"parity check: unknown --task {task!r}; known tasks: cartpole, lm, tree, int8",
           file=sys.stderr)
     return EXIT_USAGE
 
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"int8": _int8, "record": _record, **{name: _moved(name) for name in MOVED}}
-TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm, "tree": _lm}     # one parser: parity/tree/cli.py
+# lm and tree share one parser (parity/tree/cli.py); int8 is also `python -m parity int8` (parity/int8/cli.py)
+TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm, "tree": _lm, "int8": _int8}
 
 
 def main(argv: Sequence[str] | None = None, stream=None) -> int:

@@ -115,6 +115,19 @@ def test_a_crash_of_the_suite_exits_3_on_every_task_and_writes_nothing(task, mon
     assert not out.exists() or not any(out.iterdir())
 
 
+def test_int8_runs_as_a_task_and_prints_result_json_alone(tmp_path, capsys):
+    """`check --task int8` is `parity int8`; --json prints its result.json alone on stdout (progress on stderr)."""
+    import json
+    from parity import __main__ as cli
+    assert cli.main(["check", "--task", "int8", "--size", "selftest", "--epochs", "2", "--no-c", "--out",
+                     str(tmp_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == json.loads((tmp_path / "result.json").read_text())
+    assert json.loads(out)["exit_code"] == 0 and "PASS: report in" in err and "PASS" not in out
+    assert cli.main(["check", "--task", "int8", "--size", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_port_accepting_nan_passes_with_the_warning_in_the_terminal(tmp_path, capsys):
     """The reference accepts NaN fitness, as upstream EggRoll: exit 0, and the terminal says so with advice, in the
     check's progress line and again after the verdict (stderr, shown with --quiet too)."""

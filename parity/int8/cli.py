@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_reference_flags(p)
     p.add_argument("--out", default="runs/int8", help="report folder (default runs/int8, which git ignores)")
     p.add_argument("--quiet", action="store_true", help="only the verdict line")
+    p.add_argument("--json", action="store_true",
+                   help="print result.json alone on stdout (the progress and verdict lines go to stderr)")
     return p
 
 
@@ -264,7 +266,8 @@ def main(argv: list[str]) -> int:
     except (ValueError, Int8KnobError, OSError) as err:
         print(f"parity int8: {err}", file=sys.stderr)
         return EXIT_USAGE
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    text = sys.stderr if args.json else sys.stdout          # --json: stdout holds result.json alone
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, file=text, flush=True))
     log(f"parity int8: JAX reference vs torch ({describe_knobs(plan.knobs)}) vs C, size {args.size}, seed "
         f"{args.seed}, trajectory {args.epochs} epochs")
     if plan.c_reason is not None:
@@ -281,5 +284,8 @@ def main(argv: list[str]) -> int:
         log(f"  {row['side']}: {state}")
         if row["parting"] is not None:
             log(f"    cause: {naming_line(row, plan.c_reason)}")
-    print(f"{'PASS' if code == EXIT_PASS else 'FAIL'}: report in {summary} ({time.perf_counter() - started:.0f} s)")
+    if args.json:
+        print((summary.parent / "result.json").read_text(), end="")
+    print(f"{'PASS' if code == EXIT_PASS else 'FAIL'}: report in {summary} ({time.perf_counter() - started:.0f} s)",
+          file=text)
     return code
