@@ -2,9 +2,9 @@
 
     python -m bench.gpu_check --out reports/bench-gpu        (make bench-gpu)
 
-1. the tests that need CUDA (pytest -m gpu over GPU_TESTS: CUDA graphs equal to the eager CUDA runs, the integer
-   model on torch._int_mm equal to the CPU, the compiled and Triton normals equal to the eager definition), at most
-   TESTS_S seconds, the log in tests.log;
+1. the tests that need CUDA (GPU_TESTS: pytest -m gpu over tests/, every test marked `gpu`: CUDA graphs equal to the
+   eager CUDA runs, the integer model on torch._int_mm equal to the CPU, the compiled and Triton normals equal to the
+   eager definition), at most TESTS_S seconds, the log in tests.log;
 2. `python -m bench --device cuda` (bounded by its own 300 s), its bench.csv and summary.md;
 3. README.md: what ran, the tests' last line, each step's time, the machine.
 About 8 minutes in all, under 10. No CUDA device, or a package the steps need missing: exit 2 before any work, saying
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-GPU_TESTS = ("tests/test_cuda_graphs.py", "tests/test_random.py", "tests/test_random_compiled.py",
-             "tests/test_triton_normal.py")
+# The tests that need CUDA, chosen by their marker (tests/marks.py's on_gpu), not by a list of files to keep up to date.
+GPU_TESTS = ("-m", "gpu", "tests")
 NEEDED = ("torch", "jax", "optax", "numpy", "scipy", "gymnasium", "pytest", "matplotlib")
 TESTS_S, BENCH_S = 220.0, 330.0
 
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", *GPU_TESTS]
+    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TESTS]
     bench = [sys.executable, "-m", "bench", "--device", "cuda", "--out", str(out)]
     steps = []
     for name, cmd, log, limit in (("tests", tests, out / "tests.log", TESTS_S),

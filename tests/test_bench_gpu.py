@@ -4,6 +4,10 @@ backend. Its numbers are measured on a GPU only (`python -m bench.gpu_check`).""
 from __future__ import annotations
 
 import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +138,27 @@ def test_the_gpu_check_exits_2_without_cuda_before_any_work(tmp_path, capsys):
     assert gpu_check.missing_packages(("torch", "surely_not_a_package_here")) == ["surely_not_a_package_here"]
     text = gpu_check.readme([("tests", "-m pytest -m gpu", 0, 12.0, "5 passed")], "NVIDIA H100", 300.0)
     assert "| tests | `-m pytest -m gpu` | 0 | 12 | 5 passed |" in text and "NVIDIA H100" in text
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# How a test file skips without CUDA: tests/marks.py's @on_gpu, or a skip whose reason begins "needs a CUDA device".
+CUDA_SKIP = re.compile(r"^\s*@on_gpu\b|\breason\s*=\s*[\"']needs a CUDA device|\.skip\(\s*[\"']needs a CUDA device",
+                       re.M)
+
+
+def test_the_gpu_checks_selection_has_every_file_that_skips_without_cuda():
+    """gpu_check's pytest selection, collected only (nothing run): not empty, only files that exist, and every test
+    file that skips for want of a CUDA device (found by reading the files), so none is left out on a GPU machine."""
+    from bench.gpu_check import GPU_TESTS
+
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           *GPU_TESTS], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert ids, done.stdout[-3000:]
+    files = {i.split("::")[0] for i in ids}
+    assert all((ROOT / f).is_file() for f in files), files
+    skipping = {f"tests/{p.name}" for p in sorted((ROOT / "tests").glob("test_*.py"))
+                if CUDA_SKIP.search(p.read_text())}
+    assert skipping, "no test file found that skips without CUDA: CUDA_SKIP reads none"
+    assert skipping <= files, f"skip without CUDA but are not marked gpu: {sorted(skipping - files)}"

@@ -23,6 +23,7 @@ from bench.runners import normal_agreement
 from reporting import Agreement, agreement, ulp_distance
 from torch_impl import random as R
 from torch_impl import random_eager as E
+from tests.marks import on_gpu
 
 U32 = np.uint32
 
@@ -330,13 +331,12 @@ def test_ulp_distance_counts_float32_steps_across_zero():
         ulp_distance(np.zeros(3, np.float32), np.zeros(4, np.float32))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@on_gpu
 def test_cuda_keys_give_the_cpu_results_on_the_device():
     keys = R.fold_in(R.key(1), torch.arange(33))
     for fn, args in [(R.bits, ((5, 7),)), (R.uniform, ((5, 7),)), (R.normal, ((5, 7),)), (R.split, (3,))]:
-        on_gpu = fn(keys.cuda(), *args)
-        assert on_gpu.device.type == "cuda"
-        assert torch.equal(on_gpu.cpu(), fn(keys, *args))
+        got = fn(keys.cuda(), *args)
+        assert got.device.type == "cuda"
+        assert torch.equal(got.cpu(), fn(keys, *args))
     assert torch.equal(E._normal(keys.cuda(), (9,), False).cpu(), E._normal(keys, (9,), True))
     assert torch.equal(R.fold_in(keys.cuda(), 5).cpu(), R.fold_in(keys, 5))

@@ -21,6 +21,7 @@ from torch_impl import random_compiled as C
 from spec.config import Config
 from spec.knobs import Knobs
 from tests.helpers import measured_gpu_table, noise_of
+from tests.marks import on_gpu
 from reporting import agreement
 from torch_impl.model import init_params
 
@@ -186,8 +187,7 @@ def test_a_wrong_compiled_result_is_caught_by_the_self_check(monkeypatch):
     assert torch.equal(got, with_mode("never", R.bits, keys_for(3), (11,)))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@on_gpu
 def test_cuda_compiled_equal_cpu_eager(monkeypatch):
     monkeypatch.setenv("TORCH_IMPL_RNG_TRITON", "never")            # the compiled path, not the fused Triton kernel
     for keys, shape in CASES[:7]:
