@@ -123,6 +123,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.seeds < 1 or args.power_seeds < 0:
         p.error(f"--seeds must be >= 1 and --power-seeds >= 0 (got {args.seeds}, {args.power_seeds})")
+    from spec.limits import check_out_dir
+    try:
+        check_out_dir(args.out)
+    except ValueError as err:
+        p.error(str(err))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "runs.csv")
     done = list(csv.DictReader(open(path))) if os.path.exists(path) else []
