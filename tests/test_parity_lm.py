@@ -1,5 +1,5 @@
 """The LM suite's self-tests: each tree knob is caught and named at two sizes, the faithful side never flagged,
-bad input exits 2 before any work; in distribution (rng=torch, parity/tree_dist.py) the same for every knob it can
+bad input exits 2 before any work; in distribution (rng=torch, parity/tree/dist.py) the same for every knob it can
 see, the two it cannot (tmm_layout, leaf_order) reported as unobservable, and each of its tests shown able to fail."""
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def ran(rows) -> set[str]:
 
 @pytest.mark.parametrize("size, seed", [("selftest", 0), ("selftest", 5), ("quick", 1), ("quick", 11)])
 def test_the_faithful_torch_rng_side_is_never_flagged_and_every_check_runs(size, seed):
-    """The statistical rows' false-alarm budget is 6.5e-4 per run (parity/tree_dist.py); these seeds pass."""
+    """The statistical rows' false-alarm budget is 6.5e-4 per run (parity/tree/dist.py); these seeds pass."""
     rows = torch_rng_rows(TreeKnobs(), size, seed)
     assert [r.cause for r in rows if r.verdict == "fail"] == []
     assert ran(rows) == ALL_CHECKS

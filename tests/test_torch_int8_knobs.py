@@ -1,7 +1,7 @@
 """egg.c's departures as knobs on the torch int8 port: each equal to the C side's switch at every piece, each caught
 and named by `python -m parity int8 --torch KNOB=VALUE` at two sizes, and the faithful side never flagged.
 
-Pieces (parity/int8_pieces.py) are computed on fresh random inputs from fixed seeds: random params, tokens with a
+Pieces (parity/int8/pieces.py) are computed on fresh random inputs from fixed seeds: random params, tokens with a
 byte 0 in every row, random states, scores with ties and an int32-wrapping difference, random fitness signs.
 """
 from __future__ import annotations

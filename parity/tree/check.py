@@ -1,7 +1,7 @@
 """`python -m parity check --task lm`: the torch tree ES against the JAX reference on the byte-level LM, leaf by
 leaf and class by class, with each tree drift named in the knob table's words (spec.tree_knobs). `--task tree`: the
 same checks and bounds on a port's own declared tree (cfg a spec.tree.TreeRun; _tree_plan): init on the laws the port
-states (tree_dist.check_init_laws), every mm/tmm leaf's product with rows (batch, seq) as a transformer layer's, one
+states (parity.tree.dist.check_init_laws), every mm/tmm leaf's product with rows (batch, seq) as a transformer layer's, one
 more fitness vector of tiny spread, the forward reported as the port's own, the trajectory as the port's es_* loop on
 synthetic fitness (parity/tree/es_lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
 a gradient scale: parity.core.optscale) and the noise and gradient scales.
