@@ -51,7 +51,7 @@ class CNNAdapter(ModuleAdapter):
 
     def perturbed_mm(self, W, A, B, x):
         with torch.inference_mode():
-            return numpy_of(cp.matrix_product(*tensors((x, W, A, B))))
+            return numpy_of(cp.linear(*tensors((x, W, A, B))))
 
     def shape_fitness(self, f, group_size):
         return numpy_of(self.es.shape_fitness(tensors(f)))

@@ -7,7 +7,8 @@ matrix (out, in * kh * kw) (spec.tree.Leaf's `matrix`, the row-major reshape W.r
 perturbation is A_i B_i^T (A (out, r), B (in * kh * kw, r)) reshaped to W's shape. The convolution is then the mm of
 that matrix on im2col's patches (F.unfold orders a patch's entries (in, kh, kw), row-major as W's): `EggConv2d`
 computes each member's x * (W + A_i B_i^T) as patches @ W_mat^T + (patches @ B_i) @ A_i^T, folded back to the
-image; `matrix_product` is that mm (the adapter's perturbed_mm, so the products check runs the conv's own code).
+image; that mm is the GPT example's `linear` (examples/gpt_port.py: the adapter's perturbed_mm, so the products
+check runs the conv's own code), and the run's settings its `ESConfig`.
 
 EGGROLL is torch_impl's tree noise on JAX's keys (the tree's key scheme: the reference's mm noise at the matrix's
 shape, drawn by the leaf's key index), biases frozen (freeze_nonlora), the fitness shaped with group means and the
@@ -21,12 +22,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from examples.gpt_port import ESConfig, TreeES, linear
 from spec.tree import Tree
 from spec.tree_knobs import TreeKnobs
-from torch_impl.tree.es import GROUP_FITNESS, leaf_gradients
-from torch_impl.tree.noise import TreeNoise, make_plan, per_member, sample
-
-Params = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -39,28 +37,6 @@ class CNNConfig:
     kernel: int = 3
     classes: int = 5
     batch: int = 2
-
-
-@dataclass(frozen=True)
-class ESConfig:
-    pop: int = 16
-    rank: int = 2
-    sigma: float = 0.05
-    lr: float = 0.02
-    group_size: int = 4
-    noise_reuse: int = 2
-    freeze_nonlora: bool = True
-
-
-def matrix_product(x: torch.Tensor, W: torch.Tensor, A: torch.Tensor | None, B: torch.Tensor | None) -> torch.Tensor:
-    """Member i's x (W + A_i B_i^T)^T as x @ W^T + (x @ B_i) @ A_i^T: x (m, *rows, b), W (a, b), A (m, a, r),
-    B (m, b, r) -> (m, *rows, a). A conv's W here is its matrix (out, in * kh * kw) and x its im2col patches."""
-    y = x @ W.T
-    if A is None:
-        return y
-    m, b = x.shape[0], x.shape[-1]
-    low = torch.bmm(torch.bmm(x.reshape(m, -1, b), B), A.transpose(1, 2))
-    return y + low.reshape(y.shape)
 
 
 def patches(x: torch.Tensor, conv: nn.Conv2d) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -91,7 +67,7 @@ class EggConv2d(nn.Conv2d):
             return super().forward(x)
         m = self.A.shape[0]
         cols, (h, w) = patches(x, self)                                       # (m * batch, L, in kh kw)
-        y = matrix_product(cols.reshape(m, -1, *cols.shape[1:]), self.matrix(), self.A, self.B)  # (m, batch, L, out)
+        y = linear(cols.reshape(m, -1, *cols.shape[1:]), self.matrix(), self.A, self.B)  # (m, batch, L, out)
         y = y + self.bias
         return y.reshape(x.shape[0], h, w, self.out_channels).permute(0, 3, 1, 2)
 
@@ -109,7 +85,7 @@ class EggLinear(nn.Linear):
         if self.A is None:
             return super().forward(x)
         m = self.A.shape[0]
-        return (matrix_product(x.reshape(m, -1, x.shape[-1]), self.weight, self.A, self.B) + self.bias).reshape(
+        return (linear(x.reshape(m, -1, x.shape[-1]), self.weight, self.A, self.B) + self.bias).reshape(
             x.shape[0], -1)
 
 
@@ -129,18 +105,15 @@ class CNN(nn.Module):
         return self.head(h.mean(dim=(2, 3)))
 
 
-class Eggroll:
-    """The CNN's ES on its tree (parity.tree.torch_module.module_tree: the convs' weights mm through their matrix)."""
+class Eggroll(TreeES):
+    """The CNN's ES on its tree (parity.tree.torch_module.module_tree: the convs' weights mm through their matrix):
+    the GPT example's noise, shaping, gradient and step (examples/gpt_port.py's TreeES), and the population forward
+    through the model's own layers."""
 
     def __init__(self, model: CNN, tree: Tree, es: ESConfig = ESConfig(), knobs: TreeKnobs = TreeKnobs()):
-        self.model, self.tree, self.es, self.knobs = model, tree, es, knobs
-        self.plan = make_plan(tree, knobs, es.pop, es.rank, es.noise_reuse, es.freeze_nonlora)
+        super().__init__(tree, es, knobs)
+        self.model = model
         self.layers = {n: m for n, m in model.named_modules() if isinstance(m, (EggConv2d, EggLinear))}
-
-    def sample(self, seed: int, epoch: int) -> TreeNoise:
-        """Every member's noise at `epoch` (one row per member, signs applied)."""
-        sources = self.plan.generator.sources(self.tree, seed, self.knobs.leaf_order, self.knobs.stack_keys)
-        return per_member(sample(self.plan, sources, epoch, self.es.sigma))
 
     def set_population(self, noise: dict | None) -> None:
         """Hand each layer its members' factors {path: (A, B)} (None: clear them)."""
@@ -157,17 +130,6 @@ class Eggroll:
         finally:
             self.set_population(None)
 
-    def shape_fitness(self, f: torch.Tensor) -> torch.Tensor:
-        return GROUP_FITNESS[self.knobs.group_fitness](f, self.es.group_size)
-
-    def gradients(self, noise: TreeNoise, shaped: torch.Tensor) -> Params:
-        return leaf_gradients(self.tree, noise, shaped)
-
-    def step(self, params: Params, grads: Params) -> Params:
-        """optax.sgd(lr) on -(g sqrt(N)), applied: params + lr sqrt(N) g."""
-        scale = torch.tensor(self.es.lr, dtype=torch.float32) * torch.sqrt(torch.tensor(float(self.es.pop)))
-        return {k: p + scale * grads[k] for k, p in params.items()}
-
 
 def images(seed: int, cfg: CNNConfig) -> torch.Tensor:
     """A batch of random images (batch, in_ch, image, image) for a seed."""
@@ -175,5 +137,5 @@ def images(seed: int, cfg: CNNConfig) -> torch.Tensor:
     return torch.randn(cfg.batch, cfg.in_ch, cfg.image, cfg.image, generator=gen)
 
 
-__all__ = ["CNNConfig", "ESConfig", "CNN", "EggConv2d", "EggLinear", "Eggroll", "matrix_product", "patches",
+__all__ = ["CNNConfig", "ESConfig", "CNN", "EggConv2d", "EggLinear", "Eggroll", "patches",
            "images"]

@@ -121,17 +121,13 @@ def conv1d(x: torch.Tensor, W: torch.Tensor, A: torch.Tensor | None, B: torch.Te
 
 
 # ----------------------------------------------------------------------------- EGGROLL
-class EggrollGPT:
-    """The GPT's ES: noise, the perturbed forward, fitness shaping, the gradient and the sgd step (plain tensors)."""
+class TreeES:
+    """EGGROLL on a declared tree (plain tensors): noise, fitness shaping, the gradient and the sgd step; a model's
+    ES (EggrollGPT here, examples/cnn_port.py's Eggroll) adds its perturbed forward."""
 
-    linear = staticmethod(linear)       # the forward's products (a subclass may bring its own): every mm,
-    conv1d = staticmethod(conv1d)       # every tmm,
-    project = staticmethod(linear)      # and attention's q, k and v
-
-    def __init__(self, model: GPTConfig = GPTConfig(), es: ESConfig = ESConfig(), knobs: TreeKnobs = TreeKnobs()):
-        self.model, self.es, self.knobs = model, es, knobs
-        self.tree = gpt_tree(model)
-        self.plan = make_plan(self.tree, knobs, es.pop, es.rank, es.noise_reuse, es.freeze_nonlora)
+    def __init__(self, tree: Tree, es: ESConfig = ESConfig(), knobs: TreeKnobs = TreeKnobs()):
+        self.tree, self.es, self.knobs = tree, es, knobs
+        self.plan = make_plan(tree, knobs, es.pop, es.rank, es.noise_reuse, es.freeze_nonlora)
 
     def sample(self, seed: int, epoch: int) -> TreeNoise:
         """Every member's noise at `epoch` (one row per member, signs applied)."""
@@ -148,6 +144,18 @@ class EggrollGPT:
         """optax.sgd(lr) on -(g sqrt(N)), applied: params + lr sqrt(N) g (float32 as optax)."""
         scale = torch.tensor(self.es.lr, dtype=torch.float32) * torch.sqrt(torch.tensor(float(self.es.pop)))
         return {k: p + scale * grads[k] for k, p in params.items()}
+
+
+class EggrollGPT(TreeES):
+    """The GPT's ES: TreeES's noise, shaping, gradient and step, and the perturbed forward (plain tensors)."""
+
+    linear = staticmethod(linear)       # the forward's products (a subclass may bring its own): every mm,
+    conv1d = staticmethod(conv1d)       # every tmm,
+    project = staticmethod(linear)      # and attention's q, k and v
+
+    def __init__(self, model: GPTConfig = GPTConfig(), es: ESConfig = ESConfig(), knobs: TreeKnobs = TreeKnobs()):
+        self.model = model
+        super().__init__(gpt_tree(model), es, knobs)
 
     # ------------------------------------------------------------------ the forward (members batched)
     def _weight(self, noise: TreeNoise | None, path: str, W: torch.Tensor, l: int | None):
