@@ -210,22 +210,23 @@ def picks(cfg, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _shaping_row(R, side, cfg, step: dict) -> Row:
-    """The port's shape_fitness of the epoch's scores against the reference's (the fitness check's bound): a loop
-    whose step differs because its shaping does is named by the shaping (base.fitness_text, which also probes
-    the port's shape_fitness)."""
+def _shaping_row(R, side, cfg, step: dict) -> tuple[Row, np.ndarray]:
+    """(row, the port's shaped fitness): the port's shape_fitness of the epoch's scores against the reference's (the
+    fitness check's bound); a loop whose step differs because its shaping does is named by the shaping
+    (base.fitness_text, which also probes the port's shape_fitness)."""
     f = step["scores"]
     port, ref = side.shape(f), R.shape(cfg, f)
     ratio = float(np.max(np.abs(port.astype(np.float64) - ref) / shaping_pair_bound(f, cfg.group_size)))
     return Row("trajectory", f"epoch {step['epoch']}: shaped fitness of the scores, max |port - ref| / bound", ratio,
                "<= 1 (both sides' float32 shaping bounds)", "pass" if ratio <= 1 else "fail",
-               "" if ratio <= 1 else fitness_text(f, port, cfg.group_size, side.shape))
+               "" if ratio <= 1 else fitness_text(f, port, cfg.group_size, side.shape)), port
 
 
-def _reference_step(R, cfg, seed: int, step: dict, exact: bool, shaped=None) -> tuple[dict, dict, dict]:
+def _reference_step(R, cfg, seed: int, step: dict, exact: bool, shaped=None) -> tuple[dict, dict, dict, np.ndarray]:
     """(the reference's gradient per leaf, its new params, {path: (|noise| per member as a blocks.Magnitude, float32
-    roundings)}) for one epoch: its own draws (exact) or the port's es_ask noise, on the port's params before the
-    step; on the reference's shaping of the scores, or `shaped` (the port's, where its shaping departs)."""
+    roundings)}, the shaped fitness it stepped on) for one epoch: its own draws (exact) or the port's es_ask noise,
+    on the port's params before the step; on the reference's shaping of the scores, or `shaped` (the port's, where
+    its shaping departs)."""
     shaped = R.shape(cfg, step["scores"]) if shaped is None else shaped
     perturbed = [leaf for leaf in cfg.tree.leaves if ref_perturbs(cfg, leaf)]
     rounds = {leaf.path: cfg.pop * cfg.rank + 3 if leaf.cls in ("mm", "tmm") else cfg.pop + 2 for leaf in perturbed}
@@ -238,16 +239,16 @@ def _reference_step(R, cfg, seed: int, step: dict, exact: bool, shaped=None) -> 
         grads = {leaf.path: (estimate(leaf, value[leaf.path], shaped).astype(np.float32) if leaf in perturbed
                              else np.zeros(leaf.shape, np.float32)) for leaf in cfg.tree.leaves}
         mags = {leaf.path: (B.magnitude_of(value[leaf.path]), rounds[leaf.path]) for leaf in perturbed}
-    return grads, reference_update(R, cfg, step["before"], grads), mags
+    return grads, reference_update(R, cfg, step["before"], grads), mags, shaped
 
 
 def _step_rows(R, cfg, seed: int, step: dict, exact: bool, shaped=None, pick=None) -> tuple[list[Row], Sample]:
     """es_params after es_tell, every leaf, against one reference step from the params before it (see the module
     docstring for the bound; on the port's noise where exact is False, on `shaped` where given), and the epoch's
     Sample at `pick`. A failing leaf's cause says STEP_MARK; _named_steps names it over the epochs."""
-    grads, expected, mags = _reference_step(R, cfg, seed, step, exact, shaped)
+    grads, expected, mags, on_shaped = _reference_step(R, cfg, seed, step, exact, shaped)
     f = step["scores"]
-    f_abs = np.abs(R.shape(cfg, f) if shaped is None else shaped).astype(np.float64)
+    f_abs = np.abs(on_shaped).astype(np.float64)
     f_err = shaping_pair_bound(f, cfg.group_size)
     lr_step, e, rows, bounds = math.sqrt(cfg.pop) * cfg.lr, step["epoch"], [], {}
     on = ("" if exact else "; on the port's es_ask noise") + ("" if shaped is None else "; on the port's shaping")
@@ -475,7 +476,7 @@ def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
     for step in run:             # every epoch judged from the port's own params before it
         asked.append(step["noise"])
         got = _exact_noise_rows(R, cfg, seed, step) if exact else _dist_noise_rows(cfg, step, previous)
-        shaping = _shaping_row(R, side, cfg, step)
+        shaping, port_shaped = _shaping_row(R, side, cfg, step)
         got.append(shaping)
         missing = _missing(cfg, step)
         if missing:
@@ -484,8 +485,8 @@ def check(R, side, cfg, seed: int, exact: bool) -> list[Row]:
             samples.append(None)
         else:
             own_noise = not exact or any(r.verdict == "fail" for r in got if "es_ask noise" in r.quantity)
-            step_rows, sample = _step_rows(R, cfg, seed, step, not own_noise, None if shaping.verdict == "pass"
-                                           else side.shape(step["scores"]), pick)
+            step_rows, sample = _step_rows(R, cfg, seed, step, not own_noise,
+                                           None if shaping.verdict == "pass" else port_shaped, pick)
             if shaping.verdict == "fail" and _fails(step_rows):
                 # es_tell may shape on its own, not through shape_fitness: the step on the reference's shaping is
                 # kept where it fits better (the shaping's departure is its own row either way)
