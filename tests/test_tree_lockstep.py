@@ -156,3 +156,29 @@ def test_two_epochs_cannot_tell_nesterov_three_can():
     assert math.isclose(two.c, 1 + mu, rel_tol=1e-4)
     assert not momentum.fit(steps, unit, params, bounds, lr, decay=False, nesterov=False).verified
     assert momentum.fit(steps, unit, params, bounds, lr, decay=False, nesterov=True).verified
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pop", [8, 16])
+def test_a_tf32_references_own_rounding_is_allowed_and_a_drift_still_caught(pop):
+    """gpu-sim (TF32 products, JAX's GPU normals): a faithful loop on the GPU normals passes the lockstep draw by draw
+    (the reference's einsum with TF32 operands is allowed for: without it the steps failed at 7 to 21 x their bound),
+    and a learning-rate decay in es_tell still fails it, named."""
+    from examples import gpt_port
+    from parity.core.platform import platform_for
+    from parity.tree import reference
+    from spec.platform import PlatformRequest
+    from tests.ports.gpt_ports import LrDecay
+    platform = platform_for(PlatformRequest("gpu-sim", "default"))
+    small = dict(model=gpt_port.GPTConfig(vocab=32, block_size=6, n_layer=3, n_head=2, n_embd=8)) if pop == 8 else {}
+    for port, fails in ((GPTAdapter(TreeKnobs(rng="jax-gpu"), pop=pop, **small), False),
+                        (LrDecay(TreeKnobs(rng="jax-gpu"), pop=pop, **small), True)):
+        run, _ = declared_run(port, tree_check.TREE_SIZES["quick"])
+        rows = tree_check.run(run, TreeKnobs(), 1, lambda line: None, side=PortSide(CheckedTreePort(port, run), run),
+                              reference=reference.on_platform(platform), platform=platform)
+        failed = [r for r in rows if r.verdict == "fail"]
+        if not fails:
+            assert failed == [], [(r.check, r.quantity, r.value) for r in failed[:3]]
+            assert any(r.check == "trajectory" and "params after es_tell" in r.quantity for r in rows)
+        else:
+            assert failed and {r.check for r in failed} == {"trajectory"} and "knob `lr_decay`" in failed[0].cause

@@ -13,8 +13,9 @@ own; each epoch is judged on its own against one reference step from the port's 
 - shaping: the port's shape_fitness of the epoch's scores within the fitness check's bound (its step would follow it).
 - step: es_params after es_tell against the reference's optax-sgd step (R.update) from the params before it, on the
   reference's estimate from the same scores (shaped by the reference; its own draws, or the port's es_ask noise),
-  within lr sqrt(N) times the gradient's bound (both sides' einsum bounds, 2 gamma_n |f| |noise| averaged, plus the
-  shaping error shaping_pair_bound times |noise|) plus base.leaf_step_bound (parity.core.tolerances.step_bound: the
+  within lr sqrt(N) times the gradient's bound (both sides' einsum bounds, gamma_n |f| |noise| averaged per side,
+  the reference's with_operands(gamma_n, 2, u) on a TF32 platform where it draws the noise itself, as in the
+  gradients check; plus the shaping error shaping_pair_bound times |noise|) plus base.leaf_step_bound (parity.core.tolerances.step_bound: the
   step added once or in up to N per-member adds into the weights, on the noise's own magnitude), per entry.
 - untouched leaves (those the reference never perturbs: embedding, excluded, frozen params): given back bit for bit.
 - zero fitness: one more es_tell on zero scores from es_init must give the params back bit for bit (its step is
@@ -49,10 +50,10 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose, momentum, optscale
-from parity.core.tolerances import gamma
+from parity.core.tolerances import gamma, with_operands
 from parity.tree import blocks as B
 from parity.tree.base import (IN_PLACE, NumpyOptimizers, Row, fitness_text, fresh_params, leaf_step_bound,
-                              noise_excess, pairing_text, ref_perturbs, reference_magnitude, reference_update,
+                              noise_excess, pairing_text, ref_perturbs, ref_u, reference_magnitude, reference_update,
                               shaping_pair_bound, step_text, unchanged_cause, zero_step_row)
 from parity.tree.dist import asked_rows, estimate, unperturbed_row
 from parity.tree.numpy_reference import true_epoch
@@ -261,7 +262,10 @@ def _step_rows(R, cfg, seed: int, step: dict, exact: bool, shaped=None, pick=Non
                             "" if moved == 0 else unchanged_cause(cfg, leaf, "updated")))
             continue
         mag, n_round = mags[p]
-        g_bound = B.mean_abs(leaf, mag, 2 * gamma(n_round) * f_abs + f_err)
+        # both sides' einsum bounds, the reference's with TF32 operands where it has them and drew the noise itself
+        # (the gradients check's rule); on the port's noise the reference's estimate is numpy float64
+        g, u = gamma(n_round), ref_u(R) if exact and leaf.cls in ("mm", "tmm") else 0.0
+        g_bound = B.mean_abs(leaf, mag, (g + with_operands(g, 2, u)) * f_abs + f_err)
         bound = lr_step * g_bound + leaf_step_bound(cfg, leaf, before, expected[p], grads[p], mag, (f_abs + f_err) *
                                                     (1 + 2 * gamma(cfg.rank)))
         ratio = B.flat_max(lambda a, x, b: np.abs(a.astype(np.float64) - x) / np.maximum(b, 1e-30), after,
