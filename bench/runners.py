@@ -23,7 +23,7 @@ from torch_impl import es as es_mod
 from torch_impl import random as rnd
 from torch_impl.model import forward, make_forward
 from torch_impl.noise import Noise, per_member, sample_noise, seed_sources
-from torch_impl.random_native import native_status
+from torch_impl.random import status as rng_status
 
 SIGMA, LR = PRESETS["paper"][0].sigma, PRESETS["paper"][0].lr
 
@@ -319,7 +319,9 @@ def normal_agreement(n: int, seed: int = 0, reference: Callable = _jax_normals) 
 
 def agreement_report(n: int) -> str:
     """One line for the summary: the JAX-compatible generator's agreement with jax.random.normal."""
-    return f"torch_impl.random.normal (CPU draws: {native_status()}) vs jax.random.normal: {normal_agreement(n)}"
+    result = normal_agreement(n)
+    drew = rng_status().drew["normal/cpu"][0]                  # the backend that drew them (torch_impl.random)
+    return f"torch_impl.random.normal (CPU draws: the {drew} backend) vs jax.random.normal: {result}"
 
 
 def pops_within(pops: Sequence[int], cap: int | None) -> list[int]:

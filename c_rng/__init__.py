@@ -4,19 +4,16 @@ CPU or its GPU backend computes them).
 The project's own C11 code, built by `make setup` (`python -m c_rng.build`) with the system C compiler into
 build/c_rng/; `load()` builds it on first use when the library is missing or stale and raises CUnavailable (with
 the reason) when there is no compiler or the build fails, so torch_impl.random keeps its torch paths. The calls
-take raw addresses (ctypes), so this package needs neither numpy nor torch: torch_impl.random_native wraps them.
+take raw addresses (ctypes), so this package needs neither numpy nor torch: torch_impl.random.native wraps them,
+and torch_impl.random.backends (env TORCH_IMPL_RNG) decides which draws use them.
 """
 from __future__ import annotations
 
 import ctypes
-import os
 
 import cbuild
 
-__all__ = ["CUnavailable", "load", "unavailable_reason", "SWITCH", "switch"]
-
-SWITCH = "TORCH_IMPL_RNG_NATIVE"             # env: auto (default: draws use the C generator when it loads) | never
-SWITCH_VALUES = ("auto", "never")
+__all__ = ["CUnavailable", "load", "unavailable_reason"]
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 # name -> (restype, argtypes)
@@ -27,14 +24,6 @@ _SIGNATURES = {
     "jr_normal_of_mantissas": (None, [_I64, _I64, _P, _INT]),   # start, count, out (count,) float32, backend
     "jr_hash_pairs": (None, [_P, _P, _P, _P, _I64, _P]),     # k0, k1, x0, x1 (n,) uint32, n, out (n, 2) uint32
 }
-
-
-def switch() -> str:
-    """The env switch's value; a ValueError naming the allowed ones for any other (a CLI checks it before work)."""
-    value = os.environ.get(SWITCH, "auto")
-    if value not in SWITCH_VALUES:
-        raise ValueError(f"{SWITCH}={value!r}; allowed: {', '.join(SWITCH_VALUES)}")
-    return value
 
 
 class CUnavailable(RuntimeError):

@@ -2,65 +2,25 @@
 
 jax.random.normal turns a draw's 32 bits into a float32 normal through its mantissa bits >> 9 alone, and XLA's CPU
 and CUDA code round that normal differently (4.7% of the 2^23 values, 1-3 ULP: spec.jax_rng's two sets of steps).
-`normal_table(backend)` evaluates spec.jax_rng's steps for every mantissa in numpy (float32 steps carried exactly in
-float64); `normal(key, shape, dtype, backend)` is jax.random.normal itself where `backend` is the one JAX runs on, and
-otherwise jax.random.bits gathered through that backend's table (the same bits on both backends).
+`normal_table(backend)` evaluates spec.jax_rng's steps for every mantissa in numpy (spec.numpy_normal: float32 steps
+carried exactly in float64); `normal(key, shape, dtype, backend)` is jax.random.normal itself where `backend` is the
+one JAX runs on, and otherwise jax.random.bits gathered through that backend's table (the same bits on both).
 """
 from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from spec import jax_rng as J
+from spec.numpy_normal import normal_of_mantissa
 
 __all__ = ["normal_table", "normal", "jax_backend"]
 
 _BLOCK = 1 << 20                                 # mantissas per numpy pass (bounds the float64 temporaries)
-
-
-def _r(x: np.ndarray) -> np.ndarray:
-    """Round float64 values to float32, kept in float64 (the carrier of the float32 steps)."""
-    return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
-
-
-_OPS = J.Float32Ops(_r, np.where, np.sqrt)
-
-
-def _xla_log(y: np.ndarray) -> np.ndarray:
-    """XLA CPU's float32 log of positive normal y (spec.jax_rng.log_of_parts), frexp in numpy."""
-    m, e = np.frexp(y)
-    below = (m < J.LOG_SQRTHF).astype(np.float64)
-    return J.log_of_parts(_OPS, (m - 1.0) + m * below, e.astype(np.float64) - below)
-
-
-def _nv_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """libdevice log1pf's reduction of 1 + x: k with (1 + x) 2^-k in [0.75, 1.5), and 2^-k."""
-    mant, ex = np.frexp(1.0 + x)
-    k = ex - (mant < 0.75)
-    return k.astype(np.float64), np.ldexp(1.0, -k)
-
-
-def _gpu_sqrt(m: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """The GPU's sqrt.approx.f32 for mantissas m: the correctly rounded sqrt moved by spec.jax_rng's offsets."""
-    offsets = np.array(J.gpu_sqrt_offsets(), np.int32)
-    moved = offsets[np.where(m < J.GPU_TAIL, m, np.maximum(m - (J.N_MANTISSAS - 2 * J.GPU_TAIL), 0))]
-
-    def sqrt_approx(w: np.ndarray) -> np.ndarray:
-        return (np.sqrt(w).astype(np.float32).view(np.int32) + moved).view(np.float32).astype(np.float64)
-    return sqrt_approx
-
-
-def _normals(m: np.ndarray, backend: str) -> np.ndarray:
-    """float32 normals of mantissas m (int64) as JAX draws them on `backend`."""
-    u = J.u_of_mantissa(m.astype(np.float64))
-    if backend == "gpu":
-        return J.normal_of_u_gpu(_OPS, u, _nv_parts, _gpu_sqrt(m)).astype(np.float32)
-    return J.normal_of_u(_OPS, u, _xla_log).astype(np.float32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,7 +30,7 @@ def normal_table(backend: str) -> np.ndarray:
     J.check_backend(backend)
     table = np.empty(J.N_MANTISSAS, np.float32)
     for start in range(0, J.N_MANTISSAS, _BLOCK):
-        table[start:start + _BLOCK] = _normals(np.arange(start, start + _BLOCK, dtype=np.int64), backend)
+        table[start:start + _BLOCK] = normal_of_mantissa(np.arange(start, start + _BLOCK, dtype=np.int64), backend)
     table.flags.writeable = False
     return table
 

@@ -1,6 +1,7 @@
 """JAX's GPU normals (spec.jax_rng.normal_of_u_gpu) on every side against the table measured on an H100
 (tests/data/jax-gpu-normal/), bit for bit over all 2^23 mantissas: torch_impl's eager path, the C generator, numpy
-(parity.core.numpy_random) and jax_reference's numpy table; the compiled path is checked in tests/test_random_compiled.py.
+(spec.numpy_normal, through parity.core.numpy_random) and jax_reference's numpy table; each backend's draws in
+tests/test_random_backends.py.
 Also: the measured table's SHA-256, the CPU table unchanged, draws equal table[bits >> 9] on every path, the knob
 values jax-cpu and jax-gpu, the int8 LUT, and spec/data/jax_gpu_sqrt.txt re-derived from the measured table.
 """
@@ -19,6 +20,7 @@ import c_rng
 from jax_reference import normals as JN
 from parity.core import numpy_random as NR
 from spec import jax_rng as J
+from spec import numpy_normal as SN
 from tests.helpers import measured_gpu_table
 from torch_impl import random as R
 GPU_SHA256 = "b950f50d83059c9788b630f2884bef7cde3c78afe7bdcc97a6c028296e86acff"   # the README's
@@ -94,13 +96,13 @@ def _tail_normals(offset: int, m: np.ndarray) -> np.ndarray:
     def sqrt_moved(w):
         return (np.sqrt(w).astype(np.float32).view(np.int32) + np.int32(offset)).view(np.float32).astype(np.float64)
     u = J.u_of_mantissa(m.astype(np.float64))
-    return J.normal_of_u_gpu(NR._OPS, u, NR._nv_parts, sqrt_moved).astype(np.float32)
+    return J.normal_of_u_gpu(SN.OPS, u, SN.nv_parts, sqrt_moved).astype(np.float32)
 
 
 def test_the_tail_is_where_the_formula_takes_a_square_root():
     m = np.arange(N, dtype=np.int64)
-    x = NR._r(J.u_of_mantissa(m.astype(np.float64)) ** 2 * -1.0)
-    w = -J.nv_log1p_of_parts(NR._OPS, x, *NR._nv_parts(x))
+    x = SN.round32(J.u_of_mantissa(m.astype(np.float64)) ** 2 * -1.0)
+    w = -J.nv_log1p_of_parts(SN.OPS, x, *SN.nv_parts(x))
     tail = np.flatnonzero(w >= J.ERFINV_TAIL)
     assert tail.tolist() == [*range(J.GPU_TAIL), *range(N - J.GPU_TAIL + 1, N)]
     offsets = J.gpu_sqrt_offsets()
@@ -116,8 +118,8 @@ def test_every_listed_square_root_is_derived_from_the_measured_table(gpu_table):
     assert len(fixes) == 4243 == int((~fits[0]).sum())
     assert sorted(fixes) == m[~fits[0]].tolist()
     assert bool((fits[-1] | fits[0] | fits[1]).all())              # one float32 step explains every tail entry
-    x = NR._r(J.u_of_mantissa(m.astype(np.float64)) ** 2 * -1.0)
-    w = (-J.nv_log1p_of_parts(NR._OPS, x, *NR._nv_parts(x))).astype(np.float32).view(np.uint32)
+    x = SN.round32(J.u_of_mantissa(m.astype(np.float64)) ** 2 * -1.0)
+    w = (-J.nv_log1p_of_parts(SN.OPS, x, *SN.nv_parts(x))).astype(np.float32).view(np.uint32)
     for i in np.flatnonzero(~fits[0]):
         listed_w, listed_s = fixes[int(m[i])]
         assert listed_w == int(w[i])
@@ -126,11 +128,10 @@ def test_every_listed_square_root_is_derived_from_the_measured_table(gpu_table):
 
 
 # ----------------------------------------------------------------------------- draws
-@pytest.mark.parametrize("native", ["auto", "never"])
+@pytest.mark.parametrize("rng", ["auto", "c", "table", "formula"])
 @pytest.mark.parametrize("table", [False, True, None])
-def test_gpu_draws_are_the_table_at_bits_shifted_right_by_9(native, table, gpu_table, monkeypatch):
-    monkeypatch.setenv("TORCH_IMPL_RNG_NATIVE", native)
-    monkeypatch.setenv("TORCH_IMPL_RNG_COMPILE", "never")
+def test_gpu_draws_are_the_table_at_bits_shifted_right_by_9(rng, table, gpu_table, monkeypatch):
+    monkeypatch.setenv(R.SWITCH, rng)                               # every CPU backend
     keys = random_keys(7, 5)
     for shape in [(), (9,), (3, 257), (1031,)]:
         got = R.normal(keys, shape, table=table, backend="gpu")

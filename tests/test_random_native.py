@@ -1,6 +1,6 @@
-"""The C generator (c_rng, through torch_impl.random_native) against the definition: all 2^23 normals bit for bit,
+"""The c backend (c_rng, through torch_impl.random.native) against the definition: all 2^23 normals bit for bit,
 draws and bits equal to the eager path and to jax.random at several sizes (block edges, batches, shapes), the same
-at any thread count; the load-time check, the env switch and the build without a compiler.
+at any thread count; the first-use self-check, the env switch and the build without a compiler.
 
 Skipped, with the reason, where no C compiler is found."""
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch
 
 import c_rng
 from torch_impl import random as R
-from torch_impl import random_eager as E
-from torch_impl import random_native as N
+from torch_impl.random import backends as B
+from torch_impl.random import eager as E
+from torch_impl.random import native as N
 
 ROOT = Path(__file__).resolve().parent.parent
 REASON = c_rng.unavailable_reason()
@@ -53,7 +54,7 @@ def test_all_2_23_normals_equal_the_definitions_table():
                                            (2, (3, 1000))])
 def test_draws_equal_the_eager_path_at_block_edges_and_shapes(n_keys, shape):
     keys = random_keys(sum(shape) + n_keys, n_keys)
-    assert N.wanted(keys)
+    assert B.choose("normal", keys.device).name == "c"
     normal = R.normal(keys, shape)
     assert normal.shape == (n_keys, *shape) and normal.dtype == torch.float32
     assert torch.equal(normal.view(torch.int32), eager_normal(keys, shape).view(torch.int32))
@@ -85,11 +86,11 @@ def test_gpu_draws_equal_the_eager_path(n_keys, shape):
 @needs_c
 @pytest.mark.parametrize("n_keys, n_data", [(1, 7), (5, 1), (300, 300)])
 def test_fold_in_through_c_equals_the_eager_hash_and_jax_random_fold_in(n_keys, n_data):
-    """torch_impl.random.fold_in (the C hash) against random_eager.fold_in (the torch hash) on fresh keys and data
+    """torch_impl.random.fold_in (the C hash) against eager.fold_in (the torch hash) on fresh keys and data
     anywhere in [0, 2^32), broadcast one way and the other, and against jax.random.fold_in itself."""
     keys = random_keys(7 * n_keys + n_data, n_keys)
     data = torch.from_numpy(np.random.default_rng(n_data).integers(0, 1 << 32, size=n_data, dtype=np.int64))
-    assert N.wanted(keys)
+    assert B.choose("hash", keys.device).name == "c"
     k, d = (keys, data) if n_keys == n_data else (keys[:, None], data[None, :])
     got = R.fold_in(k, d)
     assert got.shape == (*torch.broadcast_shapes(k.shape[:-1], d.shape), 2)
@@ -143,39 +144,46 @@ def _flip_last_word(fn):
 @needs_c
 @pytest.mark.parametrize("broken, message", [
     ("jr_normal_of_mantissas", "the cpu normals of mantissas 0..255 differ from the eager formula"),
-    ("jr_normal", "1 of 65536 sampled cpu draws differ from the eager formula"),
+    ("jr_normal", "1 of 65584 sampled cpu normal draws differ from the eager formula"),
     ("jr_hash_pairs", "threefry of sampled counter pairs \\(fold_in's hash\\) differs from the eager formula"),
 ])
 def test_a_library_that_differs_is_refused_with_a_warning(monkeypatch, broken, message):
-    """A wrong normal (the first of the low mantissas) or a wrong draw (the last one's sign): the torch paths serve."""
+    """A wrong normal (the first of the low mantissas), a wrong draw (the last one's sign) or a wrong hash: the
+    first-use self-check warns, the formula serves, and status() says why."""
     real = c_rng.load()
     fake = type("Wrong", (), {"_name": real._name, "jr_normal": staticmethod(real.jr_normal),
                               "jr_normal_of_mantissas": staticmethod(real.jr_normal_of_mantissas),
-                              "jr_hash_pairs": staticmethod(real.jr_hash_pairs)})
+                              "jr_hash_pairs": staticmethod(real.jr_hash_pairs),
+                              "jr_bits": staticmethod(real.jr_bits)})
     wreck = {"jr_normal_of_mantissas": _off_by_one_first, "jr_normal": _negate_last,
              "jr_hash_pairs": _flip_last_word}[broken]
     setattr(fake, broken, wreck(getattr(real, broken)))
     monkeypatch.setattr(c_rng, "load", lambda *a, **k: fake())
-    N._library.cache_clear()
+    monkeypatch.setattr(B, "_checks", {})
+    N.library.cache_clear()
     try:
-        with pytest.warns(RuntimeWarning, match=f"not used: {message}"):
-            status = N.native_status()
-        assert not status.active and not N.wanted(random_keys(1, 2))
         keys = random_keys(2, 3)
+        kind = "hash" if broken == "jr_hash_pairs" else "normal"
+        with pytest.warns(RuntimeWarning, match=f"c backend is not used for {kind}/cpu/cpu: {message}"):
+            drawn = R.fold_in(keys, 5) if kind == "hash" else R.normal(keys, (7,))
+        assert B.choose(kind, keys.device).name != "c"                      # the table or the formula
+        assert "failed its self-check" in str(R.status()) and R.status().checks[f"c {kind}/cpu/cpu"] is not None
         assert torch.equal(R.normal(keys, (7,)), eager_normal(keys, (7,)))   # the torch paths serve the draw
         assert torch.equal(R.fold_in(keys, 5), E.fold_in(keys, 5))
+        assert torch.equal(drawn, E.fold_in(keys, 5) if kind == "hash" else eager_normal(keys, (7,)))
     finally:
-        N._library.cache_clear()
+        N.library.cache_clear()
 
 
-def test_env_never_keeps_the_torch_paths(monkeypatch):
-    monkeypatch.setenv(N.ENV, "never")
+def test_env_formula_keeps_the_torch_paths(monkeypatch):
+    monkeypatch.setenv(R.SWITCH, "formula")
     keys = random_keys(3, 4)
-    assert not N.wanted(keys) and not N.native_status().active and "never" in str(N.native_status())
+    assert B.choose("normal", keys.device).name == "formula" and B.choose("hash", keys.device).name == "formula"
     assert torch.equal(R.normal(keys, (33,)), eager_normal(keys, (33,)))
-    monkeypatch.setenv(N.ENV, "sometimes")
-    with pytest.raises(ValueError, match="allowed: auto, never"):
-        N.wanted(keys)
+    assert "normal/cpu: formula; not c: TORCH_IMPL_RNG=formula" in str(R.status())
+    monkeypatch.setenv(R.SWITCH, "sometimes")
+    with pytest.raises(ValueError, match="allowed: auto, c, triton, table, formula"):
+        R.normal(keys, (3,))
 
 
 def test_no_compiler_skips_the_build_and_says_so(tmp_path):

@@ -12,7 +12,6 @@ import argparse
 import math
 import sys
 
-import c_rng
 from spec.cli import add_override_arguments, apply_overrides
 from spec.config import PRESETS, check_pairing, for_profile
 from spec.int8 import INT8_ONLY, INT8_PRESETS, add_int8_arguments, int8_config
@@ -88,14 +87,13 @@ def check_cuda(parser: argparse.ArgumentParser, device: str) -> None:
 
 
 def check_cuda_switches(parser: argparse.ArgumentParser, device: str) -> None:
-    """Exit 2 when env TORCH_IMPL_CUDA_GRAPHS or TORCH_IMPL_RNG_TRITON holds a bad value and a CUDA device is asked
-    for (they are read only there)."""
+    """Exit 2 when env TORCH_IMPL_CUDA_GRAPHS holds a bad value and a CUDA device is asked for (it is read only
+    there)."""
     if device.startswith("cuda"):
-        from torch_impl import cuda_graphs, triton_rng
+        from torch_impl import cuda_graphs
 
         try:
             cuda_graphs.switch()
-            triton_rng.switch()
         except ValueError as err:
             parser.error(str(err))
 
@@ -153,8 +151,10 @@ def main_int8(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from torch_impl import random as rnd
+
     try:
-        c_rng.switch()           # the C generator's env switch, read at the first draw: a bad value stops here
+        rnd.switch()             # the generator's env switch (TORCH_IMPL_RNG), read at each draw: a bad value stops here
     except ValueError as err:
         parser.error(str(err))   # exits 2
     if args.task == "lm":

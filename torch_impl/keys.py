@@ -21,7 +21,6 @@ import torch
 
 from rollout.cartpole import MAX_STEPS
 from torch_impl import random as rnd
-from torch_impl import triton_rng
 
 # Purposes of the torch generator's seeds (rng=torch): one stream per (seed, purpose, ...).
 PURPOSE_INIT, PURPOSE_WEIGHT, PURPOSE_BIAS, PURPOSE_ACTION = 1, 2, 3, 4
@@ -54,9 +53,9 @@ def es_tree_keys(seed: int, names: Sequence[str]) -> dict[str, torch.Tensor]:
 def _jax_draws(source: torch.Tensor, generation: int, n_draws: int, shape: tuple[int, ...],
                device: str | torch.device, backend: str = "cpu") -> torch.Tensor:
     """normal(fold_in(fold_in(k, generation), p), shape) for p = 0..n_draws-1 in one batched call, computed on
-    `device` (on CUDA the fused Triton kernel, keys folded in it, or the compiled kernel runs there: drawing on the
+    `device` (on CUDA the fused Triton kernel, keys folded in it, or the table runs there: drawing on the
     CPU and copying was 300x slower)."""
-    fused = triton_rng.member_normals(source.reshape(1, 2), generation, n_draws, math.prod(shape), device,
+    fused = rnd.member_normals(source.reshape(1, 2), generation, n_draws, math.prod(shape), device,
                                        backend)
     if fused is not None:                                                          # CUDA: keys folded in the kernel
         return fused.view(n_draws, *shape)

@@ -5,18 +5,18 @@ fold_in(k, d) = threefry(k; 0, d); split(k, n)[j] = threefry(k; hi32(j), lo32(j)
 y0 ^ y1 of threefry(k; hi32(j), lo32(j)). A uniform is bitcast((bits >> 9) | 0x3F800000) - 1; a normal is
 sqrt(2) erf_inv(2f - 1 + 2^-24) evaluated as XLA's CPU code does (Giles' polynomial with fused multiply-adds,
 XLA's log and log1p), or with backend="gpu" as its CUDA code does (spec.jax_rng.normal_of_u_gpu), each float32
-step emulated exactly in float64. A replay draws the reference's noise with it and checks each draw against the
-digest the bundle recorded; tests/test_numpy_reference.py checks it against jax.random bit for bit, and
-tests/test_random_gpu.py against JAX's measured GPU table.
+step emulated exactly in float64 (spec.numpy_normal, the numpy normal jax_reference shares). A replay draws the
+reference's noise with it and checks each draw against the digest the bundle recorded; tests/test_numpy_reference.py
+checks it against jax.random bit for bit, and tests/test_random_gpu.py against JAX's measured GPU table.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import numpy as np
 
 from spec import jax_rng as J
+from spec.numpy_normal import normal_of_mantissa
 
 U32 = np.uint32
 PARITY = U32(J.PARITY32)                       # threefry's key-schedule constant
@@ -82,49 +82,6 @@ def uniform(keys: np.ndarray, shape) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------- normals
-def _r(x: np.ndarray) -> np.ndarray:
-    """Round float64 values to float32, kept in float64 (the carrier of the emulation)."""
-    return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
-
-
-_OPS = J.Float32Ops(_r, np.where, np.sqrt)      # XLA's float32 steps (spec.jax_rng) on float64 arrays
-
-
-def _xla_log(y: np.ndarray) -> np.ndarray:
-    """XLA CPU's float32 log of positive normal y (Cephes style: split at sqrt(1/2), degree-8 polynomial)."""
-    m, e = np.frexp(y)
-    below = (m < J.LOG_SQRTHF).astype(np.float64)
-    return J.log_of_parts(_OPS, (m - 1.0) + m * below, e.astype(np.float64) - below)
-
-
-def _nv_parts(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """libdevice log1pf's reduction of 1 + x: k with (1 + x) 2^-k in [0.75, 1.5), and 2^-k."""
-    mant, ex = np.frexp(1.0 + x)
-    k = ex - (mant < 0.75)
-    return k.astype(np.float64), np.ldexp(1.0, -k)
-
-
-def _gpu_sqrt(m: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    """The GPU's sqrt.approx.f32 for the mantissas m: the correctly rounded sqrt moved by spec.jax_rng's offsets."""
-    offsets = np.array(J.gpu_sqrt_offsets(), np.int32)
-    index = np.where(m < J.GPU_TAIL, m, np.maximum(m - (J.N_MANTISSAS - 2 * J.GPU_TAIL), 0))
-
-    def sqrt_approx(w: np.ndarray) -> np.ndarray:
-        s = np.sqrt(w).astype(np.float32).view(np.int32) + offsets[index]
-        return s.view(np.float32).astype(np.float64)
-    return sqrt_approx
-
-
-def normal_of_mantissa(m: np.ndarray, backend: str = "cpu") -> np.ndarray:
-    """The float32 normal JAX draws on `backend` ("cpu" or "gpu") for mantissa bits m = bits >> 9:
-    float32(sqrt 2) * erf_inv(2f - 1 + 2^-24)."""
-    m = np.asarray(m, np.int64)
-    u = J.u_of_mantissa(m.astype(np.float64))
-    if J.check_backend(backend) == "gpu":
-        return J.normal_of_u_gpu(_OPS, u, _nv_parts, _gpu_sqrt(m)).astype(np.float32)
-    return J.normal_of_u(_OPS, u, _xla_log).astype(np.float32)
-
-
 def normal(keys: np.ndarray, shape, backend: str = "cpu") -> np.ndarray:
     """float32 standard normals (*batch, *shape), equal to jax.random.normal on JAX's `backend` ("cpu" or "gpu")."""
     return normal_of_mantissa(bits(keys, shape) >> U32(9), backend)

@@ -32,7 +32,7 @@ from spec.int8 import FIXED_POINT, HASH_MULT, LUT_BITS, TABLE_MASK, TABLE_SIZE, 
 from spec.int8_knobs import NANO_EGG, Int8Knobs, evolves, table_noise
 from spec.tree import Leaf, Tree
 from torch_impl import random as rnd
-from torch_impl import random_eager, triton_rng
+from torch_impl.random import eager as random_eager
 from torch_impl.int8 import xorshift
 from torch_impl.tree.keys import es_leaf_keys
 
@@ -86,10 +86,10 @@ def table_bits(seed: int, counters: torch.Tensor) -> torch.Tensor:
 
 def table_entries(seed: int, counters: torch.Tensor, lut: torch.Tensor | None = None) -> torch.Tensor:
     """TABLE[j] = LUT[bits(j) >> 9] (logical shift) for counters j in [0, 2^30): int8 of counters' shape. On CUDA the
-    hash and the look-up are one fused Triton kernel where Triton is installed (torch_impl.triton_rng), the same
+    hash and the look-up are one fused Triton kernel where Triton is installed (torch_impl.random's triton backend), the same
     entries."""
     lut = normal_lut(counters.device) if lut is None else lut
-    fused = triton_rng.lut_at(rnd.key(seed), counters, lut)
+    fused = rnd.lut_at(rnd.key(seed), counters, lut)
     if fused is not None:
         return fused
     index = (table_bits(seed, counters).to(torch.int64) & _MASK32) >> (32 - LUT_BITS)

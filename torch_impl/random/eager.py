@@ -10,8 +10,8 @@ approximation, XLA's log1p, its fused multiply-adds) and were checked against JA
 backend="gpu" they reproduce XLA's CUDA code instead (libdevice's log1pf, unfused steps, the GPU's approximate
 sqrt; spec.jax_rng.normal_of_u_gpu), checked against JAX's GPU table measured on an H100 (tests/test_random_gpu.py).
 No jax import anywhere: tests/test_random.py and the benchmark measure the agreement with JAX.
-This eager code is the definition the faster paths (random_native, triton_rng, random_compiled) check themselves
-against; callers draw through torch_impl.random, which picks the path and keeps this module's numbers.
+This module is the formula and table backends (backends.py) and the definition the others (native.py, the C
+generator; triton_kernel.py) check themselves against; callers draw through torch_impl.random, which picks one.
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ _MASK32 = 0xFFFFFFFF
 # its parallel grain size), which keeps a block in cache and avoids thread wake-ups on a busy machine.
 _CPU_BLOCK = (1 << 15) - 1
 _N_MANTISSAS = 1 << 23                       # a float32 normal depends only on bits >> 9
-_TABLE_MIN_DRAWS = 1 << 19                   # from this many draws on, building the 32 MB table pays off
 
 
 # ------------------------------------------------------------------------------------------- keys
@@ -241,11 +240,6 @@ def bits(keys: torch.Tensor, shape=()) -> torch.Tensor:
     return _u32_to_int64(_draw(keys, shape, torch.int32, _xor_into))
 
 
-def _unit_floats(m: torch.Tensor) -> torch.Tensor:
-    """float32 in [0, 1) from 23 mantissa bits: bitcast(m | 0x3F800000) - 1 (exact)."""
-    return (m | 0x3F800000).view(torch.float32) - 1.0
-
-
 def _fma32(a: torch.Tensor, b: float, c: float) -> torch.Tensor:
     """float32 a*b + c rounded once, as XLA's fused multiply-add: float64 product (exact) and sum rounded
     to odd (exact sum's neighbour with odd last bit), so the final rounding to float32 is correct."""
@@ -266,22 +260,20 @@ def float32_bounds(minval: float, maxval: float) -> tuple[float, float]:
     return lo, float(np.float32(hi) - np.float32(lo))
 
 
+def uniform_of_bits(words: torch.Tensor, lo: float, span: float) -> torch.Tensor:
+    """float32 uniforms of 32-bit words (int64 holding uint32 values, any shape), as jax.random.uniform turns its bits
+    into them: f = bitcast((bits >> 9) | 0x3F800000) - 1 (exact), then max(lo, fma(f, span, lo)); lo, span from
+    float32_bounds."""
+    f = ((words >> 9) | 0x3F800000).to(torch.int32).view(torch.float32) - 1.0
+    if lo == 0.0 and span == 1.0:                              # f * 1 + 0 is exact
+        return f
+    return torch.clamp_min(_fma32(f, span, lo), lo)
+
+
 def uniform(keys: torch.Tensor, shape=(), minval: float = 0.0, maxval: float = 1.0) -> torch.Tensor:
     """float32 uniforms in [minval, maxval) (*batch, *shape), as jax.random.uniform:
     max(lo, fma(f, hi - lo, lo)) with f = bitcast((bits >> 9) | 0x3F800000) - 1 and lo, hi in float32."""
-    return _uniform_eager(keys, shape, *float32_bounds(minval, maxval))
-
-
-def _uniform_eager(keys: torch.Tensor, shape, lo: float, span: float) -> torch.Tensor:
-    """uniform() on the eager path, bounds already float32 values: lo and span = float32(hi - lo)."""
-    def finish(y0, y1, dst):
-        f = _unit_floats(_mantissa_(y0, y1))
-        if lo == 0.0 and span == 1.0:                          # f * 1 + 0 is exact
-            dst.copy_(f)
-        else:
-            dst.copy_(torch.clamp_min(_fma32(f, span, lo), lo))
-
-    return _draw(keys, shape, torch.float32, finish)
+    return uniform_of_bits(bits(keys, shape), *float32_bounds(minval, maxval))
 
 
 # ------------------------------------------------------------------------------------------- normals
@@ -380,23 +372,15 @@ def normal_table(device: str | torch.device = "cpu", backend: str = "cpu") -> to
     return _cpu_table(backend) if device.type == "cpu" else _device_table(str(device), backend)
 
 
-def normal(keys: torch.Tensor, shape=(), table: bool | None = None, backend: str = "cpu") -> torch.Tensor:
+def normal(keys: torch.Tensor, shape=(), backend: str = "cpu") -> torch.Tensor:
     """Standard normals (*batch, *shape) float32, equal to jax.random.normal(key, shape) on JAX's `backend`: "cpu"
-    (XLA's CPU code) or "gpu" (XLA's CUDA code on an NVIDIA GPU: the same draws, 4.7% of the normals 1-3 ULP apart).
-
-    Large requests (or any, once the table exists) read the table of all 2^23 values (built once, 32 MB per device)
-    and small ones evaluate the formula directly; both give identical bits. table=True reads the table whatever the
-    request's size; None decides by size.
-    """
-    backend = J.check_backend(backend)
-    k0, _ = _key_words(keys)
-    draws = k0.numel() * math.prod(_shape_tuple(shape))
-    use_table = table if table is not None else (draws >= _TABLE_MIN_DRAWS or backend in _CPU_TABLES)
-    return _normal(keys, shape, use_table, backend)
+    (XLA's CPU code) or "gpu" (XLA's CUDA code on an NVIDIA GPU: the same draws, 4.7% of the normals 1-3 ULP apart),
+    evaluated by the formula (the table backend reads normal_table instead: _normal(..., True, ...), the same bits)."""
+    return _normal(keys, shape, False, J.check_backend(backend))
 
 
 def _normal(keys: torch.Tensor, shape, use_table: bool, backend: str = "cpu") -> torch.Tensor:
-    """normal() with the path chosen by the caller: table lookup or direct formula."""
+    """normal() by table look-up (use_table: the table backend) or by the formula, the path chosen by the caller."""
     _key_words(keys)
     if use_table:
         table = normal_table(keys.device, backend)

@@ -1,10 +1,10 @@
-"""JAX's bits and normals in one Triton kernel on CUDA: threefry2x32 and the float32 normal fused, as c_rng does them
-on the CPU (issue 35): each element goes from its key words and counter to its float in registers, one launch per
-draw where the eager path issues a hundred kernels and random_compiled two.
+"""The triton backend: JAX's bits and normals in one Triton kernel on CUDA, threefry2x32 and the float32 normal fused,
+as c_rng does them on the CPU (issue 35): each element goes from its key words and counter to its float in
+registers, one launch per draw where the formula (eager.py) issues a hundred kernels.
 
 The normal's steps are spec.jax_rng's own: `kernel_source(backend)` runs spec.jax_rng.normal_of_u (or, for JAX's
-GPU normals, normal_of_u_gpu, where spec.jax_rng has it) on symbolic values, each float32 step of the definition
-becoming one line of the kernel, so the kernel holds the steps torch_impl.random_eager evaluates, in the same order.
+GPU normals, normal_of_u_gpu) on symbolic values, each float32 step of the definition becoming one line of the
+kernel, so the kernel holds the steps eager.py evaluates, in the same order.
 They run in the float64 carrier with every rounding to float32 done on the bits (`_r32`: immune to a compiler folding a
 float64 -> float32 -> float64 pair or fusing a multiply and an add; a product of two float32 values is exact in
 float64 anyway, so a fused one rounds alike), float64 division and sqrt IEEE-rounded (PTX has no other), and the
@@ -13,10 +13,8 @@ Kinds: "bits" (y0 ^ y1 of threefry(key; hi32(j), lo32(j)) for j < n per key), "n
 port's noise table: LUT[bits(j) >> 9] at given counters j under one key) and "normal_of_words" (the normal of given
 words, no hash: the tests read all 2^23 mantissas through it), and "member_normal" (the ES noise's draws: member p of
 slice s draws normal(fold_in(fold_in(k_s, g), p), n), its two key folds in the kernel too, so an epoch's noise of a
-leaf is one launch and no key work on the host). `draw` is what callers use: None when
-Triton is missing, the request is not on CUDA, or the first call's check against the eager path fails (then it warns
-once, as random_compiled does); env TORCH_IMPL_RNG_TRITON=never turns it off. TRITON_INTERPRET=1 runs the same
-kernels on a CPU (tests/test_triton_rng.py).
+leaf is one launch and no key work on the host). backends.py decides when it runs (CUDA keys, Triton installed, its
+first-use self-check passed). TRITON_INTERPRET=1 runs the same kernels on a CPU (tests/test_triton_rng.py).
 """
 from __future__ import annotations
 
@@ -24,45 +22,24 @@ import functools
 import hashlib
 import importlib.util
 import linecache
-import os
-import threading
-import warnings
 from typing import Callable
 
 import torch
 
 from spec import jax_rng as J
-from torch_impl import random_eager as E
 
-__all__ = ["available", "unavailable_reason", "kernel_source", "launch", "draw", "member_normals", "lut_at", "status",
-           "KINDS", "BACKENDS"]
+__all__ = ["unavailable_reason", "kernel_source", "launch", "KINDS", "BACKENDS"]
 
 KINDS = {"bits": 0, "normal": 1, "lut_at": 2, "normal_of_words": 3, "member_normal": 4}
 BACKENDS = ("cpu", "gpu")                 # whose normal: XLA's CPU steps, or its CUDA steps (needs spec.jax_rng's)
 BLOCK = 1024
-_MASK32 = 0xFFFFFFFF
-SWITCH, SWITCH_VALUES = "TORCH_IMPL_RNG_TRITON", ("auto", "never")    # env: auto (default: use it on CUDA) | never
-
-
-def switch() -> str:
-    """The env switch's value; a ValueError naming the allowed ones for any other (the CLI checks it on CUDA)."""
-    value = os.environ.get(SWITCH, "auto")
-    if value not in SWITCH_VALUES:
-        raise ValueError(f"{SWITCH}={value!r}; allowed: {', '.join(SWITCH_VALUES)}")
-    return value
 
 
 def unavailable_reason() -> str | None:
-    """None when the kernel may run here (Triton installed, the switch not `never`), else why not."""
-    if os.environ.get(SWITCH, "auto") == "never":
-        return f"{SWITCH}=never"
+    """None when the kernel may run in this process (Triton installed), else why not."""
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
     return None
-
-
-def available() -> bool:
-    return unavailable_reason() is None
 
 
 # ----------------------------------------------------------------------------- the normal's steps, traced
@@ -120,7 +97,7 @@ def _ops(code: _Code) -> J.Float32Ops:
 
 
 def _xla_log(code: _Code, ops: J.Float32Ops) -> Callable[[_Var], _Var]:
-    """random_eager._xla_log's parts from the float32 bits of y (as random_compiled finds them), then spec's log
+    """eager._xla_log's parts from the float32 bits of y , then spec's log
     steps."""
     def log(y: _Var) -> _Var:
         b = code.emit(f"{y.name}.to(tl.float32).to(tl.int32, bitcast=True)")
@@ -134,7 +111,7 @@ def _xla_log(code: _Code, ops: J.Float32Ops) -> Callable[[_Var], _Var]:
 
 def _nv_parts(code: _Code) -> Callable[[_Var], tuple[_Var, _Var]]:
     """libdevice log1pf's reduction of 1 + x (x a float32 in the float64 carrier): k and 2^-k, from the float64 bits
-    of the exact sum (as random_eager._nv_parts finds them with frexp)."""
+    of the exact sum (as eager._nv_parts finds them with frexp)."""
     def parts(x: _Var) -> tuple[_Var, _Var]:
         s = code.emit(f"({x._of(1.0)} + {x.name}).to(tl.int64, bitcast=True)")
         mant = code.emit(f"(({s.name} & 0x000FFFFFFFFFFFFF) | 0x3FE0000000000000).to(tl.float64, bitcast=True)")
@@ -145,7 +122,7 @@ def _nv_parts(code: _Code) -> Callable[[_Var], tuple[_Var, _Var]]:
 
 
 def _gpu_sqrt(code: _Code, m: _Var) -> Callable[[_Var], _Var]:
-    """sqrt.approx.f32 as random_eager._gpu_sqrt has it: the correctly rounded sqrt moved by spec.jax_rng's offsets,
+    """sqrt.approx.f32 as eager._gpu_sqrt has it: the correctly rounded sqrt moved by spec.jax_rng's offsets,
     read from the table argument by mantissa (tail mantissas only; 0 elsewhere)."""
     def sqrt_approx(w: _Var) -> _Var:
         tail = code.emit(f"tl.where(mi < {J.GPU_TAIL}, mi, tl.maximum(mi - {J.N_MANTISSAS - 2 * J.GPU_TAIL}, 0))")
@@ -252,9 +229,9 @@ def _kernel(backend: str):
     """The kernel for `backend`, and its constants (the source registered with linecache: Triton reads a kernel's
     source)."""
     source, consts = kernel_source(backend)
-    name = f"<torch_impl.triton_rng {backend} {hashlib.sha256(source.encode()).hexdigest()[:12]}>"
+    name = f"<torch_impl.random.triton_kernel {backend} {hashlib.sha256(source.encode()).hexdigest()[:12]}>"
     linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-    namespace: dict = {"__name__": f"torch_impl._triton_rng_{backend}"}
+    namespace: dict = {"__name__": f"torch_impl.random._triton_kernel_{backend}"}
     exec(compile(source, name, "exec"), namespace)                        # noqa: S102 - our own generated source
     return namespace["kernel"], consts
 
@@ -297,85 +274,3 @@ def launch(kind: str, keys: torch.Tensor, n: int, backend: str = "cpu", counters
     if kind in ("lut_at", "normal_of_words"):
         return out.reshape(counters.shape)
     return out.view(n_draws, keys.shape[0], n) if kind == "member_normal" else out
-
-
-# ----------------------------------------------------------------------------- policy
-_lock = threading.Lock()
-_checked: dict[str, str | None] = {}      # "kind/backend/device type" -> None (checked, equal) or why not used
-
-
-def _probe(kind: str, device: torch.device, backend: str) -> str | None:
-    """The kernel against torch_impl.random_eager (the definition) on a few keys and odd sizes; None if
-    bit-identical."""
-    keys = E.fold_in(E.key(20240601, device=device), torch.arange(3, device=device))
-    for n in (4099, 2):
-        if kind == "member_normal":
-            got = launch(kind, keys, n, backend, generation=7, n_draws=5)
-            folded = E.fold_in(E.fold_in(keys, 7).unsqueeze(0), torch.arange(5, device=device).unsqueeze(1))
-            want = _eager_normal(folded.reshape(-1, 2), n, backend).view(5, 3, n)
-        else:
-            got = launch(kind, keys, n, backend)
-            want = E._draw(keys, (n,), torch.int32, E._xor_into) if kind == "bits" else _eager_normal(keys, n, backend)
-        if not torch.equal(got.view(torch.int32), want.view(torch.int32)):
-            return f"{kind} ({backend}) differs from the eager path in a self-check ({n} values per key)"
-    return None
-
-
-def _eager_normal(keys: torch.Tensor, n: int, backend: str) -> torch.Tensor:
-    words = E._draw(keys, (n,), torch.int32, E._xor_into)
-    m = (words.to(torch.int64) & _MASK32) >> 9
-    return (E.normal_from_mantissa(m) if backend == "cpu" else E.normal_from_mantissa(m, backend)).to(keys.device)
-
-
-def _usable(kind: str, device: torch.device, backend: str) -> bool:
-    """Whether the fused kernel serves `kind` on `device`: Triton present, CUDA, and its first call's self-check
-    against the eager path passed (checked once per kind, backend and device type; a failure warns once)."""
-    if device.type != "cuda" or not available():
-        return False
-    tag = f"{kind}/{backend}/{device.type}"
-    if tag not in _checked:
-        with _lock:
-            if tag not in _checked:
-                try:
-                    _checked[tag] = _probe(kind, device, backend)
-                except Exception as err:  # noqa: BLE001 - any compile failure means: stay on the other paths
-                    _checked[tag] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
-                if _checked[tag] is not None:
-                    warnings.warn(f"torch_impl.random: the Triton {tag} kernel is not used ({_checked[tag]})",
-                                  RuntimeWarning, stacklevel=4)
-    return _checked[tag] is None
-
-
-def draw(kind: str, keys: torch.Tensor, n: int, backend: str = "cpu") -> torch.Tensor | None:
-    """(B, n) draws of `kind` ("bits": int64 words in [0, 2^32), "normal": float32) for CUDA keys (B, 2) through the
-    fused kernel, or None when it is not used here (no Triton, not CUDA, the backend unknown to spec.jax_rng, or the
-    first call's self-check against the eager path failed: warned once)."""
-    if not 1 <= n < (1 << 31) or not _usable(kind, keys.device, backend):
-        return None
-    out = launch(kind, keys, n, backend)
-    return (out.to(torch.int64) & _MASK32) if kind == "bits" else out
-
-
-def member_normals(slice_keys: torch.Tensor, generation: int, n_draws: int, n: int, device: str | torch.device,
-                   backend: str = "cpu") -> torch.Tensor | None:
-    """(n_draws, S, n) float32: normal(fold_in(fold_in(k_s, generation), p), n) for draw p and slice key k_s of
-    slice_keys (S, 2) (keys.py's and tree/keys.py's member draws), in one launch on a CUDA device, the keys folded
-    in the kernel; None when the kernel is not used there."""
-    device = torch.device(device)
-    if not (1 <= n < (1 << 31) and 0 <= generation < (1 << 32) and 1 <= n_draws < (1 << 32)) or \
-            not _usable("member_normal", device, backend):
-        return None
-    return launch("member_normal", slice_keys.to(device), n, backend, generation=generation, n_draws=n_draws)
-
-
-def lut_at(key: torch.Tensor, counters: torch.Tensor, lut: torch.Tensor) -> torch.Tensor | None:
-    """lut[bits(j) >> 9] for CUDA counters j under one key (2,): the integer port's noise-table entries in one launch,
-    or None when the kernel is not used here (its hash is the "bits" kind's, checked as that)."""
-    if counters.device.type != "cuda" or not _usable("bits", counters.device, "cpu"):
-        return None
-    return launch("lut_at", key.reshape(1, 2).to(counters.device), 0, counters=counters, lut=lut)
-
-
-def status() -> dict[str, str | None]:
-    """What the fused kernel did in this process: per kind/backend/device, None (in use) or why not."""
-    return dict(_checked)

@@ -23,7 +23,6 @@ import torch
 from spec.lm import H0_SCALE, TOP, BLOCK, LMConfig, init_plan, lm_tree
 from spec.tree import Leaf, Tree
 from torch_impl import random as rnd
-from torch_impl import triton_rng
 from torch_impl.keys import PURPOSE_INIT, run_keys, torch_generator
 
 PURPOSE_TREE_NOISE = 5       # rng=torch: the tree noise's generator purpose (CartPole's use 1..4)
@@ -87,7 +86,7 @@ def jax_member_normals(slice_keys: torch.Tensor, generation: int, n_draws: int, 
     """normal(fold_in(fold_in(k_s, generation), p), shape) for draw p and every slice key k_s, in one call:
     (n_draws, *stack_shape, *shape) from slice keys (*stack_shape, 2)."""
     stack = tuple(slice_keys.shape[:-1])
-    fused = triton_rng.member_normals(slice_keys.reshape(-1, 2), generation, n_draws, math.prod(shape), device,
+    fused = rnd.member_normals(slice_keys.reshape(-1, 2), generation, n_draws, math.prod(shape), device,
                                       backend)
     if fused is not None:                                          # CUDA: one launch, the keys folded in the kernel
         return fused.reshape(n_draws, *stack, *shape)
