@@ -66,9 +66,9 @@ def test_out_of_range_seeds_are_refused_at_parse_time_everywhere(seed, capsys):
 
 @pytest.mark.parametrize("task", ["cartpole", "lm", "int8"])
 def test_a_bad_c_generator_switch_is_refused_before_any_work(task, capsys, monkeypatch):
-    monkeypatch.setenv("TORCH_IMPL_RNG_NATIVE", "sometimes")
+    monkeypatch.setenv("TORCH_IMPL_RNG", "sometimes")
     assert code_of(torch_cli.main, ["--task", task]) == 2
-    assert "TORCH_IMPL_RNG_NATIVE='sometimes'; allowed: auto, never" in capsys.readouterr().err
+    assert "TORCH_IMPL_RNG='sometimes'; allowed: auto, c, triton, table, formula" in capsys.readouterr().err
 
 
 def test_the_largest_seed_is_accepted(capsys):

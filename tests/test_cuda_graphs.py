@@ -41,15 +41,16 @@ def test_on_the_cpu_nothing_is_captured(monkeypatch):
     assert policy_graphs(es_mod.make(Config(pop=8, hidden=4), Knobs()), "cpu") is None
 
 
-@pytest.mark.parametrize("switch", ["TORCH_IMPL_CUDA_GRAPHS", "TORCH_IMPL_RNG_TRITON"])
-def test_python_m_torch_impl_refuses_a_bad_switch_on_cuda_before_any_work(switch, monkeypatch, capsys):
+@pytest.mark.parametrize("switch, allowed", [("TORCH_IMPL_CUDA_GRAPHS", "auto, never"),
+                                             ("TORCH_IMPL_RNG", "auto, c, triton, table, formula")])
+def test_python_m_torch_impl_refuses_a_bad_switch_on_cuda_before_any_work(switch, allowed, monkeypatch, capsys):
     import argparse
 
     from torch_impl.__main__ import check_cuda_switches
     monkeypatch.setenv(switch, "yes")
     with pytest.raises(SystemExit) as exit_:
         check_cuda_switches(argparse.ArgumentParser(prog="python -m torch_impl"), "cuda")
-    assert exit_.value.code == 2 and f"{switch}='yes'; allowed: auto, never" in capsys.readouterr().err
+    assert exit_.value.code == 2 and f"{switch}='yes'; allowed: {allowed}" in capsys.readouterr().err
     check_cuda_switches(argparse.ArgumentParser(), "cpu")                      # read only on CUDA
 
 

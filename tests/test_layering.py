@@ -45,8 +45,9 @@ EXCEPTIONS: dict[str, set[str]] = {
     "parity/core/platform.py": {"jax_reference"},                 # the reference's platform for every suite
     "parity/core/device.py": {"torch"},                           # every suite's --device cuda check
     "parity/mlp/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
-    "torch_impl/random_native.py": {"c_rng"},                      # the C generator behind random.normal/bits
-    "torch_impl/triton_rng.py": {"triton"},                        # the fused Triton kernel behind CUDA draws
+    "torch_impl/random/native.py": {"c_rng"},                      # the c backend: the C generator behind random.*
+    "torch_impl/random/triton_kernel.py": {"triton"},              # the triton backend: one fused kernel for CUDA draws
+    "spec/numpy_normal.py": {"numpy"},                             # the one numpy normal, for jax_reference and parity
     "torch_impl/__main__.py": {"c_rng"},                           # its env switch, checked before any work
     "parity/tree/reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
     "parity/tree/torch_side.py": {"torch_impl", "torch"},               # the torch side of the LM suite

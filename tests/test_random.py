@@ -22,7 +22,7 @@ from jax import lax
 from bench.runners import normal_agreement
 from reporting import Agreement, agreement, ulp_distance
 from torch_impl import random as R
-from torch_impl import random_eager as E
+from torch_impl.random import eager as E
 from tests.marks import on_gpu
 
 U32 = np.uint32

@@ -1,4 +1,4 @@
-"""The fused Triton kernel (torch_impl.triton_rng): threefry and JAX's normal in one launch, its steps traced from
+"""The triton backend (torch_impl.random.triton_kernel): threefry and JAX's normal in one launch, its steps traced from
 spec.jax_rng. On a CPU it runs in Triton's interpreter (TRITON_INTERPRET=1) and must give the eager definition's bits
 on a spread of mantissas (both tails, the erf_inv and log1p branch edges, random ones) and on whole draws; on a GPU
 (`python -m bench.gpu_check`) all 2^23 mantissas and the routed draws are checked."""
@@ -12,8 +12,9 @@ import torch
 from spec import jax_rng as J
 from tests.marks import on_gpu
 from torch_impl import random as R
-from torch_impl import random_eager as E
-from torch_impl import triton_rng as T
+from torch_impl.random import backends as B
+from torch_impl.random import eager as E
+from torch_impl.random import triton_kernel as T
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton is not installed (the test extra pins it: pip install -e '.[test]')")
@@ -95,14 +96,17 @@ def test_the_gpu_backend_follows_spec_when_it_states_one(interpreted):
 
 
 def test_the_switch_turns_the_kernel_off(monkeypatch):
-    monkeypatch.setenv(T.SWITCH, "never")
-    assert T.unavailable_reason() == "TORCH_IMPL_RNG_TRITON=never" and not T.available()
+    monkeypatch.setenv(R.SWITCH, "formula")
+    assert T.unavailable_reason() is None                                  # installed here, and still not picked
+    assert B._declines(B._BY_NAME["triton"], B.switch(), "normal", torch.device("cuda"), 8, 8, None, "cpu") == \
+        "TORCH_IMPL_RNG=formula"
 
 
 def test_cpu_keys_never_take_the_kernel():
     keys = R.fold_in(R.key(0), torch.arange(2))
-    assert T.draw("normal", keys, 16) is None
-    assert T.lut_at(R.key(0), torch.arange(4), torch.zeros(8, dtype=torch.int8)) is None
+    assert B.choose("normal", keys.device, 16).name != "triton"
+    assert R.member_normals(keys, 0, 2, 16, "cpu") is None
+    assert R.lut_at(R.key(0), torch.arange(4), torch.zeros(8, dtype=torch.int8)) is None
 
 
 @on_gpu
@@ -121,7 +125,7 @@ def test_on_the_gpu_all_mantissas_and_routed_draws_equal_the_definition():
                        jax_member_normals(slices, 3, 64, (40, 4)))
     assert torch.equal(_jax_draws(slices[0, 0], 0, 1024, (516, 4), "cuda").cpu(),
                        _jax_draws(slices[0, 0], 0, 1024, (516, 4), "cpu"))
-    used = {k: T.status().get(f"{k}/cpu/cuda", "unused") for k in ("normal", "bits", "member_normal")}
+    used = {k: R.status().checks.get(f"triton {k}/cpu/cuda", "unused") for k in ("normal", "bits", "member_normal")}
     assert all(why is None for why in used.values()), used
 
 

@@ -87,13 +87,15 @@ def check_cuda(parser: argparse.ArgumentParser, device: str) -> None:
 
 
 def check_cuda_switches(parser: argparse.ArgumentParser, device: str) -> None:
-    """Exit 2 when env TORCH_IMPL_CUDA_GRAPHS holds a bad value and a CUDA device is asked for (it is read only
-    there)."""
+    """Exit 2 when env TORCH_IMPL_CUDA_GRAPHS (read only there) or TORCH_IMPL_RNG holds a bad value and a CUDA device
+    is asked for."""
     if device.startswith("cuda"):
         from torch_impl import cuda_graphs
+        from torch_impl import random as rnd
 
         try:
             cuda_graphs.switch()
+            rnd.switch()
         except ValueError as err:
             parser.error(str(err))
 
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch_impl import random as rnd
 
     try:
-        rnd.switch()             # the generator's env switch (TORCH_IMPL_RNG), read at each draw: a bad value stops here
+        rnd.switch()             # env TORCH_IMPL_RNG, read at each draw: a bad value stops here
     except ValueError as err:
         parser.error(str(err))   # exits 2
     if args.task == "lm":

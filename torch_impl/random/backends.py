@@ -45,7 +45,7 @@ class Backend(NamedTuple):
     unavailable: Callable[[], str | None]        # None when it can run in this process, else why not
     takes: Callable[[int, int, bool | None, str], bool]   # (values per key, draws, table, normal backend) -> yes?
     draw: Callable[..., torch.Tensor]            # (kind, keys (B, 2), n, normal backend, **extra) -> (B, n)
-    of_mantissas: Callable | None                # (consecutive mantissas, normal backend) -> normals; None: no such call
+    of_mantissas: Callable | None                # (consecutive mantissas, normal backend) -> normals, or None
     hash_pairs: Callable | None                  # fold_in's hash, eager._hash_pairs's signature; None: the formula's
     checked: bool                                # checks itself against the formula before its first draw of a kind
 
