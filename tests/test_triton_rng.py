@@ -135,3 +135,15 @@ def test_member_normals_fold_the_keys_in_the_kernel_as_the_eager_draws_do(slices
     got = T.launch("member_normal", keys, n, generation=generation, n_draws=draws)
     folded = R.fold_in(R.fold_in(keys, generation).unsqueeze(0), torch.arange(draws).unsqueeze(1))   # (P, S, 2)
     assert got.shape == (draws, slices, n) and torch.equal(got, E._normal(folded, (n,), False))
+
+
+@pytest.mark.parametrize("kind,backend", [("bits", "cpu"), ("normal", "cpu"), ("normal", "gpu"), ("member_normal", "cpu")])
+def test_the_backends_self_check_passes_the_kernel_and_catches_a_wrong_one(kind, backend, interpreted, monkeypatch):
+    """backends._self_check on the triton row (run here on CPU tensors by the interpreter): passed as it is, and a
+    kernel whose draws are one off fails it (a smaller sample than a GPU's: the interpreter is slow)."""
+    monkeypatch.setattr(B, "_SAMPLE_KEYS", 3)
+    monkeypatch.setattr(B, "_SAMPLE_SIZES", (1030, 2))                          # a partial block, and two values
+    triton = B._BY_NAME["triton"]
+    assert B._self_check(triton, kind, backend, torch.device("cpu")) is None
+    wrong = triton._replace(draw=lambda *a, **k: triton.draw(*a, **k) + 1)
+    assert "differ from the eager formula" in B._self_check(wrong, kind, backend, torch.device("cpu"))
