@@ -169,7 +169,7 @@ class Machine(NamedTuple):
 
 
 def readme(machine: Machine, steps: Sequence[Step], outcomes: Sequence[Outcome], command: str, here: str,
-           seconds: float) -> str:
+           seconds: float, budgets_s: dict[str, float] = BUDGETS_S) -> str:
     """gpu/README.md and bench-gpu/README.md: the machine, then every step (run or still to run) in one table."""
     rows = []
     for i, step in enumerate(steps):
@@ -177,10 +177,10 @@ def readme(machine: Machine, steps: Sequence[Step], outcomes: Sequence[Outcome],
         report = f"[{link}]({link})"
         if i < len(outcomes):
             o = outcomes[i]
-            rows.append(f"| {step.stage} | `python {' '.join(step.argv)}` | {BUDGETS_S[step.stage]:.0f} | {o.rc} "
+            rows.append(f"| {step.stage} | `python {' '.join(step.argv)}` | {budgets_s[step.stage]:.0f} | {o.rc} "
                         f"| {o.seconds:.0f} | {o.last.replace('|', '/')} | {report} |")
         else:
-            rows.append(f"| {step.stage} | `python {' '.join(step.argv)}` | {BUDGETS_S[step.stage]:.0f} | not run yet "
+            rows.append(f"| {step.stage} | `python {' '.join(step.argv)}` | {budgets_s[step.stage]:.0f} | not run yet "
                         f"| - | - | {report} |")
     done = len(outcomes) == len(steps)
     code = verdict(outcomes) if done else None
@@ -200,32 +200,34 @@ def verdict(outcomes: Sequence[Outcome]) -> int:
 
 
 def write_reports(runs: Path, machine: Machine, steps: Sequence[Step], outcomes: Sequence[Outcome], command: str,
-                  seconds: float) -> None:
+                  seconds: float, budgets_s: dict[str, float] = BUDGETS_S) -> None:
     """Both READMEs and gpu/run.json, as far as the run has got."""
     for here in ("gpu", "bench-gpu"):
         (runs / here).mkdir(parents=True, exist_ok=True)
-        (runs / here / "README.md").write_text(readme(machine, steps, outcomes, command, here, seconds))
+        (runs / here / "README.md").write_text(readme(machine, steps, outcomes, command, here, seconds,
+                                                               budgets_s))
     record = {"command": command, "machine": machine._asdict(), "seconds": round(seconds, 1),
               "exit": verdict(outcomes) if len(outcomes) == len(steps) else None,
               "steps": [{"stage": s.stage, "name": s.name, "command": "python " + " ".join(s.argv),
-                         "budget_s": BUDGETS_S[s.stage], **(o._asdict() if o else {"rc": None})}
+                         "budget_s": budgets_s[s.stage], **(o._asdict() if o else {"rc": None})}
                         for s, o in zip(steps, [*outcomes, *[None] * (len(steps) - len(outcomes))])]}
     (runs / "gpu" / "run.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
-def execute(runs: Path, steps: Sequence[Step], machine: Machine, command: str, python: str = sys.executable) -> int:
+def execute(runs: Path, steps: Sequence[Step], machine: Machine, command: str,
+            budgets_s: dict[str, float] = BUDGETS_S) -> int:
     """Run the stages in order, each within its budget, the reports rewritten after each; 0 all passed, else 1."""
     began, outcomes = time.perf_counter(), []
-    write_reports(runs, machine, steps, outcomes, command, 0.0)
+    write_reports(runs, machine, steps, outcomes, command, 0.0, budgets_s)
     for stage in STAGES:
         mine = [step for step in steps if step.stage == stage]
         if not mine:
             continue
-        print(f"{stage}: {len(mine)} step(s) within {BUDGETS_S[stage]:.0f} s", flush=True)
-        for step, o in zip(mine, run_stage(mine, BUDGETS_S[stage], python)):
+        print(f"{stage}: {len(mine)} step(s) within {budgets_s[stage]:.0f} s", flush=True)
+        for step, o in zip(mine, run_stage(mine, budgets_s[stage])):
             print(f"  {step.name}: exit {o.rc} in {o.seconds:.0f} s: {o.last}", flush=True)
             outcomes.append(o)
-        write_reports(runs, machine, steps, outcomes, command, time.perf_counter() - began)
+        write_reports(runs, machine, steps, outcomes, command, time.perf_counter() - began, budgets_s)
     code = verdict(outcomes)
     print(f"wrote {runs / 'gpu' / 'README.md'} and {runs / 'bench-gpu' / 'README.md'}; exit {code}", flush=True)
     return code
