@@ -144,11 +144,16 @@ def run_stage(steps: Sequence[Step], budget_s: float, python: str = sys.executab
             running.append(subprocess.Popen([python, *step.argv], stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True))
     ended: dict[int, tuple[int, float]] = {}
-    while len(ended) < len(running) and time.perf_counter() - began < budget_s:
-        for i, proc in enumerate(running):
-            if i not in ended and proc.poll() is not None:
-                ended[i] = (proc.returncode, time.perf_counter() - began)
-        time.sleep(0.1)
+    try:
+        while len(ended) < len(running) and time.perf_counter() - began < budget_s:
+            for i, proc in enumerate(running):
+                if i not in ended and proc.poll() is not None:
+                    ended[i] = (proc.returncode, time.perf_counter() - began)
+            time.sleep(0.1)
+    except BaseException:                   # interrupted (Ctrl-C, the session's end): leave nothing on the GPU
+        for proc in running:
+            _stop(proc)
+        raise
     outcomes = []
     for i, (step, proc) in enumerate(zip(steps, running)):
         if i not in ended and proc.poll() is not None:          # ended between the last poll and the budget
@@ -250,11 +255,14 @@ def probe_jax(python: str = sys.executable) -> dict | str:
     """JAX's versions and backend, read in a process of its own (so this one holds no JAX client on the GPU the
     steps use), or the sentence that says why the machine cannot run the suites' reference on the GPU."""
     out = _output([python, "-c", JAX_PROBE], PREFLIGHT_S, child_env(1))
-    if out is None:
+    try:
+        info = json.loads(out.splitlines()[-1]) if out else None
+    except ValueError:
+        info = None
+    if info is None:
         return f"JAX could not be imported, or did not answer within {PREFLIGHT_S:.0f} s (install jax[cuda])"
-    info = json.loads(out.splitlines()[-1])
     if info["backend"] != "gpu":
-        return f"JAX {info['jax']} runs on {info['backend']}, not a GPU: install jax[cuda] (jax-cuda12-plugin)"
+        return f"JAX {info['jax']} runs on {info['backend']}, not a GPU: install jax[cuda] (its CUDA plugin)"
     return info
 
 
@@ -263,9 +271,9 @@ def describe_machine(torch, jax_info: dict) -> Machine:
     there), the versions and the commit, for the reports."""
     device = _output(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total",
                       "--format=csv,noheader"], 30.0)
-    if device:
-        name, cap, driver, memory = (part.strip() for part in device.splitlines()[0].split(","))
-        device = f"{name}, compute capability {cap}, driver {driver}, {memory}"
+    parts = [part.strip() for part in device.splitlines()[0].split(",")] if device else []
+    if len(parts) == 4:
+        device = f"{parts[0]}, compute capability {parts[1]}, driver {parts[2]}, {parts[3]}"
     else:
         major, minor = torch.cuda.get_device_capability(0)
         device = f"{torch.cuda.get_device_name(0)}, compute capability {major}.{minor} (torch's; no nvidia-smi)"

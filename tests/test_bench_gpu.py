@@ -146,6 +146,18 @@ def test_the_gpu_run_exits_2_without_cuda_before_any_work_with_the_cuda_sentence
     assert gpu_check.missing_packages(("torch", "surely_not_a_package_here")) == ["surely_not_a_package_here"]
 
 
+def test_the_jax_probe_says_when_jax_is_not_on_a_gpu():
+    """The run's second exit-2 check, read in a process of its own: this machine's JAX runs on its CPU."""
+    import jax
+
+    from bench.gpu_check import probe_jax
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("JAX runs on a GPU here")
+    assert probe_jax() == f"JAX {jax.__version__} runs on cpu, not a GPU: install jax[cuda] (its CUDA plugin)"
+    assert probe_jax("/nonexistent/python").startswith("JAX could not be imported")
+
+
 def test_the_gpu_run_refuses_an_unknown_stage(tmp_path, capsys):
     from bench import gpu_check
 
