@@ -193,6 +193,24 @@ def test_the_dry_run_prints_every_command_and_budget_within_9_minutes_and_writes
     assert not runs.exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine these commands would run")
+def test_every_suite_and_bench_command_of_the_plan_is_taken_by_its_command_line(tmp_path, capsys):
+    """Each command the GPU run will give, given here where CUDA is absent: its command line takes every flag and
+    stops at the CUDA device (exit 2 with the CUDA sentence, not a flag error), so none fails on the GPU for a flag."""
+    from bench import gpu_check as G
+    from bench.__main__ import main as bench_main
+    from parity.__main__ import main as parity_main
+
+    runs = tmp_path / "r"
+    for step in [s for s in G.plan(runs) if s.stage != "tests"]:
+        main = {"parity": parity_main, "bench": bench_main}[step.argv[1]]
+        assert main(list(step.argv[2:])) == 2, step
+        err = capsys.readouterr().err
+        assert "--device cuda: CUDA is not available on this machine" in err or \
+            "--device cuda asked for, but torch sees no CUDA device" in err, (step, err)
+    assert not runs.exists()
+
+
 def _step(tmp_path, name: str, stage: str, code: str) -> "Step":
     from bench.gpu_check import Step
 
@@ -213,6 +231,30 @@ def test_a_stage_stops_a_step_past_its_budget_and_keeps_the_others_outcomes(tmp_
     assert (passed.rc, passed.last) == (0, "all passed")
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, ended but not yet reaped by its new parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_stage_leaves_no_process_a_step_started_behind(tmp_path):
+    from bench.gpu_check import run_stage
+
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(p.pid, flush=True)")
+    left = _step(tmp_path, "leaves-a-worker", "suites", code)
+    (outcome,) = run_stage([left], budget_s=20.0)
+    assert outcome.rc == 0
+    worker = int(outcome.last)
+    deadline = time.perf_counter() + 5
+    while _alive(worker) and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker), f"the step's worker {worker} still runs"
+
+
 def test_the_run_goes_on_past_a_failed_and_a_stopped_step_and_writes_both_reports(tmp_path, capsys):
     from bench import gpu_check as G
 
@@ -228,7 +270,8 @@ def test_the_run_goes_on_past_a_failed_and_a_stopped_step_and_writes_both_report
         text = (runs / here / "README.md").read_text()
         for part in ("NVIDIA H200, compute capability 9.0", "torch 2.x (CUDA 12.8), jax 0.x", "commit: abc123",
                      "result: exit 1 (a finding", "`python -m bench.gpu_check --runs r`",
-                     "| tests | `python -c print('8 passed')` | 20 | 0 |", "| suites | `python -c raise SystemExit(3)` | 2 | 3 |",
+                     "| tests | `python -c print('8 passed')` | 20 | 0 |",
+                     "| suites | `python -c raise SystemExit(3)` | 2 | 3 |",
                      "| bench | `python -c print('wrote bench.csv')` | 20 | 0 |", "stopped at the 2 s budget"):
             assert part in text, (here, part)
     assert "[../gpu/tests.log](../gpu/tests.log)" in (runs / "bench-gpu" / "README.md").read_text()
