@@ -158,6 +158,17 @@ def test_the_jax_probe_says_when_jax_is_not_on_a_gpu():
     assert probe_jax("/nonexistent/python").startswith("JAX could not be imported")
 
 
+@pytest.mark.parametrize("target", ["gpu", "gpu-check", "bench-gpu"])
+def test_make_gpu_and_its_former_names_run_the_one_command_into_runs(target, tmp_path):
+    """make gpu RUNS=dir (and gpu-check, bench-gpu, its aliases) gives python -m bench.gpu_check --runs dir, which
+    writes dir/gpu and dir/bench-gpu (make -n: printed, not run)."""
+    done = subprocess.run(["make", "-n", "-s", target, f"RUNS={tmp_path / 'r'}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    runs = [line.split(" -m ", 1)[1].strip() for line in done.stdout.splitlines() if "bench.gpu_check" in line]
+    assert runs == [f"bench.gpu_check --runs {tmp_path / 'r'}"], done.stdout
+
+
 def test_the_gpu_run_refuses_an_unknown_stage(tmp_path, capsys):
     from bench import gpu_check
 
@@ -220,13 +231,15 @@ def _step(tmp_path, name: str, stage: str, code: str) -> "Step":
 def test_a_stage_stops_a_step_past_its_budget_and_keeps_the_others_outcomes(tmp_path):
     from bench.gpu_check import TIMED_OUT, run_stage
 
-    steps = [_step(tmp_path, "sleeper", "suites", "print('started', flush=True); import time; time.sleep(60)"),
+    steps = [_step(tmp_path, "sleeper", "suites", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"),
              _step(tmp_path, "failing", "suites", "import sys; print('3 checks failed'); sys.exit(1)"),
              _step(tmp_path, "passing", "suites", "print('all passed')")]
     began = time.perf_counter()
     slept, failed, passed = run_stage(steps, budget_s=3.0)
     assert time.perf_counter() - began < 20
-    assert slept.rc == TIMED_OUT and slept.last == "started (stopped at the 3 s budget)" and slept.seconds >= 3
+    pid, stopped = slept.last.split(" ", 1)
+    assert slept.rc == TIMED_OUT and stopped == "(stopped at the 3 s budget)" and slept.seconds >= 3
+    assert not _alive(int(pid))
     assert (failed.rc, failed.last) == (1, "3 checks failed") and failed.seconds < slept.seconds
     assert (passed.rc, passed.last) == (0, "all passed")
 
