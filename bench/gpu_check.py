@@ -56,7 +56,8 @@ class Step(NamedTuple):
     stage: str
     argv: tuple[str, ...]
     log: Path
-    report: str                         # the step's report or log, relative to the output root (runs/)
+    report: str                         # the step's report, relative to the output root (runs/)
+    logged: str                         # its log, the same way
 
 
 class Outcome(NamedTuple):
@@ -72,18 +73,19 @@ def plan(runs: Path, stages: Sequence[str] = STAGES) -> list[Step]:
     steps = []
     if "tests" in stages:
         steps.append(Step("tests", "tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TESTS),
-                          gpu / "tests.log", "gpu/tests.log"))
+                          gpu / "tests.log", "gpu/tests.log", "gpu/tests.log"))
     if "suites" in stages:
         for precision in PRECISIONS:
             for name, args in SUITES:
                 label = f"{name}-{precision}"
                 steps.append(Step(label, "suites", ("-m", "parity", *args, "--device", "cuda", "--reference-precision",
                                                     precision, "--out", str(gpu / label), "--quiet"),
-                                  gpu / "logs" / f"{label}.log", f"gpu/{label}/summary.md"))
+                                  gpu / "logs" / f"{label}.log", f"gpu/{label}/summary.md", f"gpu/logs/{label}.log"))
     if "bench" in stages:
         deadline = BUDGETS_S["bench"] - BENCH_MARGIN_S
         steps.append(Step("bench", "bench", ("-m", "bench", "--device", "cuda", "--deadline", f"{deadline:.0f}",
-                                             "--out", str(bench)), bench / "bench.log", "bench-gpu/summary.md"))
+                                             "--out", str(bench)), bench / "bench.log", "bench-gpu/summary.md",
+                          "bench-gpu/bench.log"))
     return steps
 
 
@@ -183,8 +185,9 @@ def readme(machine: Machine, steps: Sequence[Step], outcomes: Sequence[Outcome],
     """gpu/README.md and bench-gpu/README.md: the machine, then every step (run or still to run) in one table."""
     rows = []
     for i, step in enumerate(steps):
-        link = step.report[len(here) + 1:] if step.report.startswith(here + "/") else "../" + step.report
-        report = f"[{link}]({link})"
+        links = [path[len(here) + 1:] if path.startswith(here + "/") else "../" + path
+                 for path in dict.fromkeys((step.report, step.logged))]
+        report = ", ".join(f"[{link}]({link})" for link in links)
         if i < len(outcomes):
             o = outcomes[i]
             rows.append(f"| {step.stage} | `python {' '.join(step.argv)}` | {budgets_s[step.stage]:.0f} | {o.rc} "
@@ -200,7 +203,7 @@ def readme(machine: Machine, steps: Sequence[Step], outcomes: Sequence[Outcome],
             f"- command: `{command}`\n- device: {machine.device}\n- versions: {machine.versions}\n"
             f"- commit: {machine.commit}\n- result: {state}, {seconds:.0f} s (aimed at {TOTAL_S:.0f} s)\n"
             f"- exit 124: the step was stopped at its stage's budget (seconds: since its stage began)\n\n"
-            f"| stage | command | budget s | exit | seconds | last line | report |\n"
+            f"| stage | command | stage's budget s | exit | seconds | last line | report, log |\n"
             f"| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n\n"
             + "".join(f"Not run: {why}.\n" for why in NOT_RUN))
 

@@ -225,7 +225,7 @@ def test_every_suite_and_bench_command_of_the_plan_is_taken_by_its_command_line(
 def _step(tmp_path, name: str, stage: str, code: str) -> "Step":
     from bench.gpu_check import Step
 
-    return Step(name, stage, ("-c", code), tmp_path / "logs" / f"{name}.log", f"gpu/{name}.log")
+    return Step(name, stage, ("-c", code), tmp_path / "logs" / f"{name}.log", f"gpu/{name}.log", f"gpu/{name}.log")
 
 
 def test_a_stage_stops_a_step_past_its_budget_and_keeps_the_others_outcomes(tmp_path):
@@ -301,7 +301,8 @@ def test_the_reports_list_the_steps_still_to_run():
                     12.0)
     assert "| tests | `python -m pytest -q -p no:cacheprovider -m gpu tests` | 140 | 0 | 12 | 8 passed |" in text
     assert "1 of 8 steps done so far" in text and text.count("not run yet") == 7
-    assert "[cartpole-default/summary.md](cartpole-default/summary.md)" in text
+    assert "[cartpole-default/summary.md](cartpole-default/summary.md), [logs/cartpole-default.log]" in text
+    assert "| [tests.log](tests.log) |" in text
     assert "[../bench-gpu/summary.md](../bench-gpu/summary.md)" in text
 
 
