@@ -11,8 +11,8 @@ Three stages, in this order, each within its own budget (BUDGETS_S):
 3. bench: the bench's GPU section (`python -m bench --device cuda`, its own deadline inside the stage's budget), its
    summary.md and bench.csv in bench-gpu/.
 A step past its budget is stopped and recorded (exit 124), and the run goes on; gpu/README.md and bench-gpu/README.md
-(device, versions, commit, each step's command, exit and seconds) and gpu/run.json are rewritten after every step, so
-a run cut short still says what it did. Exit 0 when every step passed, 1 when one did not (a finding: its report or
+(device, versions, commit, each step's command, exit and seconds) and run.json beside each are rewritten after every
+stage, so a run cut short still says what it did (--steps: only the folders of the stages asked for). Exit 0 when every step passed, 1 when one did not (a finding: its report or
 log says which and why), 2 when the machine cannot run it (no CUDA device for torch, JAX not on a GPU, a package
 missing), before any work and writing nothing. `make gpu` itself exits 2 on any failure (make's own code); the
 command's code is its last line.
@@ -214,17 +214,18 @@ def verdict(outcomes: Sequence[Outcome]) -> int:
 
 def write_reports(runs: Path, machine: Machine, steps: Sequence[Step], outcomes: Sequence[Outcome], command: str,
                   seconds: float, budgets_s: dict[str, float] = BUDGETS_S) -> None:
-    """Both READMEs and gpu/run.json, as far as the run has got."""
-    for here in ("gpu", "bench-gpu"):
-        (runs / here).mkdir(parents=True, exist_ok=True)
-        (runs / here / "README.md").write_text(readme(machine, steps, outcomes, command, here, seconds,
-                                                               budgets_s))
+    """README.md and run.json, as far as the run has got, in each folder a step of this run writes to (gpu/ for the
+    tests and suites, bench-gpu/ for the bench): a rerun of one stage leaves the other folder's record alone."""
     record = {"command": command, "machine": machine._asdict(), "seconds": round(seconds, 1),
               "exit": verdict(outcomes) if len(outcomes) == len(steps) else None,
               "steps": [{"stage": s.stage, "name": s.name, "command": "python " + " ".join(s.argv),
                          "budget_s": budgets_s[s.stage], **(o._asdict() if o else {"rc": None})}
                         for s, o in zip(steps, [*outcomes, *[None] * (len(steps) - len(outcomes))])]}
-    (runs / "gpu" / "run.json").write_text(json.dumps(record, indent=2) + "\n")
+    for here in dict.fromkeys("bench-gpu" if step.stage == "bench" else "gpu" for step in steps):
+        (runs / here).mkdir(parents=True, exist_ok=True)
+        text = readme(machine, steps, outcomes, command, here, seconds, budgets_s)
+        (runs / here / "README.md").write_text(text)
+        (runs / here / "run.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def execute(runs: Path, steps: Sequence[Step], machine: Machine, command: str,

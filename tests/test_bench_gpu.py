@@ -290,7 +290,11 @@ def test_the_run_goes_on_past_a_failed_and_a_stopped_step_and_writes_both_report
     assert "[../gpu/tests.log](../gpu/tests.log)" in (runs / "bench-gpu" / "README.md").read_text()
     record = json.loads((runs / "gpu" / "run.json").read_text())
     assert record["exit"] == 1 and [s["rc"] for s in record["steps"]] == [0, G.TIMED_OUT, 3, 0]
+    assert json.loads((runs / "bench-gpu" / "run.json").read_text()) == record
     assert "exit 1" in capsys.readouterr().out.splitlines()[-1]
+    G.execute(runs, steps[1:3], machine, "python -m bench.gpu_check --steps suites", budgets)     # one stage again
+    assert "--steps suites" in (runs / "gpu" / "README.md").read_text()
+    assert "--steps suites" not in (runs / "bench-gpu" / "README.md").read_text()          # the bench's record kept
 
 
 def test_the_reports_list_the_steps_still_to_run():
