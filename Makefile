@@ -15,7 +15,7 @@ PORTS_STAMP := $(VENV)/.ports-installed
 # installed alone (no dependencies, the Python requirement waived), at the pin of pyproject.toml's `ports` extra.
 PORTS_ALONE := eggroll-trainer==0.1.0
 
-.PHONY: help setup c-side c-rng test parity gpu-check vectors int8 gap gap-paper gap-lm gap-int8 bench bench-gpu ports ports-install clean
+.PHONY: help setup c-side c-rng test parity gpu gpu-check vectors int8 gap gap-paper gap-lm gap-int8 bench bench-gpu ports ports-install clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -58,10 +58,15 @@ parity: setup  ## the parity suite on every task (CartPole MLP, byte-level LM, i
 	$(PY) -m parity check --task lm --out $(RUNS)/parity-lm
 	$(PY) -m parity int8 --out $(RUNS)/int8
 
-# On a machine with CUDA and jax[cuda]: every suite with --device cuda, the reference on the same GPU at default
-# (TF32) and highest precision (tools/gpu_check.sh; ARGS=default or ARGS=highest for one).
-gpu-check: setup  ## every suite on CUDA against the JAX reference on the GPU, default and highest precision -> runs/gpu
-	OUT=$(RUNS)/gpu PY=$(PY) tools/gpu_check.sh $(ARGS)
+# On a machine with CUDA and jax[cuda], in one command within 9 minutes (bench/gpu_check.py; `python -m bench.gpu_check
+# --dry-run` prints the plan and budgets): every test marked gpu, every suite with --device cuda against the JAX
+# reference on the same GPU at default (TF32) and highest precision, then the bench's GPU section. Exit 2 before any
+# work where torch sees no CUDA device; ARGS="--steps suites" reruns one stage. make exits 2 on any failure: the
+# command's own code (0 passed, 1 a finding, 2 cannot run here) is its last line and in $(RUNS)/gpu/README.md.
+gpu: setup  ## on a machine with CUDA: the CUDA tests, every suite on CUDA at both precisions, the bench's GPU section (9 min) -> runs/gpu, runs/bench-gpu
+	$(PY) -m bench.gpu_check --runs $(RUNS) $(ARGS)
+
+gpu-check: gpu  ## the same as make gpu (its former name for the suites on CUDA)
 
 # The committed conformance vectors (vectors/) are refreshed with VECTORS=vectors.
 vectors: setup  ## record the JAX reference's conformance vectors (check --against needs no JAX) -> runs/vectors/{cartpole,lm}-quick
@@ -86,8 +91,7 @@ gap-int8: setup  ## the integer study: does egg.c learn the byte LM as fast as n
 bench: setup  ## throughput and time to solve, torch_impl against JAX -> runs/bench
 	$(PY) -m bench --out $(RUNS)/bench $(ARGS)
 
-bench-gpu: setup  ## on a machine with a GPU: the GPU paths' tests and the bench's GPU section (under 10 min) -> runs/bench-gpu
-	$(PY) -m bench.gpu_check --out $(RUNS)/bench-gpu $(ARGS)
+bench-gpu: gpu  ## the same as make gpu (its former name for the GPU tests and the bench's GPU section)
 
 ports: $(PORTS_STAMP)  ## the EGGROLL ports on PyPI (pinned extra) through the suite -> runs/ports
 	$(PY) -m ports --out $(RUNS)/ports $(ARGS)

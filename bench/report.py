@@ -516,7 +516,7 @@ METHOD = [
     "ratios measure the style of the forward, not the activation's kernel.",
     "- hooks, materialized and loop get the noise per member (expanded outside the timed call), as those styles "
     "look up a member's perturbation.",
-    "- Tests (tests/test_bench_impls.py) check every implementation against torch_impl's forward in float64 "
+    "- Tests (tests/bench/test_impls.py) check every implementation against torch_impl's forward in float64 "
     "within a derived float32 rounding bound.", "",
 ]
 

@@ -21,7 +21,7 @@ egg.c's departures are mode bits, one per knob of spec/int8_knobs.py (which stat
 int8_noise=xorshift the run's seed is xorshift's base (egg.c: time(NULL)). Under evolving=matrices a frozen leaf's
 noise is zero (never read); with int8_noise=xorshift as well no table noise is drawn and `lut` may be None.
 
-egg.c's run itself (ljubomirj/egg.c full_trained_egg-cpumulti.c's main; tests/test_egg_c_conformance.py builds that
+egg.c's run itself (ljubomirj/egg.c full_trained_egg-cpumulti.c's main; tests/c_int8/test_egg_c_conformance.py builds that
 file and checks `train_egg_c` against it step by step, bit for bit) needs two more pieces, functions, not knobs:
 - its init, `xorshift_init_params(cfg, seed=42)`: one xorshift32 stream from 42 (fixed, not the run's seed), each
   value sign(bit 0) * bits 1..5 as the noise's, filling the embedding (256 x d), the head (256 x d), then per layer

@@ -27,7 +27,7 @@ one call of the port:
 
 The forward check (parity/tree/forward.py) compares each member's population logits with the plain GPT's at
 theta + E_i. `GPTAdapter(knobs)` takes
-spec.tree_knobs.TreeKnobs so the self-tests can drift the port one knob at a time (tests/test_parity_tree.py).
+spec.tree_knobs.TreeKnobs so the self-tests can drift the port one knob at a time (tests/parity/tree/test_check.py).
 """
 from __future__ import annotations
 

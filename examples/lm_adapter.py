@@ -10,7 +10,7 @@ noise, products, shaping, gradient, forward and step. What a port keeps differen
     E^T = A B^T, so at the stored shape E = B A^T: the protocol's (A, B) is its (B, A);
   - its full-rank noise is stack-first: put back at the leaf's stored shape.
 `LMAdapter(cfg, knobs)` takes spec.tree_knobs.TreeKnobs, so the LM suite's self-tests check that a drifted port is
-caught through the protocol too (tests/test_parity_lm.py).
+caught through the protocol too (tests/parity/tree/test_lm.py).
 
 A port on torch's own generator (most real ports) sets `jax_compatible_rng = False` and is checked in distribution
 (parity/tree/dist.py): `TorchRngLMAdapter` is this port with knob rng=torch,

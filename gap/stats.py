@@ -181,7 +181,7 @@ def min_gehan_p(n_a: int, n_b: int) -> float:
 
 def holm(pvalues) -> np.ndarray:
     """Holm's step-down adjustment (family-wise error); nan stays nan. statsmodels' multipletests(method="holm")
-    gives the same numbers (tests/test_gap_stats.py) but runs a full gc.collect() per call: seconds in a process
+    gives the same numbers (tests/gap/test_stats.py) but runs a full gc.collect() per call: seconds in a process
     holding JAX and torch."""
     p = np.asarray(pvalues, dtype=np.float64)
     out = np.full(p.shape, np.nan)

@@ -24,7 +24,7 @@ from parity.core.verdict import KNOB_IN_CAUSE
 TASKS = ("cartpole", "lm", "tree")
 EXPECT_ITEM = "expect"          # the run-level item: every expected knob named by some check
 # Values the suite never names, so expecting them could never be met: a port on its own generator is checked in
-# distribution, and a compiled forward is the same math (tests/test_parity_selftest.py holds both to a pass).
+# distribution, and a compiled forward is the same math (tests/parity/mlp/test_selftest.py holds both to a pass).
 NOT_DRIFTS = {"cartpole": {("rng", "torch"), ("compile", "on")}, "lm": {("rng", "torch")}, "tree": {("rng", "torch")}}
 # The MLP suite's knobs the tree suite names on a declared tree (pairing, fitness, optimizer; the trajectory's
 # schedules): task="tree" takes them in expect= beside the tree knobs.

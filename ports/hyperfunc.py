@@ -203,7 +203,7 @@ def candidates(system, noise: dict) -> dict:
 def evaluate_members(system, cands: dict, x):
     """Member i's logits on x[i] through the package's own population evaluation, candidate by candidate
     (`evaluate_population`, core.py:1822-1930); the logits are read from the metric function's preds. The
-    adapter's forward computes the same with run_batched, much faster (tests/test_ports_adapters.py compares)."""
+    adapter's forward computes the same with run_batched, much faster (tests/ports/test_pypi_adapters.py compares)."""
     from hyperfunc import Example
 
     m, seen = x.shape[0], []

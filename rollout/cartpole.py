@@ -1,7 +1,7 @@
 """CartPole-v1 for a whole population at once, step for step gymnasium's arithmetic.
 
 State is float64 (as gymnasium keeps it), observations float32 (as gymnasium returns
-them). tests/test_rollout.py checks every step against `gymnasium.make("CartPole-v1")`.
+them). tests/rollout/test_cartpole.py checks every step against `gymnasium.make("CartPole-v1")`.
 """
 from __future__ import annotations
 

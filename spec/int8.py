@@ -99,7 +99,7 @@ from statistics import NormalDist
 
 from spec.tree import Leaf, Tree, make_tree
 
-# The originals, and the commits the conformance tests check (tests/test_int8_nano_egg.py, test_egg_c_conformance.py)
+# The originals, and the commits the conformance tests check (tests/jax_reference/test_int8_nano_egg.py, tests/c_int8/test_egg_c_conformance.py)
 NANO_EGG_ORIGINAL = ("ESHyperscale/nano-egg", "run.py", "a04bab2")
 EGG_C_ORIGINAL = ("ljubomirj/egg.c", "full_trained_egg-cpumulti.c", "fdef754f69436737d220c2d9b72e2d6485e4654b")
 

@@ -25,7 +25,7 @@ are 0 and frozen, so gate_clip=nested changes nothing there; it shows only with 
 
 Not knobs: egg.c's init (one xorshift32 stream from 42) and its data layout (pair p reads its own offset) are
 functions of the C side (c_int8.xorshift_init_params, rollout.int8_data.egg_c_*, c_int8.train_egg_c), with which
-profile egg.c-cpumulti reproduces full_trained_egg-cpumulti.c's program bit for bit (tests/test_egg_c_conformance.py,
+profile egg.c-cpumulti reproduces full_trained_egg-cpumulti.c's program bit for bit (tests/c_int8/test_egg_c_conformance.py,
 ljubomirj/egg.c fdef754, its portable scalar path). egg.c's AVX2 path (its Linux amd64 build target) sums |x| in the
 layer norm as unsigned bytes (_mm256_sad_epu8: a negative x counts 256 + x), a different function, not modelled.
 

@@ -198,7 +198,7 @@ def compile_cache_settings() -> dict:
     except OSError:
         return {}
     # Every compile kept, the op-by-op ones of a few milliseconds too: each process (a test worker, a subprocess, the
-    # next command) compiles the same small ones again otherwise. Measured on tests/test_parity_lm.py run twice on
+    # next command) compiles the same small ones again otherwise. Measured on tests/parity/tree/test_lm.py run twice on
     # one core: the second run 49 s with a 0.05 s threshold, 41 s with none; the first 89 s either way.
     return {"jax_compilation_cache_dir": path, "jax_persistent_cache_min_compile_time_secs": 0.0,
             "jax_persistent_cache_min_entry_size_bytes": 0}

@@ -37,7 +37,7 @@ def _threads_per_worker() -> int | None:
 # XLA compiles the tests' programs faster with two settings of its CPU backend (measured on two cores, empty caches):
 # - LLVM at optimization level 1 (its default is 2; level 0 failed 23 tests of three files): make test 645 -> 558 s,
 #   user CPU 19m29s -> 16m32s.
-# - The older fusion emitters (XLA's default is the newer MLIR ones): tests/test_jax_lm.py 62-66 -> 50 s (XLA's compile
+# - The older fusion emitters (XLA's default is the newer MLIR ones): tests/jax_reference/test_lm.py 62-66 -> 50 s (XLA's compile
 #   47-50 -> 36 s of it); the whole suite's XLA compile time 342 -> 267 s; make test from a fresh clone 557 s the
 #   same morning, 430 and 436 s after (this machine varies by up to a minute from run to run).
 # What they keep and what they do not (tests/test_conftest.py checks both against a process at XLA's defaults): every
@@ -80,7 +80,7 @@ if (_THREADS := _threads_per_worker()) is not None:
 # main process, and their subprocesses): blocks under 64 MiB come from the heap, and up to 256 MiB of freed heap is kept.
 # By default glibc maps every block over its dynamic threshold (at most 32 MiB) afresh and returns it on free, so the
 # tests' many 8-32 MiB arrays (2^23-entry tables, populations) fault in zeroed pages on each allocation. Measured on
-# tests/test_jax_int8.py alone: minor page faults 643k -> 396k, sys CPU 7.2 -> 3.3 s, user 53.2 -> 49.8 s, peak
+# tests/jax_reference/test_int8.py alone: minor page faults 643k -> 396k, sys CPU 7.2 -> 3.3 s, user 53.2 -> 49.8 s, peak
 # memory 1.41 -> 1.51 GB. Allocation leaves every value as it was. Not set where GLIBC_TUNABLES is already given.
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=268435456"
 os.environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
@@ -89,7 +89,7 @@ os.environ.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
 # the whole call stack, up to 100 frames, which is kept in the MLIR module and in the HLO metadata XLA compiles. Here
 # each operation keeps only its innermost user frame. Locations are metadata: they never change a compiled value. The
 # persistent cache's key leaves them out, too. Measured on two cores, empty caches, one process:
-# - tests/test_port_seed_rank_scale.py: 54.6, 57.5, 61.1 s with whole stacks; 51.0, 53.3, 55.3 s without.
+# - tests/parity/mlp/test_seed_rank_scale.py: 54.6, 57.5, 61.1 s with whole stacks; 51.0, 53.3, 55.3 s without.
 # - test_platform, test_parity_tree, test_compaction and test_port_adapter together: 192 -> 186 s (user 208 -> 203 s).
 # - test_jax_lm with test_c_int8: 108 s either way.
 # Not set where JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS is already given.
@@ -100,7 +100,7 @@ os.environ.setdefault(*TRACEBACK_SETTING)
 # Files whose time is mostly waiting on other processes: handed out first under xdist, so the wait overlaps the
 # other worker's files instead of ending the run on one core (test_gap_ray: ~23 s, most of it Ray's start-up and its
 # runs' sleeps; last, it left the other core idle for 16 s of a 12-minute run).
-WAIT_FIRST = ("tests/test_gap_ray.py",)
+WAIT_FIRST = ("tests/gap/test_ray.py",)
 
 
 def _file_order(files: Counter) -> dict[str, int]:

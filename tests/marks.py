@@ -6,6 +6,6 @@ import torch
 
 
 def on_gpu(test):
-    """Mark a test as needing CUDA: marker `gpu` (python -m bench.gpu_check runs `-m gpu`), skipped without a device."""
+    """Mark a test as needing CUDA: marker `gpu` (make gpu, python -m bench.gpu_check, runs `-m gpu`), skipped without a device."""
     needs = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (python -m bench.gpu_check)")
     return pytest.mark.gpu(needs(test))

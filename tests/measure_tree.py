@@ -33,7 +33,7 @@ def faithful_cases() -> dict:
     from examples.module_adapter import Adapter
     from spec.tree_knobs import TreeKnobs
     from tests.ports import lockstep_ports, module_ports, ndleaf_ports, order_ports
-    from tests.test_parity_tree import SIZES
+    from tests.parity.tree.test_check import SIZES
     return {"gpt": lambda s: GPTAdapter(**SIZES[s]),
             "gpt, torch rng": lambda s: GPTAdapter(TreeKnobs(rng="torch"), **SIZES[s]),
             "gpt, full rank": lambda s: GPTAdapter(freeze_nonlora=False, **SIZES[s]),
@@ -47,7 +47,7 @@ def faithful_cases() -> dict:
 
 def faithful_run(make, size: str, seed: int) -> dict:
     """One whole-suite run: its failing rows and the worst ratio to a bound, overall and per check."""
-    from tests.test_parity_tree import rows_of
+    from tests.parity.tree.test_check import rows_of
     rows = rows_of(make(size), seed)
     worst: dict[str, float] = {}
     for r in rows:
@@ -60,8 +60,8 @@ def faithful_run(make, size: str, seed: int) -> dict:
 def power_run(c: float, pop: int, size: str, seed: int) -> dict:
     """The noise check alone on a variance-scaled GPT: caught by any statistical row, the mean-square rows, KS."""
     from tests.ports.power_ports import VarianceScaled
-    from tests.test_tree_power import noise_rows
-    from tests.test_parity_tree import SIZES
+    from tests.parity.tree.test_power import noise_rows
+    from tests.parity.tree.test_check import SIZES
     settings = {k: v for k, v in SIZES[size].items() if k != "pop"}
     rows, _ = noise_rows(VarianceScaled(c, pop=pop, **settings), seed)
     stat = [r for r in rows if "alpha=" in r.allowed]

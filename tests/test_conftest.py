@@ -27,9 +27,9 @@ def python_output(program: str, env: dict | None = None, *args: str) -> str:
 
 
 def test_waiting_files_go_first_then_the_files_with_the_most_tests():
-    files = Counter({"tests/test_b.py": 3, "tests/test_a.py": 3, "tests/test_big.py": 40, "tests/test_gap_ray.py": 1})
+    files = Counter({"tests/test_b.py": 3, "tests/test_a.py": 3, "tests/test_big.py": 40, "tests/gap/test_ray.py": 1})
     order = conftest._file_order(files)
-    assert sorted(order, key=order.get) == ["tests/test_gap_ray.py", "tests/test_big.py", "tests/test_a.py",
+    assert sorted(order, key=order.get) == ["tests/gap/test_ray.py", "tests/test_big.py", "tests/test_a.py",
                                             "tests/test_b.py"]
     assert all((ROOT / f).is_file() for f in conftest.WAIT_FIRST)   # a renamed file would silently lose its place
 
@@ -39,7 +39,7 @@ def test_under_xdist_the_items_go_by_file_order_each_files_own_order_kept(monkey
         def __init__(self, nodeid):
             self.nodeid = nodeid
 
-    ids = ["tests/test_a.py::x", "tests/test_gap_ray.py::only", "tests/test_a.py::y", "tests/test_c.py::p[2]",
+    ids = ["tests/test_a.py::x", "tests/gap/test_ray.py::only", "tests/test_a.py::y", "tests/test_c.py::p[2]",
            "tests/test_c.py::p[1]", "tests/test_c.py::q"]
     items = [Item(i) for i in ids]
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
@@ -47,7 +47,7 @@ def test_under_xdist_the_items_go_by_file_order_each_files_own_order_kept(monkey
     assert [i.nodeid for i in items] == ids                   # alone, pytest's order is untouched
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     conftest.pytest_collection_modifyitems(None, items)
-    assert [i.nodeid for i in items] == ["tests/test_gap_ray.py::only", "tests/test_c.py::p[2]",
+    assert [i.nodeid for i in items] == ["tests/gap/test_ray.py::only", "tests/test_c.py::p[2]",
                                          "tests/test_c.py::p[1]", "tests/test_c.py::q", "tests/test_a.py::x",
                                          "tests/test_a.py::y"]
 

@@ -383,9 +383,9 @@ def _run_lines(folder: str, header: dict, frame: pd.DataFrame, run_ids: set[str]
         "- outcome: validation bits/byte after the last epoch (noise off; the validation part of the shipped "
         "corpus, 16 rows); curves every 50 epochs",
         f"- the originals: nano-egg is {NANO_EGG_ORIGINAL[0]} {NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} "
-        f"(reproduced by the JAX reference, tests/test_int8_nano_egg.py); egg.c is {EGG_C_ORIGINAL[0]} "
+        f"(reproduced by the JAX reference, tests/jax_reference/test_int8_nano_egg.py); egg.c is {EGG_C_ORIGINAL[0]} "
         f"{EGG_C_ORIGINAL[1]} at {EGG_C_ORIGINAL[2][:7]} (its profile egg.c-cpumulti reproduced step by step, "
-        "tests/test_egg_c_conformance.py); the study's egg.c is the seven departures of profile egg.c (the "
+        "tests/c_int8/test_egg_c_conformance.py); the study's egg.c is the seven departures of profile egg.c (the "
         "portable file's missing MLP and nested gate clips are structure, not part of the question)",
         f"- cost: {frame.cpu_s.sum() / 60:.0f} CPU-minutes of training in all ({frame.cpu_s.mean():.0f} s of one core "
         f"per run on average, {frame.cpu_s.min():.0f}-{frame.cpu_s.max():.0f} s); each run on torch, device cpu, one "

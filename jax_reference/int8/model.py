@@ -74,7 +74,7 @@ def _init_lut(backend: str) -> jax.Array:
 
 def normal_lut() -> jax.Array:
     """(2^23,) int8: int8(normal * 16) for every value of bits >> 9, by jax.random.normal itself (8 MiB); under
-    jax_reference.emulation's normals, by that backend's normal (the same look-up: tests/test_platform.py)."""
+    jax_reference.emulation's normals, by that backend's normal (the same look-up: tests/parity/core/test_platform.py)."""
     return _normal_lut(emulation.normals_backend())
 
 
@@ -653,7 +653,7 @@ def update(frozen_noiser_params, noiser_params, params, es_tree_key, es_map, sco
     """New params after the epoch's vote on scores (pop,) (noiser_params carries the epoch's threshold):
     QEggRoll.do_updates as tree_votes's program and a small one applying the votes, so a run that also reads the
     votes (the parity suite) compiles them once, where one program for the update compiled them again (integers: the
-    same values; tests/test_jax_int8.py checks them against do_updates)."""
+    same values; tests/jax_reference/test_int8.py checks them against do_updates)."""
     fitnesses = _fitnesses(jnp.asarray(scores))
     votes = tree_votes(frozen_noiser_params, noiser_params, params, es_tree_key, es_map, fitnesses, epoch)
     return _apply_votes(frozen_noiser_params["use_clt"], noiser_params["update_threshold"], params, votes,

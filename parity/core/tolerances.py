@@ -413,7 +413,7 @@ def rank_threshold(scale: float, n_out: int, n_in: int, r: int) -> float:
     EGGROLL A = scale/sqrt(r) * N(0,1) (out x r) and B = N(0,1) (in x r), so ||A||_F^2 r / scale^2 and ||B||_F^2
     are chi-square with out*r and in*r degrees of freedom; their 1 - 1e-12 quantiles bound them. The float64
     SVD that measures sigma_{r+1} adds ~1e-16 relative (negligible). A full-rank E's sigma_{r+1} is of the order
-    of its entries' scale, thousands of times this threshold (tests/test_parity_tolerances.py).
+    of its entries' scale, thousands of times this threshold (tests/parity/core/test_tolerances.py).
     """
     q_a = _stats().chi2.isf(RANK_TAIL, n_out * r)
     q_b = _stats().chi2.isf(RANK_TAIL, n_in * r)

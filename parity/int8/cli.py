@@ -240,8 +240,8 @@ def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int
              "their order: parity/int8/pieces.py",
              f"- the originals (conformance tests, skipped where the source is absent): {NANO_EGG_ORIGINAL[0]} "
              f"{NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} is reproduced by the JAX reference "
-             f"(tests/test_int8_nano_egg.py); {EGG_C_ORIGINAL[0]} {EGG_C_ORIGINAL[1]} at {EGG_C_ORIGINAL[2][:7]} by "
-             "the C side and the torch port with profile egg.c-cpumulti (tests/test_egg_c_conformance.py)", ""]
+             f"(tests/jax_reference/test_int8_nano_egg.py); {EGG_C_ORIGINAL[0]} {EGG_C_ORIGINAL[1]} at {EGG_C_ORIGINAL[2][:7]} by "
+             "the C side and the torch port with profile egg.c-cpumulti (tests/c_int8/test_egg_c_conformance.py)", ""]
     atomic_write(out / "summary.md", "\n".join(lines + side_tables(rows, plan.c_reason)) + "\n")
     atomic_write(out / "pieces.csv", pieces_csv(rows, case.threads))
     atomic_write(out / "result.json", json.dumps({

@@ -6,7 +6,7 @@ activation) no recorded answer can exist, so `NumpyReference` computes it: the s
 jax_reference (EggRoll.convert_fitnesses, do_mm, factor_grad / noise_grad, solver_input, optax sgd / adam / adamw
 at optax's defaults), in float32; the reference's draws (noise, init, action uniforms) come from
 parity.core.numpy_random, JAX's generator in numpy, bit for bit. Tested equal to the JAX reference within the float32
-bounds of parity.core.tolerances, the draws exactly (tests/test_numpy_reference.py).
+bounds of parity.core.tolerances, the draws exactly (tests/parity/mlp/test_numpy_reference.py).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Noise is drawn with the noiser's own key (`noiser.member_key`) and `jax.random.normal`, vmapped over
 members and padded to a few compiled sizes for speed, then scaled by sigma/sqrt(r) and the member's sign in
-float32 as the noiser's eager code does (tests/test_parity_reference.py checks it bit for bit against
+float32 as the noiser's eager code does (tests/parity/mlp/test_reference.py checks it bit for bit against
 `population_noise`, the noiser's own `lowrank_factors` / `fullrank_noise`). Forwards run the reference
 `MLP` with `population.CachedNoise`, the noiser whose key slot carries given factors (EggRoll's `do_mm`
 expression, fed shared noise); the ES epoch (`es_tell`) is the real `EggRoll.convert_fitnesses` +

@@ -37,7 +37,7 @@ quick (pop 256, 4-64-64-2, r 4: n = 66,560, alpha 1e-4/3) would need 21 epochs, 
 alpha 1e-4/2) 68, full (pop 2048, 4-256-256-2: n = 2,105,344, alpha 1e-4/8) 10, for a port that keeps factors.
 A dense port's E = A B^T mixes each member's A and B fluctuations into every entry, so its log mean square varies
 more than that of n independent normals: 3.1x at selftest, 3.6x at quick, 4.5x at 4-16-2 (simulated,
-tests/test_sigma_schedule.py). The epochs are therefore derived for `effective_entries` = n / DENSE_VARIANCE, with
+tests/parity/mlp/test_sigma_schedule.py). The epochs are therefore derived for `effective_entries` = n / DENSE_VARIANCE, with
 DENSE_VARIANCE = 5 covering either form: quick needs 32 epochs, selftest 113, full 14. A port with more independent
 entries (no antithetic pairs) is resolved better; one with fewer (a clipped rank) a little worse. False alarm: alpha per run (its share of the trajectory's budget, parity.mlp.checks.trajectory); missed
 decay of 0.999 against the reference: at most 1 - POWER at the epoch count derived.

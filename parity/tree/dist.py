@@ -33,7 +33,7 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
     mean a tr G_B, variance 2 a tr G_B^2; with E tr G_B = b r, Var tr G_B = 2 b r (tr G_B = ||B||^2 ~ chi2_{b r})
     and E tr G_B^2 = r b (b + r + 1) (Wishart fourth moments: E|b_k|^4 = b (b + 2), E (b_k . b_l)^2 = b), so
     E S = 1 and Var S = 2 (a + b + r + 1) / (r a b) exactly (dist.slice_null_var; a Monte Carlo of 40,000 slices
-    agrees, tests/test_tree_power.py). Slices and pairs are independent, so a leaf's mean square over its entries
+    agrees, tests/parity/tree/test_power.py). Slices and pairs are independent, so a leaf's mean square over its entries
     (one member per pair; the odd member is the same matrix negated) has mean 1 and variance the sum of (a b)^2
     Var S over (sum a b)^2 (dist.mean_square_of). Its region (dist.mean_square_region): the lower end is the
     alpha/2 quantile of the gamma with that mean and variance, the upper the 1 - alpha/2 quantile of the log-normal
@@ -44,12 +44,12 @@ draws' law (init, noise) or runs the reference on the side's OWN draws (gradient
     3072}^2 x {1, 2, 3, 4, 8, 16, 64} it is 1.00 to 1.56 x 2 CV, and below 3 CV (at most 0.99 x) except for a 1 x 1
     slice (1.04 x at r = 1); averaging K slices divides skewness and CV alike by sqrt(K), so the ordering holds at
     any K and each tail is the conservative one's. The approximation, not a bound: measured by a Monte
-    Carlo of the reference's law at the tests' shapes (tests/test_tree_power.py's module docstring): at the
+    Carlo of the reference's law at the tests' shapes (tests/parity/tree/test_power.py's module docstring): at the
     suite's alpha 1.5e-5 the false-alarm rate is 0.24 to 0.72 alpha, each tail at most its alpha/2. A failure names the factor ("the noise of <leaf> has c x the
     reference's variance"), and the rank clamped to the layer's smaller side when the factors have zero columns or
     the fitted variance is min(a, b) / r within the region (the requested rank's sigma / sqrt(r) scale kept).
     Power (20 seeds, VarianceScaled ports): a 0.38x variance is caught at every seed at pop 8, 16 and 64 at both
-    test sizes; 0.8x and 1.2x in the module docstring of tests/test_tree_power.py.
+    test sizes; 0.8x and 1.2x in the module docstring of tests/parity/tree/test_power.py.
 - gradients: the reference's estimate einsum(f A, B) / N (param: mean(f eps)) in numpy float64 on the side's own
   noise, within the exact mode's float32 bound 2 gamma_{N r + 3} mean(|f| |A||B|^T) (param 2 gamma_{N + 2}
   mean(|f| |eps|)): one side's float32 einsum bound doubled; the float64 reference uses ~1e-16 of it. A leaf beyond

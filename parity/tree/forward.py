@@ -31,7 +31,7 @@ forward's own had median 0.98, 99th percentile 2.8 and maximum 4.7 over 960 memb
 3.4 (0.106 of the bound) over the check's 960 compared members of the faithful examples (module and GPT, low and full
 rank, two sizes, 10 seeds each: no false alarm). 32 leaves a margin of 6.8 over the largest seen, while a member whose
 noise is mishandled moves the output by sigma-sized amounts: the planted bugs fail by 3.4e3 to 1e6 times the bound
-(tests/test_tree_forward.py). A port whose plain forward gives float32 even for float64 parameters is compared with
+(tests/parity/tree/test_forward.py). A port whose plain forward gives float32 even for float64 parameters is compared with
 its float32 plain forward within FALLBACK_ULPS ulps of the output's largest entry (the LM forward's measured
 allowance, parity.tree.check.FORWARD_ULPS). The plain forward itself must be deterministic: two calls within
 FALLBACK_ULPS ulps, or it is no oracle (dropout left on in the plain model would widen its own spread).

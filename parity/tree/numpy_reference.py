@@ -8,7 +8,7 @@ gradient, the optax-sgd step, the perturbed products and the forward. Each funct
 output dtype. Precision: each computes the reference's expression in float64 from the same float32 inputs (factors
 scaled in float32 as JAX scales them, W + E rounded once where the reference rounds it) and rounds its outputs once
 to float32, so it sits within the reference's own float32 error of the exact value: any bound of parity.tree.check
-that admits the JAX reference admits this (tests/test_tree_vectors.py holds each to the check's own bound at two sizes).
+that admits the JAX reference admits this (tests/parity/tree/test_vectors.py holds each to the check's own bound at two sizes).
 """
 from __future__ import annotations
 

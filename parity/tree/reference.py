@@ -112,7 +112,7 @@ def _draws(cfg, seed: int, g: int, leaf: Leaf, variant: str, platform: tuple) ->
     """draws' array (read-only), kept per inputs and emulation state `platform` (the checks ask for the same leaf's
     noise several times). JAX's threefry bits depend only on an entry's flat index (jax_threefry_partitionable, on
     since JAX 0.5), so the first prod(shape) normals of a longer draw are the draw of `shape`: one compiled draw of a
-    bucketed length, slice count and pair count serves every leaf (tests/test_parity_tree.py checks it bit for bit
+    bucketed length, slice count and pair count serves every leaf (tests/parity/tree/test_check.py checks it bit for bit
     against jax.random.normal of the slice's own shape)."""
     keys = slice_keys(cfg, seed, leaf, variant)
     shape = _draw_shape(cfg, leaf)

@@ -20,7 +20,7 @@ parity.core.tolerances.shaping_bound): the centre gamma_n mean|f|, the centred v
 variance relative gamma_{n+3} (the sum, the division by n or n - 1), so the root half of it; + eps, the root, the
 division and the output's rounding 4 U:  bound = (gamma_n mean|f| + U |d|) / s + |d| / s (gamma_{n+3} / 2 + 4 U).
 
-Power (measured at pop 8 and 16, groups of 4, seeds 0-9; tests/test_tree_fitness.py). Detection, against the
+Power (measured at pop 8 and 16, groups of 4, seeds 0-9; tests/parity/tree/test_fitness.py). Detection, against the
 fitness check's bound (base.shaping_pair_bound): a variant departs from the reference in its divisor (or its centre),
 so ddof 1 by n / (n - 1) at every spread (>= 9e3 x the bound on the normal trials, >= 900 x on the tiny one), ranks,
 centring only, groups ignored, a layer norm and the plain std by >= 1e4 x everywhere; an epsilon's place or value only

@@ -1,4 +1,4 @@
-"""Planted gradient and step scales for the self-tests of issue 53's item 2 (tests/test_tree_scales.py): the worked
+"""Planted gradient and step scales for the self-tests of issue 53's item 2 (tests/parity/tree/test_scales.py): the worked
 GPT (examples/gpt_adapter.py) with its gradient times a factor real ports were seen to use (N/sigma on its 1-D
 param leaves, 1/(sigma^2 sqrt(N)), sqrt(r)), or its update (or gradient) clipped per leaf at a round norm. Each is
 built with the knobs it is checked under: TreeKnobs() draw by draw, TreeKnobs(rng="torch") in distribution."""

@@ -19,7 +19,7 @@ Storage is int8, arithmetic int32, as spec.int8 states. How each rule is kept in
   mod 2^32 (two's complement) exactly as XLA's int32 arithmetic does, so they agree even where a value would wrap;
   for in <= 1024 (nano-egg's largest, 4 * 256) nothing wraps at all: |(x . B) A| <= 127 * 86 * in * 86 < 2^31.
 - `>>` on signed int32 tensors is an arithmetic shift (floor), `torch.div(.., rounding_mode="floor")` a floor
-  division (both checked on negatives in tests/test_torch_int8.py); clips are explicit clamps to [-127, 127].
+  division (both checked on negatives in tests/torch_impl/test_int8.py); clips are explicit clamps to [-127, 127].
 - Layer norm row 0 is built by hand: DIV[0][0] = -1, DIV[0][v != 0] = -2 (XLA's division by zero).
 Population batching: x is (P, ...) with one row per member; the shared weight W multiplies all rows in one GEMM;
 the member's low-rank noise (rank 1) adds ((x . B_m) A_m) >> (4 + ss) row by row as a broadcast product.

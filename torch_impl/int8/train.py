@@ -2,7 +2,7 @@
 
 The same loop, data and history rows as jax_reference.int8.train (which documents the integer run's own fields:
 score_sum, fitness_pos, fitness_zero, changed, changed_lowrank, changed_fullrank, threshold); the numbers are
-equal to the JAX reference's, epoch by epoch (tests/test_torch_int8.py).
+equal to the JAX reference's, epoch by epoch (tests/torch_impl/test_int8.py).
 """
 from __future__ import annotations
 
