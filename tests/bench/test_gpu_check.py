@@ -316,10 +316,15 @@ CUDA_SKIP = re.compile(r"^\s*@on_gpu\b|\breason\s*=\s*[\"']needs a CUDA device|\
                        re.M)
 # A test that puts something on a CUDA device: .cuda(), device="cuda...", torch.device("cuda...").
 CUDA_USE = re.compile(r"\.cuda\(|\bdevice\s*=\s*[\"']cuda|torch\.device\(\s*[\"']cuda")
-# Tests that match CUDA_USE yet need no device, each with the reason (none today).
-CUDA_USE_WITHOUT_A_DEVICE: dict[str, str] = {}
+# Tests that match CUDA_USE yet need no device, each with the reason.
+CUDA_USE_WITHOUT_A_DEVICE: dict[str, str] = {
+    "test_the_rule_picks_the_first_backend_that_takes_the_request": "asks torch_impl.random's rule about a CUDA "
+                                                                     "device; puts nothing on it",
+    "test_the_switch_turns_the_kernel_off": "asks whether the triton backend would take CUDA keys; draws nothing",
+}
 # The CUDA tests when the GPU run took the gpu marker (issue 51): graphs x3 (int8 at two presets), _int_mm, the CUDA
-# keys, the compiled normals, the Triton kernel's mantissas. The selection may grow, never shrink below this.
+# keys, the table and formula backends on CUDA, the Triton kernel's mantissas. The selection may grow, never shrink
+# below this.
 GPU_TESTS_FLOOR = 8
 
 
