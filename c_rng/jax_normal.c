@@ -5,7 +5,7 @@
  * through the generated header jax_rng_constants.h (c_rng/build.py writes it), so they are written once.
  * XLA's float32 steps (spec.jax_rng: the log polynomial, log1p, Giles' erf_inv) are float operations here: each
  * plain step rounds once, as spec.jax_rng's double-carried step does, and each fused step is fmaf, XLA's FMA (all
- * 2^23 inputs agree with the definition: tests/test_random_native.py). The GPU's steps (spec.jax_rng.normal_of_u_gpu:
+ * 2^23 inputs agree with the definition: tests/torch_impl/random/test_native.py). The GPU's steps (spec.jax_rng.normal_of_u_gpu:
  * libdevice's log1pf, Giles' polynomial unfused, sqrt.approx.f32 as measured offsets) follow the CPU's. Needs
  * -ffp-contract=off and no
  * fast-math (c_rng/build.py's flags); every loop is straight-line code over a block, which the compiler

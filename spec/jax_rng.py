@@ -6,8 +6,8 @@ mantissa bits into a normal: XLA's CPU code (its log, log1p and Giles' erf_inv w
 CUDA code (libdevice's log1pf, the same erf_inv unfused, sqrt.approx.f32: `normal_of_u_gpu`). Pure data and steps:
 torch_impl.random (and its compiled kernels), c_rng and parity.core.numpy_random each evaluate them in their own array
 library; DESIGN.md's float32 facts say how. The CPU steps are checked bit for bit against jax.random
-(tests/test_random.py, tests/parity/mlp/test_numpy_reference.py), the GPU steps against JAX's GPU table measured on an H100
-(tests/data/jax-gpu-normal/, tests/test_random_gpu.py).
+(tests/torch_impl/random/test_random.py, tests/parity/mlp/test_numpy_reference.py), the GPU steps against JAX's GPU table measured on an H100
+(tests/data/jax-gpu-normal/, tests/torch_impl/random/test_gpu_normals.py).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ sqrt(2) erf_inv(2f - 1 + 2^-24) evaluated as XLA's CPU code does (Giles' polynom
 XLA's log and log1p), or with backend="gpu" as its CUDA code does (spec.jax_rng.normal_of_u_gpu), each float32
 step emulated exactly in float64 (spec.numpy_normal, the numpy normal jax_reference shares). A replay draws the
 reference's noise with it and checks each draw against the digest the bundle recorded;
-tests/parity/mlp/test_numpy_reference.py checks it against jax.random bit for bit, and tests/test_random_gpu.py
+tests/parity/mlp/test_numpy_reference.py checks it against jax.random bit for bit, and tests/torch_impl/random/test_gpu_normals.py
 against JAX's measured GPU table.
 """
 from __future__ import annotations

@@ -5,8 +5,8 @@ A key is an int64 tensor of shape (2,) holding the two uint32 words of `jax.rand
 every function also takes a batch of keys (..., 2) and puts the batch dims first in its result. The definition is
 eager.py's plain torch (its docstring states the conventions and what was checked against JAX). Each draw goes to
 the first backend of backends.TABLE that takes it, every one bit-identical to the definition: on the CPU the
-project's C generator when it is built (native.py, tests/test_random_native.py), on CUDA one fused Triton kernel
-when Triton is installed (triton_kernel.py, tests/test_triton_rng.py), else the 2^23-entry table for large normal
+project's C generator when it is built (native.py, tests/torch_impl/random/test_native.py), on CUDA one fused Triton kernel
+when Triton is installed (triton_kernel.py, tests/torch_impl/random/test_triton.py), else the 2^23-entry table for large normal
 draws, else the formula. Uniforms are the dispatched bits, shifted and put through one multiply-add. Env
 TORCH_IMPL_RNG picks one backend; `status()` says which drew and why. No jax import anywhere.
 

@@ -8,8 +8,8 @@ takes a batch of keys (..., 2) and puts the batch dims first in its result. Word
 faster than masked int64. Normals reproduce XLA's CPU float32 code for `sqrt(2) * erf_inv(u)` (Giles'
 approximation, XLA's log1p, its fused multiply-adds) and were checked against JAX for all 2^23 inputs; with
 backend="gpu" they reproduce XLA's CUDA code instead (libdevice's log1pf, unfused steps, the GPU's approximate
-sqrt; spec.jax_rng.normal_of_u_gpu), checked against JAX's GPU table measured on an H100 (tests/test_random_gpu.py).
-No jax import anywhere: tests/test_random.py and the benchmark measure the agreement with JAX.
+sqrt; spec.jax_rng.normal_of_u_gpu), checked against JAX's GPU table measured on an H100 (tests/torch_impl/random/test_gpu_normals.py).
+No jax import anywhere: tests/torch_impl/random/test_random.py and the benchmark measure the agreement with JAX.
 This module is the formula and table backends (backends.py) and the definition the others (native.py, the C
 generator; triton_kernel.py) check themselves against; callers draw through torch_impl.random, which picks one.
 """

@@ -3,7 +3,7 @@ float32 normal (as JAX's CPU or its GPU backend computes it) in one pass.
 
 Each block of counters is hashed and turned into normals while it sits in L1, so the bits never go through memory,
 and the normal's float32 steps run vectorised (c_rng/jax_normal.c). Bit-identical to the formula (eager.py): all
-2^23 normals of each backend are compared in tests/test_random_native.py, and backends.py checks a sample against
+2^23 normals of each backend are compared in tests/torch_impl/random/test_native.py, and backends.py checks a sample against
 the formula before the first C draw of each kind. CPU tensors only; a call runs on torch.get_num_threads() threads.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ port's noise table: LUT[bits(j) >> 9] at given counters j under one key) and "no
 words, no hash: the tests read all 2^23 mantissas through it), and "member_normal" (the ES noise's draws: member p of
 slice s draws normal(fold_in(fold_in(k_s, g), p), n), its two key folds in the kernel too, so an epoch's noise of a
 leaf is one launch and no key work on the host). backends.py decides when it runs (CUDA keys, Triton installed, its
-first-use self-check passed). TRITON_INTERPRET=1 runs the same kernels on a CPU (tests/test_triton_rng.py).
+first-use self-check passed). TRITON_INTERPRET=1 runs the same kernels on a CPU (tests/torch_impl/random/test_triton.py).
 """
 from __future__ import annotations
 

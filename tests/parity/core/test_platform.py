@@ -2,7 +2,7 @@
 the port for the reference's rounding, the emulated GPU reference (gpu-sim), and the flags' bad input.
 
 The GPU's normals come from jax_reference/normals.py (checked against the table measured on an H100 in
-tests/test_random_gpu.py); the torch side is pinned with rng=jax-cpu / rng=jax-gpu.
+tests/torch_impl/random/test_gpu_normals.py); the torch side is pinned with rng=jax-cpu / rng=jax-gpu.
 """
 from __future__ import annotations
 

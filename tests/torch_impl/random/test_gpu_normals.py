@@ -1,7 +1,7 @@
 """JAX's GPU normals (spec.jax_rng.normal_of_u_gpu) on every side against the table measured on an H100
 (tests/data/jax-gpu-normal/), bit for bit over all 2^23 mantissas: torch_impl's eager path, the C generator, numpy
 (spec.numpy_normal, through parity.core.numpy_random) and jax_reference's numpy table; each backend's draws in
-tests/test_random_backends.py.
+tests/torch_impl/random/test_backends.py.
 Also: the measured table's SHA-256, the CPU table unchanged, draws equal table[bits >> 9] on every path, the knob
 values jax-cpu and jax-gpu, the int8 LUT, and spec/data/jax_gpu_sqrt.txt re-derived from the measured table.
 """

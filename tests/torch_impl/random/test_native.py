@@ -22,7 +22,7 @@ from torch_impl.random import backends as B
 from torch_impl.random import eager as E
 from torch_impl.random import native as N
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 REASON = c_rng.unavailable_reason()
 needs_c = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 

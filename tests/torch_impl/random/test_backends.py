@@ -1,8 +1,8 @@
 """torch_impl.random's backends against the formula (eager.py), bit for bit: bits, uniforms and normals (both
 normal backends) over shapes and key batches on every CPU backend the switch can name, jax.random itself,
 sample_noise with rng=jax, the selection rule, the status, and the first-use self-check's fallback; on CUDA the
-table and the formula against the CPU (the Triton backend: tests/test_triton_rng.py; the C one over all 2^23
-mantissas: tests/test_random_native.py)."""
+table and the formula against the CPU (the Triton backend: tests/torch_impl/random/test_triton.py; the C one over all 2^23
+mantissas: tests/torch_impl/random/test_native.py)."""
 from __future__ import annotations
 
 import warnings
