@@ -29,3 +29,17 @@ def measured_gpu_table(cpu_table: np.ndarray) -> np.ndarray:
     bits = np.asarray(cpu_table, np.float32).view(np.int32).copy()
     bits[delta["mantissa"].astype(np.int64)] += delta["bits_delta"].astype(np.int32)
     return bits.view(np.float32)
+
+
+# `python -c NO_JAX ARGS`: the parity CLI on ARGS in a process where importing jax, jaxlib fails (and the run must
+# not have imported jax, optax or jax_reference by its end); exits with the CLI's code.
+NO_JAX = ("import sys\n"
+          "class NoJax:\n"
+          "    def find_spec(self, name, path=None, target=None):\n"
+          "        if name.split('.')[0] in ('jax', 'jaxlib'):\n"
+          "            raise ImportError(f'No module named {name!r} (blocked by the test)')\n"
+          "sys.meta_path.insert(0, NoJax())\n"
+          "from parity.__main__ import main\n"
+          "code = main(sys.argv[1:])\n"
+          "assert not {m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'optax', 'jax_reference'}\n"
+          "sys.exit(code)\n")
