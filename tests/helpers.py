@@ -1,9 +1,11 @@
 """Small conveniences the tests share (no assertions here)."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from spec.config import Config
@@ -17,6 +19,33 @@ def noise_of(params: dict[str, torch.Tensor], cfg: Config, knobs: Knobs, seed: i
     plan = noise_mod.make_plan(cfg.pop, cfg.rank, knobs)
     shapes = noise_mod.shapes_of(params)
     return noise_mod.sample_noise(plan, noise_mod.seed_sources(plan, seed, shapes), shapes, epoch, sigma, device)
+
+
+def exit_code(main, argv: list[str]) -> int | str | None:
+    """The code of the SystemExit main(argv) raises (an argparse error: 2), or "returned" when main returns."""
+    try:
+        main(argv)
+    except SystemExit as exit:
+        return exit.code
+    return "returned"
+
+
+def upstream_files(mirror: Path | None, env: str, repo: str, commit: str,
+                   names: tuple[str, ...]) -> tuple[list[str], str]:
+    """(the texts of names, the commit read) from a git mirror of repo: commit if the mirror has it, else HEAD; the
+    test is skipped, saying how to run it, where env names no mirror, the mirror is absent or holds none of them."""
+    if mirror is None:
+        pytest.skip(f"set {env} to a clone or mirror of {repo} to run this conformance test")
+    if not (mirror / "HEAD").exists() and not (mirror / ".git").exists():
+        pytest.skip(f"{repo}'s git mirror is absent ({mirror}; set {env} to a clone of {repo} to check commit "
+                    f"{commit})")
+    for rev in (commit, "HEAD"):
+        got = [subprocess.run(["git", "-C", str(mirror), "show", f"{rev}:{name}"], capture_output=True, text=True)
+               for name in names]
+        if all(g.returncode == 0 for g in got):
+            read = subprocess.run(["git", "-C", str(mirror), "rev-parse", rev], capture_output=True, text=True)
+            return [g.stdout for g in got], read.stdout.strip()
+    pytest.skip(f"{mirror} holds no {' and '.join(names)} at {commit} or HEAD")
 
 
 GPU_NORMALS = Path(__file__).resolve().parent / "data" / "jax-gpu-normal"
