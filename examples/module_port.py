@@ -25,31 +25,22 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from examples.gpt_port import ESConfig, GPTConfig
+
 
 @dataclass(frozen=True)
-class Config:
-    """The model's size: vocabulary, context, blocks, heads, width, the MLP's ratio and nanoGPT's dropout."""
+class Config(GPTConfig):
+    """The model's size (examples.gpt_port's GPTConfig: vocabulary, context, blocks, heads, width, the MLP's ratio)
+    and nanoGPT's dropout."""
 
-    vocab: int = 64
-    block_size: int = 8
-    n_layer: int = 2
-    n_head: int = 2
-    n_embd: int = 16
-    mlp_ratio: int = 4
     dropout: float = 0.1
 
 
 @dataclass(frozen=True)
-class ES:
-    """The EGGROLL run's settings."""
+class ES(ESConfig):
+    """The EGGROLL run's settings (examples.gpt_port's), a new draw every epoch."""
 
-    pop: int = 16
-    rank: int = 2
-    sigma: float = 0.05
-    lr: float = 0.02
-    group_size: int = 4
     noise_reuse: int = 1
-    freeze_nonlora: bool = True
 
 
 # ----------------------------------------------------------------------------- the layers with population state

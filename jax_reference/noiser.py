@@ -70,6 +70,17 @@ def fullrank_noise(frozen_noiser_params, base_sigma, iterinfo, param, key):
     return fullrank_eps(frozen_noiser_params, iterinfo, param, key) * signed_sigma(base_sigma, iterinfo[1])
 
 
+def perturbed_matmul(x, param, factors, stored_in_out: bool):
+    """EggRoll's perturbed product: x @ W.T + (x @ B) @ A.T for W (out, in), x @ W + (x @ A) @ B.T for W stored
+    (in, out); the plain product when factors (A, B) is None. The noiser and the given-noise noiser both run it."""
+    plain = emulation.matmul(x, param if stored_in_out else param.T)
+    if factors is None:
+        return plain
+    A, B = factors
+    first, second = (A, B) if stored_in_out else (B, A)
+    return plain + emulation.matmul(emulation.matmul(x, first), second.T)
+
+
 def lowrank_sigma(noiser_params, frozen_noiser_params):
     """The scale put on A: sigma / sqrt(rank), in float32 as upstream computes it."""
     return noiser_params["sigma"] / jnp.sqrt(frozen_noiser_params["rank"])
@@ -188,10 +199,13 @@ def apply_grads(frozen_noiser_params, noiser_params, params, grads, n_members: i
     return apply_solver(frozen_noiser_params, noiser_params, params, directions)
 
 
-def leaf_update_fn(noiser, frozen_noiser_params, noiser_params, fitnesses, iterinfos):
-    """(param, key, es_class) -> noiser._do_update(...) at this population and sigma (overrides included)."""
+def es_step(mapper, noiser, frozen_noiser_params, noiser_params, params, base_keys, fitnesses, iterinfos, es_map):
+    """One ES step: noiser._do_update (overrides included) on the leaves as mapper walks them (map_leaves one by one,
+    map_leaves_batched vmapped by bucket) at this population and sigma, then the solver's step (apply_solver's)."""
     sigma = noiser_params["sigma"]
-    return lambda p, k, m: noiser._do_update(p, k, fitnesses, iterinfos, m, sigma, frozen_noiser_params)
+    directions = mapper(lambda p, k, m: noiser._do_update(p, k, fitnesses, iterinfos, m, sigma, frozen_noiser_params),
+                        params, base_keys, es_map)
+    return apply_solver(frozen_noiser_params, noiser_params, params, directions)
 
 
 def check_population(fitnesses, iterinfos) -> None:
@@ -265,22 +279,16 @@ class EggRoll(Noiser):
     @classmethod
     def do_mm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
         """x @ W.T + x @ B @ (A*s).T for W (out, in); the plain product when iterinfo is None."""
-        plain = emulation.matmul(x, param.T)
-        if iterinfo is None:
-            return plain
-        A, B = lowrank_factors(frozen_noiser_params, lowrank_sigma(noiser_params, frozen_noiser_params),
-                               iterinfo, param, base_key)
-        return plain + emulation.matmul(emulation.matmul(x, B), A.T)
+        factors = None if iterinfo is None else lowrank_factors(
+            frozen_noiser_params, lowrank_sigma(noiser_params, frozen_noiser_params), iterinfo, param, base_key)
+        return perturbed_matmul(x, param, factors, stored_in_out=False)
 
     @classmethod
     def do_Tmm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
         """x @ W + x @ (A*s) @ B.T for W stored (in, out) (so a = in, b = out)."""
-        plain = emulation.matmul(x, param)
-        if iterinfo is None:
-            return plain
-        A, B = lowrank_factors(frozen_noiser_params, lowrank_sigma(noiser_params, frozen_noiser_params),
-                               iterinfo, param, base_key)
-        return plain + emulation.matmul(emulation.matmul(x, A), B.T)
+        factors = None if iterinfo is None else lowrank_factors(
+            frozen_noiser_params, lowrank_sigma(noiser_params, frozen_noiser_params), iterinfo, param, base_key)
+        return perturbed_matmul(x, param, factors, stored_in_out=True)
 
     @classmethod
     def do_emb(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
@@ -326,17 +334,15 @@ class EggRoll(Noiser):
     def _do_updates_original(cls, frozen_noiser_params, noiser_params, params, base_keys, fitnesses, iterinfos,
                              es_map):
         """cls._do_update leaf by leaf, then the solver; noiser_params["opt_state"] updated in place, both returned."""
-        directions = map_leaves(leaf_update_fn(cls, frozen_noiser_params, noiser_params, fitnesses, iterinfos),
-                                params, base_keys, es_map)
-        return apply_solver(frozen_noiser_params, noiser_params, params, directions)
+        return es_step(map_leaves, cls, frozen_noiser_params, noiser_params, params, base_keys, fitnesses, iterinfos,
+                       es_map)
 
     @classmethod
     def _do_updates_batched(cls, frozen_noiser_params, noiser_params, params, base_keys, fitnesses, iterinfos,
                             es_map):
         """cls._do_update vmapped over each bucket of alike leaves, then the solver; same contract as the original."""
-        directions = map_leaves_batched(leaf_update_fn(cls, frozen_noiser_params, noiser_params, fitnesses, iterinfos),
-                                        params, base_keys, es_map)
-        return apply_solver(frozen_noiser_params, noiser_params, params, directions)
+        return es_step(map_leaves_batched, cls, frozen_noiser_params, noiser_params, params, base_keys, fitnesses,
+                       iterinfos, es_map)
 
 
 # Upstream's module-level names for the two draws (same signatures).

@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_reference import emulation
 from jax_reference.models import MLP, MM_PARAM, PARAM, as_typed_key
-from jax_reference.noiser import EggRoll, fullrank_eps, lowrank_factors, lowrank_sigma, signed_sigma
+from jax_reference.noiser import (EggRoll, fullrank_eps, lowrank_factors, lowrank_sigma, perturbed_matmul,
+                                   signed_sigma)
 from spec.tree import nest
 
 
@@ -126,19 +126,11 @@ class CachedNoise(EggRoll):
 
     @classmethod
     def do_mm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
-        plain = emulation.matmul(x, param.T)
-        if iterinfo is None:
-            return plain
-        A, B = base_key
-        return plain + emulation.matmul(emulation.matmul(x, B), A.T)
+        return perturbed_matmul(x, param, None if iterinfo is None else base_key, stored_in_out=False)
 
     @classmethod
     def do_Tmm(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo, x):
-        plain = emulation.matmul(x, param)
-        if iterinfo is None:
-            return plain
-        A, B = base_key
-        return plain + emulation.matmul(emulation.matmul(x, A), B.T)
+        return perturbed_matmul(x, param, None if iterinfo is None else base_key, stored_in_out=True)
 
     @classmethod
     def get_noisy_standard(cls, frozen_noiser_params, noiser_params, param, base_key, iterinfo):

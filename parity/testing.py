@@ -294,12 +294,26 @@ def _run_cartpole(request: ParityRequest, log: Callable[[str], None]) -> tuple[O
     return tuple(outcome_of_result(r) for r in run_suite(port, sizes, request.seed, log=log, against=request.against))
 
 
-def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
+def _tree_suite(cfg, port, reference, seed: int, log: Callable[[str], None]) -> tuple[Outcome, ...]:
+    """The tree suite on a loaded port at cfg (the LM's LMConfig or a port's declared TreeRun) against reference (a
+    bundle's replay, or None: live JAX); a port that breaks the tree protocol is a UsageError."""
     from parity.tree import check as tree_check
     from parity.core.port import PortError
-    from parity.mlp.adapter import built_adapter
-    from parity.tree.adapter import CheckedTreePort, PortSide, load_tree_port, port_tree
+    from parity.tree.adapter import CheckedTreePort, PortSide
     from spec.tree_knobs import TreeKnobs
+
+    try:
+        rows = tree_check.run(cfg, TreeKnobs(), seed, log, side=PortSide(CheckedTreePort(port, cfg), cfg),
+                              reference=reference)
+    except PortError as err:
+        raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree/adapter.py)") from err
+    return outcomes_of_rows(rows, tree_check.CHECKS, cfg.tree.paths)
+
+
+def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
+    from parity.tree import check as tree_check
+    from parity.mlp.adapter import built_adapter
+    from parity.tree.adapter import load_tree_port, port_tree
 
     cfg = tree_check.sizes()[request.size]
     if isinstance(request.adapter, str):
@@ -311,20 +325,13 @@ def _run_lm(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome
     if request.against is not None:
         from parity.tree.vectors import bundle_reference
         reference = bundle_reference(request.against, cfg, request.seed)
-    try:
-        rows = tree_check.run(cfg, TreeKnobs(), request.seed, log, side=PortSide(CheckedTreePort(port, cfg), cfg),
-                              reference=reference)
-    except PortError as err:
-        raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree/adapter.py)") from err
-    return outcomes_of_rows(rows, tree_check.CHECKS, cfg.tree.paths)
+    return _tree_suite(cfg, port, reference, request.seed, log)
 
 
 def _run_tree(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outcome, ...]:
     """The tree suite on the port's own declared tree (its settings, the size's defaults for the rest)."""
     from parity.tree import check as tree_check
-    from parity.core.port import PortError
-    from parity.tree.adapter import CheckedTreePort, PortSide, built_tree_port, declared_run, load_tree_port
-    from spec.tree_knobs import TreeKnobs
+    from parity.tree.adapter import built_tree_port, declared_run, load_tree_port
 
     if isinstance(request.adapter, str):
         port = load_tree_port(request.adapter, None)
@@ -335,12 +342,7 @@ def _run_tree(request: ParityRequest, log: Callable[[str], None]) -> tuple[Outco
     if request.against is not None:
         from parity.tree.vectors import open_tree_bundle, tree_bundle_reference
         reference = tree_bundle_reference(open_tree_bundle(request.against, request.size, request.seed), run)
-    try:
-        rows = tree_check.run(run, TreeKnobs(), request.seed, log, side=PortSide(CheckedTreePort(port, run), run),
-                              reference=reference)
-    except PortError as err:
-        raise UsageError(f"{err}\n  the port breaks the tree protocol (parity/tree/adapter.py)") from err
-    return outcomes_of_rows(rows, tree_check.CHECKS, run.tree.paths)
+    return _tree_suite(run, port, reference, request.seed, log)
 
 
 RUNNERS = {"cartpole": _run_cartpole, "lm": _run_lm, "tree": _run_tree}

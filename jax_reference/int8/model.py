@@ -30,7 +30,7 @@ from jax import lax
 from jax.extend.random import define_prng_impl, threefry2x32_p
 
 from jax_reference import emulation
-from jax_reference.models import CommonInit, Model, call_submodule, merge_inits, simple_es_tree_key
+from jax_reference.models import CommonInit, Model, call_submodule, merge_inits, noiser_args, simple_es_tree_key
 from spec.int8 import (FIXED_POINT, HASH_MULT, LOG2_THRESHOLDS, LOGMAX, LUT_BITS, MAX, TABLE_MASK, TABLE_SIZE,
                        Int8Config, exp2_table, out_divisor)
 
@@ -369,9 +369,7 @@ class QParameter(Model):
 
     @classmethod
     def _forward(cls, common_params, *args, **kwargs):
-        c = common_params
-        return c.noiser.get_noisy_standard(c.frozen_noiser_params, c.noiser_params, c.params, c.es_tree_key,
-                                           c.iterinfo)
+        return common_params.noiser.get_noisy_standard(*noiser_args(common_params))
 
 
 class QEmbedding(Model):
@@ -383,8 +381,7 @@ class QEmbedding(Model):
 
     @classmethod
     def _forward(cls, common_params, x, *args, **kwargs):
-        c = common_params
-        return c.noiser.do_emb(c.frozen_noiser_params, c.noiser_params, c.params, c.es_tree_key, c.iterinfo, x)
+        return common_params.noiser.do_emb(*noiser_args(common_params), x)
 
 
 class QMM(Model):
@@ -396,8 +393,7 @@ class QMM(Model):
 
     @classmethod
     def _forward(cls, common_params, x, *args, **kwargs):
-        c = common_params
-        return c.noiser.do_mm(c.frozen_noiser_params, c.noiser_params, c.params, c.es_tree_key, c.iterinfo, x)
+        return common_params.noiser.do_mm(*noiser_args(common_params), x)
 
 
 class QLinear(Model):

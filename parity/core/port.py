@@ -5,6 +5,7 @@ turns an output holding NaN or inf into a NonFinite the failing check reports.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import os
 import traceback
@@ -47,6 +48,23 @@ class NonFinite(PortError):
         super().__init__(method, f"returned NaN or inf in {shown}" + (" ..." if len(where) > 4 else ""))
         self.output, self.where, self.args, self.kwargs, self.source = output, where, args, kwargs, source
         self.port_call = port_call      # (method, args, kwargs) as the port itself was called (its inputs, uncopied)
+
+
+def imported_attr(spec: str, example: str) -> tuple[Any, str]:
+    """(the object, its name) that `--port package.module:attr` names, imported; UsageError saying what is wrong
+    (no colon: the form, with `example`; the module not importable or raising; no such attribute)."""
+    if ":" not in spec:
+        raise UsageError(f"--port expects package.module:attr (e.g. {example}), got {spec!r}")
+    module_name, attr = spec.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise UsageError(f"--port {spec}: cannot import module {module_name!r} ({err}); is it on PYTHONPATH?") from err
+    except Exception as err:          # the port's own module failed while importing
+        raise UsageError(f"--port {spec}: importing module {module_name!r} raised {type(err).__name__}: {err}") from err
+    if not hasattr(module, attr):
+        raise UsageError(f"--port {spec}: module {module_name!r} has no attribute {attr!r}")
+    return getattr(module, attr), attr
 
 
 def nonfinite_arrays(value: Any, path: tuple = ()) -> list[tuple[tuple, np.ndarray]]:

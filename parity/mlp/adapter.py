@@ -94,14 +94,13 @@ is finite (parity.core.nonfinite), a numerical failure and not a protocol break.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Mapping
 
 import numpy as np
 
 from parity.core.port import (PortError, SplitNoise, UsageError, _array, _positional_arity, call_port, finite_outputs,
-                              has_methods)
+                              has_methods, imported_attr)
 from parity.mlp.noiseform import dense_of, forward_of, is_dense, to_dense, update_of
 
 REQUIRED = ("noise", "perturbed_linear", "shape_fitness", "gradient")
@@ -137,18 +136,8 @@ Shapes = Mapping[str, tuple]
 
 def load_port(spec: str, cfg: Any) -> Any:
     """The adapter named by `package.module:attr` (called with `cfg` when it is a class or factory)."""
-    if ":" not in spec:
-        raise UsageError(f"--port expects package.module:attr (e.g. examples.my_port:adapter), got {spec!r}")
-    module_name, attr = spec.split(":", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise UsageError(f"--port {spec}: cannot import module {module_name!r} ({err}); is it on PYTHONPATH?") from err
-    except Exception as err:          # the port's own module failed while importing
-        raise UsageError(f"--port {spec}: importing module {module_name!r} raised {type(err).__name__}: {err}") from err
-    if not hasattr(module, attr):
-        raise UsageError(f"--port {spec}: module {module_name!r} has no attribute {attr!r}")
-    return check_adapter(built_adapter(getattr(module, attr), cfg, spec, attr), spec)
+    obj, attr = imported_attr(spec, "examples.my_port:adapter")
+    return check_adapter(built_adapter(obj, cfg, spec, attr), spec)
 
 
 def built_adapter(obj: Any, cfg: Any, spec: str, attr: str = "adapter") -> Any:

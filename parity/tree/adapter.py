@@ -84,14 +84,13 @@ examples/lm_adapter.py (--task lm) are the worked examples.
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
 import math
 from typing import Any, Mapping
 
 import numpy as np
 
-from parity.core.port import PortError, UsageError, _array, call_port, finite_outputs, has_methods
+from parity.core.port import PortError, UsageError, _array, call_port, finite_outputs, has_methods, imported_attr
 from spec.lm import LMConfig, lm_tree
 from spec.tree import CLASSES, Leaf, Tree, TreeError, TreeRun, check_params, leading_scan, tree_from_maps
 
@@ -122,19 +121,9 @@ GROUPS = {"es": ("es_init", "es_ask", "es_tell", "es_params"),
 def load_tree_port(spec: str, cfg: LMConfig | None) -> Any:
     """The adapter named by `package.module:attr` (a class or factory called with cfg, or with no arguments when cfg
     is None: --task tree), or UsageError."""
-    if ":" not in spec:
-        example = "examples.lm_adapter:LMAdapter" if cfg is not None else "examples.gpt_adapter:GPTAdapter"
-        raise UsageError(f"--port expects package.module:attr (e.g. {example}), got {spec!r}")
-    module_name, attr = spec.split(":", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise UsageError(f"--port {spec}: cannot import module {module_name!r} ({err}); is it on PYTHONPATH?") from err
-    except Exception as err:
-        raise UsageError(f"--port {spec}: importing module {module_name!r} raised {type(err).__name__}: {err}") from err
-    if not hasattr(module, attr):
-        raise UsageError(f"--port {spec}: module {module_name!r} has no attribute {attr!r}")
-    return built_tree_port(getattr(module, attr), cfg, spec, attr)
+    example = "examples.lm_adapter:LMAdapter" if cfg is not None else "examples.gpt_adapter:GPTAdapter"
+    obj, attr = imported_attr(spec, example)
+    return built_tree_port(obj, cfg, spec, attr)
 
 
 def built_tree_port(obj: Any, cfg: LMConfig | None, spec: str, attr: str = "adapter") -> Any:

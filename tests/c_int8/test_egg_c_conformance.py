@@ -32,6 +32,7 @@ import pytest
 
 import c_int8
 from spec.int8 import EGG_C_ORIGINAL
+from tests.helpers import upstream_files
 
 ROOT = Path(__file__).resolve().parents[2]
 MIRROR = Path(os.environ['EGG_C_GIT']) if os.environ.get('EGG_C_GIT') else None
@@ -84,19 +85,8 @@ def _compiler() -> str:
 
 def _egg_c_sources() -> tuple[str, str, str]:
     """(full_trained_egg-cpumulti.c, egg_config.h, the commit read): COMMIT if the mirror has it, else HEAD."""
-    if MIRROR is None:
-        pytest.skip("set EGG_C_GIT to a clone or mirror of ljubomirj/egg.c to run this conformance test")
-    if not (MIRROR / "HEAD").exists() and not (MIRROR / ".git").exists():
-        pytest.skip(f"egg.c's git mirror is absent ({MIRROR}; set EGG_C_GIT to a clone of ljubomirj/egg.c to check "
-                    f"commit {COMMIT})")
-    for rev in (COMMIT, "HEAD"):
-        got = [subprocess.run(["git", "-C", str(MIRROR), "show", f"{rev}:{name}"], capture_output=True,
-                              text=True) for name in (SOURCE, "egg_config.h")]
-        if all(g.returncode == 0 for g in got):
-            commit = subprocess.run(["git", "-C", str(MIRROR), "rev-parse", rev], capture_output=True,
-                                    text=True).stdout.strip()
-            return got[0].stdout, got[1].stdout, commit
-    pytest.skip(f"{MIRROR} holds no {SOURCE} and egg_config.h at {COMMIT} or HEAD")
+    (text, config), commit = upstream_files(MIRROR, "EGG_C_GIT", "ljubomirj/egg.c", COMMIT, (SOURCE, "egg_config.h"))
+    return text, config, commit
 
 
 def _patched(text: str, patches, commit: str, name: str) -> str:

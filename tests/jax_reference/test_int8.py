@@ -21,7 +21,8 @@ from rollout.corpus import load_corpus
 from rollout.int8_data import (StreamLayout, epoch_tokens, int8_streams, segment_offset, stream_layout, train_rows,
                                validation_rows)
 from spec import int8 as s
-from tests.int8_configs import INT8_CONFIGS, INT8_IDS, QUICK
+from tests.helpers import exit_code
+from tests.int8_configs import BAD_TRAINER_ARGV, INT8_CONFIGS, INT8_IDS, QUICK
 
 SIZES = [(4, 16), (16, 64)]        # (in, out) of the products: two sizes, both powers of 4
 
@@ -446,14 +447,10 @@ def test_config_refuses_bad_input_saying_what_would_be_right(bad, match):
         s.Int8Config(**bad)
 
 
-@pytest.mark.parametrize("argv", [["--task", "int8", "--hidden", "8"], ["--task", "int8", "--pop", "7"],
-                                  ["--task", "int8", "--sigma-shift", "40"], ["--task", "int8", "--lr", "0.1"],
-                                  ["--task", "int8", "--corpus", "/no/such/file"], ["--task", "lm", "--alpha", "2"]])
+@pytest.mark.parametrize("argv", BAD_TRAINER_ARGV)
 def test_cli_exits_2_before_any_work(argv, capsys):
     from jax_reference.__main__ import main
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
+    assert exit_code(main, argv) == 2
     assert "error:" in capsys.readouterr().err
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from spec.int8 import NANO_EGG_ORIGINAL
+from tests.helpers import upstream_files
 
 ROOT = Path(__file__).resolve().parents[2]
 MIRROR = Path(os.environ['NANO_EGG_GIT']) if os.environ.get('NANO_EGG_GIT') else None
@@ -101,17 +102,8 @@ def _config(args: dict):
 
 def _run_py() -> tuple[str, str]:
     """(run.py's text, the commit read): COMMIT if the mirror has it, else HEAD."""
-    if MIRROR is None:
-        pytest.skip("set NANO_EGG_GIT to a clone or mirror of ESHyperscale/nano-egg to run this conformance test")
-    if not (MIRROR / "HEAD").exists() and not (MIRROR / ".git").exists():
-        pytest.skip(f"nano-egg's git mirror is absent ({MIRROR}; set NANO_EGG_GIT to a clone of "
-                    f"ESHyperscale/nano-egg)")
-    for rev in (COMMIT, "HEAD"):
-        got = subprocess.run(["git", "-C", str(MIRROR), "show", f"{rev}:run.py"], capture_output=True, text=True)
-        if got.returncode == 0:
-            commit = subprocess.run(["git", "-C", str(MIRROR), "rev-parse", rev], capture_output=True, text=True)
-            return got.stdout, commit.stdout.strip()
-    pytest.skip(f"{MIRROR} holds no run.py at {COMMIT} or HEAD")
+    (text,), commit = upstream_files(MIRROR, "NANO_EGG_GIT", "ESHyperscale/nano-egg", COMMIT, ("run.py",))
+    return text, commit
 
 
 def _patched(text: str) -> str:

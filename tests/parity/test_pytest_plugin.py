@@ -75,6 +75,20 @@ def outcomes_by_id(result: pytest.RunResult) -> dict[str, str]:
     return found
 
 
+def undeclared_and_declared(setup: str, marker: str, expect: str) -> str:
+    """A port author's file: after `setup` (imports, the drifted port), test_undeclared marked
+    eggroll_parity(marker) and test_declared marked eggroll_parity(marker, expect=expect)."""
+    return "import pytest\n" + textwrap.dedent(setup) + textwrap.dedent(f"""
+        @pytest.mark.eggroll_parity({marker})
+        def test_undeclared(eggroll_parity):
+            eggroll_parity.check()
+
+        @pytest.mark.eggroll_parity({marker}, expect={expect})
+        def test_declared(eggroll_parity):
+            eggroll_parity.check()
+    """)
+
+
 # ----------------------------------------------------------------------------- the plugin, run as a port author runs it
 def test_the_entry_point_names_the_plugin_module():
     """pyproject.toml registers the plugin under pytest11, so installing the project enables it."""
@@ -165,22 +179,13 @@ def test_a_drift_fails_its_checks_unless_declared_and_a_declared_drift_must_be_s
 def test_a_declared_drift_on_the_lm_task_passes_and_the_undeclared_one_fails(pytester, monkeypatch):
     """task="lm" through the tree protocol (examples.lm_adapter) with stack_keys=shared: the noise and forward items
     name the knob (the forward restating the noise's cause); declared, the run passes."""
-    result = run_file(pytester, monkeypatch, """
-        import pytest
+    result = run_file(pytester, monkeypatch, undeclared_and_declared("""
         from examples.lm_adapter import LMAdapter
         from spec.tree_knobs import TreeKnobs
 
         def shared_keys(cfg):
             return LMAdapter(cfg, TreeKnobs(stack_keys="shared"))
-
-        @pytest.mark.eggroll_parity(shared_keys, task="lm")
-        def test_undeclared(eggroll_parity):
-            eggroll_parity.check()
-
-        @pytest.mark.eggroll_parity(shared_keys, task="lm", expect={"stack_keys": "shared"})
-        def test_declared(eggroll_parity):
-            eggroll_parity.check()
-    """)
+    """, 'shared_keys, task="lm"', '{"stack_keys": "shared"}'))
     seen = outcomes_by_id(result)
     assert sorted(k for k, v in seen.items() if v == "FAILED") == ["test_undeclared[forward]",
                                                                     "test_undeclared[noise]"], result.stdout.str()
@@ -196,18 +201,10 @@ def test_a_declared_tree_gets_one_item_per_check_and_its_declared_drift_passes(p
     """task="tree" (the port's own declared tree, examples.gpt_adapter) with a fitness shaped by the plain standard
     deviation: the fitness and trajectory items name knob `fitness`, the forward item (the model against its plain
     forward) passes; declared with expect=, every item passes."""
-    result = run_file(pytester, monkeypatch, """
-        import pytest
+    result = run_file(pytester, monkeypatch, undeclared_and_declared("""
         from tests.ports.gpt_ports import FitnessStdSmall
-
-        @pytest.mark.eggroll_parity(FitnessStdSmall, task="tree")
-        def test_undeclared(eggroll_parity):
-            eggroll_parity.check()
-
-        @pytest.mark.eggroll_parity(FitnessStdSmall, task="tree", expect={"fitness": "std"})
-        def test_declared(eggroll_parity):
-            eggroll_parity.check()
-    """, "-vv")                  # -vv: the skip's reason is not cut to the terminal's width
+    """, 'FitnessStdSmall, task="tree"', '{"fitness": "std"}'),
+                      "-vv")                  # -vv: the skip's reason is not cut to the terminal's width
     seen = outcomes_by_id(result)
     assert sorted(k for k, v in seen.items() if v == "FAILED") == ["test_undeclared[fitness]",
                                                                     "test_undeclared[trajectory]"], result.stdout.str()

@@ -12,6 +12,7 @@ from examples import gpt_port
 from examples.gpt_adapter import GPTAdapter
 from spec.tree import Leaf, make_tree
 from spec.tree_knobs import TreeKnobs
+from tests.ports.lm_ports import by_classes
 from torch_impl.tree.noise import make_plan
 
 
@@ -148,10 +149,7 @@ class ByClasses(GPTAdapter):
 
     def __init__(self):
         super().__init__()
-        tree = self.tree
-        del self.tree
-        self.leaf_classes = {leaf.path: leaf.cls for leaf in tree.leaves}
-        self.scan_axes = {leaf.path: leaf.scan_axes for leaf in tree.leaves if leaf.scan_axes}
+        by_classes(self)
 
 
 class ParamNotInTree(ByClasses):

@@ -14,15 +14,21 @@ def SharedStackKeys(cfg):
     return LMAdapter(cfg, TreeKnobs(stack_keys="shared"))
 
 
+def by_classes(port) -> None:
+    """port's declared `tree` replaced by the same declaration as leaf_classes + scan_axes (the suite then reads the
+    shapes from init_params)."""
+    tree = port.tree
+    del port.tree
+    port.leaf_classes = {leaf.path: leaf.cls for leaf in tree.leaves}
+    port.scan_axes = {leaf.path: leaf.scan_axes for leaf in tree.leaves if leaf.scan_axes}
+
+
 class ByClasses(LMAdapter):
     """The faithful port, its tree given as leaf_classes + scan_axes (read with init_params' shapes)."""
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        tree = self.tree
-        del self.tree
-        self.leaf_classes = {leaf.path: leaf.cls for leaf in tree.leaves}
-        self.scan_axes = {leaf.path: leaf.scan_axes for leaf in tree.leaves if leaf.scan_axes}
+        by_classes(self)
 
 
 class UnknownClass(ByClasses):

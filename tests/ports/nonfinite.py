@@ -12,6 +12,21 @@ from examples.hooks_adapter import HooksAdapter
 from examples.minimal_adapter import MinimalAdapter
 
 
+def with_inf_in_A(noise: dict, path: str) -> dict:
+    """noise with a +inf as the first entry of its last member's A at path (A copied, B as it was)."""
+    A, B = noise[path]
+    A = A.copy()
+    A[-1].flat[0] = np.inf
+    noise[path] = (A, B)
+    return noise
+
+
+def with_nan_leaf(leaves: dict, path: str) -> dict:
+    """leaves with the leaf at path all NaN (the others as they were)."""
+    leaves[path] = np.full_like(leaves[path], np.nan)
+    return leaves
+
+
 class NoEpsilonStd(MinimalAdapter):
     """The minimal adapter shaping by (f - mean) / std with no epsilon (and no groups): NaN where f is constant."""
 
@@ -35,21 +50,14 @@ class InfNoise(MinimalAdapter):
     """noise whose last member's first A entry is +inf (a log(0) of a Box-Muller draw)."""
 
     def noise(self, shapes, seed, epoch, members, pop, sigma, rank):
-        out = super().noise(shapes, seed, epoch, members, pop, sigma, rank)
-        A, B = out["0.weight"]
-        A = A.copy()
-        A[-1, 0, 0] = np.inf
-        out["0.weight"] = (A, B)
-        return out
+        return with_inf_in_A(super().noise(shapes, seed, epoch, members, pop, sigma, rank), "0.weight")
 
 
 class NaNGradient(MinimalAdapter):
     """gradient with its '1.weight' all NaN."""
 
     def gradient(self, noise, shaped, sigma):
-        out = super().gradient(noise, shaped, sigma)
-        out["1.weight"] = np.full_like(out["1.weight"], np.nan)
-        return out
+        return with_nan_leaf(super().gradient(noise, shaped, sigma), "1.weight")
 
 
 class NaNForward(HooksAdapter):
@@ -66,9 +74,7 @@ class NaNStep(HooksAdapter):
 
     def optimizer_step(self, params, state, noise, shaped, sigma, epoch):
         new, state = super().optimizer_step(params, state, noise, shaped, sigma, epoch)
-        new = dict(new)
-        new["0.bias"] = np.full_like(new["0.bias"], np.nan)
-        return new, state
+        return with_nan_leaf(dict(new), "0.bias"), state
 
 
 # --port takes an object or a class called with the run's config; the minimal adapter's classes take none
@@ -93,20 +99,14 @@ class LMInfNoise(LMAdapter):
 
     def noise(self, seed, epoch, members, pop, sigma, rank):
         out = super().noise(seed, epoch, members, pop, sigma, rank)
-        path = next(p for p, v in out.items() if isinstance(v, tuple))
-        A = out[path][0].copy()
-        A[-1].flat[0] = np.inf
-        out[path] = (A, out[path][1])
-        return out
+        return with_inf_in_A(out, next(p for p, v in out.items() if isinstance(v, tuple)))
 
 
 class LMNaNGradient(LMAdapter):
     """gradient with its head leaf all NaN."""
 
     def gradient(self, noise, shaped, sigma):
-        out = super().gradient(noise, shaped, sigma)
-        out["head"] = np.full_like(out["head"], np.nan)
-        return out
+        return with_nan_leaf(super().gradient(noise, shaped, sigma), "head")
 
 
 class LMNaNForward(LMAdapter):

@@ -22,7 +22,8 @@ from spec import int8 as s
 from torch_impl.int8 import es as tes
 from torch_impl.int8 import model as tm
 from torch_impl.int8 import noise as tn
-from tests.int8_configs import INT8_CONFIGS, INT8_IDS, QUICK
+from tests.helpers import exit_code
+from tests.int8_configs import BAD_TRAINER_ARGV, INT8_CONFIGS, INT8_IDS, QUICK
 
 # two sizes (n_embd, n_layer, pop, T): the selftest preset (4, 1, 8, 8) and the quick preset (16, 2, 32, 16), the
 # sizes of `parity int8` and the other int8 test files (tests/int8_configs.py), so the reference's programs compile once
@@ -425,16 +426,12 @@ def test_cli_prints_the_references_validation(capsys):
     assert ours.split(" (")[0] == theirs.split(" (")[0] and ours.startswith("validation ")
 
 
-@pytest.mark.parametrize("argv", [["--task", "int8", "--hidden", "8"], ["--task", "int8", "--pop", "7"],
-                                  ["--task", "int8", "--sigma-shift", "40"], ["--task", "int8", "--lr", "0.1"],
-                                  ["--task", "int8", "--corpus", "/no/such/file"], ["--task", "lm", "--alpha", "2"],
-                                  ["--alpha", "2"], ["--task", "int8", "--torch", "rng=torch"],
-                                  ["--task", "int8", "--threads", "0"], ["--task", "int8", "--preset", "paper"]])
+@pytest.mark.parametrize("argv", BAD_TRAINER_ARGV + [["--alpha", "2"], ["--task", "int8", "--torch", "rng=torch"],
+                                                     ["--task", "int8", "--threads", "0"],
+                                                     ["--task", "int8", "--preset", "paper"]])
 def test_cli_exits_2_before_any_work(argv, capsys):
     from torch_impl.__main__ import main
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 2
+    assert exit_code(main, argv) == 2
     assert "error:" in capsys.readouterr().err
 
 

@@ -19,6 +19,7 @@ from parity.__main__ import main
 from parity.tree.adapter import CheckedTreePort, PortSide, declared_run
 from spec.tree_knobs import TREE_CHOICES, TreeKnobs
 import tests.ports.gpt_ports as ports
+from tests.helpers import NO_JAX
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -245,7 +246,7 @@ def test_a_tree_with_tmm_leaves_and_no_perturbed_tmm_exits_2_with_the_signature(
 
 
 # ----------------------------------------------------------------------------- bad trees
-@pytest.mark.parametrize("attr, says", [
+BAD_TREES = [
     ("ParamNotInTree", "no leaf class for blocks.attn.bias"),
     ("LeafNotInParams", "do not match the declared tree: missing lm_head"),
     ("UnknownClass", "unknown leaf class(es) blocks.attn.q: 'lora'; known: mm, tmm, param, embedding, excluded"),
@@ -254,23 +255,18 @@ def test_a_tree_with_tmm_leaves_and_no_perturbed_tmm_exits_2_with_the_signature(
     ("NotAMatrix", "a mm slice must be a matrix, got slice shape (2, 16, 16)"),
     ("EmptyTree", "the tree has no leaves; declare at least one"),
     ("OddPopulation", "pop 7 is odd but members pair antithetically (2k, 2k+1); use an even population such as 8"),
-])
-def test_a_tree_that_cannot_be_right_exits_2_before_any_work(tmp_path, capsys, attr, says):
-    out = tmp_path / "out"
-    assert main(["check", "--task", "tree", "--port", f"tests.ports.gpt_ports:{attr}", "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert says in err, err
-    assert not out.exists()
-
-
-@pytest.mark.parametrize("attr, says", [
+]
+LEAF_TYPOS = [                 # a leaf's name mistyped: the message names the leaf it may mean
     ("ClassTypo", "names leaves the parameters do not hold: blocks.attn.qq (did you mean 'blocks.attn.q'?) in "
                   "`leaf_classes`"),
     ("ScanTypo", "blocks.attn.qq (did you mean 'blocks.attn.q'?) in `scan_axes`"),
     ("LawTypo", "init law of 'blocks.attn.qq': no leaf 'blocks.attn.qq' in the tree (did you mean 'blocks.attn.q'?)"),
     ("TreeLeafTypo", "missing blocks.attn.qq (did you mean 'blocks.attn.q'?); not in the tree blocks.attn.q"),
-])
-def test_a_leaf_typo_is_told_the_leaf_it_may_mean(tmp_path, capsys, attr, says):
+]
+
+
+@pytest.mark.parametrize("attr, says", BAD_TREES + LEAF_TYPOS)
+def test_a_tree_that_cannot_be_right_exits_2_before_any_work(tmp_path, capsys, attr, says):
     out = tmp_path / "out"
     assert main(["check", "--task", "tree", "--port", f"tests.ports.gpt_ports:{attr}", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -358,18 +354,6 @@ def test_check_against_a_tree_bundle_gives_the_live_verdicts(tree_bundle, tmp_pa
     assert says in capsys.readouterr().out
     summary = (tmp_path / "summary.md").read_text()
     assert f"- reference: the bundle {tree_bundle}" in summary and "the bundle cannot answer" not in summary
-
-
-NO_JAX = ("import sys\n"
-          "class NoJax:\n"
-          "    def find_spec(self, name, path=None, target=None):\n"
-          "        if name.split('.')[0] in ('jax', 'jaxlib'):\n"
-          "            raise ImportError(f'No module named {name!r} (blocked by the test)')\n"
-          "sys.meta_path.insert(0, NoJax())\n"
-          "from parity.__main__ import main\n"
-          "code = main(sys.argv[1:])\n"
-          "assert not {m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'optax', 'jax_reference'}\n"
-          "sys.exit(code)\n")
 
 
 def test_against_a_tree_bundle_runs_where_import_jax_fails(tree_bundle, tmp_path):

@@ -17,6 +17,7 @@ from parity.tree.adapter import CheckedTreePort, PortSide
 from parity.tree.vectors import RECORDED, config_record, open_bundle, replay_reference
 from spec.tree_knobs import TreeKnobs
 from tests import fresh_process
+from tests.helpers import NO_JAX
 
 ROOT = Path(__file__).resolve().parents[3]
 SIZE, SEED = "selftest", 6
@@ -140,18 +141,6 @@ def test_the_cli_checks_against_a_bundle(bundle, tmp_path, capsys):
     assert "knob `stack_keys`" in capsys.readouterr().out
     assert main(["check", "--task", "lm", "--against", str(bundle), "--port", "examples.lm_adapter:TorchRngLMAdapter",
                  "--out", str(tmp_path / "port"), "--quiet"]) == 0
-
-
-NO_JAX = ("import sys\n"
-          "class NoJax:\n"
-          "    def find_spec(self, name, path=None, target=None):\n"
-          "        if name.split('.')[0] in ('jax', 'jaxlib'):\n"
-          "            raise ImportError(f'No module named {name!r} (blocked by the test)')\n"
-          "sys.meta_path.insert(0, NoJax())\n"
-          "from parity.__main__ import main\n"
-          "code = main(sys.argv[1:])\n"
-          "assert not {m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'optax', 'jax_reference'}\n"
-          "sys.exit(code)\n")
 
 
 @pytest.mark.parametrize("extra, code, says", [([], 0, "PASS"),
