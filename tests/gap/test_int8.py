@@ -11,7 +11,7 @@ import pytest
 from gap.int8 import report as int8_report
 from gap.int8 import study as int8_study
 from gap import __main__ as gap_main
-from gap.lm.study import read_runs
+from gap.study import read_runs
 from spec.int8_knobs import INT8_KNOBS
 
 PLANTED = {"vote_threshold": -0.30, "log2": +0.12}          # bits/byte added at egg.c's value (half each side)
