@@ -39,6 +39,11 @@ def verdict_line(result: TrainResult, wall_s: float) -> str:
     return f"not solved within {result.env_steps:,d} env steps ({result.epochs} epochs, {wall_s:.1f} s)"
 
 
+def quiet_line(result: TrainResult) -> str:
+    """--quiet's one line: `steps_to_solve N` or `not solved (N steps)`."""
+    return f"steps_to_solve {result.steps_to_solve}" if result.solved else f"not solved ({result.env_steps} steps)"
+
+
 class Progress:
     """Prints a trainer's epochs: one line each on a file, one line rewritten in place on a terminal."""
 

@@ -65,17 +65,3 @@ def test_an_interrupted_write_is_cut_and_the_run_redone(tmp_path):
     path.write_text(path.read_text()[:-7])                      # half a line
     assert run(tmp_path, "--arms", "jax_reference") == 0
     assert len(study.read_runs(str(tmp_path))) == 4
-
-
-@pytest.mark.parametrize("args, says", [
-    (["--seeds", "1"], "--seeds and --knob-seeds must be >= 2"),
-    (["--epochs", "0"], "--epochs must be >= 1"),
-    (["--corpus", "/nonexistent/corpus.txt"], "missing or empty"),
-    (["--from", "/nonexistent"], "no runs.csv there"),
-    (["--arms", "torch:nope"], "unknown arm"),
-])
-def test_bad_input_exits_2_before_any_work(tmp_path, capsys, args, says):
-    out = tmp_path / "out"
-    assert lm_cli.main(["--task", "lm", "--out", str(out), *args], trainer=fake_trainer) == 2
-    assert says in capsys.readouterr().err
-    assert not out.exists()
