@@ -140,6 +140,28 @@ def mean_curve(by_seed: dict[int, list[tuple[int, float]]]) -> tuple[list[int], 
     return [x + 1 for x in xs], [float(np.mean(by_epoch[x])) for x in xs]
 
 
+def plot_mean_curves(cv: dict, styles: dict[str, dict], path: str, title: str, figsize: tuple[float, float],
+                     legend_size: int, target: float | None = None) -> None:
+    """The report's curves.png: each arm of `styles` that has runs (in its order, with its matplotlib line style),
+    mean validation bits/byte over seeds against epochs; `target`: a dashed grey line there."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=figsize)
+    for arm, style in styles.items():
+        if arm in cv:
+            ax.plot(*mean_curve(cv[arm]), **style)
+    if target is not None:
+        ax.axhline(target, color="grey", lw=0.8, ls="--", label=f"target {target}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation bits/byte (mean over seeds)")
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # ---------------------------------------------------------------- running
 class Finished(NamedTuple):
     spec: RunSpec

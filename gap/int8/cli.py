@@ -38,6 +38,10 @@ def show_plan(args, cfg, specs, workers) -> None:
           f"({per_run:.0f} s of one core per run)")
 
 
+def run_lines(args, cfg) -> dict:
+    return {"preset": f"{int8_study.PRESET}: {cfg}", "seeds": str(seed_list(args.seeds))}
+
+
 def write(args, run: dict, specs) -> str:
     from gap.int8 import report as int8_report
     return int8_report.write(args.out, run, args.resamples, {s.run_id for s in specs})
@@ -50,9 +54,7 @@ def trainer():
 
 STUDY = study_cli.Study(
     task="int8", doc=__doc__, published="reports/gap-int8", plan_help="the design", add_flags=add_flags,
-    check=check, plan=plan, show_plan=show_plan,
-    run_lines=lambda args, cfg: {"preset": f"{int8_study.PRESET}: {cfg}", "seeds": str(seed_list(args.seeds))},
-    write=write, trainer=trainer)
+    check=check, plan=plan, show_plan=show_plan, run_lines=run_lines, write=write, trainer=trainer)
 
 
 def main(argv: list[str] | None = None, trainer=None) -> int:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from gap import stats
 from gap.int8.study import KNOBS, arms, describe_knob, design_matrix
-from gap.study import curves, mean_curve, outcome, read_runs
+from gap.study import curves, outcome, plot_mean_curves, read_runs
 from reporting import atomic_write, fmt, markdown_table
 from spec.int8 import EGG_C_ORIGINAL, NANO_EGG_ORIGINAL
 
@@ -229,26 +229,6 @@ def checkpoint_table(cv: dict, names: list[str]) -> tuple[list[str], list[list[s
     return header, rows
 
 
-def plot(cv: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for arm in arms():
-        if arm.name not in cv:
-            continue
-        corner = arm.name in ("nano-egg", "egg.c")
-        ax.plot(*mean_curve(cv[arm.name]), lw=2.2 if corner else 0.8,
-                alpha=1 if corner else 0.45, label=f"{arm.name} ({len(cv[arm.name])} seeds)" if corner else None)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("validation bits/byte (mean over seeds)")
-    ax.set_title("Integer EGGROLL: egg.c's departures against nano-egg (thin: the other 14 design points)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _answer(comp: stats.Comparison | None, diff: "Difference | None", eff: Effects | None,
             catch: "CatchUp | None") -> list[str]:
     if comp is None:
@@ -394,7 +374,13 @@ def write(folder: str, header: dict, n_resamples: int, run_ids: set[str] | None 
     if eff is not None:
         atomic_write(f"{folder}/effects.csv", pd.concat([eff.frame(), check.frame()]).to_csv(index=False))
     atomic_write(f"{folder}/curves.csv", int8_curves.curve_table(cv, [a.name for a in arms()]).to_csv(index=False))
-    plot(cv, f"{folder}/curves.png")
+    corners = ("nano-egg", "egg.c")
+    plot_mean_curves(cv, {a.name: {"lw": 2.2, "alpha": 1, "label": f"{a.name} ({len(cv[a.name])} seeds)"}
+                          if a.name in corners else {"lw": 0.8, "alpha": 0.45, "label": None}
+                          for a in arms() if a.name in cv},
+                     f"{folder}/curves.png",
+                     "Integer EGGROLL: egg.c's departures against nano-egg (thin: the other 14 design points)",
+                     (7.5, 4.5), 8)
     int8_curves.plot_points(cv, arms(), f"{folder}/curves_by_point.png")
     return text
 

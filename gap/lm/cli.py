@@ -47,6 +47,20 @@ def show_plan(args, cfg, specs, workers) -> None:
     print(f"{len(specs)} runs at preset {args.preset} ({cfg.epochs} epochs each)")
 
 
+def run_lines(args, cfg) -> dict:
+    return {"preset": f"{args.preset}: {cfg}",
+            "seeds": f"{seed_list(args.seeds)} (main arms), {seed_list(args.knob_seeds)} (drift arms)"}
+
+
+def provenance(args) -> dict:
+    """After the executor's line: the versions the runs recorded (read once they are trained)."""
+    return {"versions": lm_report.versions_of(args.out)}
+
+
+def write(args, run: dict, specs) -> str:
+    return lm_report.write(args.out, run, [a.name for a in lm_study.arms()], args.resamples, args.target)
+
+
 def trainer():
     from gap.runs import train_lm_spec
     return train_lm_spec
@@ -54,14 +68,7 @@ def trainer():
 
 STUDY = study_cli.Study(
     task="lm", doc=__doc__, published="reports/gap-lm", plan_help="the arms", add_flags=add_flags, check=check,
-    plan=plan, show_plan=show_plan,
-    run_lines=lambda args, cfg: {"preset": f"{args.preset}: {cfg}",
-                                 "seeds": f"{seed_list(args.seeds)} (main arms), "
-                                          f"{seed_list(args.knob_seeds)} (drift arms)"},
-    provenance=lambda args: {"versions": lm_report.versions_of(args.out)},
-    write=lambda args, run, specs: lm_report.write(args.out, run, [a.name for a in lm_study.arms()],
-                                                   args.resamples, args.target),
-    trainer=trainer)
+    plan=plan, show_plan=show_plan, run_lines=run_lines, write=write, trainer=trainer, provenance=provenance)
 
 
 def main(argv: list[str] | None = None, trainer=None) -> int:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from gap import stats
 from gap.lm.study import TARGET_BPB, describe_arm
-from gap.study import curves, mean_curve, outcome, read_runs
+from gap.study import curves, outcome, plot_mean_curves, read_runs
 from reporting import atomic_write, fmt, markdown_table
 
 
@@ -84,25 +84,6 @@ def answer(comp: pd.DataFrame, target: float) -> list[str]:
     return [f"Target for the second outcome: validation bits/byte <= {target}.", ""] + out
 
 
-def plot(cv: dict, order: list[str], path: str, target: float) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for arm in order:
-        if arm not in cv:
-            continue
-        ax.plot(*mean_curve(cv[arm]), label=f"{arm} ({len(cv[arm])} seeds)")
-    ax.axhline(target, color="grey", lw=0.8, ls="--", label=f"target {target}")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("validation bits/byte (mean over seeds)")
-    ax.set_title("Byte-level LM: does the torch port learn as fast?")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 TITLE = "Does the torch port learn the byte-level LM as fast as the JAX reference?"
 
 
@@ -114,7 +95,10 @@ def write(folder: str, run: dict, order: list[str], n_resamples: int, target: fl
         raise ValueError(f"{folder} holds no finished runs; train some first (drop --report-only)")
     order = [a for a in order if a in set(frame.arm)] + sorted(set(frame.arm) - set(order))
     comp = comparisons(frame, order, n_resamples)
-    plot(curves(folder), order, os.path.join(folder, "curves.png"), target)
+    cv = curves(folder)
+    plot_mean_curves(cv, {arm: {"label": f"{arm} ({len(cv[arm])} seeds)"} for arm in order if arm in cv},
+                     os.path.join(folder, "curves.png"), "Byte-level LM: does the torch port learn as fast?", (7, 4.2),
+                     7, target)
     frame.to_csv(os.path.join(folder, "outcomes.csv"), index=False)
     comp.to_csv(os.path.join(folder, "comparisons.csv"), index=False)
     per_arm = []
