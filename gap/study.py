@@ -239,7 +239,8 @@ def train_folder(specs: list, folder: str, from_dir: str | None, trainer: Callab
         print(line, file=sys.stderr, flush=True)
 
     try:
-        os.makedirs(folder, exist_ok=True)
+        if from_dir or not report_only:       # --report-only alone reads what is there: no folder made for nothing
+            os.makedirs(folder, exist_ok=True)
         if from_dir and os.path.abspath(from_dir) != os.path.abspath(folder):
             log(f"{seed_from(folder, from_dir)} finished runs taken from {from_dir}")
         return [] if report_only else run_all(specs, folder, trainer, executor, log=log)[1]

@@ -38,3 +38,12 @@ def test_an_unknown_flag_exits_2_and_names_it(tmp_path, capsys, task):
         gap_main.main(["--task", task, "--out", str(out), "--bogus"], trainer=no_training)
     assert exc.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("task, says", [("lm", "holds no finished runs; train some first"),
+                                        ("int8", "holds no finished runs of this plan")])
+def test_report_only_on_a_folder_without_runs_exits_2_and_makes_nothing(tmp_path, capsys, task, says):
+    out = tmp_path / "out"
+    assert gap_main.main(["--task", task, "--out", str(out), "--report-only"], trainer=no_training) == 2
+    assert says in capsys.readouterr().err
+    assert not out.exists()
