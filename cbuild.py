@@ -7,12 +7,14 @@ NoCompiler (the C sides are optional), a failing compiler BuildError with its ow
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import hashlib
 import importlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
@@ -83,6 +85,33 @@ def build(source: Path, lib_dir: Path, flags: Sequence[str], libs: Sequence[str]
         if old != target:
             old.unlink(missing_ok=True)
     return target
+
+
+def main(argv: list[str] | None, prog: str, description: str, build: Callable[..., Path], lib_dir: Path,
+         what: str, skipped: str, source: Path | None = None) -> int:
+    """A C side's `python -m <prog>`: `build(cc, lib_dir=, force=[, source=])`, then exit 0 built (or current), 0
+    with "<what> skipped: ...; <skipped>" without a compiler (the C sides are optional: `make setup` never fails
+    for them), 2 with the compiler's error. `source` given: a hidden --source flag (the tests build a broken one)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--cc", help="the C compiler (default: $CC, else cc, gcc or clang on PATH)")
+    if source is not None:
+        parser.add_argument("--source", type=Path, default=source, help=argparse.SUPPRESS)
+    parser.add_argument("--lib-dir", type=Path, default=lib_dir,
+                        help=f"where the library goes (default {lib_dir.parent.name}/{lib_dir.name})")
+    parser.add_argument("--force", action="store_true", help="rebuild even if the library is current")
+    args = parser.parse_args(argv)
+    try:
+        path = build(args.cc, lib_dir=args.lib_dir, force=args.force,
+                     **({"source": args.source} if source is not None else {}))
+    except NoCompiler as exc:
+        print(f"{what} skipped: {exc}; {skipped}", file=sys.stderr)
+        return 0
+    except BuildError as exc:
+        print(f"error: {what} not built: {exc}", file=sys.stderr)
+        return 2
+    root = Path(__file__).resolve().parent
+    print(f"{what} built: {path.relative_to(root) if path.is_relative_to(root) else path}")
+    return 0
 
 
 class Loader(NamedTuple):

@@ -9,7 +9,6 @@ side is optional: `make setup` must never fail for it), 2 when the compiler fail
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -17,8 +16,7 @@ import cbuild
 from cbuild import BuildError, NoCompiler, find_compiler  # noqa: F401 - the C side's errors, re-exported
 
 SOURCE = Path(__file__).with_name("egg_int8.c")
-ROOT = Path(__file__).resolve().parent.parent
-LIB_DIR = ROOT / "build" / "c_int8"
+LIB_DIR = Path(__file__).resolve().parent.parent / "build" / "c_int8"
 FLAGS = ("-std=c99", "-O2", "-fwrapv", "-shared", "-fPIC")
 LIBS = ("-lm",)
 
@@ -35,22 +33,8 @@ def build(cc: str | None = None, source: Path = SOURCE, lib_dir: Path = LIB_DIR,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m c_int8.build", description=__doc__.splitlines()[0])
-    parser.add_argument("--cc", help="the C compiler (default: $CC, else cc, gcc or clang on PATH)")
-    parser.add_argument("--source", type=Path, default=SOURCE, help=argparse.SUPPRESS)
-    parser.add_argument("--lib-dir", type=Path, default=LIB_DIR, help="where the library goes (default build/c_int8)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if the library is current")
-    args = parser.parse_args(argv)
-    try:
-        path = build(args.cc, args.source, args.lib_dir, args.force)
-    except NoCompiler as exc:
-        print(f"C side skipped: {exc}; the tests that need it skip", file=sys.stderr)
-        return 0
-    except BuildError as exc:
-        print(f"error: C side not built: {exc}", file=sys.stderr)
-        return 2
-    print(f"C side built: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
-    return 0
+    return cbuild.main(argv, "python -m c_int8.build", __doc__.splitlines()[0], build, LIB_DIR, "C side",
+                       "the tests that need it skip", source=SOURCE)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,10 @@ fails, with its error.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import cbuild
-from cbuild import BuildError, NoCompiler
 from spec import jax_rng as J
 
 SOURCE = Path(__file__).with_name("jax_normal.c")
@@ -80,21 +78,8 @@ def build(cc: str | None = None, lib_dir: Path = LIB_DIR, force: bool = False) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m c_rng.build", description=__doc__.splitlines()[0])
-    parser.add_argument("--cc", help="the C compiler (default: $CC, else cc, gcc or clang on PATH)")
-    parser.add_argument("--lib-dir", type=Path, default=LIB_DIR, help="where the library goes (default build/c_rng)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if the library is current")
-    args = parser.parse_args(argv)
-    try:
-        path = build(args.cc, args.lib_dir, args.force)
-    except NoCompiler as exc:
-        print(f"C generator skipped: {exc}; torch_impl.random keeps its torch paths", file=sys.stderr)
-        return 0
-    except BuildError as exc:
-        print(f"error: C generator not built: {exc}", file=sys.stderr)
-        return 2
-    print(f"C generator built: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
-    return 0
+    return cbuild.main(argv, "python -m c_rng.build", __doc__.splitlines()[0], build, LIB_DIR, "C generator",
+                       "torch_impl.random keeps its torch paths")
 
 
 if __name__ == "__main__":

@@ -233,7 +233,7 @@ def run_specs(arms_seeds: Iterable[tuple[Arm, list[int]]], cfg: Config, device: 
 
 
 def train_lm_spec(spec):
-    """One run of the LM study (`gap.lm.study.LmRunSpec`): (history rows, versions, host), trainers loaded lazily.
+    """One run of the LM study (`gap.study.RunSpec` of `gap.lm.study`): (history rows, versions, host), trainers loaded lazily.
 
     A worker trains with one thread (EGGROLL_SINGLE_THREAD): N runs on N cores, no oversubscription.
     """
@@ -254,7 +254,7 @@ def train_lm_spec(spec):
 
 
 def train_int8_spec(spec):
-    """One run of the integer study (`gap.int8.study.Int8RunSpec`) on the torch int8 port: (history rows, versions,
+    """One run of the integer study (`gap.study.RunSpec` of `gap.int8.study`) on the torch int8 port: (history rows, versions,
     host). A worker trains with one thread (EGGROLL_SINGLE_THREAD)."""
     from rollout.corpus import load_corpus
     from torch_impl.int8.train import train_int8

@@ -21,9 +21,9 @@ from jax_reference.population import (leaf_names, make_cached_population_forward
                                       member_noise_tree, population_iterinfos)
 from rollout import cartpole
 from rollout.episodes import Compaction, run_episodes
-from spec.config import N_ACTIONS, OBS_DIM, SOLVED_RETURN, Config, check_pairing, schedule
+from spec.config import N_ACTIONS, OBS_DIM, Config, check_pairing, schedule
 from spec.knobs import RunSettings
-from spec.run import Progress, TrainResult, epoch_row
+from spec.run import Progress, TrainResult, epoch_row, until_solved
 
 # knob optimizer -> the optax solver the noiser is given (upstream's default is optax.sgd)
 SOLVERS = {"sgd": optax.sgd, "adam": optax.adam, "adamw": optax.adamw}
@@ -185,28 +185,24 @@ def train(cfg: Config, run: RunSettings, seed: int, progress: bool = True, strea
     noiser_params = {"sigma": cfg.sigma, "opt_state": p.frozen_noiser_params["solver"].init(params)}
     names = leaf_names(params)
 
-    history: list[dict] = []
-    env_steps, epoch, solved_at, start = 0, 0, None, time.perf_counter()
-    while env_steps < cfg.max_env_steps:
-        sigma_e = np.float32(schedule(cfg.sigma, run.sigma_decay, epoch))
-        lr_e = np.float32(schedule(cfg.lr, run.lr_decay, epoch))
-        noiser_params = {**noiser_params, "sigma": jnp.float32(sigma_e)}
-        init_state = cartpole.reset(seed + epoch + np.arange(cfg.pop))
-        policy = policy_for(noiser_params, params, es_tree_key, epoch)
-        uniforms = action_uniforms(keys.action, epoch, cfg.pop)
-        returns = (run_episodes(policy, init_state, uniforms, compact=True) if compact else
-                   run_episodes(lambda obs: policy(obs, np.arange(cfg.pop)), init_state, uniforms)).returns
-        check_returns(returns, epoch)
-        env_steps += int(returns.sum())
-        noiser_params, params, norms = p.step(noiser_params, params, es_tree_key, jnp.asarray(returns), jnp.int32(epoch))
-        row = epoch_row(epoch, env_steps, returns.mean(), returns.max(), sigma_e, lr_e,
-                        dict(zip(names, map(float, jax.tree.leaves(norms)))), time.perf_counter() - start)
-        history.append(row)
-        show.epoch(row)
-        epoch += 1
-        if row["mean_return"] >= SOLVED_RETURN:
-            solved_at = env_steps
-            break
-    result = TrainResult(solved_at is not None, solved_at, len(history), env_steps, history)
-    show.done(result, time.perf_counter() - start)
-    return result
+    def epochs(noiser_params, params):
+        """The ES epochs, one epoch_row each (until_solved stops them)."""
+        env_steps, epoch = 0, 0
+        while True:
+            sigma_e = np.float32(schedule(cfg.sigma, run.sigma_decay, epoch))
+            lr_e = np.float32(schedule(cfg.lr, run.lr_decay, epoch))
+            noiser_params = {**noiser_params, "sigma": jnp.float32(sigma_e)}
+            init_state = cartpole.reset(seed + epoch + np.arange(cfg.pop))
+            policy = policy_for(noiser_params, params, es_tree_key, epoch)
+            uniforms = action_uniforms(keys.action, epoch, cfg.pop)
+            returns = (run_episodes(policy, init_state, uniforms, compact=True) if compact else
+                       run_episodes(lambda obs: policy(obs, np.arange(cfg.pop)), init_state, uniforms)).returns
+            check_returns(returns, epoch)
+            env_steps += int(returns.sum())
+            noiser_params, params, norms = p.step(noiser_params, params, es_tree_key, jnp.asarray(returns), jnp.int32(epoch))
+            yield epoch_row(epoch, env_steps, returns.mean(), returns.max(), sigma_e, lr_e,
+                            dict(zip(names, map(float, jax.tree.leaves(norms)))), time.perf_counter() - start)
+            epoch += 1
+
+    start = time.perf_counter()
+    return until_solved(epochs(noiser_params, params), cfg.max_env_steps, show, start)

@@ -1,14 +1,36 @@
-"""Command-line overrides shared by `python -m torch_impl` and `python -m jax_reference` (argparse)."""
+"""What `python -m torch_impl` and `python -m jax_reference` share (argparse): --seed and --preset, the explicit
+overrides, and the CartPole preset they start from."""
 from __future__ import annotations
 
-from spec.config import Config
-from spec.knobs import CHOICES
+from spec.config import PRESETS, Config
+from spec.int8 import INT8_ONLY, INT8_PRESETS
+from spec.knobs import CHOICES, RunSettings
+from spec.limits import seed_arg
+from spec.lm import LM_PRESETS
+from spec.lm_run import LM_ONLY, check_task_flags
 
 # flag dest -> Config field, and flag dest -> run setting.
 CONFIG_FLAGS = {"pop": "pop", "hidden": "hidden", "layers": "layers", "rank": "rank", "sigma": "sigma",
                 "lr": "lr", "max_steps": "max_env_steps", "group_size": "group_size"}
 RUN_FLAGS = {"sigma_decay": "sigma_decay", "lr_decay": "lr_decay", "noise_reuse": "noise_reuse",
              "activation": "activation", "optimizer": "optimizer"}
+
+
+def add_run_arguments(parser) -> None:
+    """--seed and --preset (every task's presets, default cpu)."""
+    parser.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
+    parser.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS) | set(INT8_PRESETS)),
+                        help=f"hyper-parameter preset (default cpu); cartpole: {', '.join(PRESETS)}; "
+                             f"lm: {', '.join(LM_PRESETS)}; int8: {', '.join(INT8_PRESETS)}")
+
+
+def cartpole_preset(args) -> tuple[Config, RunSettings]:
+    """--task cartpole's preset (default cpu); ValueError for an LM or int8 preset, or their flags given."""
+    preset = args.preset or "cpu"
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset} is not a CartPole preset; --task cartpole takes {', '.join(PRESETS)}")
+    check_task_flags(args, LM_ONLY | INT8_ONLY, "cartpole")
+    return PRESETS[preset]
 
 
 def add_override_arguments(group) -> None:

@@ -1,7 +1,10 @@
 """What a training run returns and prints, the same on both sides (a nanoGPT-style log: one line per epoch)."""
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, TextIO
+import time
+from typing import Iterable, Mapping, NamedTuple, TextIO
+
+from spec.config import SOLVED_RETURN
 
 
 class TrainResult(NamedTuple):
@@ -36,6 +39,11 @@ def verdict_line(result: TrainResult, wall_s: float) -> str:
     return f"not solved within {result.env_steps:,d} env steps ({result.epochs} epochs, {wall_s:.1f} s)"
 
 
+def quiet_line(result: TrainResult) -> str:
+    """--quiet's one line: `steps_to_solve N` or `not solved (N steps)`."""
+    return f"steps_to_solve {result.steps_to_solve}" if result.solved else f"not solved ({result.env_steps} steps)"
+
+
 class Progress:
     """Prints a trainer's epochs: one line each on a file, one line rewritten in place on a terminal."""
 
@@ -51,3 +59,20 @@ class Progress:
     def done(self, result: TrainResult, wall_s: float) -> None:
         if self.enabled:
             print(("\n" if self.live else "") + verdict_line(result, wall_s), file=self.stream, flush=True)
+
+
+def until_solved(epochs: Iterable[dict], max_env_steps: int, progress: Progress, start: float) -> TrainResult:
+    """Both trainers' run: draw epoch rows (epoch_row's) while fewer than max_env_steps are spent, printing each,
+    until the population's mean return reaches SOLVED_RETURN; the TrainResult (`start`: the run's perf_counter)."""
+    rows, history, env_steps, solved_at = iter(epochs), [], 0, None
+    while env_steps < max_env_steps:
+        row = next(rows)
+        env_steps = row["env_steps"]
+        history.append(row)
+        progress.epoch(row)
+        if row["mean_return"] >= SOLVED_RETURN:
+            solved_at = env_steps
+            break
+    result = TrainResult(solved_at is not None, solved_at, len(history), env_steps, history)
+    progress.done(result, time.perf_counter() - start)
+    return result

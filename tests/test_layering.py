@@ -323,8 +323,7 @@ FAMILIES: dict[str, dict[str, set[str]]] = {
     "torch_impl": {"top": {"top"}, "tree": {"top", "tree"},
                    "int8": {"top", "tree", "int8"}},               # the integer LM draws on the tree's key sources
     "jax_reference": {"top": {"top"}, "lm": {"top", "lm"}, "int8": {"top", "int8"}},
-    "gap": {"top": {"top"}, "lm": {"top", "lm"},
-            "int8": {"top", "lm", "int8"}},                        # the integer study runs on the LM study's store
+    "gap": {"top": {"top"}, "lm": {"top", "lm"}, "int8": {"top", "int8"}},   # both studies run on gap.study
 }
 COMMANDS = {"parity": "top"}         # parity's top is its commands and public surface: it may import any part
 # Old import paths kept working for port authors (examples/, docs/, outside adapters): re-exports only.

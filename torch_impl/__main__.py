@@ -12,24 +12,21 @@ import argparse
 import math
 import sys
 
-from spec.cli import add_override_arguments, apply_overrides
-from spec.config import PRESETS, check_pairing, for_profile
-from spec.int8 import INT8_ONLY, INT8_PRESETS, add_int8_arguments, int8_config
+from spec.cli import add_override_arguments, add_run_arguments, apply_overrides, cartpole_preset
+from spec.config import check_pairing, for_profile
+from spec.int8 import INT8_ONLY, add_int8_arguments, int8_config
 from spec.int8_knobs import INT8_PROFILES, parse_int8_knobs
 from spec.knobs import PROFILES, KnobError, resolve
-from spec.limits import check_fits, device_arg, seed_arg
-from spec.lm import LM_PRESETS
-from spec.lm_run import LM_ONLY, TASKS, add_lm_arguments, check_corpus_path, check_task_flags, lm_config, lm_verdict_line
+from spec.limits import check_fits, device_arg
+from spec.lm_run import TASKS, add_lm_arguments, check_corpus_path, check_task_flags, lm_config, lm_verdict_line
+from spec.run import quiet_line
 from spec.tree_knobs import TREE_PROFILES, resolve_tree
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_impl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
-    p.add_argument("--preset", choices=sorted(set(PRESETS) | set(LM_PRESETS) | set(INT8_PRESETS)),
-                   help=f"hyper-parameter preset (default cpu); cartpole: {', '.join(PRESETS)}; "
-                        f"lm: {', '.join(LM_PRESETS)}; int8: {', '.join(INT8_PRESETS)}")
+    add_run_arguments(p)
     p.add_argument("--profile", choices=list(dict.fromkeys([*PROFILES, *TREE_PROFILES, *INT8_PROFILES])),
                    default="jax", help=f"knob profile (default jax); lm: {', '.join(TREE_PROFILES)}; int8: "
                                        f"{', '.join(INT8_PROFILES)} (default nano-egg)")
@@ -49,11 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def configure(args: argparse.Namespace):
     """(Config, Knobs) from preset, then profile, then --torch, then explicit flags; raises ValueError/KnobError."""
-    preset = args.preset or "cpu"
-    if preset not in PRESETS:
-        raise ValueError(f"--preset {preset} is not a CartPole preset; --task cartpole takes {', '.join(PRESETS)}")
-    check_task_flags(args, LM_ONLY | INT8_ONLY, "cartpole")
-    cfg, run = PRESETS[preset]
+    cfg, run = cartpole_preset(args)
     cfg, knobs = apply_overrides(args, for_profile(cfg, args.profile), resolve(args.profile, args.torch, reference=run))
     check_pairing(cfg.pop, knobs.antithetic)
     if args.threads < 1:
@@ -181,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torch EGGROLL  seed {args.seed}  {cfg}  {knobs}", flush=True)
     result = train(cfg, knobs, args.seed, device=args.device, progress=not args.quiet, threads=args.threads)
     if args.quiet:
-        print(f"steps_to_solve {result.steps_to_solve}" if result.solved else f"not solved ({result.env_steps} steps)")
+        print(quiet_line(result))
     return 0 if result.solved else 1
 
 

@@ -12,9 +12,9 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from rollout import cartpole
 from rollout.episodes import Compaction, greedy_actions, run_episodes, sample_actions
-from spec.config import SOLVED_RETURN, Config
+from spec.config import Config
 from spec.knobs import Knobs
-from spec.run import Progress, TrainResult, epoch_row
+from spec.run import Progress, TrainResult, epoch_row, until_solved
 from torch_impl import cuda_graphs
 from torch_impl import es as es_mod
 from torch_impl.noise import Noise, group_size, population_of
@@ -200,21 +200,18 @@ def _train(cfg: Config, knobs: Knobs, seed: int, device: str | torch.device, pro
     ask, rollout, tell = instrument("ask", es_mod.ask), instrument("rollout", evaluate), instrument("tell", es_mod.tell)
     state = es_mod.init(es, seed, device)
     graphs = policy_graphs(es, device, graph_backend)
-    history: list[dict] = []
-    env_steps, solved_at, start = 0, None, time.perf_counter()
-    while env_steps < cfg.max_env_steps:
-        epoch = state.epoch
-        noise, state = ask(es, state)
-        returns = rollout(es, state.params, noise, seed, epoch, device, compact, graphs)
-        env_steps += int(returns.sum())
-        state, info = tell(es, state, noise, torch.from_numpy(returns))
-        row = epoch_row(epoch, env_steps, returns.mean(), returns.max(), info["sigma"], info["lr"],
-                        info["grad_norm"], time.perf_counter() - start)
-        history.append(row)
-        progress.epoch(row)
-        if row["mean_return"] >= SOLVED_RETURN:
-            solved_at = env_steps
-            break
-    result = TrainResult(solved_at is not None, solved_at, len(history), env_steps, history)
-    progress.done(result, time.perf_counter() - start)
-    return result
+
+    def epochs(state):
+        """The ES epochs, one epoch_row each (until_solved stops them)."""
+        env_steps = 0
+        while True:
+            epoch = state.epoch
+            noise, state = ask(es, state)
+            returns = rollout(es, state.params, noise, seed, epoch, device, compact, graphs)
+            env_steps += int(returns.sum())
+            state, info = tell(es, state, noise, torch.from_numpy(returns))
+            yield epoch_row(epoch, env_steps, returns.mean(), returns.max(), info["sigma"], info["lr"],
+                            info["grad_norm"], time.perf_counter() - start)
+
+    start = time.perf_counter()
+    return until_solved(epochs(state), cfg.max_env_steps, progress, start)

@@ -9,6 +9,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from gap.study import mean_curve
+
 SHORT = {"int8_noise": "noise", "vote_threshold": "vote", "evolving": "evolving", "out_shift": "shift",
          "ln_division": "ln", "log2": "log2", "state_reset": "reset"}   # panel titles: the knobs at egg.c's value
 
@@ -51,12 +53,12 @@ def plot_points(cv: dict, arms: list, path: str, reference: str = "nano-egg") ->
     rows = math.ceil(len(shown) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.1 * cols, 2.3 * rows + 0.6), sharex=True, sharey=True,
                              squeeze=False)
-    ref = _mean_curve(cv.get(reference, {}))
+    ref = mean_curve(cv.get(reference, {}))
     for ax, arm in zip(axes.flat, shown):
         for points in cv[arm.name].values():
             pts = sorted(points)
             ax.plot([e + 1 for e, _ in pts], [v for _, v in pts], color="C0", lw=0.6, alpha=0.45)
-        xs, ys = _mean_curve(cv[arm.name])
+        xs, ys = mean_curve(cv[arm.name])
         ax.plot(xs, ys, color="C0", lw=2.0)
         if arm.name != reference and len(ref[0]):
             ax.plot(*ref, color="k", lw=1.0, ls="--")
@@ -73,12 +75,3 @@ def plot_points(cv: dict, arms: list, path: str, reference: str = "nano-egg") ->
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def _mean_curve(per_seed: dict) -> tuple[list[int], list[float]]:
-    by_epoch: dict[int, list[float]] = {}
-    for points in per_seed.values():
-        for e, v in points:
-            by_epoch.setdefault(e, []).append(v)
-    xs = sorted(by_epoch)
-    return [x + 1 for x in xs], [float(np.mean(by_epoch[x])) for x in xs]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import json
 import warnings
-from collections import defaultdict
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +26,7 @@ import pandas as pd
 
 from gap import stats
 from gap.int8.study import KNOBS, arms, describe_knob, design_matrix
-from gap.lm.study import outcome, read_epochs, read_runs
+from gap.study import curves, outcome, plot_mean_curves, read_runs
 from reporting import atomic_write, fmt, markdown_table
 from spec.int8 import EGG_C_ORIGINAL, NANO_EGG_ORIGINAL
 
@@ -37,19 +36,13 @@ RESPONSES = {"final_val_bpb": "final validation bits/byte",
              "late_val_bpb": f"mean validation bits/byte over the last {LATE_FRACTION:.0%} of epochs"}
 
 
-def _runs(folder: str, run_ids: set[str] | None) -> list[dict]:
-    """The committed runs, only those of the plan when `run_ids` is given (a folder may also hold runs of another
-    --epochs or --corpus, which must not mix into this study's arms)."""
-    return [r for r in read_runs(folder) if run_ids is None or r["run_id"] in run_ids]
-
-
 def outcomes(folder: str, run_ids: set[str] | None = None) -> pd.DataFrame:
     """One row per finished run: arm, seed, final and late-mean validation bits/byte, wall and cpu seconds, coded
     levels."""
     by_name = {a.name: a for a in arms()}
     cv = curves(folder, run_ids)
     rows = []
-    for r in _runs(folder, run_ids):
+    for r in read_runs(folder, run_ids):
         arm = by_name.get(r["arm"])
         if arm is None:
             continue
@@ -61,16 +54,6 @@ def outcomes(folder: str, run_ids: set[str] | None = None) -> pd.DataFrame:
         row.update({k: arm.level(k) for k in KNOBS})
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def curves(folder: str, run_ids: set[str] | None = None) -> dict[str, dict[int, list[tuple[int, float]]]]:
-    """arm -> seed -> [(epoch, val_bpb)] of committed runs."""
-    done = {r["run_id"] for r in _runs(folder, run_ids)}
-    out: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
-    for e in read_epochs(folder):
-        if e["run_id"] in done:
-            out[e["arm"]][int(e["seed"])].append((int(e["epoch"]), float(e["val_bpb"])))
-    return out
 
 
 def late_mean(points: list[tuple[int, float]], epochs: int, final: float) -> float:
@@ -246,31 +229,6 @@ def checkpoint_table(cv: dict, names: list[str]) -> tuple[list[str], list[list[s
     return header, rows
 
 
-def plot(cv: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for arm in arms():
-        if arm.name not in cv:
-            continue
-        by_epoch = defaultdict(list)
-        for pts in cv[arm.name].values():
-            for e, v in pts:
-                by_epoch[e].append(v)
-        xs = sorted(by_epoch)
-        corner = arm.name in ("nano-egg", "egg.c")
-        ax.plot([x + 1 for x in xs], [np.mean(by_epoch[x]) for x in xs], lw=2.2 if corner else 0.8,
-                alpha=1 if corner else 0.45, label=f"{arm.name} ({len(cv[arm.name])} seeds)" if corner else None)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("validation bits/byte (mean over seeds)")
-    ax.set_title("Integer EGGROLL: egg.c's departures against nano-egg (thin: the other 14 design points)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def _answer(comp: stats.Comparison | None, diff: "Difference | None", eff: Effects | None,
             catch: "CatchUp | None") -> list[str]:
     if comp is None:
@@ -379,7 +337,7 @@ def _run_lines(folder: str, header: dict, frame: pd.DataFrame, run_ids: set[str]
         f"- runs: {len(frame)} finished over {frame.arm.nunique()} design points; arms trained on the torch int8 "
         f"port (bit-equal to the JAX reference and the C side at every knob: `python -m parity int8`), which is "
         f"about 6x faster than the C side on this CPU",
-        f"- versions: {', '.join(sorted({json.dumps(json.loads(r['versions'])) for r in _runs(folder, run_ids)}))}",
+        f"- versions: {', '.join(sorted({json.dumps(json.loads(r['versions'])) for r in read_runs(folder, run_ids)}))}",
         "- outcome: validation bits/byte after the last epoch (noise off; the validation part of the shipped "
         "corpus, 16 rows); curves every 50 epochs",
         f"- the originals: nano-egg is {NANO_EGG_ORIGINAL[0]} {NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} "
@@ -416,7 +374,13 @@ def write(folder: str, header: dict, n_resamples: int, run_ids: set[str] | None 
     if eff is not None:
         atomic_write(f"{folder}/effects.csv", pd.concat([eff.frame(), check.frame()]).to_csv(index=False))
     atomic_write(f"{folder}/curves.csv", int8_curves.curve_table(cv, [a.name for a in arms()]).to_csv(index=False))
-    plot(cv, f"{folder}/curves.png")
+    corners = ("nano-egg", "egg.c")
+    plot_mean_curves(cv, {a.name: {"lw": 2.2, "alpha": 1, "label": f"{a.name} ({len(cv[a.name])} seeds)"}
+                          if a.name in corners else {"lw": 0.8, "alpha": 0.45, "label": None}
+                          for a in arms() if a.name in cv},
+                     f"{folder}/curves.png",
+                     "Integer EGGROLL: egg.c's departures against nano-egg (thin: the other 14 design points)",
+                     (7.5, 4.5), 8)
     int8_curves.plot_points(cv, arms(), f"{folder}/curves_by_point.png")
     return text
 

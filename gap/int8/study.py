@@ -9,18 +9,16 @@ two-factor interaction, and both corners (all nano-egg, all egg.c) among them. E
 six times faster than the C side here).
 
 Outcome per run: validation bits/byte after the last epoch (noise off, lower is better), and the curve every
-validate_every epochs. The store is gap.lm.study's (runs.csv one row per run, epochs.csv its curve, appended and
+validate_every epochs. The store is gap.study's (runs.csv one row per run, epochs.csv its curve, appended and
 fsync'd run by run), so an interrupted study resumes where it stopped.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
+from gap.study import RunSpec, seed_list
 from spec.int8 import INT8_PRESETS, Int8Config
 from spec.int8_knobs import INT8_KNOBS, NANO_EGG, Int8Knobs
 
@@ -74,35 +72,9 @@ def arms() -> list[Int8Arm]:
     return sorted(corners, key=lambda a: a.name != "nano-egg") + [a for a in out if a not in corners]
 
 
-def seed_list(n: int, first: int = 42, stride: int = 100) -> list[int]:
-    return [first + stride * i for i in range(n)]
-
-
-@dataclass(frozen=True)
-class Int8RunSpec:
-    arm: Int8Arm
-    seed: int
-    config: Int8Config
-    corpus: str | None = None
-
-    @property
-    def run_id(self) -> str:
-        ident = [self.arm.name, int(self.seed), json.dumps(asdict(self.config), sort_keys=True)]
-        if self.corpus is not None:           # another corpus, another run (the shipped one keeps the short id)
-            ident.append(corpus_digest(self.corpus))
-        return hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:12]
-
-
-@functools.lru_cache(maxsize=8)
-def corpus_digest(path: str) -> str:
-    """The corpus file's content as part of a run's identity: the same text under another path is the same run."""
-    with open(path, "rb") as f:
-        return hashlib.sha1(f.read()).hexdigest()
-
-
-def plan(cfg: Int8Config, seeds: int = SEEDS, corpus: str | None = None) -> list[Int8RunSpec]:
+def plan(cfg: Int8Config, seeds: int = SEEDS, corpus: str | None = None) -> list[RunSpec]:
     """Seed-major order (every point's first seed before any point's second), so early results span the design."""
-    return [Int8RunSpec(a, s, cfg, corpus) for s in seed_list(seeds) for a in arms()]
+    return [RunSpec(a, s, cfg, corpus) for s in seed_list(seeds) for a in arms()]
 
 
 def default_config() -> Int8Config:

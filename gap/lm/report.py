@@ -4,24 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections import defaultdict
 
 import numpy as np
 import pandas as pd
 
 from gap import stats
-from gap.lm.study import TARGET_BPB, describe_arm, outcome, read_epochs, read_runs
+from gap.lm.study import TARGET_BPB, describe_arm
+from gap.study import curves, outcome, plot_mean_curves, read_runs
 from reporting import atomic_write, fmt, markdown_table
-
-
-def curves(folder: str) -> dict[str, dict[int, list[tuple[int, float]]]]:
-    """arm -> seed -> [(epoch, val_bpb), ...] from epochs.csv (committed runs only)."""
-    done = {r["run_id"] for r in read_runs(folder)}
-    out: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
-    for e in read_epochs(folder):
-        if e["run_id"] in done:
-            out[e["arm"]][int(e["seed"])].append((int(e["epoch"]), float(e["val_bpb"])))
-    return out
 
 
 def outcomes(folder: str, target: float = TARGET_BPB) -> pd.DataFrame:
@@ -94,38 +84,21 @@ def answer(comp: pd.DataFrame, target: float) -> list[str]:
     return [f"Target for the second outcome: validation bits/byte <= {target}.", ""] + out
 
 
-def plot(cv: dict, order: list[str], path: str, target: float) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for arm in order:
-        if arm not in cv:
-            continue
-        by_epoch = defaultdict(list)
-        for points in cv[arm].values():
-            for e, v in points:
-                by_epoch[e].append(v)
-        xs = sorted(by_epoch)
-        ax.plot([x + 1 for x in xs], [np.mean(by_epoch[x]) for x in xs], label=f"{arm} ({len(cv[arm])} seeds)")
-    ax.axhline(target, color="grey", lw=0.8, ls="--", label=f"target {target}")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("validation bits/byte (mean over seeds)")
-    ax.set_title("Byte-level LM: does the torch port learn as fast?")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+TITLE = "Does the torch port learn the byte-level LM as fast as the JAX reference?"
 
 
-def write(folder: str, header: dict, order: list[str], n_resamples: int, target: float = TARGET_BPB) -> str:
-    """summary.md, outcomes.csv, comparisons.csv and curves.png in `folder`; returns the summary's text."""
+def write(folder: str, run: dict, order: list[str], n_resamples: int, target: float = TARGET_BPB) -> str:
+    """summary.md, outcomes.csv, comparisons.csv and curves.png in `folder` (`run`: the run section's lines);
+    returns the summary's text."""
     frame = outcomes(folder, target)
     if frame.empty:
         raise ValueError(f"{folder} holds no finished runs; train some first (drop --report-only)")
     order = [a for a in order if a in set(frame.arm)] + sorted(set(frame.arm) - set(order))
     comp = comparisons(frame, order, n_resamples)
-    plot(curves(folder), order, os.path.join(folder, "curves.png"), target)
+    cv = curves(folder)
+    plot_mean_curves(cv, {arm: {"label": f"{arm} ({len(cv[arm])} seeds)"} for arm in order if arm in cv},
+                     os.path.join(folder, "curves.png"), "Byte-level LM: does the torch port learn as fast?", (7, 4.2),
+                     7, target)
     frame.to_csv(os.path.join(folder, "outcomes.csv"), index=False)
     comp.to_csv(os.path.join(folder, "comparisons.csv"), index=False)
     per_arm = []
@@ -135,7 +108,7 @@ def write(folder: str, header: dict, order: list[str], n_resamples: int, target:
                         fmt(sub.final_val_bpb.std(ddof=1) if len(sub) > 1 else 0.0),
                         f"{int(sub.reached.sum())}/{len(sub)}", fmt(sub.epochs_to_target.mean(), 4),
                         fmt(sub.cpu_s.mean(), 3)])
-    lines = [f"# {header['title']}", "", *answer(comp, target), ""]
+    lines = [f"# {TITLE}", "", *answer(comp, target), ""]
     lines += ["## Arms", "", markdown_table(
         ["arm", "what it is", "seeds", "final val bits/byte (mean)", "sd", "reached target",
          "epochs to target (mean, censored at the run's length)", "CPU s per run"], per_arm), ""]
@@ -154,7 +127,7 @@ def write(folder: str, header: dict, order: list[str], n_resamples: int, target:
              for r in comp.itertuples()]))
         lines.append("")
     lines += ["![validation curves](curves.png)", "", "## Run", ""]
-    lines += [f"- {k}: {v}" for k, v in header["run"].items()]
+    lines += [f"- {k}: {v}" for k, v in run.items()]
     lines += ["", "Files: `runs.csv` (one row per run), `epochs.csv` (validation curves), `outcomes.csv`, "
               "`comparisons.csv`, `curves.png`.", ""]
     text = "\n".join(lines)
