@@ -57,32 +57,35 @@ class Int8Knob(Knob):
         return self.meanings[self.egg_c]
 
 
-def _departure(name: str, nano_egg: str, egg_c: str, means: str) -> Int8Knob:
-    return Int8Knob(name, (nano_egg, egg_c), meanings={egg_c: means})
+def _departures(table: dict[str, tuple[str, str, str]]) -> dict[str, Int8Knob]:
+    """{knob: Int8Knob} from {knob: (nano-egg's value, egg.c's value, what egg.c's value does)}."""
+    return {name: Int8Knob(name, (nano_egg, egg_c), meanings={egg_c: means})
+            for name, (nano_egg, egg_c, means) in table.items()}
 
 
-INT8_KNOBS: dict[str, Int8Knob] = {k.name: k for k in (
-    _departure("int8_noise", "table", "xorshift",
-               "matrix factors from xorshift32 (sign(bit 0) * U{0..31}, A first, seeds step_seed + pair + 100 l + k) "
-               "in place of nano-egg's normal table windows"),
-    _departure("vote_threshold", "ztest", "fixed160",
-               "a fixed vote threshold |Z| > 160 in place of the decaying z-test (most entries move every epoch)"),
-    _departure("evolving", "all", "matrices",
-               "only the matrices evolve: embedding, biases and norm weights get no noise and no update"),
-    _departure("out_shift", "sqrt", "fixed",
-               "products shifted right by 8 (in = d) or 9 (in = 4 d) in place of // (16 isqrt(in))"),
-    _departure("ln_division", "floor", "trunc",
-               "the layer norm divides by truncation (a zero mean becomes 1) in place of nano-egg's floor table"),
-    _departure("log2", "table", "mitchell",
-               "the loss's log2 by Mitchell's linear mantissa in place of the LOG2 table"),
-    _departure("state_reset", "on_zero", "never",
-               "the recurrent state is never reset (nano-egg zeroes it before input byte 0)"),
-)}
+INT8_KNOBS: dict[str, Int8Knob] = _departures({  # knob: (nano-egg's value, egg.c's value, what egg.c's does)
+    "int8_noise": ("table", "xorshift",
+                   "matrix factors from xorshift32 (sign(bit 0) * U{0..31}, A first, seeds step_seed + pair + "
+                   "100 l + k) in place of nano-egg's normal table windows"),
+    "vote_threshold": ("ztest", "fixed160",
+                       "a fixed vote threshold |Z| > 160 in place of the decaying z-test "
+                       "(most entries move every epoch)"),
+    "evolving": ("all", "matrices",
+                 "only the matrices evolve: embedding, biases and norm weights get no noise and no update"),
+    "out_shift": ("sqrt", "fixed",
+                  "products shifted right by 8 (in = d) or 9 (in = 4 d) in place of // (16 isqrt(in))"),
+    "ln_division": ("floor", "trunc",
+                    "the layer norm divides by truncation (a zero mean becomes 1) in place of nano-egg's floor table"),
+    "log2": ("table", "mitchell",
+             "the loss's log2 by Mitchell's linear mantissa in place of the LOG2 table"),
+    "state_reset": ("on_zero", "never",
+                    "the recurrent state is never reset (nano-egg zeroes it before input byte 0)"),
+})
 # egg.c's structure beyond the seven aspects (its portable full_trained_egg-cpumulti.c), for conformance runs
-INT8_STRUCTURE: dict[str, Int8Knob] = {k.name: k for k in (
-    _departure("gate_clip", "once", "nested", "a gate is clip(clip(W x + U s) + bias) in place of one clipped sum"),
-    _departure("mlp", "on", "off", "no ln2 and no MLP in the forward (the MLP matrices are still noised and voted on)"),
-)}
+INT8_STRUCTURE: dict[str, Int8Knob] = _departures({  # knob: (nano-egg's value, egg.c's value, what egg.c's does)
+    "gate_clip": ("once", "nested", "a gate is clip(clip(W x + U s) + bias) in place of one clipped sum"),
+    "mlp": ("on", "off", "no ln2 and no MLP in the forward (the MLP matrices are still noised and voted on)"),
+})
 ALL_INT8_KNOBS: dict[str, Int8Knob] = {**INT8_KNOBS, **INT8_STRUCTURE}
 
 INT8_PROFILES: dict[str, dict[str, str]] = {

@@ -105,9 +105,11 @@ class KnobTable:
             self.check(name, text)
             return text
         try:
-            return knob.number(text)
+            value = knob.number(text)
         except ValueError:
             self.fail(self.words.not_a_number, name=name, text=text, knob=knob)
+        self.check(name, value)
+        return value
 
     def resolve(self, start: KnobValues, profile: str | None = None, assignments: Iterable[str] = ()) -> Any:
         """`start` (the reference's values) with the profile's knobs set (the first profile by default), then each

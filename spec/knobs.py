@@ -4,7 +4,8 @@ knobs only a port has, plus the profiles of the ports that were published.
 `RunSettings` configure the reference run itself (both sides obey them). `Knobs` is a torch port's whole
 configuration: the run settings it uses plus its port-only knobs. Any value of a `Knobs` that departs from the
 reference run's is a drift, `rng=torch` included (the suite treats that one as a different generator, not as
-different math).
+different math). Both are values classes of the one knob type (spec.knob): `CARTPOLE` is the table, `RUN` its
+run-side knobs; CHOICES, NUMERIC and DESCRIPTIONS are views of it.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ RNG = Knob("rng", ("jax", "torch", "jax-cpu", "jax-gpu"),
            {"jax": "JAX's threefry numbers (torch_impl.random; in torch_impl the CPU's float32 normals)",
             "torch": "torch's own generator",
             "jax-cpu": "JAX's numbers with the float32 normals of JAX's CPU backend, whatever the reference runs on",
-            "jax-gpu": "JAX's numbers with the float32 normals of JAX's NVIDIA GPU backend"})
+            "jax-gpu": "JAX's numbers with the float32 normals of JAX's NVIDIA GPU backend, whatever the reference "
+                       "runs on"})
 KNOBS: tuple[Knob, ...] = (
     RNG,
     Knob("antithetic", ("interleaved", "halves", "off"), "antithetic pairing layout",
@@ -61,7 +63,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("compile", ("off", "on"), "compiled forward (torch.compile)",
          {"off": "the population forward eager", "on": "the population forward torch.compile'd (dynamic=True)"}),
     Knob("matmul_precision", ("highest", "high"), "matmul precision (TF32)",
-         {"highest": "float32 matmuls", "high": "TF32 matmuls (CUDA's; on a CPU every operand rounded to TF32)"}),
+         {"highest": "float32 matmuls",
+          "high": "TF32 matmuls (CUDA's TF32 mode; on a CPU every matmul operand rounded to TF32's 10 mantissa bits)"}),
 )
 _WORDS = Words(not_assignment="expected KNOB=VALUE, got {text!r} (for example antithetic=halves)",
                unknown_knob="unknown knob {name!r}; known knobs: {known}",
@@ -70,8 +73,6 @@ _WORDS = Words(not_assignment="expected KNOB=VALUE, got {text!r} (for example an
 # The reference run's own settings (both sides obey them): the run-side knobs.
 RUN = KnobTable(tuple(k for k in KNOBS if k.side == "run"), {},
                 _WORDS._replace(unknown_knobs="unknown run setting(s) {names}; run settings: {known}"))
-
-
 RunSettings = RUN.values_class("RunSettings", __name__, "How the reference run is configured: both sides obey these "
                                "(the defaults are the presets').")
 RUN_KNOBS: tuple[str, ...] = RUN.names
