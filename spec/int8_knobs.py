@@ -3,7 +3,8 @@
 Every knob's first value is nano-egg's (the faithful side), its second egg.c's (ljubomirj/egg.c
 `full_trained_egg-cpumulti.c` and d0rc/egg.c `full_trained_egg.c`, read for facts). spec/int8.py states nano-egg's
 math; the lines here state what each departure changes, in the words the parity report and the gap study use. The
-torch int8 port and the C side implement every knob (one place per side); the JAX reference is nano-egg only.
+torch int8 port and the C side implement every knob (one place per side); the JAX reference is nano-egg only. `INT8` is
+the table (a spec.knob.KnobTable, the one knob type's), `Int8Knobs` its values class.
 
     int8_noise=xorshift      a matrix's factors from xorshift32 (x ^= x << 13; x ^= x >> 17; x ^= x << 5), A first, each
                              value (+1 if bit 0 else -1) * ((r >> 1) & 31), seeded step_seed + pair + 100 l + k (Wf 1,
