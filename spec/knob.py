@@ -29,7 +29,7 @@ class Knob:
     name: str
     values: tuple[str, ...] = ()
     about: str = ""
-    meanings: Mapping[str, str] = field(default_factory=dict)
+    meanings: Mapping[str, str] = field(default_factory=dict, hash=False)    # a dict: hashed on the rest
     side: str = "port"
     number: type | None = None
     valid: str = ""
