@@ -3,7 +3,8 @@
 Every knob's first value is nano-egg's (the faithful side), its second egg.c's (ljubomirj/egg.c
 `full_trained_egg-cpumulti.c` and d0rc/egg.c `full_trained_egg.c`, read for facts). spec/int8.py states nano-egg's
 math; the lines here state what each departure changes, in the words the parity report and the gap study use. The
-torch int8 port and the C side implement every knob (one place per side); the JAX reference is nano-egg only.
+torch int8 port and the C side implement every knob (one place per side); the JAX reference is nano-egg only. `INT8` is
+the table (a spec.knob.KnobTable, the one knob type's), `Int8Knobs` its values class.
 
     int8_noise=xorshift      a matrix's factors from xorshift32 (x ^= x << 13; x ^= x >> 17; x ^= x << 5), A first, each
                              value (+1 if bit 0 else -1) * ((r >> 1) & 31), seeded step_seed + pair + 100 l + k (Wf 1,
@@ -37,42 +38,55 @@ the MLP (mlp=on: expand >> 8, project >> 9, a residual add).
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import NamedTuple
+
+from spec.knob import Knob, KnobError, KnobTable, KnobValues, Words
 
 
-class Int8Knob(NamedTuple):
-    """One aspect: nano-egg's value, egg.c's value, and what egg.c's value does, in a line."""
+class Int8Knob(Knob):
+    """A knob of two values, nano-egg's (the reference's) and egg.c's, and what egg.c's does, in a line."""
 
-    name: str
-    nano_egg: str
-    egg_c: str
-    means: str
+    @property
+    def nano_egg(self) -> str:
+        return self.values[0]
+
+    @property
+    def egg_c(self) -> str:
+        return self.values[1]
+
+    @property
+    def means(self) -> str:
+        return self.meanings[self.egg_c]
 
 
-INT8_KNOBS: dict[str, Int8Knob] = {k.name: k for k in (
-    Int8Knob("int8_noise", "table", "xorshift",
-             "matrix factors from xorshift32 (sign(bit 0) * U{0..31}, A first, seeds step_seed + pair + 100 l + k) "
-             "in place of nano-egg's normal table windows"),
-    Int8Knob("vote_threshold", "ztest", "fixed160",
-             "a fixed vote threshold |Z| > 160 in place of the decaying z-test (most entries move every epoch)"),
-    Int8Knob("evolving", "all", "matrices",
-             "only the matrices evolve: embedding, biases and norm weights get no noise and no update"),
-    Int8Knob("out_shift", "sqrt", "fixed",
-             "products shifted right by 8 (in = d) or 9 (in = 4 d) in place of // (16 isqrt(in))"),
-    Int8Knob("ln_division", "floor", "trunc",
-             "the layer norm divides by truncation (a zero mean becomes 1) in place of nano-egg's floor table"),
-    Int8Knob("log2", "table", "mitchell",
+def _departures(table: dict[str, tuple[str, str, str]]) -> dict[str, Int8Knob]:
+    """{knob: Int8Knob} from {knob: (nano-egg's value, egg.c's value, what egg.c's value does)}."""
+    return {name: Int8Knob(name, (nano_egg, egg_c), meanings={egg_c: means})
+            for name, (nano_egg, egg_c, means) in table.items()}
+
+
+INT8_KNOBS: dict[str, Int8Knob] = _departures({  # knob: (nano-egg's value, egg.c's value, what egg.c's does)
+    "int8_noise": ("table", "xorshift",
+                   "matrix factors from xorshift32 (sign(bit 0) * U{0..31}, A first, seeds step_seed + pair + "
+                   "100 l + k) in place of nano-egg's normal table windows"),
+    "vote_threshold": ("ztest", "fixed160",
+                       "a fixed vote threshold |Z| > 160 in place of the decaying z-test "
+                       "(most entries move every epoch)"),
+    "evolving": ("all", "matrices",
+                 "only the matrices evolve: embedding, biases and norm weights get no noise and no update"),
+    "out_shift": ("sqrt", "fixed",
+                  "products shifted right by 8 (in = d) or 9 (in = 4 d) in place of // (16 isqrt(in))"),
+    "ln_division": ("floor", "trunc",
+                    "the layer norm divides by truncation (a zero mean becomes 1) in place of nano-egg's floor table"),
+    "log2": ("table", "mitchell",
              "the loss's log2 by Mitchell's linear mantissa in place of the LOG2 table"),
-    Int8Knob("state_reset", "on_zero", "never",
-             "the recurrent state is never reset (nano-egg zeroes it before input byte 0)"),
-)}
+    "state_reset": ("on_zero", "never",
+                    "the recurrent state is never reset (nano-egg zeroes it before input byte 0)"),
+})
 # egg.c's structure beyond the seven aspects (its portable full_trained_egg-cpumulti.c), for conformance runs
-INT8_STRUCTURE: dict[str, Int8Knob] = {k.name: k for k in (
-    Int8Knob("gate_clip", "once", "nested", "a gate is clip(clip(W x + U s) + bias) in place of one clipped sum"),
-    Int8Knob("mlp", "on", "off", "no ln2 and no MLP in the forward (the MLP matrices are still noised and voted on)"),
-)}
+INT8_STRUCTURE: dict[str, Int8Knob] = _departures({  # knob: (nano-egg's value, egg.c's value, what egg.c's does)
+    "gate_clip": ("once", "nested", "a gate is clip(clip(W x + U s) + bias) in place of one clipped sum"),
+    "mlp": ("on", "off", "no ln2 and no MLP in the forward (the MLP matrices are still noised and voted on)"),
+})
 ALL_INT8_KNOBS: dict[str, Int8Knob] = {**INT8_KNOBS, **INT8_STRUCTURE}
 
 INT8_PROFILES: dict[str, dict[str, str]] = {
@@ -82,44 +96,31 @@ INT8_PROFILES: dict[str, dict[str, str]] = {
 }
 
 
-class Int8KnobError(ValueError):
+class Int8KnobError(KnobError):
     """An unknown int8 knob, value or profile (the message lists what is known)."""
 
 
-@dataclass(frozen=True)
-class Int8Knobs:
-    """One value per aspect; the defaults are nano-egg's (the faithful side)."""
+INT8 = KnobTable(tuple(ALL_INT8_KNOBS.values()), INT8_PROFILES, Words(
+    not_assignment="{text!r} is not KNOB=VALUE; e.g. int8_noise=xorshift (knobs: {known})",
+    unknown_knob="unknown int8 knob {name!r}; the int8 knobs: {known}",
+    unknown_knobs="unknown int8 knob {name!r}; the int8 knobs: {known}",
+    unknown_profile="unknown int8 profile {name!r}; known: {known}",
+    bad_value="{name}={value!r}: use {knob.nano_egg} (nano-egg) or {knob.egg_c} (egg.c)", error=Int8KnobError))
 
-    int8_noise: str = "table"
-    vote_threshold: str = "ztest"
-    evolving: str = "all"
-    out_shift: str = "sqrt"
-    ln_division: str = "floor"
-    log2: str = "table"
-    state_reset: str = "on_zero"
-    gate_clip: str = "once"
-    mlp: str = "on"
 
-    def __post_init__(self) -> None:
-        for knob in ALL_INT8_KNOBS.values():
-            value = getattr(self, knob.name)
-            if value not in (knob.nano_egg, knob.egg_c):
-                raise Int8KnobError(f"{knob.name}={value!r}: use {knob.nano_egg} (nano-egg) or {knob.egg_c} (egg.c)")
-
-    def replace(self, **changes) -> "Int8Knobs":
-        unknown = [k for k in changes if k not in ALL_INT8_KNOBS]
-        if unknown:
-            raise Int8KnobError(f"unknown int8 knob {unknown[0]!r}; the int8 knobs: {', '.join(ALL_INT8_KNOBS)}")
-        return dataclasses.replace(self, **changes)
+class _Int8Knobs(KnobValues):
+    """What Int8Knobs add to the table's values: the departures by name."""
 
     def departures(self) -> dict[str, str]:
         """{knob: value} for every aspect that is egg.c's, in the table's order."""
-        return {k: getattr(self, k) for k, knob in ALL_INT8_KNOBS.items() if getattr(self, k) == knob.egg_c}
+        return {name: value for name, (_, value) in INT8.drifts(self, type(self)()).items()}
 
     def is_egg_c(self, knob: str) -> bool:
         return getattr(self, knob) == ALL_INT8_KNOBS[knob].egg_c
 
 
+Int8Knobs = INT8.values_class("Int8Knobs", __name__, "One value per aspect; the defaults are nano-egg's (the faithful "
+                              "side).", base=_Int8Knobs)
 NANO_EGG = Int8Knobs()
 
 
@@ -137,25 +138,13 @@ def table_noise(cls: str, knobs: Int8Knobs) -> bool:
 
 def int8_profile(name: str) -> Int8Knobs:
     """The knobs of a named profile (nano-egg, egg.c, egg.c-cpumulti); Int8KnobError for another name."""
-    if name not in INT8_PROFILES:
-        raise Int8KnobError(f"unknown int8 profile {name!r}; known: {', '.join(INT8_PROFILES)}")
-    return Int8Knobs(**INT8_PROFILES[name])
+    return INT8.resolve(NANO_EGG, name)
 
 
 def parse_int8_knobs(pairs: list[str] | tuple[str, ...] = (), profile: str | None = None) -> Int8Knobs:
     """A profile (default nano-egg) with KNOB=VALUE overrides applied; Int8KnobError says what is wrong and what
     would be right."""
-    knobs = int8_profile(profile or "nano-egg")
-    changes = {}
-    for text in pairs:
-        name, sep, value = text.partition("=")
-        if not sep or not name or not value:
-            raise Int8KnobError(f"{text!r} is not KNOB=VALUE; e.g. int8_noise=xorshift (knobs: "
-                                f"{', '.join(ALL_INT8_KNOBS)})")
-        if name not in ALL_INT8_KNOBS:
-            raise Int8KnobError(f"unknown int8 knob {name!r}; the int8 knobs: {', '.join(ALL_INT8_KNOBS)}")
-        changes[name] = value
-    return knobs.replace(**changes)
+    return INT8.resolve(NANO_EGG, profile or None, pairs)
 
 
 def as_int8_knobs(knobs: "Int8Knobs | dict | str | None") -> Int8Knobs:

@@ -4,7 +4,8 @@ knobs only a port has, plus the profiles of the ports that were published.
 `RunSettings` configure the reference run itself (both sides obey them). `Knobs` is a torch port's whole
 configuration: the run settings it uses plus its port-only knobs. Any value of a `Knobs` that departs from the
 reference run's is a drift, `rng=torch` included (the suite treats that one as a different generator, not as
-different math).
+different math). Both are values classes of the one knob type (spec.knob): `CARTPOLE` is the table, `RUN` its
+run-side knobs; CHOICES, NUMERIC and DESCRIPTIONS are views of it.
 """
 from __future__ import annotations
 
@@ -12,111 +13,73 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-# knob -> allowed values; the first is the reference's behaviour.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "rng": ("jax", "torch", "jax-cpu", "jax-gpu"),
-    "antithetic": ("interleaved", "halves", "off"),
-    "fitness": ("jax", "std", "std_unbiased", "rank"),
-    "bias_noise": ("jax", "fresh", "update_only", "off"),
-    "bias_grad": ("jax", "over_sigma"),
-    "activation": ("pqn", "tanh", "relu"),
-    "init": ("jax", "torch", "normal"),
-    "optimizer": ("sgd", "adam", "adamw"),
-    "actions": ("sample", "greedy"),
-    "compile": ("off", "on"),
-    "matmul_precision": ("highest", "high"),
-}
-# Numeric knobs: name -> (type, what a valid value is).
-NUMERIC: dict[str, tuple[type, str]] = {
-    "noise_reuse": (int, "an integer >= 0 (0 = the same noise every epoch)"),
-    "lr_decay": (float, "a multiplicative factor per epoch in (0, 1]"),
-    "sigma_decay": (float, "a multiplicative factor per epoch in (0, 1]"),
-}
-# What each knob means, in the words the verdicts use.
-DESCRIPTIONS: dict[str, str] = {
-    "rng": "noise generator (JAX threefry keys vs torch's own generator, or JAX's normals as another JAX backend "
+from spec.knob import Knob, KnobError, KnobTable, KnobValues, Words  # noqa: F401  (KnobError: callers import it here)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _factor(value: Any) -> bool:
+    return isinstance(value, (int, float)) and 0.0 < float(value) <= 1.0
+
+
+# The knobs in the order of Knobs's fields; a choice's first value is the reference's behaviour.
+RNG = Knob("rng", ("jax", "torch", "jax-cpu", "jax-gpu"),
+           "noise generator (JAX threefry keys vs torch's own generator, or JAX's normals as another JAX backend "
            "rounds them: jax-cpu, jax-gpu)",
-    "antithetic": "antithetic pairing layout",
-    "fitness": "fitness shaping",
-    "bias_noise": "bias noise",
-    "bias_grad": "bias gradient scale",
-    "noise_reuse": "noise_reuse schedule (how often the noise changes across epochs)",
-    "activation": "hidden activation",
-    "init": "weight init",
-    "optimizer": "optimizer",
-    "actions": "action selection",
-    "compile": "compiled forward (torch.compile)",
-    "matmul_precision": "matmul precision (TF32)",
-    "lr_decay": "learning-rate schedule",
-    "sigma_decay": "sigma schedule",
-}
+           {"jax": "JAX's threefry numbers (torch_impl.random; in torch_impl the CPU's float32 normals)",
+            "torch": "torch's own generator",
+            "jax-cpu": "JAX's numbers with the float32 normals of JAX's CPU backend, whatever the reference runs on",
+            "jax-gpu": "JAX's numbers with the float32 normals of JAX's NVIDIA GPU backend, whatever the reference "
+                       "runs on"})
+KNOBS: tuple[Knob, ...] = (
+    RNG,
+    Knob("antithetic", ("interleaved", "halves", "off"), "antithetic pairing layout",
+         {"interleaved": "pairs (2k, 2k+1)", "halves": "pairs (i, i + N/2)", "off": "no pairs"}),
+    Knob("fitness", ("jax", "std", "std_unbiased", "rank"), "fitness shaping",
+         {"jax": "(f - mean) / sqrt(var + 1e-5)", "std": "(f - mean) / std (ddof 0, zeros when std < 1e-8)",
+          "std_unbiased": "(f - mean) / (std(ddof 1) + 1e-8)", "rank": "centred ranks"}),
+    Knob("bias_noise", ("jax", "fresh", "update_only", "off"), "bias noise",
+         {"jax": "the weights' schedule", "fresh": "new every epoch",
+          "update_only": "new every epoch and used in the update but never added in the forward",
+          "off": "biases not perturbed"}),
+    Knob("bias_grad", ("jax", "over_sigma"), "bias gradient scale",
+         {"jax": "mean(f * sigma * eps)", "over_sigma": "the same divided by sigma once more"}),
+    Knob("noise_reuse", about="noise_reuse schedule (how often the noise changes across epochs)", side="run",
+         number=int, valid="an integer >= 0 (0 = the same noise every epoch)", accepts=_count, default=0),
+    Knob("activation", ("pqn", "tanh", "relu"), "hidden activation",
+         {"pqn": "relu of a parameter-free layer norm"}, side="run"),
+    Knob("init", ("jax", "torch", "normal"), "weight init",
+         {"jax": "normal / sqrt(in) and zero biases", "torch": "nn.Linear's uniform default",
+          "normal": "normal with std 0.1 and zero biases"}),
+    Knob("optimizer", ("sgd", "adam", "adamw"), "optimizer", side="run"),   # optax's semantics and defaults
+    Knob("lr_decay", about="learning-rate schedule", side="run", number=float,
+         valid="a multiplicative factor per epoch in (0, 1]", accepts=_factor, default=1.0),
+    Knob("sigma_decay", about="sigma schedule", side="run", number=float,
+         valid="a multiplicative factor per epoch in (0, 1]", accepts=_factor, default=0.999),
+    Knob("actions", ("sample", "greedy"), "action selection",
+         {"sample": "action 1 when u >= softmax(logits)[0] (the shared uniforms)", "greedy": "argmax(logits)"}),
+    Knob("compile", ("off", "on"), "compiled forward (torch.compile)",
+         {"off": "the population forward eager", "on": "the population forward torch.compile'd (dynamic=True)"}),
+    Knob("matmul_precision", ("highest", "high"), "matmul precision (TF32)",
+         {"highest": "float32 matmuls",
+          "high": "TF32 matmuls (CUDA's TF32 mode; on a CPU every matmul operand rounded to TF32's 10 mantissa bits)"}),
+)
+_WORDS = Words(not_assignment="expected KNOB=VALUE, got {text!r} (for example antithetic=halves)",
+               unknown_knob="unknown knob {name!r}; known knobs: {known}",
+               unknown_knobs="unknown knob(s) {names}; known knobs: {known}",
+               unknown_profile="unknown profile {name!r}; known profiles: {known}")
+# The reference run's own settings (both sides obey them): the run-side knobs.
+RUN = KnobTable(tuple(k for k in KNOBS if k.side == "run"), {},
+                _WORDS._replace(unknown_knobs="unknown run setting(s) {names}; run settings: {known}"))
+RunSettings = RUN.values_class("RunSettings", __name__, "How the reference run is configured: both sides obey these "
+                               "(the defaults are the presets').")
+RUN_KNOBS: tuple[str, ...] = RUN.names
 
 
-class KnobError(ValueError):
-    """A knob, value or profile that does not exist; the message says what would be right."""
-
-
-def _check_values(obj: Any, names: Iterable[str]) -> None:
-    """Raise KnobError for the first of `names` whose value on `obj` is not allowed."""
-    for name in names:
-        value = getattr(obj, name)
-        if name in CHOICES and value not in CHOICES[name]:
-            raise KnobError(f"unknown value {value!r} for knob {name!r}; allowed: {', '.join(CHOICES[name])}")
-    if "noise_reuse" in names:
-        value = obj.noise_reuse
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise KnobError(f"noise_reuse must be {NUMERIC['noise_reuse'][1]}, got {value!r}")
-    for name in ("lr_decay", "sigma_decay"):
-        if name in names:
-            value = getattr(obj, name)
-            if not isinstance(value, (int, float)) or not (0.0 < float(value) <= 1.0):
-                raise KnobError(f"{name} must be {NUMERIC[name][1]}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """How the reference run is configured: both sides obey these (the defaults are the presets')."""
-
-    noise_reuse: int = 0
-    activation: str = "pqn"
-    optimizer: str = "sgd"
-    lr_decay: float = 1.0
-    sigma_decay: float = 0.999
-
-    def __post_init__(self) -> None:
-        _check_values(self, RUN_KNOBS)
-
-    def replace(self, **changes: Any) -> "RunSettings":
-        unknown = sorted(set(changes) - set(RUN_KNOBS))
-        if unknown:
-            raise KnobError(f"unknown run setting(s) {', '.join(unknown)}; run settings: {', '.join(RUN_KNOBS)}")
-        return dataclasses.replace(self, **changes)
-
-
-RUN_KNOBS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RunSettings))
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """A torch port's configuration, one setting per known drift; the defaults are the reference's behaviour."""
-
-    rng: str = "jax"
-    antithetic: str = "interleaved"
-    fitness: str = "jax"
-    bias_noise: str = "jax"
-    bias_grad: str = "jax"
-    noise_reuse: int = 0
-    activation: str = "pqn"
-    init: str = "jax"
-    optimizer: str = "sgd"
-    lr_decay: float = 1.0
-    sigma_decay: float = 0.999
-    actions: str = "sample"
-    compile: str = "off"                 # on: the population forward runs torch.compile'd
-    matmul_precision: str = "highest"    # high: TF32 matmuls (CUDA's, or its input rounding emulated on a CPU)
-
-    def __post_init__(self) -> None:
-        _check_values(self, KNOB_NAMES)
+class _Knobs(KnobValues):
+    """What a port's Knobs add to the table's values: the run settings they use, and knobs from run settings."""
 
     @classmethod
     def from_run(cls, run: RunSettings, **port: Any) -> "Knobs":
@@ -127,16 +90,6 @@ class Knobs:
     def run(self) -> RunSettings:
         """The run settings these knobs use (what a reference run configured like this port would get)."""
         return RunSettings(**{name: getattr(self, name) for name in RUN_KNOBS})
-
-    def replace(self, **changes: Any) -> "Knobs":
-        unknown = sorted(set(changes) - set(KNOB_NAMES))
-        if unknown:
-            raise KnobError(f"unknown knob(s) {', '.join(unknown)}; known knobs: {', '.join(KNOB_NAMES)}")
-        return dataclasses.replace(self, **changes)
-
-
-KNOB_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Knobs))
-PORT_KNOBS: tuple[str, ...] = tuple(n for n in KNOB_NAMES if n not in RUN_KNOBS)
 
 
 @dataclass(frozen=True)
@@ -178,29 +131,25 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 )}
 PROFILE_DRIFTS: dict[str, dict[str, Any]] = {name: dict(p.drifts) for name, p in PROFILES.items()}
 
+CARTPOLE = KnobTable(KNOBS, PROFILE_DRIFTS, _WORDS)
+Knobs = CARTPOLE.values_class("Knobs", __name__, "A torch port's configuration, one setting per known drift; the "
+                              "defaults are the reference's behaviour.", base=_Knobs)
+KNOB_NAMES: tuple[str, ...] = CARTPOLE.names
+PORT_KNOBS: tuple[str, ...] = tuple(n for n in KNOB_NAMES if n not in RUN_KNOBS)
+# The table's views by kind: choice knob -> its values; numeric knob -> (type, what a valid value is); the words.
+CHOICES: dict[str, tuple[str, ...]] = {k.name: k.values for k in KNOBS if k.number is None}
+NUMERIC: dict[str, tuple[type, str]] = {k.name: (k.number, k.valid) for k in KNOBS if k.number is not None}
+DESCRIPTIONS: dict[str, str] = {k.name: k.about for k in KNOBS}
+
 
 def parse_value(name: str, text: str) -> Any:
     """Turn the text of `KNOB=VALUE` into the knob's value, or raise KnobError."""
-    if name in CHOICES:
-        if text not in CHOICES[name]:
-            raise KnobError(f"unknown value {text!r} for knob {name!r}; allowed: {', '.join(CHOICES[name])}")
-        return text
-    if name in NUMERIC:
-        kind, meaning = NUMERIC[name]
-        try:
-            return kind(text)
-        except ValueError:
-            raise KnobError(f"knob {name!r} takes {meaning}, got {text!r}") from None
-    raise KnobError(f"unknown knob {name!r}; known knobs: {', '.join(KNOB_NAMES)}")
+    return CARTPOLE.parse_value(name, text)
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
     """Parse one `KNOB=VALUE` string."""
-    if "=" not in text:
-        raise KnobError(f"expected KNOB=VALUE, got {text!r} (for example antithetic=halves)")
-    name, value = text.split("=", 1)
-    name = name.strip()
-    return name, parse_value(name, value.strip())
+    return CARTPOLE.parse(text)
 
 
 def as_knobs(reference: RunSettings | Knobs | None) -> Knobs:
@@ -212,26 +161,15 @@ def as_knobs(reference: RunSettings | Knobs | None) -> Knobs:
 
 def profile(name: str, reference: RunSettings | Knobs | None = None) -> Knobs:
     """The knobs of profile `name`, as departures from the reference run's settings."""
-    if name not in PROFILES:
-        raise KnobError(f"unknown profile {name!r}; known profiles: {', '.join(PROFILES)}")
-    return as_knobs(reference).replace(**PROFILES[name].drifts)
+    return CARTPOLE.resolve(as_knobs(reference), name)
 
 
 def resolve(profile_name: str = "jax", assignments: Iterable[str] = (),
             reference: RunSettings | Knobs | None = None) -> Knobs:
     """Profile first, then each `KNOB=VALUE` in order (a later one wins)."""
-    knobs = profile(profile_name, reference)
-    for text in assignments:
-        name, value = parse_assignment(text)
-        knobs = knobs.replace(**{name: value})
-    return knobs
+    return CARTPOLE.resolve(as_knobs(reference), profile_name, assignments)
 
 
 def drifts(knobs: Knobs, reference: RunSettings | Knobs | None = None) -> dict[str, tuple[Any, Any]]:
     """Knobs that depart from the reference run: name -> (reference value, this value)."""
-    knobs, reference = as_knobs(knobs), as_knobs(reference)
-    return {
-        name: (getattr(reference, name), getattr(knobs, name))
-        for name in KNOB_NAMES
-        if getattr(knobs, name) != getattr(reference, name)
-    }
+    return CARTPOLE.drifts(as_knobs(knobs), as_knobs(reference))
