@@ -201,8 +201,11 @@ def run_info(args, sizes: Sizes, command: str, label: str, configuration: str, s
 def parse(argv: list[str]):
     """(args, sizes, (port, configuration, label, session, repro recipe), checks) or UsageError / ValueError: all
     before any work."""
+    from parity.core.flags import selected_checks
+
     args = build_parser().parse_args(argv)
     check_out_dir(args.out)
+    checks = selected_checks(args.checks, CHECKS)
     args.bundle = None
     if args.against:
         from parity.mlp.vectors import open_bundle
@@ -220,9 +223,7 @@ def parse(argv: list[str]):
     sizes = suite_sizes(args)
     made = _make_port(args, sizes)
     sizes = at_port_rank(sizes, made[0])        # a port of fixed rank (its `rank` attribute) is compared at it
-    from parity.core.flags import selected_checks
-
-    return args, sizes, made, selected_checks(args.checks, CHECKS)
+    return args, sizes, made, checks
 
 
 def terminal_lines(results) -> list[str]:
