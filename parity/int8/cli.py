@@ -245,7 +245,7 @@ def check_results(result: dict, c_reason: str | None) -> list:
     case: Case = result["case"]
     reference, sides = result["rows"][0], result["rows"][1:]
     results = []
-    for g in group_table(reference["pieces"], reference["pieces"]):
+    for g in [g for g in GROUPS if any(group(piece) == g for piece in reference["pieces"])]:
         rows, causes, observed = [], (), ""
         for row in sides:
             for piece, value in reference["pieces"].items():

@@ -140,7 +140,10 @@ def main(argv: list[str]) -> int:
     facts += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
     written = write_repros(args, argv, rows, collector, recipe)
     from parity.core.report import RESULT, Family, write_report
-    results = check_results(rows, seconds, written, cfg.tree.paths, args.size)
+    try:
+        results = check_results(rows, seconds, written, cfg.tree.paths, args.size)
+    except Exception:                # the report's own crash is the suite's too: exit 3, no summary written
+        return internal_error(f"parity check --task {args.task}")
     info = run_info(args, argv, cfg, knobs, who, bundle, reference, began, time.perf_counter() - started)
     write_report(Path(args.out), results, info, code, Family(task=args.task, title=title, lead=lead, run=tuple(facts)))
     for u in unseen:

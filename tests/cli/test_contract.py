@@ -90,3 +90,18 @@ def test_every_task_takes_the_common_flags():
     from parity.tree import cli as tree_cli
     for parser in (cli.build_parser(), tree_cli.build_parser(), int8_cli.build_parser()):
         assert set(COMMON_FLAGS) <= set(parser._option_string_actions), parser.prog
+
+
+@pytest.mark.slow
+def test_an_int8_drift_is_a_failed_check_naming_its_knob(tmp_path, capsys):
+    """int8's pieces as the one report's checks: the group where the torch side first parts fails with the C side's
+    naming as its cause, under the knob, in result.json and in summary.md's verdict table; pieces.csv stays."""
+    code = cli.main(["check", "--task", "int8", "--size", "selftest", "--epochs", "1", "--torch", "log2=mitchell",
+                     "--out", str(tmp_path), "--json", "--quiet"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 1 and (result["verdict"], result["exit_code"], result["knobs"]) == ("fail", 1, ["log2"])
+    parted = next(c for c in result["checks"] if c["verdict"] == "fail")
+    assert parted["observed"].startswith("torch (torch_impl int8 port) with log2=mitchell parts at trace.")
+    assert [c["knob"] for c in parted["causes"]] == ["log2"] and "Mitchell" in parted["causes"][0]["text"]
+    assert f"| {parted['name']} | fail | {parted['observed']} |" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "pieces.csv").read_text().startswith("side,piece,shape,equal,differing,first_element")
