@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from parity.core.exits import internal_error
+from parity.core.report import RESULT, Family, write_report
 from spec.knobs import KnobError
 from spec.limits import check_out_dir
 from spec.platform import check_against_bundle, recorded_platform, request_of
@@ -103,7 +105,6 @@ def main(argv: list[str]) -> int:
     from parity.tree import check as tree_check
     from parity.tree.base import merged_causes
     from parity.core.port import PortError
-    from parity.core.exits import internal_error
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
     collector, recipe = repro_setup(args, cfg)
@@ -139,7 +140,6 @@ def main(argv: list[str]) -> int:
     unseen = [f"{r.quantity}: {r.cause}" for r in rows if r.verdict == "skip" and r.quantity.startswith("knob `")]
     facts += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
     written = write_repros(args, argv, rows, collector, recipe)
-    from parity.core.report import RESULT, Family, write_report
     try:
         results = check_results(rows, seconds, written, cfg.tree.paths, args.size)
     except Exception:                # the report's own crash is the suite's too: exit 3, no summary written
