@@ -25,8 +25,8 @@ from parity.mlp.sizes import SIZES, Sizes
 from reporting import cpu_name, versions, xla_flags
 from spec.config import for_profile
 from spec.knobs import CHOICES, NUMERIC, PROFILES
-from spec.limits import check_out_dir, device_arg, seed_arg
-from spec.platform import add_reference_flags, check_against_bundle, recorded_platform, request_of
+from spec.limits import check_out_dir
+from spec.platform import check_against_bundle, recorded_platform, request_of
 
 SUITE_PACKAGES = ("torch", "jax", "numpy")
 
@@ -43,35 +43,21 @@ MOVED = {"gap": "python -m gap", "bench": "python -m bench"}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from parity.core.flags import add_task_flags
+
     knob_help = "; ".join([f"{k}: {'|'.join(v)}" for k, v in CHOICES.items()]
                           + [f"{k}: {meaning}" for k, (_, meaning) in NUMERIC.items()])
     p = _Parser(prog="python -m parity check",
                 description="Run the parity suite: does the port compute what the JAX reference computes?")
-    p.add_argument("--profile", default="jax", help=f"torch-side profile: {', '.join(PROFILES)} (default jax)")
-    p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
-                   help=f"torch-side knob, repeatable, applied after the profile ({knob_help})")
-    p.add_argument("--port", metavar="MODULE:ATTR", help="check a foreign port through the adapter protocol "
-                                                         "(parity/mlp/adapter.py) instead of torch_impl")
-    p.add_argument("--out", default="runs/parity",
-                   help="report folder (default runs/parity, which git ignores; the published one is reports/parity)")
-    p.add_argument("--seed", type=seed_arg, default=None,
-                   help="run seed in [0, 2**32 - 1] (default 0, or the bundle's with --against)")
-    p.add_argument("--against", metavar="BUNDLE",
-                   help="check against a recorded bundle (e.g. vectors/cartpole-quick, written by `python -m parity "
-                        "record`) instead of the live JAX reference: no jax needed")
-    size = p.add_mutually_exclusive_group()
+    size = add_task_flags(
+        p, out="runs/parity", sizes=SIZES, size_help="a named size (selftest: tiny, for tests)",
+        profiles=PROFILES, profile_default="jax", knob_help=knob_help, checks=CHECKS,
+        port_help="check a foreign port through the adapter protocol (parity/mlp/adapter.py) instead of torch_impl",
+        against_help="check against a recorded bundle (e.g. vectors/cartpole-quick, written by `python -m parity "
+                     "record`) instead of the live JAX reference: no jax needed")
     size.add_argument("--quick", dest="size", action="store_const", const="quick",
                       help="the quick suite (default, or the bundle's size with --against)")
     size.add_argument("--full", dest="size", action="store_const", const="full", help="paper-sized, longer")
-    size.add_argument("--size", dest="size", choices=sorted(SIZES), help="a named size (selftest: tiny, for tests)")
-    p.add_argument("--device", type=device_arg, default="cpu",
-                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
-    add_reference_flags(p)
-    p.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")
-    p.add_argument("--quiet", action="store_true", help="no progress lines: only the verdict line")
-    p.add_argument("--json", action="store_true",
-                   help="print the machine-readable result (result.json, always written beside summary.md) on "
-                        "stdout, and the progress and verdict lines on stderr")
     return p
 
 
@@ -215,8 +201,11 @@ def run_info(args, sizes: Sizes, command: str, label: str, configuration: str, s
 def parse(argv: list[str]):
     """(args, sizes, (port, configuration, label, session, repro recipe), checks) or UsageError / ValueError: all
     before any work."""
+    from parity.core.flags import selected_checks
+
     args = build_parser().parse_args(argv)
     check_out_dir(args.out)
+    checks = selected_checks(args.checks, CHECKS)
     args.bundle = None
     if args.against:
         from parity.mlp.vectors import open_bundle
@@ -234,10 +223,6 @@ def parse(argv: list[str]):
     sizes = suite_sizes(args)
     made = _make_port(args, sizes)
     sizes = at_port_rank(sizes, made[0])        # a port of fixed rank (its `rank` attribute) is compared at it
-    checks = tuple(c.strip() for c in args.checks.split(",") if c.strip())
-    unknown = [c for c in checks if c not in CHECKS]
-    if unknown:
-        raise UsageError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
     return args, sizes, made, checks
 
 

@@ -1,4 +1,5 @@
-"""The parity report: summary.md (one verdict table first, then a section per check) and tidy CSVs beside it.
+"""The parity report of every task (cartpole, lm, tree, int8): summary.md (one verdict table first, the run, the
+family's own sections, then a section per check), tidy CSVs beside it and result.json, of one schema on every task.
 
 Every file is written to a temporary name in the target folder and renamed into place, so an
 interrupted run leaves either the previous report or the new one, never half a file. CSVs of
@@ -42,6 +43,26 @@ class RunInfo:
     xla_flags: str = ""                           # XLA_FLAGS of the run ('' where unset): reporting.xla_flags
 
 
+@dataclass(frozen=True)
+class Family:
+    """What one family adds to the one report: its title and lines above the verdict table, its run facts, its own
+    Markdown sections, its own files and result.json's `details`. The defaults are the CartPole suite's."""
+
+    task: str = "cartpole"
+    title: str = ""                          # '' -> "Parity check: <headline>"
+    lead: tuple[str, ...] | None = None      # None -> the replayed bundle and the reference's platform, in sentences
+    run: tuple[str, ...] | None = None       # None -> the run's facts from RunInfo (the `## Run` section's bullets)
+    sections: tuple[str, ...] = ()           # Markdown lines after the run, before the per-check sections
+    files: tuple[tuple[str, str], ...] = ()  # (name, text) written beside summary.md (int8's pieces.csv)
+    details: dict = field(default_factory=dict)   # result.json's `details`: what only this family reports
+
+
+CARTPOLE = Family()
+RESULT_KEYS = ("task", "verdict", "exit_code", "knobs", "checks", "command", "port", "configuration", "sizes", "seed",
+               "versions", "device", "xla_flags", "started", "reference", "reference_platform", "seconds", "details")
+CHECK_KEYS = ("name", "verdict", "observed", "allowed", "causes", "seconds", "repro")
+
+
 def csv_text(results: Sequence[CheckResult]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -57,36 +78,18 @@ def likely_causes(result: CheckResult) -> str:
     seen: dict[str, str] = {}
     for c in result.causes:
         seen.setdefault(c.knob or c.text, c.text)
-    return "; ".join(seen.values())
+    return "; ".join(dict.fromkeys(seen.values()))     # a sentence naming two knobs is said once
 
 
 def overall(results: Sequence[CheckResult]) -> str:
     return worst(r.verdict for r in results)
 
 
-def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
-    verdict = overall(results)
-    headline = {PASS: "PASS: every check is within tolerance",
-                FAIL: "FAIL: the port does not compute what the reference computes",
-                ERROR: "ERROR: the port broke the adapter protocol"}[verdict]
-    table = markdown_table(("check", "verdict", "observed", "allowed", "likely cause"),
-                           [(r.name, r.verdict, r.observed, r.allowed, likely_causes(r) or "-") for r in results])
-    knobs = list(dict.fromkeys(k for r in results for k in r.knobs))
+def run_lines(results: Sequence[CheckResult], info: RunInfo) -> list[str]:
+    """The CartPole suite's `## Run` bullets: command, port, configuration, sizes, seed, versions, device, XLA_FLAGS,
+    time, the statistical tests' budget and the extra facts."""
     alpha = sum(r.alpha for r in results)
-    lines = [f"# Parity check: {headline}", ""]
-    if REFERENCE_SIDE in info.extra:
-        lines += [f"Reference side: {info.extra[REFERENCE_SIDE]}.", ""]
-    if info.platform is not None:
-        lines += [info.platform.sentence(), ""]
-    lines += [table, ""]
-    if knobs:
-        lines += [f"Likely causes (knobs of DESIGN.md's knob table): {', '.join(f'`{k}`' for k in knobs)}.", ""]
-    warnings = [f"- {r.name}: {w}" for r in results for w in r.warnings]
-    if warnings:
-        lines += ["Warnings (not drifts; the exit code does not change):", "", *warnings, ""]
-    lines += [
-        "## Run",
-        "",
+    return [
         f"- command: `{info.command}`",
         f"- port: {info.port}",
         f"- configuration: {info.configuration}",
@@ -101,12 +104,38 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
         "per-test levels; each check spends at most its share of 1e-3, see parity/core/tolerances.py); every other "
         "tolerance is a float32 rounding bound (no false alarms)",
         *[f"- {k}: {v}" for k, v in info.extra.items()],
-        "",
-        f"CSV: `{ALL_ROWS}` (every row) and one `<check>.csv` per check, columns {', '.join(CSV_COLUMNS)}.",
-        "",
     ]
+
+
+def summary_markdown(results: Sequence[CheckResult], info: RunInfo, family: Family = CARTPOLE) -> str:
+    """summary.md: the title, the lead, the verdict table (check, verdict, observed, allowed, likely cause), the
+    knobs named, warnings, the run, the family's sections, then one section per check with its rows."""
+    verdict = overall(results)
+    headline = {PASS: "PASS: every check is within tolerance",
+                FAIL: "FAIL: the port does not compute what the reference computes",
+                ERROR: "ERROR: the port broke the adapter protocol"}[verdict]
+    table = markdown_table(("check", "verdict", "observed", "allowed", "likely cause"),
+                           [(r.name, r.verdict, r.observed, r.allowed, likely_causes(r) or "-") for r in results])
+    knobs = list(dict.fromkeys(k for r in results for k in r.knobs))
+    lines = [f"# {family.title or 'Parity check: ' + headline}", ""]
+    if family.lead is not None:
+        lines += [line for text in family.lead for line in (text, "")]
+    else:
+        if REFERENCE_SIDE in info.extra:
+            lines += [f"Reference side: {info.extra[REFERENCE_SIDE]}.", ""]
+        if info.platform is not None:
+            lines += [info.platform.sentence(), ""]
+    lines += [table, ""]
+    if knobs:
+        lines += [f"Likely causes (knobs of DESIGN.md's knob table): {', '.join(f'`{k}`' for k in knobs)}.", ""]
+    warnings = [f"- {r.name}: {w}" for r in results for w in r.warnings]
+    if warnings:
+        lines += ["Warnings (not drifts; the exit code does not change):", "", *warnings, ""]
+    lines += ["## Run", "", *(run_lines(results, info) if family.run is None else family.run), "",
+              f"CSV: `{ALL_ROWS}` (every row) and one `<check>.csv` per check, columns {', '.join(CSV_COLUMNS)}.", ""]
+    lines += list(family.sections)
     for r in results:
-        lines += [f"## {r.name}: {r.verdict}", "", r.section, ""]
+        lines += [f"## {r.name}: {r.verdict}", ""] + ([r.section, ""] if r.section else [])
         if r.causes:
             lines += ["Likely cause: " + likely_causes(r), ""]
         if r.repro:
@@ -121,10 +150,11 @@ def summary_markdown(results: Sequence[CheckResult], info: RunInfo) -> str:
     return "\n".join(lines)
 
 
-def result_json(results: Sequence[CheckResult], info: RunInfo, exit_code: int) -> str:
-    """result.json: the verdicts, causes and exit code with the run's seed, versions and device, for scripts."""
+def result_json(results: Sequence[CheckResult], info: RunInfo, exit_code: int, family: Family = CARTPOLE) -> str:
+    """result.json: the verdicts, causes and exit code with the run's seed, versions and device, for scripts; the
+    same keys (RESULT_KEYS, each check's CHECK_KEYS) on every task, what only one family says under `details`."""
     return json.dumps({
-        "verdict": overall(results), "exit_code": exit_code,
+        "task": family.task, "verdict": overall(results), "exit_code": exit_code,
         "knobs": list(dict.fromkeys(k for r in results for k in r.knobs)),
         "checks": [{"name": r.name, "verdict": r.verdict, "observed": r.observed, "allowed": r.allowed,
                     "causes": [{"knob": c.knob, "text": c.text} for c in r.causes], "seconds": round(r.seconds, 3),
@@ -135,12 +165,14 @@ def result_json(results: Sequence[CheckResult], info: RunInfo, exit_code: int) -
         "started": info.started,
         "reference": info.extra.get(REFERENCE_SIDE, "jax_reference, live"),
         "reference_platform": None if info.platform is None else info.platform.fields(),
-        "seconds": round(info.seconds, 3),
+        "seconds": round(info.seconds, 3), "details": family.details,
     }, indent=2) + "\n"
 
 
-def write_report(out: Path, results: Sequence[CheckResult], info: RunInfo, exit_code: int | None = None) -> list[Path]:
-    """Write summary.md, result.json, parity.csv and <check>.csv into `out`; returns the paths written."""
+def write_report(out: Path, results: Sequence[CheckResult], info: RunInfo, exit_code: int | None = None,
+                 family: Family = CARTPOLE) -> list[Path]:
+    """Write summary.md, result.json, parity.csv, <check>.csv and the family's own files into `out`; returns the
+    paths written (every task's report, parity.core.report.Family saying what differs)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -150,10 +182,13 @@ def write_report(out: Path, results: Sequence[CheckResult], info: RunInfo, exit_
         written.append(path)
     atomic_write(out / ALL_ROWS, csv_text(results))
     written.append(out / ALL_ROWS)
-    atomic_write(out / SUMMARY, summary_markdown(results, info))
+    for name, text in family.files:
+        atomic_write(out / name, text)
+        written.append(out / name)
+    atomic_write(out / SUMMARY, summary_markdown(results, info, family))
     written.append(out / SUMMARY)
     code = exit_code if exit_code is not None else {PASS: 0, FAIL: 1}.get(overall(results), 2)
-    atomic_write(out / RESULT, result_json(results, info, code))
+    atomic_write(out / RESULT, result_json(results, info, code, family))
     written.append(out / RESULT)
     # Remove CSVs an earlier run wrote that this one did not (listed in the manifest).
     manifest = out / MANIFEST

@@ -40,9 +40,11 @@ class Row:
     verdict: str
     cause: str = ""
     margin: float = 0.0  # |value| as a fraction of what is allowed (> 1 fails); orders rows for the headline
+    shown: str = ""      # the value as the CSV writes it, where a family keeps every digit (default: fmt, 4 digits)
 
     def as_csv(self) -> list[str]:
-        return [self.check, self.quantity, self.side, self.size, fmt(self.value), self.tolerance, self.verdict, self.cause]
+        return [self.check, self.quantity, self.side, self.size, self.shown or fmt(self.value), self.tolerance,
+                self.verdict, self.cause]
 
 
 @dataclass(frozen=True)

@@ -17,17 +17,17 @@ import argparse
 import csv
 import datetime
 import io
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from parity.int8.pieces import Case, Naming, first_parting, group_table, make_case, name_knobs
+from parity.int8.pieces import GROUPS, Case, Naming, first_parting, group, group_table, make_case, name_knobs
 from spec.int8 import EGG_C_ORIGINAL, INT8_PRESETS, NANO_EGG_ORIGINAL, Int8Config
 from spec.int8_knobs import ALL_INT8_KNOBS, INT8_PROFILES, Int8KnobError, Int8Knobs, parse_int8_knobs
-from spec.limits import check_out_dir, device_arg, seed_arg
-from spec.platform import add_reference_flags, request_of
+from reporting import cpu_name, fmt, versions, xla_flags, xla_flags_text
+from spec.limits import check_out_dir
+from spec.platform import request_of
 
 SIZES = ("selftest", "quick")
 EXIT_PASS, EXIT_PARTS, EXIT_USAGE = 0, 1, 2
@@ -39,16 +39,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    knob_help = "; ".join(f"{k.name}: {k.nano_egg}|{k.egg_c}" for k in ALL_INT8_KNOBS.values())
+    """The flags every task takes (parity.core.flags; --port and --against are refused in `refused`), then int8's
+    own: the trajectory's epochs, the configuration's overrides, the corpus, --no-c."""
+    from parity.core.flags import add_task_flags
     p = _Parser(prog="python -m parity int8",
                 description="integer EGGROLL three ways (JAX reference, torch port, C side), compared for equality")
-    p.add_argument("--size", default="quick", help=f"int8 preset: {', '.join(SIZES)} (default quick)")
-    p.add_argument("--seed", type=seed_arg, default=0, help="run seed in [0, 2**32 - 1] (default 0)")
+    add_task_flags(
+        p, out="runs/int8", sizes=SIZES, size_default="quick", size_choices=False, seed_default=0,
+        size_help=f"int8 preset: {', '.join(SIZES)} (default quick)", profiles=INT8_PROFILES,
+        profile_default="nano-egg", knob_help="; ".join(f"{k.name}: {k.nano_egg}|{k.egg_c}"
+                                                        for k in ALL_INT8_KNOBS.values()),
+        checks=GROUPS, port_help=f"not taken by int8: {REFUSED['--port']}",
+        against_help=f"not taken by int8: {REFUSED['--against']}")
     p.add_argument("--epochs", type=int, default=4, help="trajectory epochs K (default 4; at most the preset's)")
-    p.add_argument("--profile", default="nano-egg",
-                   help=f"torch-side int8 profile: {', '.join(INT8_PROFILES)} (default nano-egg, the faithful side)")
-    p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
-                   help=f"torch-side knob, repeatable, applied after the profile ({knob_help})")
     p.add_argument("--hidden", type=int, help="width d (a power of 4)")
     p.add_argument("--layers", type=int, help="layers")
     p.add_argument("--pop", type=int, help="population (even)")
@@ -56,14 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sigma-shift", type=int, help="noise shift (sigma = 2^-s)")
     p.add_argument("--corpus", help="text file for the trajectory (default: the shipped corpus)")
     p.add_argument("--no-c", action="store_true", help="leave the C side out (two sides, and no knob naming)")
-    p.add_argument("--device", type=device_arg, default="cpu",
-                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
-    add_reference_flags(p)
-    p.add_argument("--out", default="runs/int8", help="report folder (default runs/int8, which git ignores)")
-    p.add_argument("--quiet", action="store_true", help="only the verdict line")
-    p.add_argument("--json", action="store_true",
-                   help="print result.json alone on stdout (the progress and verdict lines go to stderr)")
     return p
+
+
+REFUSED = {   # the flags every task takes that int8 cannot honour, and why
+    "--port": "the int8 suite checks torch_impl's integer port and the C side against the JAX reference; a foreign "
+              "int8 port has no adapter protocol (use --profile or --torch KNOB=VALUE for a departing torch side)",
+    "--against": "int8 has no recorded bundles; its JAX reference runs live (drop --against)",
+}
+
+
+def refused(args) -> None:
+    """ValueError, before any work, for a flag every task takes that int8 cannot honour (--port, --against) and for
+    a --checks subset: every piece is computed in one pass over one Case, so the groups are checked together."""
+    from parity.core.flags import refuse, selected_checks
+    refuse(args, "int8", REFUSED)
+    if set(selected_checks(args.checks, GROUPS)) != set(GROUPS):
+        raise ValueError(f"--checks {args.checks}: --task int8 computes every piece of one Case in one pass and "
+                         f"checks every group ({', '.join(GROUPS)}); a subset is cartpole's only (drop --checks)")
 
 
 class Plan:
@@ -215,53 +228,111 @@ def lookup_lines(platform) -> list[str]:
             + (", which are therefore the same" if noise == init == 0 else ""), ""]
 
 
-def write_report(out: Path, result: dict, plan: Plan, argv: list[str], seed: int, seconds: float, code: int) -> Path:
-    """summary.md (a row per side), pieces.csv (a row per piece and side), result.json; written only at the end,
-    each file atomically."""
-    from reporting import atomic_write, cpu_name, versions, xla_flags, xla_flags_text
+def side_causes(row: dict, c_reason: str | None) -> tuple:
+    """A parted side's causes (parity.core.verdict.Cause): its naming line, under each knob an exact naming names."""
+    from parity.core.verdict import Cause
+    line = naming_line(row, c_reason)
+    naming: Naming | None = row["naming"]
+    knobs = list(naming.knobs.departures()) if naming is not None and naming.exact else []
+    return tuple(Cause(k, line) for k in knobs) or (Cause(None, line),)
+
+
+def check_results(result: dict, c_reason: str | None) -> list:
+    """The three sides as the one report's check results (parity.core.verdict): a check per group of pieces
+    (parity.int8.pieces.GROUPS), a row per piece and side (value: the elements that differ, allowed none), the side's
+    cause on the piece where it first parts, and a skipped row for a C side left out."""
+    from parity.core.verdict import FAIL, PASS, SKIP, CheckResult, Row
+    case: Case = result["case"]
+    reference, sides = result["rows"][0], result["rows"][1:]
+    results = []
+    for g in [g for g in GROUPS if any(group(piece) == g for piece in reference["pieces"])]:
+        rows, causes, observed = [], (), ""
+        for row in sides:
+            for piece, value in reference["pieces"].items():
+                if group(piece) != g:
+                    continue
+                got = {piece: row["pieces"][piece]} if piece in row["pieces"] else {}
+                p = first_parting({piece: value}, got, case.threads)
+                first = row["parting"] is not None and row["parting"].piece == piece
+                rows.append(Row(g, piece, row["side"], "x".join(map(str, value.shape)), 0 if p is None else p.differing,
+                                "== 0 (equal at every element, same shape)", PASS if p is None else FAIL,
+                                naming_line(row, c_reason) if first else ""))
+                if first:
+                    causes += side_causes(row, c_reason)
+                    observed = observed or f"{row['side']} parts at {row['parting'].text()}"
+        if c_reason is not None:
+            rows.append(Row(g, "-", "C (c_int8)", "", float("nan"), "-", SKIP, c_reason))
+        fails = [r for r in rows if r.verdict == FAIL]
+        compared = [r for r in rows if r.verdict != SKIP]
+        if fails and not observed:
+            observed = f"{fails[0].side}: {fails[0].quantity}: {fmt(fails[0].value)} elements differ"
+        pieces = sum(group(piece) == g for piece in reference["pieces"])
+        observed = observed or (f"{pieces} of {pieces} pieces equal on each side "
+                                f"({', '.join(dict.fromkeys(r.side for r in compared))})")
+        results.append(CheckResult(g, FAIL if fails else PASS, observed, "equality at every element of every piece",
+                                   causes, tuple(rows), ""))
+    return results
+
+
+def report_family(result: dict, plan: Plan, argv: list[str], seed: int, code: int, seconds: float):
+    """What only int8's report says (parity.core.report.Family): the title, the platform's sentence, the run's facts,
+    the table of sides, pieces.csv and result.json's details (each side's parting and naming, the C side's state)."""
+    from parity.core.report import Family
     case: Case = result["case"]
     rows = result["rows"]
-    verdict = "PASS" if code == EXIT_PASS else "FAIL"
-    vers = versions(("torch", "jax", "numpy"))
-    lines = [f"# Integer parity, three ways: {verdict}", "",
-             plan.platform.sentence(bounds=False) + " " + INTEGER_NOTE, "",
-             *lookup_lines(plan.platform),
+    facts = (*[line for line in lookup_lines(plan.platform) if line],
              f"- command: `python -m parity int8 {shlex.join(argv)}`",
              f"- size: {plan.cfg}",
              f"- seed: {seed}; case epoch {case.epoch}; traced members {', '.join(map(str, case.threads))}; update "
              f"threshold {case.threshold}; trajectory {case.trajectory_epochs} epochs on "
              f"{getattr(case.corpus, 'path', None) or 'the shipped corpus'}",
-             f"- versions: {', '.join(f'{k} {v}' for k, v in vers.items())}; CPU {cpu_name()}",
-             f"- device: torch side on {plan.device}; JAX reference on {plan.platform.where()[len('JAX on '):]}; "
-             f"reference platform: {plan.platform.fields_text()}",
+             f"- versions: {', '.join(f'{k} {v}' for k, v in versions(INT8_PACKAGES).items())}; CPU {cpu_name()}",
+             f"- device: {device_text(plan)}; reference platform: {plan.platform.fields_text()}",
              f"- XLA_FLAGS: {xla_flags_text(xla_flags())}",
              f"- took {seconds:.1f} s",
              "- the bar: equality at every element of every piece (integer arithmetic has no rounding); pieces and "
              "their order: parity/int8/pieces.py",
              f"- the originals (conformance tests, skipped where the source is absent): {NANO_EGG_ORIGINAL[0]} "
              f"{NANO_EGG_ORIGINAL[1]} at {NANO_EGG_ORIGINAL[2][:7]} is reproduced by the JAX reference "
-             f"(tests/jax_reference/test_int8_nano_egg.py); {EGG_C_ORIGINAL[0]} {EGG_C_ORIGINAL[1]} at {EGG_C_ORIGINAL[2][:7]} by "
-             "the C side and the torch port with profile egg.c-cpumulti (tests/c_int8/test_egg_c_conformance.py)", ""]
-    atomic_write(out / "summary.md", "\n".join(lines + side_tables(rows, plan.c_reason)) + "\n")
-    atomic_write(out / "pieces.csv", pieces_csv(rows, case.threads))
-    atomic_write(out / "result.json", json.dumps({
-        "verdict": verdict.lower(), "exit_code": code, "seed": seed, "config": str(plan.cfg),
-        "command": "python -m parity int8 " + shlex.join(argv), "versions": vers,
-        "started": datetime.datetime.now().isoformat(timespec="seconds"),
-        "sides": [{"side": r["side"], "knobs": r["knobs"],
-                   "parting": None if r["parting"] is None else r["parting"]._asdict(),
-                   "named": None if r["naming"] is None else {"knobs": r["naming"].knobs.departures(),
-                                                              "exact": r["naming"].exact}}
-                  for r in rows],
-        "c_side": plan.c_reason or "ran", "device": plan.device, "xla_flags": xla_flags(),
-        "reference_platform": plan.platform.fields()}, indent=2) + "\n")
-    return out / "summary.md"
+             f"(tests/jax_reference/test_int8_nano_egg.py); {EGG_C_ORIGINAL[0]} {EGG_C_ORIGINAL[1]} at "
+             f"{EGG_C_ORIGINAL[2][:7]} by the C side and the torch port with profile egg.c-cpumulti "
+             "(tests/c_int8/test_egg_c_conformance.py)")
+    details = {"config": str(plan.cfg), "c_side": plan.c_reason or "ran",
+               "sides": [{"side": r["side"], "knobs": r["knobs"],
+                          "parting": None if r["parting"] is None else r["parting"]._asdict(),
+                          "named": None if r["naming"] is None else {"knobs": r["naming"].knobs.departures(),
+                                                                     "exact": r["naming"].exact}}
+                         for r in rows]}
+    return Family(task="int8", title=f"Integer parity, three ways: {'PASS' if code == EXIT_PASS else 'FAIL'}",
+                  lead=(plan.platform.sentence(bounds=False) + " " + INTEGER_NOTE,), run=facts,
+                  sections=("## Sides", "", *side_tables(rows, plan.c_reason), ""),
+                  files=(("pieces.csv", pieces_csv(rows, case.threads)),), details=details)
+
+
+INT8_PACKAGES = ("torch", "jax", "numpy")
+
+
+def device_text(plan: Plan) -> str:
+    return f"torch side on {plan.device}; JAX reference on {plan.platform.where()[len('JAX on '):]}"
+
+
+def run_info(plan: Plan, args, argv: list[str], began: str, seconds: float):
+    """What result.json records about the run (parity.core.report.RunInfo, as every task's)."""
+    from parity.core.report import RunInfo
+    sides = "torch_impl's int8 port" + ("" if plan.c_reason else " and the C side (c_int8)")
+    return RunInfo(command=f"python -m parity int8 {shlex.join(argv)}", port=sides,
+                   configuration=f"profile {args.profile}" + (f", knobs {' '.join(args.torch)}" if args.torch else "")
+                   + f"; departures from the reference: {describe_knobs(plan.knobs)}",
+                   sizes=f"{args.size}: {plan.cfg}; trajectory {args.epochs} epochs", seed=args.seed,
+                   versions=versions(INT8_PACKAGES), device=device_text(plan), started=began, seconds=seconds,
+                   platform=plan.platform, xla_flags=xla_flags())
 
 
 def main(argv: list[str]) -> int:
     started = time.perf_counter()
     try:
         args = build_parser().parse_args(argv)
+        refused(args)
         plan = Plan(args)
     except (ValueError, Int8KnobError, OSError) as err:
         print(f"parity int8: {err}", file=sys.stderr)
@@ -272,13 +343,19 @@ def main(argv: list[str]) -> int:
         f"{args.seed}, trajectory {args.epochs} epochs")
     if plan.c_reason is not None:
         log(f"  {plan.c_reason}")
+    began = datetime.datetime.now().isoformat(timespec="seconds")
     try:
         result = run(plan, args.seed, args.epochs, log)
-    except Exception:                # the suite's own crash: exit 3, never the parting code
+        code = EXIT_PARTS if any(r["parting"] is not None for r in result["rows"]) else EXIT_PASS
+        results = check_results(result, plan.c_reason)
+        family = report_family(result, plan, argv, args.seed, code, time.perf_counter() - started)
+    except Exception:                # the suite's own crash: exit 3, never the parting code, and nothing written
         from parity.core.exits import internal_error
         return internal_error("parity int8")
-    code = EXIT_PARTS if any(r["parting"] is not None for r in result["rows"]) else EXIT_PASS
-    summary = write_report(Path(args.out), result, plan, argv, args.seed, time.perf_counter() - started, code)
+    from parity.core.report import write_report
+    info = run_info(plan, args, argv, began, time.perf_counter() - started)
+    write_report(Path(args.out), results, info, code, family)
+    summary = Path(args.out) / "summary.md"
     for row in result["rows"][1:]:
         state = "equal at every piece" if row["parting"] is None else f"parts at {row['parting'].text()}"
         log(f"  {row['side']}: {state}")

@@ -71,7 +71,6 @@ float32, so those two checks are skipped there with the reason. The port is neve
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import NamedTuple
 
@@ -86,7 +85,6 @@ from parity.tree.base import (EPOCHS, IN_PLACE, Row, cause, fitness_text, float3
                               ref_perturbs, ref_u, reference_magnitude, reference_update, shaping_pair_bound,
                               step_texts, unchanged_cause, with_gradient_causes, zero_step_row)
 from parity.tree import blocks as B
-from reporting import atomic_write, markdown_table
 from spec.lm import LM_PRESETS, LMConfig, intermediate_leaf, intermediate_names, lm_tree
 from spec.platform import ReferencePlatform
 from spec.tree import slice_index
@@ -817,18 +815,6 @@ def verdicts(rows: list[Row]) -> list[tuple[str, str, Row]]:
         out.append((c, verdict, fails[0] if fails else max((r for r in rs if r.value == r.value),
                                                            key=lambda r: r.value, default=rs[0])))
     return out
-
-
-def write(out: str, rows: list[Row], header: list[str], footer: list[str] = ()) -> None:
-    os.makedirs(out, exist_ok=True)
-    table = [[c, verdict, f"{shown.quantity} = {shown.value:.4g}", shown.allowed, shown.cause or "-"]
-             for c, verdict, shown in verdicts(rows)]
-    text = "\n".join(header + ["", markdown_table(["check", "verdict", "observed (worst)", "allowed", "likely cause"],
-                                                  table), "", *footer])
-    atomic_write(os.path.join(out, "summary.md"), text)
-    lines = ["check,quantity,value,allowed,verdict,cause"] + [
-        ",".join('"' + str(x).replace('"', "'") + '"' for x in r) for r in rows]
-    atomic_write(os.path.join(out, "parity.csv"), "\n".join(lines) + "\n")
 
 
 def sizes() -> dict[str, LMConfig]:

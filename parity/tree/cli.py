@@ -10,42 +10,47 @@ import sys
 import time
 from pathlib import Path
 
+from parity.core.exits import internal_error
+from parity.core.report import RESULT, Family, write_report
 from spec.knobs import KnobError
-from spec.limits import check_out_dir, device_arg, seed_arg
-from spec.platform import add_reference_flags, check_against_bundle, recorded_platform, request_of
+from spec.limits import check_out_dir
+from spec.platform import check_against_bundle, recorded_platform, request_of
 from spec.tree_knobs import TREE_CHOICES, TREE_PROFILES, resolve_tree, tree_drifts
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """--task lm|tree and the flags every task takes (parity.core.flags), with the LM's defaults."""
+    from parity.core.flags import add_task_flags
+    from parity.tree.check import CHECKS
     p = argparse.ArgumentParser(prog="python -m parity check --task lm|tree",
                                 description="the tree ES against the JAX reference: on the byte-level LM (lm), or on "
                                             "a port's own declared tree (tree, with --port)")
     p.add_argument("--task", choices=("lm", "tree"), default="lm")
-    p.add_argument("--profile", default="jax", help=f"tree profile: {', '.join(TREE_PROFILES)} (default jax)")
-    p.add_argument("--torch", action="append", default=[], metavar="KNOB=VALUE",
-                   help="; ".join(f"{k}: {'|'.join(v)}" for k, v in TREE_CHOICES.items()))
-    p.add_argument("--port", metavar="MODULE:ATTR",
-                   help="check a foreign tree port through the tree protocol (parity/tree/adapter.py; worked examples "
-                        "examples.lm_adapter:LMAdapter for --task lm, examples.gpt_adapter:GPTAdapter for --task "
-                        "tree) instead of torch_impl")
-    p.add_argument("--size", choices=("quick", "selftest"), default=None,
-                   help="LM preset, or (--task tree) the defaults of the settings a port leaves undeclared (default "
-                        "quick, or the bundle's with --against)")
-    p.add_argument("--seed", type=seed_arg, default=None,
-                   help="run seed in [0, 2**32 - 1] (default 0, or the bundle's with --against)")
-    p.add_argument("--against", metavar="BUNDLE",
-                   help="check against a recorded bundle (e.g. vectors/lm-quick, written by `python -m parity "
-                        "record --task lm`; --task tree: `record --task tree --port ...`) instead of the live JAX "
-                        "reference: no jax needed")
-    p.add_argument("--out", default="runs/parity-lm", help="report folder (default runs/parity-lm)")
-    p.add_argument("--device", type=device_arg, default="cpu",
-                   help="torch device of the torch side: cpu, cuda or cuda:N (default cpu)")
-    add_reference_flags(p)
-    p.add_argument("--quiet", action="store_true", help="only the verdict line")
-    p.add_argument("--json", action="store_true",
-                   help="print the machine-readable result (result.json, always written beside summary.md) on "
-                        "stdout, and the progress and verdict lines on stderr")
+    add_task_flags(
+        p, out="runs/parity-lm", sizes=("quick", "selftest"), profiles=TREE_PROFILES, profile_default="jax",
+        knob_help="; ".join(f"{k}: {'|'.join(v)}" for k, v in TREE_CHOICES.items()), checks=CHECKS,
+        size_help="LM preset, or (--task tree) the defaults of the settings a port leaves undeclared (default quick, "
+                  "or the bundle's with --against)",
+        port_help="check a foreign tree port through the tree protocol (parity/tree/adapter.py; worked examples "
+                  "examples.lm_adapter:LMAdapter for --task lm, examples.gpt_adapter:GPTAdapter for --task tree) "
+                  "instead of torch_impl",
+        against_help="check against a recorded bundle (e.g. vectors/lm-quick, written by `python -m parity record "
+                     "--task lm`; --task tree: `record --task tree --port ...`) instead of the live JAX reference: "
+                     "no jax needed")
     return p
+
+
+def check_selection(args) -> None:
+    """--checks names known checks, and all of them: the LM's and the tree's checks run as one plan whose later checks
+    read the earlier ones' verdicts (the trajectory's lockstep needs the noise and the forward), so a subset is
+    refused (ValueError) rather than run with half its inputs."""
+    from parity.core.flags import selected_checks
+    from parity.tree.check import CHECKS
+    chosen = selected_checks(args.checks, CHECKS)
+    if set(chosen) != set(CHECKS):
+        raise ValueError(f"--checks {args.checks}: --task {args.task} runs every check ({', '.join(CHECKS)}) in one "
+                         "plan, later checks reading the earlier ones' verdicts; a subset is cartpole's only (drop "
+                         "--checks)")
 
 
 def parse(argv: list[str]):
@@ -54,6 +59,7 @@ def parse(argv: list[str]):
     args = build_parser().parse_args(argv)
     knobs = resolve_tree(args.profile, args.torch)
     check_out_dir(args.out)
+    check_selection(args)
     if args.port and (args.torch or args.profile != "jax"):
         raise ValueError("--torch and --profile configure torch_impl; with --port the port is checked as it is "
                          "(drop them, or drop --port)")
@@ -99,7 +105,6 @@ def main(argv: list[str]) -> int:
     from parity.tree import check as tree_check
     from parity.tree.base import merged_causes
     from parity.core.port import PortError
-    from parity.core.exits import internal_error
     cfg = tree_check.sizes()[args.size]
     side, notes, who = None, [], "torch_impl"
     collector, recipe = repro_setup(args, cfg)
@@ -129,34 +134,38 @@ def main(argv: list[str]) -> int:
     except Exception:                # the suite's own crash: exit 3, never the mismatch code
         return internal_error(f"parity check --task {args.task}")
     failed = [r for r in rows if r.verdict == "fail"]
-    verdict = "FAIL" if failed else "PASS"
-    header = report_header(args, argv, verdict, cfg, knobs, who, notes, bundle, reference,
-                           time.perf_counter() - started)
+    verdict, code = ("FAIL", 1) if failed else ("PASS", 0)
+    title, lead, facts = report_header(args, argv, verdict, cfg, knobs, who, notes, bundle, reference,
+                                       time.perf_counter() - started)
     unseen = [f"{r.quantity}: {r.cause}" for r in rows if r.verdict == "skip" and r.quantity.startswith("knob `")]
-    header += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
+    facts += [f"- in distribution (the side does not draw JAX's numbers), {u}" for u in unseen]
     written = write_repros(args, argv, rows, collector, recipe)
-    tree_check.write(args.out, rows, header, repro_lines(written))
+    try:
+        results = check_results(rows, seconds, written, cfg.tree.paths, args.size)
+    except Exception:                # the report's own crash is the suite's too: exit 3, no summary written
+        return internal_error(f"parity check --task {args.task}")
     info = run_info(args, argv, cfg, knobs, who, bundle, reference, began, time.perf_counter() - started)
-    result = write_result(args.out, rows, seconds, written, info, 1 if failed else 0, cfg.tree.paths)
+    write_report(Path(args.out), results, info, code, Family(task=args.task, title=title, lead=lead, run=tuple(facts)))
     for u in unseen:
         log(f"note: {u}")
     causes = merged_causes((r.cause for r in failed if r.cause), cfg.tree.paths)     # one line per fact
     if args.json:
-        print(result, end="")
+        print((Path(args.out) / RESULT).read_text(), end="")
     print(f"{verdict}: report in {args.out}/summary.md" + ("\n  " + "\n  ".join(causes) if causes else ""),
           file=text)
-    return 1 if failed else 0
+    return code
 
 
 def report_header(args, argv, verdict: str, cfg, knobs, who: str, notes, bundle, reference,
-                  seconds: float) -> list[str]:
-    """summary.md's head: the verdict, the reference's platform in one sentence, then the run's facts."""
+                  seconds: float) -> tuple[str, tuple[str, ...], list[str]]:
+    """summary.md's title (with the verdict), its lead (the reference's platform in one sentence) and the run's facts
+    (the `## Run` bullets)."""
     from parity.tree import check as tree_check, dist as tree_dist, forward as tree_forward
     from reporting import versions, xla_flags, xla_flags_text
     packages = ("torch", "numpy") if bundle else ("torch", "jax", "numpy")
     platform = reference.platform
     title = "byte-level LM" if args.task == "lm" else "the port's declared tree"
-    return [f"# Parity check, {title}: {verdict}", "", platform.sentence(), "",
+    return f"Parity check, {title}: {verdict}", (platform.sentence(),), [
             f"- command: `python -m parity check {shlex.join(argv)}`",
             (f"- port: {who}" if args.port else f"- torch side: torch_impl, knobs {knobs}"
              + (f" ({args.followed})" if args.followed else "")),
@@ -199,26 +208,27 @@ def run_info(args, argv, cfg, knobs, who: str, bundle, reference, began: str, se
                    platform=reference.platform, xla_flags=xla_flags())
 
 
-def write_result(out: str, rows, seconds: dict, written: dict, info, code: int, paths) -> str:
-    """Write result.json beside summary.md (parity.core.report.result_json, the CartPole suite's fields: per check its
-    verdict, headline, causes with the knob each names (those differing only in their leaf as one, listing the leaves
-    `paths` names), time and repro); returns its text."""
-    from parity.core.report import RESULT, result_json
-    from parity.core.verdict import KNOB_IN_CAUSE, Cause, CheckResult
+def check_results(rows, seconds: dict, written: dict, paths, size: str) -> list:
+    """The tree suite's rows (parity.tree.base.Row) as the one report's check results (parity.core.verdict): per check
+    its verdict and headline (parity.tree.check.verdicts), causes with the knob each names (those differing only in
+    their leaf as one, listing the leaves `paths` names), time, repro, and its rows with every digit of their value
+    (side: both, a comparison; size: the run's)."""
+    from parity.core.verdict import KNOB_IN_CAUSE, Cause, CheckResult, Row
     from parity.tree import check as tree_check
     from parity.tree.base import merged_causes
-    from reporting import atomic_write
     results = []
     for name, verdict, shown in tree_check.verdicts(rows):
         texts = merged_causes((r.cause for r in rows if r.check == name and r.verdict == "fail" and r.cause), paths)
         causes = tuple(Cause(next(iter(KNOB_IN_CAUSE.findall(t)), None), t) for t in texts)
         observed = f"skipped: {shown.cause}" if verdict == "skip" else f"{shown.quantity} = {shown.value:.4g}"
-        results.append(CheckResult(name, verdict, observed, "-" if verdict == "skip" else shown.allowed, causes, (),
-                                   "", seconds=seconds.get(name, 0.0),
-                                   repro=written[name].folder if name in written else ""))
-    text = result_json(results, info, code)
-    atomic_write(Path(out) / RESULT, text)
-    return text
+        core_rows = tuple(Row(r.check, r.quantity, "port" if r.verdict == "skip" else "both", size, r.value,
+                              r.allowed, r.verdict, r.cause, shown=str(r.value)) for r in rows if r.check == name)
+        done = written.get(name)
+        results.append(CheckResult(name, verdict, observed, "-" if verdict == "skip" else shown.allowed, causes,
+                                   core_rows, "", seconds=seconds.get(name, 0.0),
+                                   repro=done.folder if done and done.folder else "",
+                                   repro_note=done.note if done and not done.folder else ""))
+    return results
 
 
 def bundle_lines(bundle, reference) -> list[str]:
@@ -269,10 +279,3 @@ def write_repros(args, argv: list[str], rows, collector, recipe) -> dict:
         verdicts[r.check] = "fail" if r.verdict == "fail" or verdicts.get(r.check) == "fail" else "pass"
     command = f"python -m parity check {shlex.join(argv)}"
     return repro.write_repros(Path(args.out), verdicts, collector.evidence, recipe, command)
-
-
-def repro_lines(written: dict) -> list[str]:
-    """The summary's lines naming each failed check's repro folder, or why it has none."""
-    lines = [f"- {name}: `{w.folder}/`: run `python {w.folder}/repro.py` (numpy and the port only; exit 1 while it "
-             "still fails)" if w.folder else f"- {name}: no repro: {w.note}" for name, w in written.items()]
-    return ["## Repros of the failed checks", "", *lines, ""] if lines else []
