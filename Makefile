@@ -56,7 +56,7 @@ test: setup  ## the pytest suite (unit tests, the suite's self-tests, the Ray ex
 parity: setup  ## the parity suite on every task (CartPole MLP, byte-level LM, integer LM), on the CPU -> runs/parity*, runs/int8
 	$(PY) -m parity check --out $(RUNS)/parity $(ARGS)
 	$(PY) -m parity check --task lm --out $(RUNS)/parity-lm
-	$(PY) -m parity int8 --out $(RUNS)/int8
+	$(PY) -m parity check --task int8 --out $(RUNS)/int8
 
 # On a machine with CUDA and jax[cuda], in one command within 9 minutes (bench/gpu_check.py; `python -m bench.gpu_check
 # --dry-run` prints the plan and budgets): every test marked gpu, every suite with --device cuda against the JAX
@@ -74,7 +74,7 @@ vectors: setup  ## record the JAX reference's conformance vectors (check --again
 	$(PY) -m parity record --task lm --size quick --out $(VECTORS)/lm-quick $(ARGS)
 
 int8: setup  ## integer EGGROLL three ways (JAX, torch, C), bit for bit -> runs/int8
-	$(PY) -m parity int8 --out $(RUNS)/int8 $(ARGS)
+	$(PY) -m parity check --task int8 --out $(RUNS)/int8 $(ARGS)
 
 gap: setup  ## the CPU-sized gap study (resumes from the committed reports/gap) -> runs/gap
 	$(PY) -m gap --out $(RUNS)/gap --from reports/gap $(ARGS)

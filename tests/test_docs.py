@@ -90,3 +90,23 @@ def test_the_link_check_finds_a_missing_file_and_a_missing_anchor(tmp_path):
     assert problems[0].startswith("missing.md: no file")
     assert problems[1] == "other.md#nowhere: no heading with anchor #nowhere in other.md"
     assert problems[2] == "#nowhere: no heading with anchor #nowhere in page.md"
+
+
+DATE = re.compile(r"\b(19|20)\d\d-\d\d-\d\d\b|\b(January|February|March|April|May|June|July|August|September|October|"
+                  r"November|December) \d{4}\b")
+DURATION = re.compile(r"\b\d+(\.\d+)? ?(s|sec|seconds?|min|minutes?|hours?)\b")
+
+
+def test_the_readme_is_a_front_page_not_a_log():
+    """Issue 51 item 5: no date and no list of measured durations (those live in docs/testing.md and CI's output);
+    a sentence of expected time per command is all (at most one number of minutes for each of the few commands that
+    state one)."""
+    text = (ROOT / "README.md").read_text()
+    assert not DATE.search(text), f"README.md has a date: {DATE.search(text).group(0)!r}"
+    durations = [m.group(0) for m in DURATION.finditer(text)]
+    assert len(durations) <= 3, f"README.md lists measured durations: {durations}; move them to docs/testing.md"
+
+
+def test_the_readme_shows_an_adapter_in_code():
+    text = (ROOT / "README.md").read_text()
+    assert "```python" in text and "class " in text.split("```python", 1)[1].split("```", 1)[0]
