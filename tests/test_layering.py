@@ -41,10 +41,10 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
 }
 # The few modules that reach further, each for one stated reason.
 EXCEPTIONS: dict[str, set[str]] = {
-    "parity/mlp/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
+    "parity/mlp/reference.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
     "parity/core/platform.py": {"jax_reference"},                 # the reference's platform for every suite
     "parity/core/device.py": {"torch"},                           # every suite's --device cuda check
-    "parity/mlp/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
+    "parity/mlp/torch_side.py": {"torch_impl", "torch"},            # the built-in torch side
     "torch_impl/random_native.py": {"c_rng"},                      # the C generator behind random.normal/bits
     "torch_impl/triton_rng.py": {"triton"},                        # the fused Triton kernel behind CUDA draws
     "torch_impl/__main__.py": {"c_rng"},                           # its env switch, checked before any work

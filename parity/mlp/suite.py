@@ -54,7 +54,7 @@ class Context:
 
     port: CheckedPort
     ref: CheckedPort                 # the reference behind the same validation
-    reference: Any                   # parity.mlp.reference_port.ReferencePort (candidates, schedules, extra probes)
+    reference: Any                   # parity.mlp.reference.ReferencePort (candidates, schedules, extra probes)
     sizes: Sizes
     seed: int
     results: dict[str, CheckResult] = field(default_factory=dict)
@@ -160,12 +160,12 @@ def log_result(log: Callable[[str], None], result: CheckResult) -> None:
 
 def reference_side(sizes: Sizes, seed: int, reference_run: RunSettings | None, against: Bundle | Path | str | None,
                    platform: ReferencePlatform | None = None):
-    """The reference the checks talk to: parity.mlp.reference_port.ReferencePort (JAX, imported only here) on `platform`
+    """The reference the checks talk to: parity.mlp.reference.ReferencePort (JAX, imported only here) on `platform`
     (default: where JAX runs), or with `against` (a bundle or its folder) parity.mlp.vectors.ReferenceReplay, which
     imports no JAX."""
     if against is None:
         from parity.core.platform import enable_compile_cache
-        from parity.mlp.reference_port import ReferencePort
+        from parity.mlp.reference import ReferencePort
 
         enable_compile_cache()
         return ReferencePort(sizes.cfg, reference_run or RunSettings(), platform)

@@ -3,7 +3,7 @@ leaf and class by class, with each tree drift named in the knob table's words (s
 same checks and bounds on a port's own declared tree (cfg a spec.tree.TreeRun; _tree_plan): init on the laws the port
 states (parity.tree.dist.check_init_laws), every mm/tmm leaf's product with rows (batch, seq) as a transformer layer's, one
 more fitness vector of tiny spread, the forward reported as the port's own, the trajectory as the port's es_* loop on
-synthetic fitness (parity/tree/es_lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
+synthetic fitness (parity/tree/lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
 a gradient scale: parity.core.optscale) and the noise and gradient scales.
 
 Two modes. A side that draws JAX's numbers (rng=jax, or a port with jax_compatible_rng True) is checked draw by draw
@@ -80,7 +80,7 @@ import numpy as np
 from parity.core import diagnose
 from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, with_operands
 from parity.tree import dist as D
-from parity.tree import es_lockstep
+from parity.tree import lockstep
 from parity.tree.base import (EPOCHS, IN_PLACE, Row, cause, fitness_text, float32_of, fresh_params, gradient_roundings,
                               leaf_step_bound, merged_causes, noise_excess, noise_mean, pairing_text,
                               ref_perturbs, ref_u, reference_magnitude, reference_update, shaping_pair_bound,
@@ -689,7 +689,7 @@ def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_wit
     """The checks on a declared tree (--task tree): init on the laws the port states, noise, products at every leaf
     (and each layer as the model calls it, parity.tree.layers), fitness (one more trial of tiny spread, from its own
     stream), gradients, updates, the model's forward against its plain forward (parity.tree.forward), and the
-    trajectory as the es_* lockstep on synthetic fitness (parity.tree.es_lockstep)."""
+    trajectory as the es_* lockstep on synthetic fitness (parity.tree.lockstep)."""
     from parity.tree import forward, layers
     spread = np.random.default_rng([seed, 21])
     return [("init", "init", lambda: D.check_init_laws(side, cfg, seed)),
@@ -699,7 +699,7 @@ def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_wit
             ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
             ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng, witness)),
             ("forward", None, lambda: forward.check_forward(side, cfg, seed, keep)),
-            ("trajectory", "es", lambda: es_lockstep.check(R, side, cfg, seed, exact))]
+            ("trajectory", "es", lambda: lockstep.check(R, side, cfg, seed, exact))]
 
 
 def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness, keep=None) -> list[tuple]:
