@@ -31,19 +31,20 @@ class Ran(NamedTuple, Generic[R]):
     seconds: float
 
 
-def run_plan(plan: Sequence[Check[S, R]], state: S, unmet: Callable[[str, S], str],
-             skipped: Callable[[str, str], R], attempt: Callable[[Check[S, R], S], R] | None = None,
+def run_plan(plan: Sequence[Check[S, R]], state: S, unmet: Callable[[str, S], str] | None = None,
+             skipped: Callable[[str, str], R] | None = None, attempt: Callable[[Check[S, R], S], R] | None = None,
              start: Callable[[str], Any] | None = None) -> Iterator[Ran[R]]:
     """Each check of `plan` in order on `state`, yielded as it finishes (so the caller logs it, or stores its result
     for the next check, before the next one runs). `start(name)` is told first (a progress line, a repro collector's
     next check); then the first of its needs that `unmet(need, state)` gives a reason for (a method the port lacks,
     an earlier check that parted) makes it `skipped(name, reason)`; else `attempt(check, state)` (default
-    `check.run(state)`; a family's own turns the exceptions it knows into results) computes it. Timed from start."""
+    `check.run(state)`; a family's own turns the exceptions it knows into results) computes it. Timed from start.
+    A plan whose checks need nothing (CartPole's: each reads earlier causes where they ran) passes no `unmet`."""
     for check in plan:
         if start is not None:
             start(check.name)
         t0 = time.perf_counter()
-        reason = next((why for why in (unmet(need, state) for need in check.needs) if why), "")
+        reason = next((why for why in (unmet(need, state) for need in check.needs) if why), "") if check.needs else ""
         if reason:
             result = skipped(check.name, reason)
         else:
