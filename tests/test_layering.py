@@ -138,9 +138,32 @@ def test_the_suites_input_streams_are_distinct():
 # The hot path may stay one function (its kernels are issued in order and read best in one place).
 LONG_ALLOWED = {("torch_impl/model.py", "forward")}
 MAX_FUNCTION_LINES = 60
+# Orchestration reads best whole, top to bottom, not as a chain of hops (issue 52): the command lines (every __main__
+# and cli module), the plans (a suite's checks and their runner) and the report writers (every report and *_report
+# module) may run to ORCHESTRATION_LINES; the math keeps MAX_FUNCTION_LINES.
+ORCHESTRATION_LINES = 100
+ORCHESTRATION_FILES = ("__main__.py", "cli.py", "report.py")
+ORCHESTRATION_MODULES = {"parity/core/plan.py", "parity/mlp/suite.py", "parity/record.py"}
 
 
-def test_no_function_outside_the_hot_path_is_longer_than_60_lines():
+def function_cap(rel: str) -> int:
+    """The most lines a function of the module at `rel` (a path from the root) may take."""
+    name = rel.rsplit("/", 1)[-1]
+    orchestration = name in ORCHESTRATION_FILES or name.endswith("_report.py") or rel in ORCHESTRATION_MODULES
+    return ORCHESTRATION_LINES if orchestration else MAX_FUNCTION_LINES
+
+
+def test_the_cap_is_100_lines_for_orchestration_and_60_elsewhere():
+    for rel in ("parity/__main__.py", "parity/tree/cli.py", "parity/int8/cli.py", "parity/core/report.py",
+                "gap/factorial_report.py", "parity/core/plan.py", "parity/mlp/suite.py", "parity/record.py"):
+        assert function_cap(rel) == 100, rel
+    for rel in ("parity/tree/check.py", "parity/core/tolerances.py", "torch_impl/es.py", "parity/tree/reference.py",
+                "reporting.py"):
+        assert function_cap(rel) == 60, rel
+    assert all((ROOT / rel).is_file() for rel in ORCHESTRATION_MODULES), ORCHESTRATION_MODULES
+
+
+def test_no_function_outside_the_hot_path_is_longer_than_its_cap():
     long = []
     for package in RULES:
         for path in _modules(package):
@@ -148,8 +171,8 @@ def test_no_function_outside_the_hot_path_is_longer_than_60_lines():
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (rel, node.name) not in LONG_ALLOWED:
                     lines = node.end_lineno - node.lineno + 1
-                    if lines > MAX_FUNCTION_LINES:
-                        long.append(f"{rel}:{node.lineno} {node.name} ({lines} lines)")
+                    if lines > function_cap(rel):
+                        long.append(f"{rel}:{node.lineno} {node.name} ({lines} lines, at most {function_cap(rel)})")
     assert not long, long
 
 

@@ -168,17 +168,6 @@ def run_check(check: Check | str, ctx: Context) -> CheckResult:
     return with_status_row(dataclasses.replace(result, seconds=time.perf_counter() - start))
 
 
-def log_result(log: Callable[[str], None], result: CheckResult) -> None:
-    """The check's terminal line, then its warnings and the port's traceback, if any."""
-    tail = f": {result.cause_text}" if result.cause_text else ""
-    what = result.observed if result.verdict in ("skip", "error") else f"{result.observed} (allowed {result.allowed})"
-    log(f"[{result.name}] {result.verdict} ({result.seconds:.1f} s) {what}{tail}")
-    for warning in result.warnings:
-        log(f"[{result.name}] {warning}")
-    if result.trace:
-        log(textwrap.indent(result.trace, "    "))
-
-
 def reference_side(sizes: Sizes, seed: int, reference_run: RunSettings | None, against: Bundle | Path | str | None,
                    platform: ReferencePlatform | None = None):
     """The reference the checks talk to: parity.mlp.reference.ReferencePort (JAX, imported only here) on `platform`
@@ -219,7 +208,14 @@ def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings
         ctx.port.tape = repro.tape
     results = []
     for ran in run_plan([PLAN[CHECKS.index(name)] for name in checks], ctx, attempt=run_check, start=ctx.start):
-        ctx.results[ran.name] = ran.result
-        results.append(ran.result)
-        log_result(log, ran.result)
+        result = ctx.results[ran.name] = ran.result
+        results.append(result)
+        tail = f": {result.cause_text}" if result.cause_text else ""        # its line, its warnings, the port's trace
+        what = (result.observed if result.verdict in ("skip", "error") else
+                f"{result.observed} (allowed {result.allowed})")
+        log(f"[{result.name}] {result.verdict} ({result.seconds:.1f} s) {what}{tail}")
+        for warning in result.warnings:
+            log(f"[{result.name}] {warning}")
+        if result.trace:
+            log(textwrap.indent(result.trace, "    "))
     return results

@@ -644,15 +644,6 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
     return rows
 
 
-def trajectory_in_distribution(R, side, cfg, seed, parted: set[str]) -> list[Row]:
-    """check_trajectory with the reference's step on the side's es_ask noise (parity.tree.dist.trajectory_step),
-    then that noise's own rows (its pairs and law: the lockstep alone computes everything on it, so a loop drawing at
-    another scale than the port's noise() would otherwise pass)."""
-    asked: list = []
-    rows = check_trajectory(R, side, cfg, seed, parted, step=D.trajectory_step(R, side, cfg, seed, asked))
-    return rows + D.asked_rows(cfg, asked)
-
-
 
 # ----------------------------------------------------------------------------- the run
 def forward_after_noise(rows: list[Row], noise_causes) -> list[Row]:
@@ -770,8 +761,16 @@ def tree_forward(s: TreeState) -> list[Row]:
 
 
 def lm_trajectory(s: TreeState) -> list[Row]:
-    """TRAJECTORY_EPOCHS corpus epochs in lockstep (check_trajectory; in law: trajectory_in_distribution)."""
-    return (check_trajectory if s.exact else trajectory_in_distribution)(s.R, s.side, s.cfg, s.seed, s.parted)
+    """TRAJECTORY_EPOCHS corpus epochs in lockstep (check_trajectory). In law, the reference steps on the side's
+    es_ask noise (parity.tree.dist.trajectory_step), and that noise's own rows follow (its pairs and law: the lockstep
+    alone computes everything on it, so a loop drawing at another scale than the port's noise() would otherwise
+    pass)."""
+    if s.exact:
+        return check_trajectory(s.R, s.side, s.cfg, s.seed, s.parted)
+    asked: list = []
+    rows = check_trajectory(s.R, s.side, s.cfg, s.seed, s.parted, step=D.trajectory_step(s.R, s.side, s.cfg, s.seed,
+                                                                                          asked))
+    return rows + D.asked_rows(s.cfg, asked)
 
 
 def tree_trajectory(s: TreeState) -> list[Row]:
@@ -832,7 +831,9 @@ def skip_rows(name: str, why: str) -> list[Row]:
 
 def attempt(check: Check, s: TreeState) -> list[Row]:
     """check.run(s); a call the bundle cannot answer skips the check, saying which; the port's NaN or inf where the
-    reference's is finite fails it (_nonfinite_rows)."""
+    reference's is finite fails it (parity.core.nonfinite's rows), raised on (a protocol break) where it is not the
+    port's, or the reference's answer to the same call is non-finite too."""
+    from parity.core import nonfinite
     from parity.core.port import NonFinite
     from parity.core.tape import NotRecorded
     try:
@@ -840,7 +841,11 @@ def attempt(check: Check, s: TreeState) -> list[Row]:
     except NotRecorded as err:
         return skip_rows(check.name, f"the bundle cannot answer the reference's `{err.method}` here: {err.why}")
     except NonFinite as err:              # the port's NaN or inf: a failure where the reference's is finite
-        return _nonfinite_rows(check.name, err, s.R, s.cfg, s.side, s.repro)
+        ours = err.source is getattr(s.side, "port", None)
+        rows = nonfinite.tree_rows(check.name, err, s.R, s.cfg, s.repro, Row) if ours else None
+        if rows is None:
+            raise err
+        return rows
 
 
 def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
@@ -876,16 +881,6 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
         shown = merged_causes((r.cause for r in fails if r.cause), cfg.tree.paths)[:1]
         log(f"{ran.name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "
             f"({len(got)} rows, {ran.seconds:.1f} s)" + "".join(f"  {c}" for c in shown))
-    return rows
-
-
-def _nonfinite_rows(name: str, err, R, cfg: LMConfig, side, repro) -> list[Row]:
-    """parity.core.nonfinite's failing rows for the port's NaN or inf; raised on (a protocol break) where it is not the
-    port's, or the reference's answer to the same call is non-finite too."""
-    from parity.core import nonfinite
-    rows = nonfinite.tree_rows(name, err, R, cfg, repro, Row) if err.source is getattr(side, "port", None) else None
-    if rows is None:
-        raise err
     return rows
 
 
