@@ -644,7 +644,6 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
     return rows
 
 
-
 # ----------------------------------------------------------------------------- the run
 def forward_after_noise(rows: list[Row], noise_causes) -> list[Row]:
     """The forward's rows, a failing noise-on row given the noise check's causes when the noise-off row passes: each
@@ -691,8 +690,8 @@ class TreeState:
 
 
 def init_on_declared_laws(s: TreeState) -> list[Row]:
-    """--task tree's init: each leaf of the port's es_init against the law the port declares for it (its rule's
-    constants exactly, its normals' mean and spread; parity.tree.dist.check_init_laws)."""
+    """--task tree's init: the port's init on the leaves whose law it declares (init_laws), "zeros" and "ones" exactly,
+    ("normal", std) in law (KS and chi-square over two seeds; parity.tree.dist.check_init_laws); skipped without."""
     return D.check_init_laws(s.side, s.cfg, s.seed)
 
 
