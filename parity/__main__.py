@@ -2,7 +2,7 @@
 
 Exit codes: 0 every check within tolerance; 1 a mismatch; 2 bad usage or input (unknown knob,
 value or profile, an unloadable port, a port that breaks the adapter protocol).
---profile / --torch configure the torch side (torch_impl through parity.mlp.torch_adapter); the
+--profile / --torch configure the torch side (torch_impl through parity.mlp.torch_side); the
 reference run keeps the preset's knobs, so e.g. `--torch noise_reuse=3` is a drift to be caught.
 """
 from __future__ import annotations
@@ -116,7 +116,8 @@ def _record(argv: list[str]) -> int:
     return record_main(argv)
 
 
-def _lm(argv: list[str]) -> int:
+def _lm_or_tree(argv: list[str]) -> int:
+    """`--task lm` and `--task tree`: one suite (the LM is a tree port), one parser (parity/tree/cli.py)."""
     from parity.tree import cli as tree_cli
     return tree_cli.main(argv)
 
@@ -129,7 +130,7 @@ def _unknown_task(task: str) -> int:
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"int8": _int8, "record": _record, **{name: _moved(name) for name in MOVED}}
 # lm and tree share one parser (parity/tree/cli.py); int8 is also `python -m parity int8` (parity/int8/cli.py)
-TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm, "tree": _lm, "int8": _int8}
+TASKS: dict[str, Callable[[list[str]], int]] = {"lm": _lm_or_tree, "tree": _lm_or_tree, "int8": _int8}
 
 
 def main(argv: Sequence[str] | None = None, stream=None) -> int:
@@ -313,7 +314,7 @@ def _make_port(args, sizes: Sizes):
     followed, words = follow_reference_rng(knobs, args.platform)
     text += words
     pinned = args.torch + [f"rng={followed.rng}"] if followed.rng != knobs.rng else args.torch   # the repro's side
-    from parity.mlp.torch_adapter import TorchPort, one_thread
+    from parity.mlp.torch_side import TorchPort, one_thread
     from parity.core.device import check_device
 
     check_device(args.device)

@@ -41,14 +41,13 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
 }
 # The few modules that reach further, each for one stated reason.
 EXCEPTIONS: dict[str, set[str]] = {
-    "parity/mlp/reference_port.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
+    "parity/mlp/reference.py": {"jax_reference", "jax", "optax"},      # the reference side of the suite
     "parity/core/platform.py": {"jax_reference"},                 # the reference's platform for every suite
     "parity/core/device.py": {"torch"},                           # every suite's --device cuda check
-    "parity/mlp/torch_adapter.py": {"torch_impl", "torch"},            # the built-in torch side
+    "parity/mlp/torch_side.py": {"torch_impl", "torch"},            # the built-in torch side
     "torch_impl/random/native.py": {"c_rng"},                      # the c backend: the C generator behind random.*
     "torch_impl/random/triton_kernel.py": {"triton"},              # the triton backend: one fused kernel for CUDA draws
     "spec/numpy_normal.py": {"numpy"},                             # the one numpy normal, for jax_reference and parity
-    "torch_impl/__main__.py": {"c_rng"},                           # its env switch, checked before any work
     "parity/tree/reference.py": {"jax_reference", "jax"},          # the reference side of the LM suite
     "parity/tree/torch_side.py": {"torch_impl", "torch"},               # the torch side of the LM suite
     "parity/tree/torch_module.py": {"torch"},                      # most of an adapter, read from a port's nn.Module
@@ -139,9 +138,32 @@ def test_the_suites_input_streams_are_distinct():
 # The hot path may stay one function (its kernels are issued in order and read best in one place).
 LONG_ALLOWED = {("torch_impl/model.py", "forward")}
 MAX_FUNCTION_LINES = 60
+# Orchestration reads best whole, top to bottom, not as a chain of hops (issue 52): the command lines (every __main__
+# and cli module), the plans (a suite's checks and their runner) and the report writers (every report and *_report
+# module) may run to ORCHESTRATION_LINES; the math keeps MAX_FUNCTION_LINES.
+ORCHESTRATION_LINES = 100
+ORCHESTRATION_FILES = ("__main__.py", "cli.py", "report.py")
+ORCHESTRATION_MODULES = {"parity/core/plan.py", "parity/mlp/suite.py", "parity/record.py"}
 
 
-def test_no_function_outside_the_hot_path_is_longer_than_60_lines():
+def function_cap(rel: str) -> int:
+    """The most lines a function of the module at `rel` (a path from the root) may take."""
+    name = rel.rsplit("/", 1)[-1]
+    orchestration = name in ORCHESTRATION_FILES or name.endswith("_report.py") or rel in ORCHESTRATION_MODULES
+    return ORCHESTRATION_LINES if orchestration else MAX_FUNCTION_LINES
+
+
+def test_the_cap_is_100_lines_for_orchestration_and_60_elsewhere():
+    for rel in ("parity/__main__.py", "parity/tree/cli.py", "parity/int8/cli.py", "parity/core/report.py",
+                "gap/factorial_report.py", "parity/core/plan.py", "parity/mlp/suite.py", "parity/record.py"):
+        assert function_cap(rel) == 100, rel
+    for rel in ("parity/tree/check.py", "parity/core/tolerances.py", "torch_impl/es.py", "parity/tree/reference.py",
+                "reporting.py"):
+        assert function_cap(rel) == 60, rel
+    assert all((ROOT / rel).is_file() for rel in ORCHESTRATION_MODULES), ORCHESTRATION_MODULES
+
+
+def test_no_function_outside_the_hot_path_is_longer_than_its_cap():
     long = []
     for package in RULES:
         for path in _modules(package):
@@ -149,8 +171,8 @@ def test_no_function_outside_the_hot_path_is_longer_than_60_lines():
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (rel, node.name) not in LONG_ALLOWED:
                     lines = node.end_lineno - node.lineno + 1
-                    if lines > MAX_FUNCTION_LINES:
-                        long.append(f"{rel}:{node.lineno} {node.name} ({lines} lines)")
+                    if lines > function_cap(rel):
+                        long.append(f"{rel}:{node.lineno} {node.name} ({lines} lines, at most {function_cap(rel)})")
     assert not long, long
 
 

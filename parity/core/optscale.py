@@ -230,7 +230,7 @@ def words(f: ScaleFit, sigma: float, pop: int) -> str:
 
 
 def verified(reference, f: ScaleFit, old: dict, grad: dict, new: dict, pop: int) -> ScaleFit:
-    """The fit with its residual: `reference` (parity.mlp.reference_port.ReferencePort) under f's optimizer, one step at
+    """The fit with its residual: `reference` (parity.mlp.reference.ReferencePort) under f's optimizer, one step at
     epoch 0 from `old` on c x grad, against the port's step, as a share of the candidate's largest entry."""
     if not (math.isfinite(f.c) and f.c > 0):
         return f

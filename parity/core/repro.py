@@ -325,9 +325,9 @@ def port_recipe(spec: str, cfg: Any) -> Recipe:
 
 
 def torch_recipe(profile: str, knobs: Sequence[str], device: str, cfg: Any) -> Recipe:
-    """The CartPole suite's torch side: parity.mlp.torch_adapter.TorchPort(Config, Knobs, device)."""
-    return Recipe("builtin", profile, tuple(knobs), dataclasses.asdict(cfg), module_root("parity.mlp.torch_adapter"),
-                  ("parity.mlp.torch_adapter:TorchPort", "spec.config:Config", "spec.knobs:resolve"), (device,))
+    """The CartPole suite's torch side: parity.mlp.torch_side.TorchPort(Config, Knobs, device)."""
+    return Recipe("builtin", profile, tuple(knobs), dataclasses.asdict(cfg), module_root("parity.mlp.torch_side"),
+                  ("parity.mlp.torch_side:TorchPort", "spec.config:Config", "spec.knobs:resolve"), (device,))
 
 
 def tree_torch_recipe(profile: str, knobs: Sequence[str], cfg: Any) -> Recipe:

@@ -16,12 +16,16 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import functools
 import io
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from parity.core.plan import Check, run_plan
 from parity.int8.pieces import GROUPS, Case, Naming, first_parting, group, group_table, make_case, name_knobs
 from spec.int8 import EGG_C_ORIGINAL, INT8_PRESETS, NANO_EGG_ORIGINAL, Int8Config
 from spec.int8_knobs import ALL_INT8_KNOBS, INT8_PROFILES, Int8KnobError, Int8Knobs, parse_int8_knobs
@@ -125,40 +129,86 @@ def cause_text(naming: Naming) -> str:
     return "; ".join(f"{k}={v}: {ALL_INT8_KNOBS[k].means}" for k, v in naming.knobs.departures().items())
 
 
-def run(plan: Plan, seed: int, epochs: int, log) -> dict:
-    """The three sides' pieces, their partings from the reference and, for a departing torch side, the named knobs."""
-    from parity.int8.reference import ReferenceSide, lookups
-    from parity.int8.torch_side import TorchSide
-    case = make_case(plan.cfg, seed, epochs, plan.corpus)
-    sides, rows = [], []
-    t0 = time.perf_counter()
-    ref = ReferenceSide(plan.cfg, seed, plan.platform)
-    log(f"  {ref.name}: computing every piece")
-    want = ref.pieces(case)
-    rows.append({"side": ref.name, "knobs": "nano-egg (the reference)", "seconds": time.perf_counter() - t0,
-                 "parting": None, "naming": None, "table": group_table(want, want), "pieces": want})
-    torch_side = TorchSide(plan.cfg, seed, plan.knobs, plan.device)
-    sides.append(("torch", torch_side, plan.knobs))
-    signature = None
-    if plan.c_reason is None:
+@dataclass
+class Int8State:
+    """What the int8 checks share: the inputs (Plan), the seed, the case every side computes, the progress log, and
+    the reference's pieces (the first check's, which every other side is compared with)."""
+
+    plan: Plan
+    seed: int
+    case: Case
+    log: Callable[[str], None]
+    want: dict | None = None
+
+    @functools.cached_property
+    def lookups(self) -> tuple:
+        """The reference's own int8 look-ups on its platform (noise, init), which the C side is given."""
+        from parity.int8.reference import lookups
+        return lookups(self.plan.platform)
+
+    def c_signature(self, knobs: Int8Knobs) -> dict:
+        """The C side's pieces under `knobs` (egg.c's departures): a knob signature the torch side is named by."""
         from parity.int8.c_side import CSide
-        lut, init_lut = lookups(plan.platform)              # the reference's own look-ups, on its platform
-        sides.append(("C", CSide(plan.cfg, seed, lut, init_lut), Int8Knobs()))
-        signature = lambda knobs: CSide(plan.cfg, seed, lut, init_lut, knobs).pieces(case)
-    for kind, side, knobs in sides:
-        t0 = time.perf_counter()
-        log(f"  {side.name}: computing every piece")
-        got = side.pieces(case)
-        parting = first_parting(want, got, case.threads)
-        row = {"side": side.name, "knobs": describe_knobs(knobs), "seconds": time.perf_counter() - t0,
-               "parting": parting, "naming": None, "table": group_table(want, got), "pieces": got}
-        if parting is not None:
-            log(f"    parts from the reference at {parting.text()}")
-            if kind == "torch" and signature is not None:
-                log("    naming it by the C side's knob signatures")
-                row["naming"] = name_knobs(got, signature, case.threads, log=log)
-        rows.append(row)
-    return {"case": case, "rows": rows}
+        return CSide(self.plan.cfg, self.seed, *self.lookups, knobs).pieces(self.case)
+
+
+def compare_side(s: Int8State, side, knobs: Int8Knobs, name_by_c: bool) -> dict:
+    """A side's row: its pieces, its first parting from the reference's and, where it parts and name_by_c (the torch
+    side, with the C side built), the smallest set of egg.c's knobs with which the C side reproduces it."""
+    t0 = time.perf_counter()
+    s.log(f"  {side.name}: computing every piece")
+    got = side.pieces(s.case)
+    parting = first_parting(s.want, got, s.case.threads)
+    row = {"side": side.name, "knobs": describe_knobs(knobs), "seconds": time.perf_counter() - t0,
+           "parting": parting, "naming": None, "table": group_table(s.want, got), "pieces": got}
+    if parting is not None:
+        s.log(f"    parts from the reference at {parting.text()}")
+        if name_by_c:
+            s.log("    naming it by the C side's knob signatures")
+            row["naming"] = name_knobs(got, s.c_signature, s.case.threads, log=s.log)
+    return row
+
+
+def reference_pieces(s: Int8State) -> dict:
+    """The JAX reference's every piece: the row every other side is compared with (kept as s.want)."""
+    from parity.int8.reference import ReferenceSide
+    t0 = time.perf_counter()
+    ref = ReferenceSide(s.plan.cfg, s.seed, s.plan.platform)
+    s.log(f"  {ref.name}: computing every piece")
+    s.want = ref.pieces(s.case)
+    return {"side": ref.name, "knobs": "nano-egg (the reference)", "seconds": time.perf_counter() - t0,
+            "parting": None, "naming": None, "table": group_table(s.want, s.want), "pieces": s.want}
+
+
+def torch_pieces(s: Int8State) -> dict:
+    """The torch port under the torch-side knobs against the reference, named by the C side's knobs if it parts."""
+    from parity.int8.torch_side import TorchSide
+    side = TorchSide(s.plan.cfg, s.seed, s.plan.knobs, s.plan.device)
+    return compare_side(s, side, s.plan.knobs, name_by_c=s.plan.c_reason is None)
+
+
+def c_pieces(s: Int8State) -> dict | None:
+    """The C side (egg.c's arithmetic at nano-egg's knobs, the reference's look-ups) against the reference; None where
+    it is left out (no C compiler, --no-c: the report's skipped line gives Plan.c_reason)."""
+    from parity.int8.c_side import CSide
+    if s.plan.c_reason is not None:
+        return None
+    return compare_side(s, CSide(s.plan.cfg, s.seed, *s.lookups), Int8Knobs(), name_by_c=False)
+
+
+# The int8 suite's plan, a check per side: the reference first (its pieces are what the others are compared with),
+# then the torch port and the C side. None needs another's verdict: each is compared with the reference's pieces.
+SIDES: tuple[Check, ...] = (
+    Check("reference", (), reference_pieces),
+    Check("torch", (), torch_pieces),
+    Check("C", (), c_pieces))
+
+
+def run(plan: Plan, seed: int, epochs: int, log) -> dict:
+    """The three sides' pieces, their partings from the reference and, for a departing torch side, the named knobs.
+    A side left out (no C compiler, --no-c) has no row: the report's skipped line gives plan.c_reason."""
+    state = Int8State(plan, seed, make_case(plan.cfg, seed, epochs, plan.corpus), log)
+    return {"case": state.case, "rows": [ran.result for ran in run_plan(SIDES, state) if ran.result is not None]}
 
 
 def naming_line(row: dict, c_reason: str | None) -> str:

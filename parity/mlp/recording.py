@@ -42,7 +42,7 @@ def record(sizes, seed: int, checks, log=lambda line: None,
     """Run the suite with the JAX reference on both sides, the reference side recorded; (store, results). The
     recorded side runs on `platform` (default where JAX runs); the other is the same reference at float32
     (highest), so a TF32 platform's recording checks itself against its own float32 products."""
-    from parity.mlp.reference_port import ReferencePort
+    from parity.mlp.reference import ReferencePort
     from parity.mlp.suite import run_suite
 
     recorder = RecordingReference(ReferencePort(sizes.cfg, platform=platform))
@@ -57,7 +57,7 @@ def record(sizes, seed: int, checks, log=lambda line: None,
 def recording_manifest(sizes, seed: int, checks, command: str, platform: ReferencePlatform | None = None) -> dict:
     """What a bundle says about itself besides its calls: task, size, seed, sizes, run settings, versions, device
     and the reference's platform (spec.platform's fields, which `check --against` takes as the reference's)."""
-    from parity.mlp.reference_port import backend_info
+    from parity.mlp.reference import backend_info
     from reporting import versions, xla_flags
 
     return {"task": TASK, "size": sizes.name, "seed": int(seed), "checks": list(checks),

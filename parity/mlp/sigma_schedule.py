@@ -10,7 +10,7 @@ es_ask and es_tell on a fixed synthetic fitness stream (standard normal per memb
 generator): the same for every port and independent of the noise, so no rollout is needed and whatever the port's
 shaping or update does, it does to a stream that carries no signal about the noise. Per epoch e, the sigma-carrying
 entries of every weight (A of the factors, or E of a dense port; a mirror repeats its pair's squares, which leaves
-the mean unchanged) give y_e = log(mean square) - 2 log sigma_e, sigma_e the reference run's (parity.mlp.reference_port,
+the mean unchanged) give y_e = log(mean square) - 2 log sigma_e, sigma_e the reference run's (parity.mlp.reference,
 the preset's sigma_decay). A port with the reference's schedule has E[y_e] constant; a port decaying by d_port per
 epoch has slope 2 log(d_port / d_ref). So the faithful side is compared with the reference's decay, never with 1.
 
@@ -115,7 +115,7 @@ def collect(port, reference, params0: dict, seed: int, shapes: dict, pop: int, r
             fitness: np.ndarray) -> tuple[Draw, ...]:
     """es_ask / es_tell for len(fitness) epochs (fitness (epochs, pop): the synthetic stream), stopping at the first
     epoch whose draws repeat the previous epoch's (its ratio is exact). port: a parity.mlp.adapter.CheckedPort;
-    reference: a parity.mlp.reference_port.ReferencePort (its sigma schedule)."""
+    reference: a parity.mlp.reference.ReferencePort (its sigma schedule)."""
     state = port.es_init(params0, seed)
     draws: list[Draw] = []
     prev = first = None

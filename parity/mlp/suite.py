@@ -9,7 +9,6 @@ or to what it reads off the port (sigma and lr schedules, optimizer).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from parity.mlp.adapter import CheckedPort, declared_config
+from parity.mlp.checks import actions, fitness, gradients, init, noise, products, trajectory, updates
+from parity.core.plan import Check, run_plan
 from parity.core.port import NonFinite, PortError, port_trace
 from parity.core.tape import Bundle, NotRecorded
 from parity.core.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_status_row
@@ -28,7 +29,18 @@ from spec.knobs import RunSettings
 from spec.layout import param_shapes as layout_shapes
 from spec.platform import ReferencePlatform
 
-CHECKS = ("fitness", "products", "actions", "noise", "gradients", "updates", "init", "trajectory")
+# The checks in the order they run: each `run(ctx) -> CheckResult`, one module per check (parity/mlp/checks/). None
+# needs another to have run (--checks runs any subset); a later one reads the causes of those that did (causes_of).
+PLAN: tuple[Check, ...] = (
+    Check("fitness", (), fitness.run),
+    Check("products", (), products.run),
+    Check("actions", (), actions.run),
+    Check("noise", (), noise.run),
+    Check("gradients", (), gradients.run),
+    Check("updates", (), updates.run),
+    Check("init", (), init.run),
+    Check("trajectory", (), trajectory.run))
+CHECKS = tuple(check.name for check in PLAN)
 # The suite's own random inputs, one numpy stream per purpose (the numbers are fixed: they seed the CSVs' inputs).
 RNG_PURPOSES = {"fitness vectors": 11, "non-finite fitness": 12, "linear products": 20, "forward inputs": 21,
                 "shared-noise fitness": 41, "synthetic targets": 42, "update fitness": 51, "actions": 61,
@@ -54,7 +66,7 @@ class Context:
 
     port: CheckedPort
     ref: CheckedPort                 # the reference behind the same validation
-    reference: Any                   # parity.mlp.reference_port.ReferencePort (candidates, schedules, extra probes)
+    reference: Any                   # parity.mlp.reference.ReferencePort (candidates, schedules, extra probes)
     sizes: Sizes
     seed: int
     results: dict[str, CheckResult] = field(default_factory=dict)
@@ -102,6 +114,12 @@ class Context:
         """A numpy generator for the suite's own inputs, from (run seed, RNG_PURPOSES[purpose]): no global state."""
         return np.random.default_rng([self.seed, RNG_PURPOSES[purpose]])
 
+    def start(self, check: str) -> None:
+        """A check begins: its progress line, and the repro collector's (if any) next check."""
+        self.log(f"[{check}] running ...")
+        if self.repro is not None:
+            self.repro.start(check)
+
     def causes_of(self, check: str):
         result = self.results.get(check)
         return result.causes if result is not None and result.verdict != "pass" else ()
@@ -128,13 +146,16 @@ def not_recorded(name: str, err: NotRecorded) -> CheckResult:
     return summarize(name, Recorder(name), f"Skipped: {reason}", verdict=SKIP, observed=f"skipped: {reason}")
 
 
-def run_check(name: str, ctx: Context) -> CheckResult:
-    """Run one check; a PortError becomes an `error` verdict that names the method, what was expected and where; the
-    port's NaN or inf where the reference's answer is finite a `fail` (parity.core.nonfinite)."""
-    module = importlib.import_module(f"parity.mlp.checks.{name}")
+def run_check(check: Check | str, ctx: Context) -> CheckResult:
+    """Run one check (a Check of PLAN, or its name); a PortError becomes an `error` verdict that names the method, what
+    was expected and where; the port's NaN or inf where the reference's answer is finite a `fail`
+    (parity.core.nonfinite)."""
+    if isinstance(check, str):
+        check = PLAN[CHECKS.index(check)]
+    name = check.name
     start = time.perf_counter()
     try:
-        result = module.run(ctx)
+        result = check.run(ctx)
     except NotRecorded as err:
         result = not_recorded(name, err)
     except NonFinite as err:
@@ -147,25 +168,14 @@ def run_check(name: str, ctx: Context) -> CheckResult:
     return with_status_row(dataclasses.replace(result, seconds=time.perf_counter() - start))
 
 
-def log_result(log: Callable[[str], None], result: CheckResult) -> None:
-    """The check's terminal line, then its warnings and the port's traceback, if any."""
-    tail = f": {result.cause_text}" if result.cause_text else ""
-    what = result.observed if result.verdict in ("skip", "error") else f"{result.observed} (allowed {result.allowed})"
-    log(f"[{result.name}] {result.verdict} ({result.seconds:.1f} s) {what}{tail}")
-    for warning in result.warnings:
-        log(f"[{result.name}] {warning}")
-    if result.trace:
-        log(textwrap.indent(result.trace, "    "))
-
-
 def reference_side(sizes: Sizes, seed: int, reference_run: RunSettings | None, against: Bundle | Path | str | None,
                    platform: ReferencePlatform | None = None):
-    """The reference the checks talk to: parity.mlp.reference_port.ReferencePort (JAX, imported only here) on `platform`
+    """The reference the checks talk to: parity.mlp.reference.ReferencePort (JAX, imported only here) on `platform`
     (default: where JAX runs), or with `against` (a bundle or its folder) parity.mlp.vectors.ReferenceReplay, which
     imports no JAX."""
     if against is None:
         from parity.core.platform import enable_compile_cache
-        from parity.mlp.reference_port import ReferencePort
+        from parity.mlp.reference import ReferencePort
 
         enable_compile_cache()
         return ReferencePort(sizes.cfg, reference_run or RunSettings(), platform)
@@ -197,12 +207,15 @@ def run_suite(port: Any, sizes: Sizes, seed: int = 0, reference_run: RunSettings
     if repro is not None:
         ctx.port.tape = repro.tape
     results = []
-    for name in checks:
-        log(f"[{name}] running ...")
-        if repro is not None:
-            repro.start(name)
-        result = run_check(name, ctx)
-        ctx.results[name] = result
+    for ran in run_plan([PLAN[CHECKS.index(name)] for name in checks], ctx, attempt=run_check, start=ctx.start):
+        result = ctx.results[ran.name] = ran.result
         results.append(result)
-        log_result(log, result)
+        tail = f": {result.cause_text}" if result.cause_text else ""        # its line, its warnings, the port's trace
+        what = (result.observed if result.verdict in ("skip", "error") else
+                f"{result.observed} (allowed {result.allowed})")
+        log(f"[{result.name}] {result.verdict} ({result.seconds:.1f} s) {what}{tail}")
+        for warning in result.warnings:
+            log(f"[{result.name}] {warning}")
+        if result.trace:
+            log(textwrap.indent(result.trace, "    "))
     return results

@@ -1,5 +1,5 @@
 """What every check of the tree suite shares, element by element (parity.tree.check), in distribution
-(parity.tree.dist) or along a port's es_* loop (parity.tree.es_lockstep): the row a check writes, the epochs the
+(parity.tree.dist) or along a port's es_* loop (parity.tree.lockstep): the row a check writes, the epochs the
 draws are compared at, the causes in the tree knobs' words, both sides' shaping bound, fresh parameters, the
 optimizer step's diagnosis, and which rng the faithful side follows on a reference's platform.
 """

@@ -3,7 +3,7 @@ leaf and class by class, with each tree drift named in the knob table's words (s
 same checks and bounds on a port's own declared tree (cfg a spec.tree.TreeRun; _tree_plan): init on the laws the port
 states (parity.tree.dist.check_init_laws), every mm/tmm leaf's product with rows (batch, seq) as a transformer layer's, one
 more fitness vector of tiny spread, the forward reported as the port's own, the trajectory as the port's es_* loop on
-synthetic fitness (parity/tree/es_lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
+synthetic fitness (parity/tree/lockstep.py); failures also name the MLP suite's knobs (pairing, fitness, optimizer up to
 a gradient scale: parity.core.optscale) and the noise and gradient scales.
 
 Two modes. A side that draws JAX's numbers (rng=jax, or a port with jax_compatible_rng True) is checked draw by draw
@@ -71,15 +71,16 @@ float32, so those two checks are skipped there with the reason. The port is neve
 from __future__ import annotations
 
 import math
-import time
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from parity.core import diagnose
+from parity.core.plan import Check, run_plan
 from parity.core.tolerances import U32, U_TF32, gamma, linear_bound, linear_exact, with_operands
 from parity.tree import dist as D
-from parity.tree import es_lockstep
+from parity.tree import lockstep
 from parity.tree.base import (EPOCHS, IN_PLACE, Row, cause, fitness_text, float32_of, fresh_params, gradient_roundings,
                               leaf_step_bound, merged_causes, noise_excess, noise_mean, pairing_text,
                               ref_perturbs, ref_u, reference_magnitude, reference_update, shaping_pair_bound,
@@ -96,7 +97,7 @@ EXTRA_PRODUCT_SHAPES = ((5, 7), (33, 17), (12, 12))   # beside the LM's own slic
 TREE_PRODUCT_ROWS = (2, 3)      # a declared tree's products: (batch, seq) rows per member, as a transformer layer's
 PRODUCT_SLICES = 3              # slices of a stacked leaf fed to the products check (first, middle, last)
 TRAJECTORY_EPOCHS = 2
-# The checks in the order run() runs them (_plan): what the pytest plugin parametrizes its items over.
+# The checks in the order run() runs them (LM_PLAN, TREE_PLAN): what the pytest plugin parametrizes its items over.
 CHECKS = ("init", "noise", "products", "fitness", "gradients", "updates", "forward", "trajectory")
 
 
@@ -641,16 +642,6 @@ def check_trajectory(R, side, cfg, seed, parted: set[str], step=None) -> list[Ro
     return rows
 
 
-def trajectory_in_distribution(R, side, cfg, seed, parted: set[str]) -> list[Row]:
-    """check_trajectory with the reference's step on the side's es_ask noise (parity.tree.dist.trajectory_step),
-    then that noise's own rows (its pairs and law: the lockstep alone computes everything on it, so a loop drawing at
-    another scale than the port's noise() would otherwise pass)."""
-    asked: list = []
-    rows = check_trajectory(R, side, cfg, seed, parted, step=D.trajectory_step(R, side, cfg, seed, asked))
-    return rows + D.asked_rows(cfg, asked)
-
-
-
 # ----------------------------------------------------------------------------- the run
 def forward_after_noise(rows: list[Row], noise_causes) -> list[Row]:
     """The forward's rows, a failing noise-on row given the noise check's causes when the noise-off row passes: each
@@ -668,78 +659,190 @@ FOREIGN_FORWARD = ("the model's forward is the port's own, so it is checked agai
                    "skipped, saying so, without population_forward, plain_forward and batch)")
 
 
-def _noise_plan(R, side, cfg, seed, exact: bool, state: dict):
+@dataclass
+class TreeState:
+    """What the tree suite's checks share: both sides, the run, the suite's input stream, and what earlier checks
+    found (the leaves whose noise parted and the noise check's causes, whether the LM's forward departs), which the
+    forward's causes and the lockstep's needs read."""
+
+    R: Any                          # the reference: parity.tree.reference on a platform, or a bundle's replay
+    side: Any                       # TorchTree, or a parity.tree.adapter.PortSide
+    cfg: Any                        # an LMConfig, or a port's declared spec.tree.TreeRun
+    seed: int
+    rng: np.random.Generator        # [seed, 20]: products, fitness, gradients and updates draw from it in that order
+    exact: bool                     # draws compared element by element (the side draws JAX's numbers), else in law
+    repro: Any = None               # a parity.core.repro.Collector, or None
+    parted: set[str] = field(default_factory=set)
+    noise_causes: list[str] = field(default_factory=list)
+    forward_failed: bool = False
+
+    @property
+    def witness(self) -> Callable:
+        """Told of each element-wise comparison of a port output (parity.core.repro.Collector.witness)."""
+        return self.repro.witness if self.repro is not None else no_witness
+
+    @property
+    def keep(self) -> Callable | None:
+        """Where the forward check's repro evidence goes (parity.core.repro.Collector.keep), or None."""
+        return self.repro.keep if self.repro is not None else None
+
+
+def init_on_declared_laws(s: TreeState) -> list[Row]:
+    """--task tree's init: the port's init on the leaves whose law it declares (init_laws), "zeros" and "ones" exactly,
+    ("normal", std) in law (KS and chi-square over two seeds; parity.tree.dist.check_init_laws); skipped without."""
+    return D.check_init_laws(s.side, s.cfg, s.seed)
+
+
+def lm_init(s: TreeState) -> list[Row]:
+    """The LM's init against the reference's: leaf by leaf exactly (check_init), or in law (parity.tree.dist)."""
+    return check_init(s.R, s.side, s.cfg, s.seed, s.witness) if s.exact else D.check_init(s.R, s.side, s.cfg, s.seed)
+
+
+def noise(s: TreeState) -> list[Row]:
     """The noise check (element by element, or in distribution), keeping which leaves parted and its causes."""
+    rows, s.parted = (check_noise if s.exact else D.check_noise)(s.R, s.side, s.cfg, s.seed)
+    s.noise_causes = list(dict.fromkeys(r.cause for r in rows if r.verdict == "fail" and r.cause))
+    return rows
 
-    def noise():
-        rows, state["parted"] = (check_noise if exact else D.check_noise)(R, side, cfg, seed)
-        state["noise_causes"] = list(dict.fromkeys(r.cause for r in rows if r.verdict == "fail" and r.cause))
+
+def lm_products(s: TreeState) -> list[Row]:
+    """The LM's products at every mm/tmm leaf and slice (check_products)."""
+    return check_products(s.R, s.side, s.cfg, s.rng, s.witness)
+
+
+def tree_products(s: TreeState) -> list[Row]:
+    """A declared tree's products at every leaf, then each layer as the port's model calls it (parity.tree.layers)."""
+    from parity.tree import layers
+    return check_products(s.R, s.side, s.cfg, s.rng, s.witness) + layers.check_layers(s.side, s.cfg, s.seed)
+
+
+def lm_fitness(s: TreeState) -> list[Row]:
+    """The LM's fitness shaping on the suite's vectors (check_fitness)."""
+    return check_fitness(s.R, s.side, s.cfg, s.rng, s.witness)
+
+
+def tree_fitness(s: TreeState) -> list[Row]:
+    """A declared tree's fitness shaping, plus one trial of tiny spread from its own stream ([seed, 21])."""
+    return check_fitness(s.R, s.side, s.cfg, s.rng, s.witness, np.random.default_rng([s.seed, 21]))
+
+
+def gradients(s: TreeState) -> list[Row]:
+    """The gradients leaf by leaf, exactly or on the side's own noise (parity.tree.dist); parted leaves skipped."""
+    if s.exact:
+        return check_gradients(s.R, s.side, s.cfg, s.seed, s.rng, s.parted, s.witness)
+    return D.check_gradients(s.R, s.side, s.cfg, s.seed, s.rng, s.parted)
+
+
+def updates(s: TreeState) -> list[Row]:
+    """One update step from known gradients (check_updates)."""
+    return check_updates(s.R, s.side, s.cfg, s.seed, s.rng, s.witness)
+
+
+def lm_forward(s: TreeState) -> list[Row]:
+    """The LM's forward against the reference's, noise off and on (in law: the reference on the side's noise, and at
+    float32 too on a TF32 reference); a failing noise-on row restates the noise check's causes (forward_after_noise)."""
+    noisy = noisy32 = None
+    if not s.exact:
+        noisy = D.forward_reference(s.R, s.side, s.cfg, s.seed)
+        noisy32 = D.forward_reference(float32_of(s.R), s.side, s.cfg, s.seed) if ref_u(s.R) else None
+    rows = check_forward(s.R, s.side, s.cfg, s.seed, s.rng, noisy_reference=noisy, noisy_reference32=noisy32)
+    rows = forward_after_noise(rows, s.noise_causes if s.exact else ())
+    s.forward_failed = any(r.verdict == "fail" for r in rows)
+    return rows
+
+
+def tree_forward(s: TreeState) -> list[Row]:
+    """A declared tree's population forward against the port's own plain forward (parity.tree.forward)."""
+    from parity.tree import forward
+    return forward.check_forward(s.side, s.cfg, s.seed, s.keep)
+
+
+def lm_trajectory(s: TreeState) -> list[Row]:
+    """TRAJECTORY_EPOCHS corpus epochs in lockstep (check_trajectory). In law, the reference steps on the side's
+    es_ask noise (parity.tree.dist.trajectory_step), and that noise's own rows follow (its pairs and law: the lockstep
+    alone computes everything on it, so a loop drawing at another scale than the port's noise() would otherwise
+    pass)."""
+    if s.exact:
+        return check_trajectory(s.R, s.side, s.cfg, s.seed, s.parted)
+    asked: list = []
+    rows = check_trajectory(s.R, s.side, s.cfg, s.seed, s.parted, step=D.trajectory_step(s.R, s.side, s.cfg, s.seed,
+                                                                                          asked))
+    return rows + D.asked_rows(s.cfg, asked)
+
+
+def tree_trajectory(s: TreeState) -> list[Row]:
+    """The port's es_* loop in lockstep on synthetic fitness (parity.tree.lockstep)."""
+    return lockstep.check(s.R, s.side, s.cfg, s.seed, s.exact)
+
+
+# The LM's plan (an LMConfig): its own init, forward and corpus trajectory. Products, fitness and updates are
+# draw-free in both modes; the others compare draws element by element (exact) or in distribution (parity.tree.dist).
+# A need is a method of the side, or an earlier check the lockstep needs the sides to agree on (unmet).
+LM_PLAN: tuple[Check, ...] = (
+    Check("init", ("init",), lm_init),
+    Check("noise", (), noise),
+    Check("products", (), lm_products),
+    Check("fitness", (), lm_fitness),
+    Check("gradients", (), gradients),
+    Check("updates", ("update",), updates),
+    Check("forward", ("scores",), lm_forward),
+    Check("trajectory", ("epoch_step", "noise", "forward"), lm_trajectory))
+# A declared tree's plan (--task tree): init on the laws the port states, noise, products at every leaf and layer,
+# fitness (one more trial of tiny spread), gradients, updates, the model's forward against its plain forward, and the
+# trajectory as the es_* lockstep on synthetic fitness.
+TREE_PLAN: tuple[Check, ...] = (
+    Check("init", ("init",), init_on_declared_laws),
+    Check("noise", (), noise),
+    Check("products", (), tree_products),
+    Check("fitness", (), tree_fitness),
+    Check("gradients", (), gradients),
+    Check("updates", ("update",), updates),
+    Check("forward", (), tree_forward),
+    Check("trajectory", ("es", "noise", "forward"), tree_trajectory))
+
+
+def _plan(state: TreeState) -> tuple[Check, ...]:
+    """The checks run() runs on this state, in order: LM_PLAN for the LM (an LMConfig), else TREE_PLAN."""
+    return LM_PLAN if isinstance(state.cfg, LMConfig) else TREE_PLAN
+
+
+def unmet(need: str, s: TreeState) -> str:
+    """Why a check needing `need` cannot run, or '': the lockstep after the noise or the forward parted, or a method
+    the side lacks."""
+    if need == "noise":
+        return ("lockstep needs the same noise and forward: the noise of " + ", ".join(sorted(s.parted))
+                + " already differs") if s.parted else ""
+    if need == "forward":
+        return "lockstep needs the same noise and forward: the forward already departs" if s.forward_failed else ""
+    if s.side.has(need):
+        return ""
+    shown = {"scores": "forward", "es": "es_init/es_ask/es_tell/es_params",
+             "epoch_step": "epoch_step (forward and es_* or update)"}.get(need, need)
+    return f"the port has no {shown}"
+
+
+def skip_rows(name: str, why: str) -> list[Row]:
+    """A skipped check's one row, saying why."""
+    return [Row(name, "-", float("nan"), "-", "skip", why)]
+
+
+def attempt(check: Check, s: TreeState) -> list[Row]:
+    """check.run(s); a call the bundle cannot answer skips the check, saying which; the port's NaN or inf where the
+    reference's is finite fails it (parity.core.nonfinite's rows), raised on (a protocol break) where it is not the
+    port's, or the reference's answer to the same call is non-finite too."""
+    from parity.core import nonfinite
+    from parity.core.port import NonFinite
+    from parity.core.tape import NotRecorded
+    try:
+        return check.run(s)
+    except NotRecorded as err:
+        return skip_rows(check.name, f"the bundle cannot answer the reference's `{err.method}` here: {err.why}")
+    except NonFinite as err:              # the port's NaN or inf: a failure where the reference's is finite
+        ours = err.source is getattr(s.side, "port", None)
+        rows = nonfinite.tree_rows(check.name, err, s.R, s.cfg, s.repro, Row) if ours else None
+        if rows is None:
+            raise err
         return rows
-    return noise
-
-
-def _gradients_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness):
-    return lambda: check_gradients(R, side, cfg, seed, rng, state["parted"], witness) if exact else \
-        D.check_gradients(R, side, cfg, seed, rng, state["parted"])
-
-
-def _tree_plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness, keep=None) -> list[tuple]:
-    """The checks on a declared tree (--task tree): init on the laws the port states, noise, products at every leaf
-    (and each layer as the model calls it, parity.tree.layers), fitness (one more trial of tiny spread, from its own
-    stream), gradients, updates, the model's forward against its plain forward (parity.tree.forward), and the
-    trajectory as the es_* lockstep on synthetic fitness (parity.tree.es_lockstep)."""
-    from parity.tree import forward, layers
-    spread = np.random.default_rng([seed, 21])
-    return [("init", "init", lambda: D.check_init_laws(side, cfg, seed)),
-            ("noise", None, _noise_plan(R, side, cfg, seed, exact, state)),
-            ("products", None, lambda: check_products(R, side, cfg, rng, witness) + layers.check_layers(side, cfg, seed)),
-            ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness, spread)),
-            ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
-            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng, witness)),
-            ("forward", None, lambda: forward.check_forward(side, cfg, seed, keep)),
-            ("trajectory", "es", lambda: es_lockstep.check(R, side, cfg, seed, exact))]
-
-
-def _plan(R, side, cfg, seed, rng, exact: bool, state: dict, witness=no_witness, keep=None) -> list[tuple]:
-    """(check, the side's method it needs or None, the function) in order: draws compared element by element
-    (exact) or in distribution (parity.tree.dist); products, fitness and updates are draw-free in both modes.
-    `witness` is told of each element-wise comparison of a port output (parity.core.repro). The LM (an LMConfig) adds
-    its own init, forward and corpus trajectory; any other tree runs _tree_plan (`keep`: the forward check's repro
-    evidence goes there, parity.core.repro.Collector.keep)."""
-    if not isinstance(cfg, LMConfig):
-        return _tree_plan(R, side, cfg, seed, rng, exact, state, witness, keep)
-
-    def forward():
-        rows = check_forward(R, side, cfg, seed, rng, noisy_reference=None if exact else
-                             D.forward_reference(R, side, cfg, seed), noisy_reference32=None if exact or not ref_u(R)
-                             else D.forward_reference(float32_of(R), side, cfg, seed))
-        rows = forward_after_noise(rows, state.get("noise_causes", ()) if exact else ())
-        state["forward_failed"] = any(r.verdict == "fail" for r in rows)
-        return rows
-
-    return [("init", "init", lambda: check_init(R, side, cfg, seed, witness) if exact else
-             D.check_init(R, side, cfg, seed)),
-            ("noise", None, _noise_plan(R, side, cfg, seed, exact, state)),
-            ("products", None, lambda: check_products(R, side, cfg, rng, witness)),
-            ("fitness", None, lambda: check_fitness(R, side, cfg, rng, witness)),
-            ("gradients", None, _gradients_plan(R, side, cfg, seed, rng, exact, state, witness)),
-            ("updates", "update", lambda: check_updates(R, side, cfg, seed, rng, witness)),
-            ("forward", "scores", forward),
-            ("trajectory", "epoch_step", lambda: (check_trajectory if exact else trajectory_in_distribution)(
-                R, side, cfg, seed, state["parted"]))]
-
-
-def _skip_reason(name: str, needs: str | None, side, state: dict) -> str:
-    """Why a check cannot run (a method the side lacks, or lockstep after the noise or forward parted), or ''."""
-    if needs and not side.has(needs):
-        shown = {"scores": "forward", "es": "es_init/es_ask/es_tell/es_params",
-                 "epoch_step": "epoch_step (forward and es_* or update)"}.get(needs, needs)
-        return f"the port has no {shown}"
-    if name == "trajectory" and (state["parted"] or state["forward_failed"]):
-        return "lockstep needs the same noise and forward: " + (
-            "the noise of " + ", ".join(sorted(state["parted"])) + " already differs" if state["parted"]
-            else "the forward already departs")
-    return ""
 
 
 def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
@@ -753,12 +856,9 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     check needing a call the bundle cannot answer is skipped with the reason. `platform`: where the live reference
     runs (spec.platform; default where JAX runs); `device`: the torch side's device; `seconds`, when given, gets each
     check's time ({check: s})."""
-    from parity.core.port import NonFinite
-    from parity.core.tape import NotRecorded
     if reference is None:
         from parity.tree import reference as tree_reference
         reference = tree_reference.on_platform(platform)
-    R = reference
     if side is None:
         from parity.tree.torch_side import TorchTree
         side = TorchTree(cfg, knobs, device)
@@ -767,40 +867,17 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
         exact = knobs.rng != "torch"                 # jax, jax-cpu, jax-gpu: JAX's keys and draws
     else:
         exact = side.port.jax_compatible_rng
-    rng = np.random.default_rng([seed, 20])
-    state = {"parted": set(), "forward_failed": False}
+    state = TreeState(reference, side, cfg, seed, np.random.default_rng([seed, 20]), exact, repro)
     rows = []
-    for name, needs, fn in _plan(R, side, cfg, seed, rng, exact, state, repro.witness if repro else no_witness,
-                                 repro.keep if repro else None):
-        if repro is not None:
-            repro.start(name)
-        t0 = time.perf_counter()
-        why = _skip_reason(name, needs, side, state)
-        try:
-            got = [Row(name, "-", float("nan"), "-", "skip", why)] if why else fn()
-        except NotRecorded as err:
-            got = [Row(name, "-", float("nan"), "-", "skip", f"the bundle cannot answer the reference's "
-                                                               f"`{err.method}` here: {err.why}")]
-        except NonFinite as err:              # the port's NaN or inf: a failure where the reference's is finite
-            got = _nonfinite_rows(name, err, R, cfg, side, repro)
+    for ran in run_plan(_plan(state), state, unmet, skip_rows, attempt, repro.start if repro is not None else None):
+        got = ran.result
         rows += got
         fails = [r for r in got if r.verdict == "fail"]
-        took = time.perf_counter() - t0
         if seconds is not None:
-            seconds[name] = took
+            seconds[ran.name] = ran.seconds
         shown = merged_causes((r.cause for r in fails if r.cause), cfg.tree.paths)[:1]
-        log(f"{name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "
-            f"({len(got)} rows, {took:.1f} s)" + "".join(f"  {c}" for c in shown))
-    return rows
-
-
-def _nonfinite_rows(name: str, err, R, cfg: LMConfig, side, repro) -> list[Row]:
-    """parity.core.nonfinite's failing rows for the port's NaN or inf; raised on (a protocol break) where it is not the
-    port's, or the reference's answer to the same call is non-finite too."""
-    from parity.core import nonfinite
-    rows = nonfinite.tree_rows(name, err, R, cfg, repro, Row) if err.source is getattr(side, "port", None) else None
-    if rows is None:
-        raise err
+        log(f"{ran.name:10s} {'FAIL' if fails else 'skip' if all(r.verdict == 'skip' for r in got) else 'pass'}  "
+            f"({len(got)} rows, {ran.seconds:.1f} s)" + "".join(f"  {c}" for c in shown))
     return rows
 
 

@@ -3,7 +3,7 @@ perturbed products on ANY declared tree (a spec.tree.TreeRun, or the LM's spec.l
 and the ES settings), and the signatures of the tree drifts, drawn from JAX's own keys, so a check can name the one a
 side has; the LM's own init, scores and training epoch (the model the project ships).
 
-Only this module of the LM suite imports jax_reference (like parity/mlp/reference_port.py for the MLP). `on_platform`
+Only this module of the LM suite imports jax_reference (like parity/mlp/reference.py for the MLP). `on_platform`
 runs every function here on a spec.platform.ReferencePlatform (jax_reference.platform.scope); the draws go through
 jax_reference.emulation.normal and the reference's own products through its matmul, so gpu-sim and TF32 reach them,
 while the suite's own arithmetic (each member's A B^T for the noise check) is pinned to float32 (HIGHEST).

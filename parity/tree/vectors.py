@@ -23,7 +23,7 @@ from parity.core.port import UsageError
 from parity.core.tape import Bundle, Recording, Replay, Store, check_holds, read_bundle, write_bundle
 from parity.tree import check as tree_check
 from parity.tree.base import EPOCHS, follow_reference_rng
-from parity.tree.es_lockstep import reference_draws
+from parity.tree.lockstep import reference_draws
 from parity.tree.numpy_reference import NumpyTreeReference, perturbs
 from spec.lm import LMConfig, lm_tree
 from spec.platform import ReferencePlatform, recorded_platform
@@ -176,7 +176,7 @@ def regenerate_tree(port: str = "PORT", size: str = "quick", seed: int = 0, out:
 def tree_draws(run) -> list[tuple[Any, int, Any, str]]:
     """(configuration, epoch, leaf, variant) of every draw the tree suite may ask the reference for on this run:
     the noise check's epochs under the faithful key scheme and the drifted ones it names, the gradients' epoch, and
-    the trajectory's epochs and generations (parity.tree.es_lockstep.reference_draws)."""
+    the trajectory's epochs and generations (parity.tree.lockstep.reference_draws)."""
     leaves = [leaf for leaf in run.tree.leaves if perturbs(run, leaf)]
     out = [(run, epoch, leaf, variant) for epoch in EPOCHS for leaf in leaves for variant in drift_variants(leaf)]
     out += [(cfg, epoch, leaf, "faithful") for cfg, epoch in reference_draws(run) for leaf in leaves]

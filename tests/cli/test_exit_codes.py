@@ -40,7 +40,7 @@ def test_a_passing_subset_exits_0_and_writes_the_report(tmp_path, capsys):
 
 
 def test_a_port_that_breaks_the_protocol_exits_2(tmp_path, monkeypatch):
-    from parity.mlp.reference_port import ReferencePort
+    from parity.mlp.reference import ReferencePort
 
     class Broken(ReferencePort):
         def shape_fitness(self, f, group_size=0):
@@ -131,7 +131,7 @@ def test_int8_runs_as_a_task_and_prints_result_json_alone(tmp_path, capsys):
 def test_a_port_accepting_nan_passes_with_the_warning_in_the_terminal(tmp_path, capsys):
     """The reference accepts NaN fitness, as upstream EggRoll: exit 0, and the terminal says so with advice, in the
     check's progress line and again after the verdict (stderr, shown with --quiet too)."""
-    rc = cli.main(["--port", "parity.mlp.reference_port:ReferencePort", "--size", "selftest", "--checks", "fitness",
+    rc = cli.main(["--port", "parity.mlp.reference:ReferencePort", "--size", "selftest", "--checks", "fitness",
                    "--out", str(tmp_path)])
     captured = capsys.readouterr()
     assert rc == 0

@@ -133,7 +133,7 @@ def test_the_worked_example_passes_one_item_per_check(pytester, monkeypatch):
 TORCH_FILE = """
     import pytest
     from parity.mlp.sizes import SELFTEST
-    from parity.mlp.torch_adapter import TorchPort
+    from parity.mlp.torch_side import TorchPort
     from spec.knobs import Knobs
 
     halves = TorchPort(SELFTEST.cfg, Knobs(antithetic="halves"))

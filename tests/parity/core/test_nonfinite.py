@@ -21,7 +21,7 @@ from parity.tree import check as tree_check
 from parity.__main__ import main
 from parity.mlp.adapter import CheckedPort
 from parity.core.port import NonFinite, SplitNoise, nonfinite_arrays
-from parity.mlp.reference_port import ReferencePort
+from parity.mlp.reference import ReferencePort
 from parity.mlp.sizes import SELFTEST
 from parity.mlp.suite import Context, run_check
 from tests import fresh_process

@@ -129,7 +129,7 @@ def test_gpu_sim_draws_each_shape_as_its_own_bits_eagerly_and_under_vmap(normals
 
 # ---------------------------------------------------------------- TF32 bounds and who is blamed
 def _run(platform, knobs=(), checks=("products", "gradients")):
-    from parity.mlp.torch_adapter import TorchPort, one_thread
+    from parity.mlp.torch_side import TorchPort, one_thread
     with one_thread():
         return {r.name: r for r in run_suite(TorchPort(SELFTEST.cfg, resolve("jax", list(knobs))), SELFTEST, 0,
                                              checks=checks, platform=platform)}

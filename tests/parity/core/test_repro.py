@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[3]
 MINIMAL = ROOT / "examples" / "minimal_adapter.py"
 
 # Runs a script with jax and the parity suite's own modules unimportable (for the torch side, whose port module is
-# parity.mlp.torch_adapter, `parity` itself stays allowed), plus what REPRO_TEST_BLOCK lists.
+# parity.mlp.torch_side, `parity` itself stays allowed), plus what REPRO_TEST_BLOCK lists.
 BLOCKER = """
 import os, runpy, sys
 BLOCKED = ("jax", "jaxlib", "optax", "parity.mlp.suite", "parity.core.tape", "parity.mlp.adapter", "parity.core.repro",
-           "parity.mlp.checks", "parity.mlp.reference_port", "jax_reference") + tuple(os.environ["REPRO_TEST_BLOCK"].split())
+           "parity.mlp.checks", "parity.mlp.reference", "jax_reference") + tuple(os.environ["REPRO_TEST_BLOCK"].split())
 class Block:
     def find_spec(self, name, path=None, target=None):
         if any(name == b or name.startswith(b + ".") for b in BLOCKED):

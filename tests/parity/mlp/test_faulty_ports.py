@@ -6,7 +6,7 @@ import pytest
 
 from parity.mlp.adapter import CheckedPort
 from parity.mlp.checks.gradients import _objective_values
-from parity.mlp.reference_port import ReferencePort
+from parity.mlp.reference import ReferencePort
 from parity.mlp.sizes import SELFTEST
 from parity.mlp.suite import Context, run_check
 

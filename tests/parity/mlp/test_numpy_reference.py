@@ -1,4 +1,4 @@
-"""parity.mlp.numpy_reference equals the JAX reference (parity.mlp.reference_port.ReferencePort) within float32 bounds.
+"""parity.mlp.numpy_reference equals the JAX reference (parity.mlp.reference.ReferencePort) within float32 bounds.
 
 Fresh random inputs every run (the seed is in each failure message), two sizes. Each bound is one side's float32
 error bound from parity.core.tolerances, taken twice (both sides round)."""
@@ -15,7 +15,7 @@ from spec.knobs import CHOICES, RunSettings
 from spec.layout import param_shapes
 
 pytest.importorskip("jax")
-from parity.mlp.reference_port import ReferencePort  # noqa: E402
+from parity.mlp.reference import ReferencePort  # noqa: E402
 
 SIZES = [Config(pop=32, hidden=8, rank=4), Config(pop=64, hidden=16, rank=2, layers=2)]
 

@@ -9,7 +9,7 @@ import pytest
 
 from parity.mlp.adapter import CheckedPort, load_port
 from parity.core.port import PortError, UsageError
-from parity.mlp.reference_port import ReferencePort
+from parity.mlp.reference import ReferencePort
 from parity.mlp.sizes import SELFTEST
 from parity.mlp.suite import Context, param_shapes, run_check
 from spec.config import Config

@@ -10,7 +10,7 @@ from jax_reference import population as P
 from jax_reference.models import MLP, simple_es_tree_key
 from jax_reference.noiser import EggRoll, es_grads
 from parity.core.platform import enable_compile_cache
-from parity.mlp.reference_port import ReferencePort
+from parity.mlp.reference import ReferencePort
 from parity.mlp.suite import param_shapes
 from parity.core.tolerances import ForwardBound, bias_grad_bound, weight_grad_bound
 from spec.config import Config

@@ -13,7 +13,7 @@ from parity import __main__ as cli
 from parity.core.report import overall
 from parity.mlp.sizes import SELFTEST
 from parity.mlp.suite import run_suite
-from parity.mlp.torch_adapter import TorchPort
+from parity.mlp.torch_side import TorchPort
 import re
 from pathlib import Path
 

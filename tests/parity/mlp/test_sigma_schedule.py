@@ -24,7 +24,7 @@ from parity.mlp import sigma_schedule as ss  # noqa: E402
 from parity.mlp.checks.trajectory import statistical_alpha as trajectory_alpha  # noqa: E402
 from parity.mlp.sizes import FULL, QUICK, SELFTEST  # noqa: E402
 from parity.mlp.suite import run_suite
-from parity.mlp.torch_adapter import TorchPort, one_thread  # noqa: E402
+from parity.mlp.torch_side import TorchPort, one_thread  # noqa: E402
 from spec.config import Config  # noqa: E402
 from spec.knobs import Knobs  # noqa: E402
 from tests.ports.numpy_port import Drift, NumpyPort  # noqa: E402

@@ -25,7 +25,7 @@ from parity.mlp import lockstep  # noqa: E402
 from parity.mlp.sizes import SELFTEST  # noqa: E402
 from parity.mlp.suite import run_suite
 from parity.core.tolerances import U32  # noqa: E402
-from parity.mlp.torch_adapter import TorchPort  # noqa: E402
+from parity.mlp.torch_side import TorchPort  # noqa: E402
 from spec.config import Config  # noqa: E402
 from spec.knobs import Knobs, RunSettings  # noqa: E402
 from tests.ports.numpy_port import Drift, NumpyPort  # noqa: E402

@@ -239,7 +239,7 @@ def test_another_shape_is_answered_in_numpy(knobs, selftest_bundle):
 
     from parity.mlp.sizes import SELFTEST
     from parity.mlp.suite import run_suite
-    from parity.mlp.torch_adapter import TorchPort, one_thread
+    from parity.mlp.torch_side import TorchPort, one_thread
     from spec.knobs import resolve
 
     sizes = dataclasses.replace(SELFTEST, cfg=SELFTEST.cfg.replace(rank=2, hidden=12))

@@ -18,7 +18,7 @@ from parity.core.tolerances import gamma
 from parity.tree import blocks as B
 from parity.tree import check as tree_check
 from parity.tree import dist as D
-from parity.tree import es_lockstep
+from parity.tree import lockstep
 from parity.tree.adapter import CheckedTreePort, PortSide, declared_run, dense_of
 from spec.tree import Leaf
 from spec.tree_knobs import TreeKnobs
@@ -215,7 +215,7 @@ def checks_peak(exact: bool, pop: int, budget: int, monkeypatch) -> int:
         rng = np.random.default_rng([0, 20])
         rows += tree_check.check_gradients(R, side, run, 0, rng, parted) if exact else \
             D.check_gradients(R, side, run, 0, rng, parted)
-        rows += es_lockstep.check(R, side, run, 0, exact)
+        rows += lockstep.check(R, side, run, 0, exact)
         assert [(r.check, r.cause) for r in rows if r.verdict == "fail"] == []
 
     side.noise(0, 0), side.noise(0, 1)                  # the port's own noise (factors), drawn once per epoch

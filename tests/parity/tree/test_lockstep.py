@@ -13,7 +13,7 @@ import pytest
 from examples.gpt_adapter import GPTAdapter
 from parity.core import momentum
 from parity.tree import check as tree_check
-from parity.tree import es_lockstep
+from parity.tree import lockstep
 from parity.tree.adapter import CheckedTreePort, PortSide, declared_run
 from spec.tree_knobs import TreeKnobs
 from tests.parity.tree.test_check import SIZES, knobs_named, rows_of
@@ -21,11 +21,11 @@ import tests.ports.lockstep_ports as ports
 
 
 def lockstep_rows(port, seed: int):
-    """The trajectory check alone (es_lockstep.check) on the live reference."""
+    """The trajectory check alone (lockstep.check) on the live reference."""
     from parity.tree import reference as tree_reference
     run, _ = declared_run(port, tree_check.TREE_SIZES["quick"])
     side = PortSide(CheckedTreePort(port, run), run)
-    return es_lockstep.check(tree_reference.on_platform(None), side, run, seed, port.jax_compatible_rng)
+    return lockstep.check(tree_reference.on_platform(None), side, run, seed, port.jax_compatible_rng)
 
 
 def failing(rows):
