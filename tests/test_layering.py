@@ -1,4 +1,4 @@
-"""The layering DESIGN.md promises, enforced: which package may import which, and the knob tables' keys.
+"""The layering docs/layout.md's table states (DESIGN.md's contract), enforced: which package may import which, and the knob tables' keys.
 
 Imports are read with `ast` from every module (function-level imports included), so a lazy import breaks
 a rule as surely as a top-level one.
