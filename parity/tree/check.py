@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -806,9 +806,14 @@ def _plan(state: TreeState) -> tuple[Check, ...]:
     return LM_PLAN if isinstance(state.cfg, LMConfig) else TREE_PLAN
 
 
+NOT_SELECTED = "--checks"       # the need of a check that --checks left out
+
+
 def unmet(need: str, s: TreeState) -> str:
     """Why a check needing `need` cannot run, or '': the lockstep after the noise or the forward parted, or a method
-    the side lacks."""
+    the side lacks, or --checks that left it out."""
+    if need == NOT_SELECTED:
+        return "not selected (--checks)"
     if need == "noise":
         return ("lockstep needs the same noise and forward: the noise of " + ", ".join(sorted(s.parted))
                 + " already differs") if s.parted else ""
@@ -846,7 +851,8 @@ def attempt(check: Check, s: TreeState) -> list[Row]:
 
 
 def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=None, reference=None,
-        platform: ReferencePlatform | None = None, device: str = "cpu", seconds: dict | None = None) -> list[Row]:
+        platform: ReferencePlatform | None = None, device: str = "cpu", seconds: dict | None = None,
+        checks: Sequence[str] | None = None) -> list[Row]:
     """Every check of the LM suite against `side` (default: torch_impl under knobs; else a parity.tree.adapter.PortSide).
     Draws are compared element by element when the side draws JAX's numbers (rng=jax / jax_compatible_rng), else in
     distribution (parity.tree.dist); a check needing a method the side lacks is skipped with the reason. `repro`, a
@@ -855,7 +861,8 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
     parity.tree.vectors.replay_reference, or bundle_reference for a bundle folder at this configuration and seed); a
     check needing a call the bundle cannot answer is skipped with the reason. `platform`: where the live reference
     runs (spec.platform; default where JAX runs); `device`: the torch side's device; `seconds`, when given, gets each
-    check's time ({check: s})."""
+    check's time ({check: s}); `checks` (--checks), when given, the checks to run: each other one is a skip row
+    saying it was not selected (the lockstep then runs without the noise's or the forward's verdict to stop on)."""
     if reference is None:
         from parity.tree import reference as tree_reference
         reference = tree_reference.on_platform(platform)
@@ -869,7 +876,10 @@ def run(cfg: LMConfig, knobs: TreeKnobs, seed: int, log=print, side=None, repro=
         exact = side.port.jax_compatible_rng
     state = TreeState(reference, side, cfg, seed, np.random.default_rng([seed, 20]), exact, repro)
     rows = []
-    for ran in run_plan(_plan(state), state, unmet, skip_rows, attempt, repro.start if repro is not None else None):
+    plan = _plan(state)
+    if checks is not None:          # a check left out needs what it cannot have: unmet says so in its skip row
+        plan = tuple(c if c.name in checks else c._replace(needs=(NOT_SELECTED,)) for c in plan)
+    for ran in run_plan(plan, state, unmet, skip_rows, attempt, repro.start if repro is not None else None):
         got = ran.result
         rows += got
         fails = [r for r in got if r.verdict == "fail"]
