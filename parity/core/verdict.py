@@ -160,6 +160,11 @@ def summarize(name: str, rec: Recorder, section: str, seconds: float = 0.0, verd
                        rec.alpha, seconds, tuple(rec.warnings))
 
 
+
+def skipped(name: str, why: str) -> CheckResult:
+    """A check that could not run (the port lacks an optional method): no rows, and its section says why."""
+    return summarize(name, Recorder(name), f"Skipped: {why}")
+
 def with_status_row(result: CheckResult) -> CheckResult:
     """A skipped or errored check without rows gets one row saying so (and why), so the CSVs list every check;
     a skip's headline is its reason."""

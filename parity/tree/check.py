@@ -775,30 +775,25 @@ def tree_trajectory(s: TreeState) -> list[Row]:
     return lockstep.check(s.R, s.side, s.cfg, s.seed, s.exact)
 
 
+def family_plan(init: Check, products, fitness, forward: Check, trajectory: Check) -> tuple[Check, ...]:
+    """A tree plan in the suite's order: init, then the noise, products, fitness, gradients and updates (noise,
+    gradients and updates the same functions for the LM and a declared tree), then the forward and the trajectory."""
+    return (init, Check("noise", (), noise), Check("products", (), products), Check("fitness", (), fitness),
+            Check("gradients", (), gradients), Check("updates", ("update",), updates), forward, trajectory)
+
+
 # The LM's plan (an LMConfig): its own init, forward and corpus trajectory. Products, fitness and updates are
 # draw-free in both modes; the others compare draws element by element (exact) or in distribution (parity.tree.dist).
 # A need is a method of the side, or an earlier check the lockstep needs the sides to agree on (unmet).
-LM_PLAN: tuple[Check, ...] = (
-    Check("init", ("init",), lm_init),
-    Check("noise", (), noise),
-    Check("products", (), lm_products),
-    Check("fitness", (), lm_fitness),
-    Check("gradients", (), gradients),
-    Check("updates", ("update",), updates),
-    Check("forward", ("scores",), lm_forward),
-    Check("trajectory", ("epoch_step", "noise", "forward"), lm_trajectory))
+LM_PLAN = family_plan(Check("init", ("init",), lm_init), lm_products, lm_fitness,
+                      Check("forward", ("scores",), lm_forward),
+                      Check("trajectory", ("epoch_step", "noise", "forward"), lm_trajectory))
 # A declared tree's plan (--task tree): init on the laws the port states, noise, products at every leaf and layer,
 # fitness (one more trial of tiny spread), gradients, updates, the model's forward against its plain forward, and the
 # trajectory as the es_* lockstep on synthetic fitness.
-TREE_PLAN: tuple[Check, ...] = (
-    Check("init", ("init",), init_on_declared_laws),
-    Check("noise", (), noise),
-    Check("products", (), tree_products),
-    Check("fitness", (), tree_fitness),
-    Check("gradients", (), gradients),
-    Check("updates", ("update",), updates),
-    Check("forward", (), tree_forward),
-    Check("trajectory", ("es", "noise", "forward"), tree_trajectory))
+TREE_PLAN = family_plan(Check("init", ("init",), init_on_declared_laws), tree_products, tree_fitness,
+                        Check("forward", (), tree_forward),
+                        Check("trajectory", ("es", "noise", "forward"), tree_trajectory))
 
 
 def _plan(state: TreeState) -> tuple[Check, ...]:

@@ -75,35 +75,42 @@ def adam_count(nparams) -> int:
 
 
 # ----------------------------------------------------------------------------- variant noisers, as outside code writes them
-class QScaled(EggRoll):
+class WithSetting(EggRoll):
+    """A variant with one setting of its own, given to init_noiser and kept in the frozen params under SETTING."""
+
+    SETTING, DEFAULT = "", 1.0
+
+    @classmethod
+    def init_noiser(cls, params, sigma, lr, *args, **kwargs):
+        value = kwargs.pop(cls.SETTING, cls.DEFAULT)
+        frozen, nparams = super().init_noiser(params, sigma, lr, *args, **kwargs)
+        return {**frozen, cls.SETTING: value}, nparams
+
+    @classmethod
+    def _do_update(cls, param, base_key, fitnesses, iterinfos, map_classification, sigma, frozen_noiser_params,
+                   **kwargs):
+        d = super()._do_update(param, base_key, fitnesses, iterinfos, map_classification, sigma, frozen_noiser_params)
+        return cls.adjust(d, frozen_noiser_params[cls.SETTING])
+
+
+class QScaled(WithSetting):
     """A variant with its own setting in init_noiser and its own _do_update: q times EggRoll's solver input."""
 
-    @classmethod
-    def init_noiser(cls, params, sigma, lr, *args, q_multiplier=1.0, **kwargs):
-        frozen, nparams = super().init_noiser(params, sigma, lr, *args, **kwargs)
-        return {**frozen, "q_multiplier": q_multiplier}, nparams
+    SETTING = "q_multiplier"
 
-    @classmethod
-    def _do_update(cls, param, base_key, fitnesses, iterinfos, map_classification, sigma, frozen_noiser_params,
-                   **kwargs):
-        d = super()._do_update(param, base_key, fitnesses, iterinfos, map_classification, sigma, frozen_noiser_params)
-        return d * frozen_noiser_params["q_multiplier"]
+    @staticmethod
+    def adjust(d, q):
+        return d * q
 
 
-class TrustRegion(EggRoll):
+class TrustRegion(WithSetting):
     """A variant that caps each leaf's solver input at norm trust_region_norm."""
 
-    @classmethod
-    def init_noiser(cls, params, sigma, lr, *args, trust_region_norm=1.0, **kwargs):
-        frozen, nparams = super().init_noiser(params, sigma, lr, *args, **kwargs)
-        return {**frozen, "trust_region_norm": trust_region_norm}, nparams
+    SETTING = "trust_region_norm"
 
-    @classmethod
-    def _do_update(cls, param, base_key, fitnesses, iterinfos, map_classification, sigma, frozen_noiser_params,
-                   **kwargs):
-        d = super()._do_update(param, base_key, fitnesses, iterinfos, map_classification, sigma, frozen_noiser_params)
-        norm = jnp.linalg.norm(d)
-        return d * jnp.minimum(1.0, frozen_noiser_params["trust_region_norm"] / jnp.maximum(norm, 1e-30))
+    @staticmethod
+    def adjust(d, cap):
+        return d * jnp.minimum(1.0, cap / jnp.maximum(jnp.linalg.norm(d), 1e-30))
 
 
 class Recording(EggRoll):

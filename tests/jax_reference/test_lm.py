@@ -16,6 +16,7 @@ from jax_reference.lm.train import make_update
 from jax_reference.noiser import EggRoll
 from jax_reference.population import leaf_names, params_to_flat
 from spec.lm import LM_PRESETS, init_plan, intermediate_names, lm_tree
+from tests.trainer_cli import BAD_LM_TRAINER_ARGV
 
 SIZES = ["selftest", "quick"]
 
@@ -229,13 +230,9 @@ def code_of(argv) -> int:
         return int(exit_.code or 0)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--task", "nope"], "invalid choice"),
-    (["--task", "lm", "--corpus", "/nonexistent/corpus.txt"], "no such file"),
+@pytest.mark.parametrize("argv,message", BAD_LM_TRAINER_ARGV + [
     (["--task", "lm", "--corpus", "EMPTY"], "is empty"),
     (["--task", "lm", "--corpus", "SHORT"], "too short"),
-    (["--task", "lm", "--group-size", "6"], "does not divide"),
-    (["--task", "lm", "--preset", "paper"], "not an LM preset"),
     (["--task", "lm", "--max-steps", "10"], "does not apply"),
     (["--epochs", "3"], "does not apply to --task cartpole"),
 ])

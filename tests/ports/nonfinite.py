@@ -21,6 +21,13 @@ def with_inf_in_A(noise: dict, path: str) -> dict:
     return noise
 
 
+def with_nan_at(out, index) -> np.ndarray:
+    """A copy of the array out with a NaN at index (one output entry, as a buffer read before it is written)."""
+    out = np.array(out)
+    out[index] = np.nan
+    return out
+
+
 def with_nan_leaf(leaves: dict, path: str) -> dict:
     """leaves with the leaf at path all NaN (the others as they were)."""
     leaves[path] = np.full_like(leaves[path], np.nan)
@@ -41,9 +48,7 @@ class NaNProduct(MinimalAdapter):
     """perturbed_linear with a NaN in member 1's first output (as a buffer read before it is written)."""
 
     def perturbed_linear(self, W, A, B, x):
-        out = super().perturbed_linear(W, A, B, x)
-        out[1, 0, 0] = np.nan
-        return out
+        return with_nan_at(super().perturbed_linear(W, A, B, x), (1, 0, 0))
 
 
 class InfNoise(MinimalAdapter):
@@ -64,9 +69,7 @@ class NaNForward(HooksAdapter):
     """The hooks example whose forward returns NaN logits for its first member."""
 
     def forward(self, params, noise, x):
-        out = np.array(super().forward(params, noise, x))
-        out[0] = np.nan
-        return out
+        return with_nan_at(super().forward(params, noise, x), 0)
 
 
 class NaNStep(HooksAdapter):
@@ -89,9 +92,7 @@ class LMNaNProduct(LMAdapter):
     """perturbed_mm with a NaN in member 0's first output."""
 
     def perturbed_mm(self, W, A, B, x):
-        out = super().perturbed_mm(W, A, B, x)
-        out[0, 0, 0] = np.nan
-        return out
+        return with_nan_at(super().perturbed_mm(W, A, B, x), (0, 0, 0))
 
 
 class LMInfNoise(LMAdapter):
@@ -114,8 +115,7 @@ class LMNaNForward(LMAdapter):
 
     def forward(self, params, noise, tokens, intermediates=False):
         out = super().forward(params, noise, tokens, intermediates)
-        scores = np.array(out[0] if intermediates else out)
-        scores[1] = np.nan
+        scores = with_nan_at(out[0] if intermediates else out, 1)
         return (scores, out[1]) if intermediates else scores
 
 

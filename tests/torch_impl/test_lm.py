@@ -27,6 +27,7 @@ from torch_impl.keys import run_keys
 from torch_impl.tree.keys import LEAF_ORDERS, STACK_KEYS, TREE_GENERATORS, es_leaf_keys, init_lm
 from torch_impl.tree.noise import (EMBEDDINGS, FROZEN_LEAVES, TMM_LAYOUTS, dense, make_plan, per_member,
                                    sample)
+from tests.trainer_cli import BAD_LM_TRAINER_ARGV
 
 U = 2.0 ** -24
 
@@ -463,13 +464,9 @@ def test_a_few_lm_epochs_run_and_change_the_trained_leaves_only():
 
 
 # ----------------------------------------------------------------------------- the command line
-@pytest.mark.parametrize("argv,words", [
-    (["--task", "poem"], "invalid choice"),
-    (["--task", "lm", "--corpus", "/nonexistent/corpus.txt"], "no such file"),
-    (["--task", "lm", "--group-size", "6"], "does not divide"),
+@pytest.mark.parametrize("argv,words", BAD_LM_TRAINER_ARGV + [
     (["--task", "lm", "--torch", "stack_keys=maybe"], "allowed: split, shared"),
     (["--task", "lm", "--torch", "antithetic=off"], "unknown knob"),
-    (["--task", "lm", "--preset", "paper"], "not an LM preset"),
     (["--preset", "selftest"], "not a CartPole preset"),
 ])
 def test_bad_lm_input_exits_2_before_any_work(argv, words, capsys):

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity.core.verdict import Recorder, summarize
+from parity.core.verdict import Recorder, skipped, summarize
 from rollout.episodes import greedy_actions, sample_actions
 
 NAME = "actions"
@@ -84,7 +84,6 @@ def section(m: Measured) -> str:
 
 def run(ctx):
     if not ctx.port.has("actions"):
-        return summarize(NAME, Recorder(NAME), "Skipped: the port has no `actions` method (its action rule is "
-                                               "then unchecked).")
+        return skipped(NAME, "the port has no `actions` method (its action rule is then unchecked).")
     m = measure(ctx)
     return summarize(NAME, judge(m), section(m))
