@@ -62,8 +62,7 @@ class GPTAdapter:
         self.init_laws = gpt_port.init_laws(self.port.model)
         self.name = "examples.gpt_adapter (nanoGPT-style GPT)" + ("" if knobs == TreeKnobs() else f" {knobs}")
         self.jax_compatible_rng = knobs.rng != "torch"    # JAX's numbers (torch_impl.random): compared draw by draw
-        for setting in ("pop", "rank", "sigma", "lr", "group_size", "noise_reuse", "freeze_nonlora"):
-            setattr(self, setting, getattr(es, setting))
+        vars(self).update(dataclasses.asdict(es))          # pop, rank, sigma, lr, group_size, noise_reuse, ...
 
     # ------------------------------------------------------------------ the boundary
     def _to_protocol(self, noise: TreeNoise, members) -> dict:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spec.tree import Leaf, Tree, make_tree
+from spec.tree import ESSettings, Leaf, Tree, make_tree
 from spec.tree_knobs import TreeKnobs
 from torch_impl.tree.es import GROUP_FITNESS, leaf_gradients
 from torch_impl.tree.noise import TreeNoise, make_plan, per_member, sample
@@ -46,16 +46,13 @@ class GPTConfig:
 
 
 @dataclass(frozen=True)
-class ESConfig:
-    """The EGGROLL run's settings (what the adapter declares to the suite)."""
+class ESConfig(ESSettings):
+    """The EGGROLL run's settings (what the adapter declares to the suite): spec.tree's, this example's own sigma,
+    learning rate and a new draw every second epoch."""
 
-    pop: int = 16
-    rank: int = 2
     sigma: float = 0.05
     lr: float = 0.02
-    group_size: int = 4
     noise_reuse: int = 2
-    freeze_nonlora: bool = True
 
 
 INIT_STD = 0.02     # nanoGPT's normal init of every Linear and Embedding; c_proj's is scaled by 1 / sqrt(2 n_layer)

@@ -300,12 +300,11 @@ INIT_LAWS = ("normal", "zeros", "ones")
 
 
 @dataclass(frozen=True)
-class TreeRun:
-    """A declared tree and the ES settings the tree suite runs on it (spec.lm.LMConfig is the LM's own: the same
-    fields, its tree `lm_tree(cfg)`). init_laws: (path, law, scale) for the leaves whose initial values the port
-    states (law "normal": value / scale is N(0, 1); "zeros", "ones": exactly); the others' init is not checked."""
+class ESSettings:
+    """An EGGROLL run's settings on a tree, with the tree suite's defaults: population, rank, sigma, learning rate,
+    group size (0: one noise stream), epochs per noise draw (0: the same noise every epoch), frozen non-LoRA leaves.
+    A port declares these to the suite (examples.gpt_port.ESConfig); TreeRun checks them (check_es_settings)."""
 
-    tree: Tree
     pop: int = 16
     rank: int = 2
     sigma: float = 0.02
@@ -313,6 +312,22 @@ class TreeRun:
     group_size: int = 4
     noise_reuse: int = 1
     freeze_nonlora: bool = True
+
+
+@dataclass(frozen=True)
+class _DeclaredTree:
+    """TreeRun's first field, the tree, kept first (TreeRun(tree, pop=...); a recorded call's key feeds the fields
+    in order, parity.core.tape): a base listed after ESSettings puts its fields before ESSettings' ones."""
+
+    tree: Tree
+
+
+@dataclass(frozen=True)
+class TreeRun(ESSettings, _DeclaredTree):
+    """A declared tree and the ES settings the tree suite runs on it (spec.lm.LMConfig is the LM's own: the same
+    fields, its tree `lm_tree(cfg)`). init_laws: (path, law, scale) for the leaves whose initial values the port
+    states (law "normal": value / scale is N(0, 1); "zeros", "ones": exactly); the others' init is not checked."""
+
     init_laws: tuple[tuple[str, str, float], ...] = ()
 
     def __post_init__(self) -> None:

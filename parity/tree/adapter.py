@@ -84,6 +84,7 @@ examples/lm_adapter.py (--task lm) are the worked examples.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import math
 from typing import Any, Mapping
@@ -92,7 +93,7 @@ import numpy as np
 
 from parity.core.port import PortError, UsageError, _array, call_port, finite_outputs, has_methods, imported_attr
 from spec.lm import LMConfig, lm_tree
-from spec.tree import CLASSES, Leaf, Tree, TreeError, TreeRun, check_params, leading_scan, tree_from_maps
+from spec.tree import CLASSES, ESSettings, Leaf, Tree, TreeError, TreeRun, check_params, leading_scan, tree_from_maps
 
 REQUIRED = ("noise", "shape_fitness", "gradient")           # every tree port
 PRODUCTS = {"mm": "perturbed_mm", "tmm": "perturbed_tmm"}    # required where the tree has a leaf of the class
@@ -217,7 +218,7 @@ def port_tree(port: Any, cfg: LMConfig) -> tuple[Tree, list[str]]:
     return tree, notes
 
 
-SETTINGS = ("pop", "rank", "sigma", "lr", "group_size", "noise_reuse", "freeze_nonlora")
+SETTINGS = tuple(f.name for f in dataclasses.fields(ESSettings))      # the run settings a port may declare
 
 
 def _init_laws(port: Any) -> tuple[tuple[str, str, float], ...]:
