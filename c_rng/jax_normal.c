@@ -138,28 +138,6 @@ static void xla_log1p_block(const float *x, int m, float *out)
     }
 }
 
-/* The float32 normals of draws' bits (spec.jax_rng.normal_of_u of u_of_mantissa(bits >> 9)). */
-static void normal_block(const uint32_t *bits, int m, float *out)
-{
-    float u[BLOCK], x[BLOCK], w[BLOCK], z[BLOCK], p[BLOCK], central[BLOCK];
-    for (int i = 0; i < m; i++) {
-        u[i] = ((float)(bits[i] >> 9) * 4.0f - 16777215.0f) * 0x1p-24f;    /* 2f - 1 + 2^-24, exact */
-        x[i] = u[i] * -u[i];
-    }
-    xla_log1p_block(x, m, w);
-    for (int i = 0; i < m; i++) {
-        const float wi = -w[i], tail = sqrtf(wi) - 3.0f;
-        central[i] = wi < 5.0f ? 1.0f : 0.0f;
-        z[i] = wi < 5.0f ? wi - 2.5f : tail;
-        p[i] = wi < 5.0f ? F(JR_ERFINV_SMALL[0]) : F(JR_ERFINV_LARGE[0]);
-    }
-    for (int c = 1; c < JR_ERFINV_N; c++) {
-        const float a = F(JR_ERFINV_SMALL[c]), b = F(JR_ERFINV_LARGE[c]);
-        for (int i = 0; i < m; i++) p[i] = fmaf(p[i], z[i], central[i] != 0.0f ? a : b);
-    }
-    for (int i = 0; i < m; i++) out[i] = (u[i] * p[i]) * F(JR_SQRT2);
-}
-
 /* ----------------------------------------------------------------------------- XLA's CUDA normal */
 /* libdevice's log1pf of x[0..m) in (-1, 0] (spec.jax_rng.nv_log1p_of_parts), into out. k, with (1 + x) 2^-k in
  * [0.75, 1.5), is the exponent of the double 1 + x plus its first fraction bit (1 + x is exact in double, or for
@@ -201,24 +179,30 @@ static float gpu_sqrt(float w, uint32_t mant)
     return out;
 }
 
-/* The normals XLA's CUDA code draws for bits (spec.jax_rng.normal_of_u_gpu of u_of_mantissa(bits >> 9)). */
-static void normal_block_gpu(const uint32_t *bits, int m, float *out)
+/* The float32 normals of draws' bits, as XLA's CPU code (gpu 0: spec.jax_rng.normal_of_u) or its CUDA code (gpu 1:
+ * normal_of_u_gpu) computes them from u = u_of_mantissa(bits >> 9). The two differ in three steps only: the log1p
+ * (XLA's or libdevice's), the tail's square root (correctly rounded, or the GPU's approximate one) and the erf_inv
+ * polynomial's multiply-adds (fused on the CPU, two roundings on the GPU). `gpu` is a constant at each call, so the
+ * compiler specialises each caller's loops. */
+static inline void normal_block_of(const uint32_t *bits, int m, float *out, const int gpu)
 {
     float u[BLOCK], x[BLOCK], w[BLOCK], z[BLOCK], p[BLOCK], central[BLOCK];
     for (int i = 0; i < m; i++) {
         u[i] = ((float)(bits[i] >> 9) * 4.0f - 16777215.0f) * 0x1p-24f;    /* 2f - 1 + 2^-24, exact */
         x[i] = u[i] * -u[i];
     }
-    nv_log1p_block(x, m, w);
+    if (gpu) nv_log1p_block(x, m, w);
+    else xla_log1p_block(x, m, w);
     for (int i = 0; i < m; i++) {
-        const float wi = -w[i], tail = gpu_sqrt(wi, bits[i] >> 9) - 3.0f;
+        const float wi = -w[i], tail = (gpu ? gpu_sqrt(wi, bits[i] >> 9) : sqrtf(wi)) - 3.0f;
         central[i] = wi < 5.0f ? 1.0f : 0.0f;
         z[i] = wi < 5.0f ? wi - 2.5f : tail;
         p[i] = wi < 5.0f ? F(JR_ERFINV_SMALL[0]) : F(JR_ERFINV_LARGE[0]);
     }
     for (int c = 1; c < JR_ERFINV_N; c++) {
         const float a = F(JR_ERFINV_SMALL[c]), b = F(JR_ERFINV_LARGE[c]);
-        for (int i = 0; i < m; i++) p[i] = p[i] * z[i] + (central[i] != 0.0f ? a : b);    /* two roundings */
+        if (gpu) for (int i = 0; i < m; i++) p[i] = p[i] * z[i] + (central[i] != 0.0f ? a : b);    /* two roundings */
+        else for (int i = 0; i < m; i++) p[i] = fmaf(p[i], z[i], central[i] != 0.0f ? a : b);
     }
     for (int i = 0; i < m; i++) out[i] = (u[i] * p[i]) * F(JR_SQRT2);
 }
@@ -245,8 +229,8 @@ static void run_job(Job *job)
         uint32_t *dst = job->kind == 1 ? (uint32_t *)job->out + start : bits;
         hash_block((uint32_t)job->keys[2 * b], (uint32_t)job->keys[2 * b + 1], (uint32_t)((uint64_t)j >> 32),
                    (uint32_t)j, m, dst);
-        if (job->kind == 0) normal_block(bits, m, (float *)job->out + start);
-        if (job->kind == 2) normal_block_gpu(bits, m, (float *)job->out + start);
+        if (job->kind == 0) normal_block_of(bits, m, (float *)job->out + start, 0);
+        if (job->kind == 2) normal_block_of(bits, m, (float *)job->out + start, 1);
         start += m;
     }
 }
@@ -301,8 +285,8 @@ void jr_normal_of_mantissas(int64_t start, int64_t count, float *out, int backen
     for (int64_t s = 0; s < count; s += BLOCK) {
         const int m = count - s < BLOCK ? (int)(count - s) : BLOCK;
         for (int i = 0; i < m; i++) bits[i] = (uint32_t)(start + s + i) << 9;
-        if (backend == 1) normal_block_gpu(bits, m, out + s);
-        else normal_block(bits, m, out + s);
+        if (backend == 1) normal_block_of(bits, m, out + s, 1);
+        else normal_block_of(bits, m, out + s, 0);
     }
 }
 

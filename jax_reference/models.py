@@ -180,14 +180,18 @@ class MM(Model):
         return common_params.noiser.do_mm(*noiser_args(common_params), x)
 
 
+
+def in_out_normal(key, in_dim, out_dim, dtype, es_map) -> CommonInit:
+    """A leaf stored (in, out), drawn normal(key, (in, out), dtype) * (1 / sqrt(in)): TMM's weight, Embedding's table."""
+    scale = 1 / jnp.sqrt(in_dim)
+    return CommonInit(None, emulation.normal(key, (in_dim, out_dim), dtype) * scale, (), es_map)
+
 class TMM(Model):
     """Weight stored (in, out), used as x @ W; init normal(key, (in, out), dtype) * (1 / sqrt(in))."""
 
     @classmethod
     def rand_init(cls, key, in_dim, out_dim, dtype, *args, **kwargs):
-        scale = 1 / jnp.sqrt(in_dim)
-        value = emulation.normal(key, (in_dim, out_dim), dtype) * scale
-        return CommonInit(None, value, (), MM_PARAM)
+        return in_out_normal(key, in_dim, out_dim, dtype, MM_PARAM)
 
     @classmethod
     def _forward(cls, common_params, x, *args, **kwargs):
@@ -199,9 +203,7 @@ class Embedding(Model):
 
     @classmethod
     def rand_init(cls, key, in_dim, out_dim, dtype, *args, **kwargs):
-        scale = 1 / jnp.sqrt(in_dim)
-        value = emulation.normal(key, (in_dim, out_dim), dtype) * scale
-        return CommonInit(None, value, (), EMB_PARAM)
+        return in_out_normal(key, in_dim, out_dim, dtype, EMB_PARAM)
 
     @classmethod
     def _forward(cls, common_params, x, *args, **kwargs):

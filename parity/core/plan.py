@@ -39,12 +39,14 @@ def run_plan(plan: Sequence[Check[S, R]], state: S, unmet: Callable[[str, S], st
     next check); then the first of its needs that `unmet(need, state)` gives a reason for (a method the port lacks,
     an earlier check that parted) makes it `skipped(name, reason)`; else `attempt(check, state)` (default
     `check.run(state)`; a family's own turns the exceptions it knows into results) computes it. Timed from start.
-    A plan whose checks need nothing (CartPole's: each reads earlier causes where they ran) passes no `unmet`."""
+    Without `unmet` the needs are the attempt's to judge (CartPole's run_check skips a check whose optional port
+    method is missing, for a check run alone too)."""
     for check in plan:
         if start is not None:
             start(check.name)
         t0 = time.perf_counter()
-        reason = next((why for why in (unmet(need, state) for need in check.needs) if why), "") if check.needs else ""
+        needs = check.needs if unmet is not None else ()
+        reason = next((why for why in (unmet(need, state) for need in needs) if why), "")
         if reason:
             result = skipped(check.name, reason)
         else:

@@ -22,7 +22,7 @@ from parity.mlp.checks import actions, fitness, gradients, init, noise, products
 from parity.core.plan import Check, run_plan
 from parity.core.port import NonFinite, PortError, port_trace
 from parity.core.tape import Bundle, NotRecorded
-from parity.core.verdict import ERROR, SKIP, CheckResult, Recorder, summarize, with_status_row
+from parity.core.verdict import ERROR, SKIP, CheckResult, Recorder, skipped, summarize, with_status_row
 from parity.mlp.sizes import Sizes
 from spec.config import Config
 from spec.knobs import RunSettings
@@ -31,15 +31,20 @@ from spec.platform import ReferencePlatform
 
 # The checks in the order they run: each `run(ctx) -> CheckResult`, one module per check (parity/mlp/checks/). None
 # needs another to have run (--checks runs any subset); a later one reads the causes of those that did (causes_of).
+# A check's needs are the optional port methods it calls: without one it is skipped, saying what MISSING says.
 PLAN: tuple[Check, ...] = (
     Check("fitness", (), fitness.run),
     Check("products", (), products.run),
-    Check("actions", (), actions.run),
+    Check("actions", ("actions",), actions.run),
     Check("noise", (), noise.run),
     Check("gradients", (), gradients.run),
-    Check("updates", (), updates.run),
-    Check("init", (), init.run),
-    Check("trajectory", (), trajectory.run))
+    Check("updates", ("optimizer_step",), updates.run),
+    Check("init", ("init_params",), init.run),
+    Check("trajectory", ("es_init",), trajectory.run))
+MISSING = {"actions": "the port has no `actions` method (its action rule is then unchecked).",
+           "optimizer_step": "the port has no `optimizer_init`/`optimizer_step`.",
+           "init_params": "the port has no `init_params`.",
+           "es_init": "the port has no es_init / es_ask / es_tell / es_params (see parity/mlp/adapter.py)."}
 CHECKS = tuple(check.name for check in PLAN)
 # The suite's own random inputs, one numpy stream per purpose (the numbers are fixed: they seed the CSVs' inputs).
 RNG_PURPOSES = {"fitness vectors": 11, "non-finite fitness": 12, "linear products": 20, "forward inputs": 21,
@@ -154,8 +159,9 @@ def run_check(check: Check | str, ctx: Context) -> CheckResult:
         check = PLAN[CHECKS.index(check)]
     name = check.name
     start = time.perf_counter()
+    missing = next((need for need in check.needs if not ctx.port.has(need)), None)
     try:
-        result = check.run(ctx)
+        result = skipped(name, MISSING[missing]) if missing else check.run(ctx)
     except NotRecorded as err:
         result = not_recorded(name, err)
     except NonFinite as err:

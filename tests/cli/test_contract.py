@@ -48,29 +48,6 @@ def test_every_task_prints_one_result_json_of_one_schema(task, tmp_path, capsys)
     assert "| check | verdict | observed | allowed | likely cause |" in summary and "\n## Run\n" in summary
 
 
-BAD_FLAGS = [   # (argv after `check`, what the message says)
-    (["--checks", "bogus"], "unknown check(s) bogus; known: "),
-    (["--seed", "-1"], "a seed must be an integer in [0, 4,294,967,295]"),
-    (["--task", "lm", "--checks", "bogus"], "unknown check(s) bogus; known: init, noise"),
-    (["--task", "lm", "--seed", "-1"], "a seed must be an integer"),
-    (["--task", "int8", "--port", "x:y"], "--task int8 does not take --port: "),
-    (["--task", "int8", "--against", "vectors/lm-quick"], "--task int8 does not take --against: "),
-    (["--task", "int8", "--checks", "bogus"], "unknown check(s) bogus; known: init, starts"),
-    (["--task", "int8", "--checks", "init"], "it takes no subset (cartpole, lm and tree do"),
-    (["--task", "int8", "--seed", "-1"], "a seed must be an integer"),
-    (["int8", "--port", "x:y"], "--task int8 does not take --port: "),       # the alias keeps the contract
-]
-
-
-@pytest.mark.parametrize("argv, says", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
-def test_a_flag_a_task_cannot_honour_exits_2_with_a_sentence_and_writes_nothing(argv, says, tmp_path, capsys):
-    out = tmp_path / "out"
-    assert cli.main([*argv, "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert says in err, err
-    assert not out.exists()
-
-
 @pytest.mark.parametrize("task", SMALLEST)
 def test_out_into_a_file_exits_2_on_every_task(task, tmp_path, capsys):
     (tmp_path / "afile").write_text("not a folder")

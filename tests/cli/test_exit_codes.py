@@ -22,11 +22,34 @@ from parity import __main__ as cli
     (["--checks", "noise,vibes"], "unknown check(s) vibes"),
     (["--seed", "many"], "a seed is an integer in [0, 4,294,967,295], got 'many'"),
     (["--quick", "--full"], "not allowed with argument"),
+    # the integer task's own inputs (parity/int8/cli.py), through the same command
+    (["--task", "int8", "--hidden", "8"], "not a power of 4"),
+    (["--task", "int8", "--pop", "7"], "pop 7 is odd"),
+    (["--task", "int8", "--sigma-shift", "40"], "sigma_shift 40 is out of range"),
+    (["--task", "int8", "--corpus", "/nonexistent/corpus.txt"], "no such file"),
+    (["--task", "int8", "--torch", "noise=xorshift"], "unknown int8 knob 'noise'"),
+    (["--task", "int8", "--torch", "log2=exact"], "use table (nano-egg) or mitchell (egg.c)"),
+    (["--task", "int8", "--profile", "eggc"], "unknown int8 profile 'eggc'"),
+    (["--task", "int8", "--size", "paper"], "--size 'paper': use one of selftest, quick"),
+    (["--task", "int8", "--epochs", "9", "--size", "selftest"], "--epochs 9: the trajectory runs 1..4"),
+    # every task's flags (parity/core/flags.py): a flag a task cannot honour, a seed out of range
+    (["--checks", "bogus"], "unknown check(s) bogus; known: "),
+    (["--seed", "-1"], "a seed must be an integer in [0, 4,294,967,295]"),
+    (["--task", "lm", "--checks", "bogus"], "unknown check(s) bogus; known: init, noise"),
+    (["--task", "lm", "--seed", "-1"], "a seed must be an integer"),
+    (["--task", "int8", "--port", "x:y"], "--task int8 does not take --port: "),
+    (["--task", "int8", "--against", "vectors/lm-quick"], "--task int8 does not take --against: "),
+    (["--task", "int8", "--checks", "bogus"], "unknown check(s) bogus; known: init, starts"),
+    (["--task", "int8", "--checks", "init"], "it takes no subset (cartpole, lm and tree do"),
+    (["--task", "int8", "--seed", "-1"], "a seed must be an integer"),
+    (["int8", "--port", "x:y"], "--task int8 does not take --port: "),       # the alias keeps the contract
 ])
-def test_bad_usage_exits_2_with_a_clear_message(argv, needle, capsys, tmp_path):
-    assert cli.main(argv + ["--out", str(tmp_path)]) == 2
-    assert needle in capsys.readouterr().err
-    assert not (tmp_path / "summary.md").exists()
+def test_bad_usage_exits_2_with_a_clear_message_and_writes_nothing(argv, needle, capsys, tmp_path):
+    out = tmp_path / "out"
+    assert cli.main(argv + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and (err.startswith("parity int8: ") or "int8" not in argv), err
+    assert not out.exists()
 
 
 def test_a_passing_subset_exits_0_and_writes_the_report(tmp_path, capsys):

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from parity.core import diagnose
-from parity.core.verdict import Recorder, skipped, summarize
+from parity.core.verdict import Recorder, summarize
 from rollout.episodes import greedy_actions, sample_actions
 
 NAME = "actions"
@@ -83,7 +83,5 @@ def section(m: Measured) -> str:
 
 
 def run(ctx):
-    if not ctx.port.has("actions"):
-        return skipped(NAME, "the port has no `actions` method (its action rule is then unchecked).")
     m = measure(ctx)
     return summarize(NAME, judge(m), section(m))

@@ -39,7 +39,7 @@ from parity.mlp import lockstep, noiseform, sigma_schedule
 from parity.core.port import SplitNoise
 from parity.core.repro import Var, step as repro_step
 from parity.core.tolerances import ForwardBound, bias_grad_bound, check_alpha, shaping_bound, weight_grad_bound
-from parity.core.verdict import Recorder, fmt, skipped, summarize
+from parity.core.verdict import Recorder, fmt, summarize
 from rollout import cartpole
 from rollout.episodes import run_episodes, sample_actions
 
@@ -433,8 +433,6 @@ def section(m: Measured) -> str:
 
 
 def run(ctx):
-    if not ctx.port.has("es_init"):
-        return skipped(NAME, "the port has no es_init / es_ask / es_tell / es_params (see parity/mlp/adapter.py).")
     m = measure(ctx)
     upstream = {check: ctx.causes_of(check) for checks in UPSTREAM.values() for check in checks}
     return summarize(NAME, judge(m, upstream), section(m))

@@ -18,7 +18,7 @@ import numpy as np
 from parity.core import diagnose, optscale
 from parity.core.repro import Var, step
 from parity.core.tolerances import update_bound
-from parity.core.verdict import Recorder, fmt, skipped, summarize
+from parity.core.verdict import Recorder, fmt, summarize
 
 NAME = "updates"
 MATCH = 1e-4   # an optimizer candidate reproduces the port's first update within this share of its largest entry
@@ -186,7 +186,5 @@ def section(m: Measured) -> str:
 
 
 def run(ctx):
-    if not ctx.port.has("optimizer_step"):
-        return skipped(NAME, "the port has no `optimizer_init`/`optimizer_step`.")
     m = measure(ctx)
     return summarize(NAME, judge(m), section(m))

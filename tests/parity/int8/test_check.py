@@ -120,27 +120,6 @@ def test_three_sides_are_equal_at_every_piece(size, seed, tmp_path, capsys):
     assert n > 100 and f"{n} of {n}" in rows[1] and f"{n} of {n}" in rows[2]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--hidden", "8"], "not a power of 4"),
-    (["--pop", "7"], "pop 7 is odd"),
-    (["--sigma-shift", "40"], "sigma_shift 40 is out of range"),
-    (["--corpus", "/nonexistent/corpus.txt"], "no such file"),
-    (["--torch", "noise=xorshift"], "unknown int8 knob 'noise'"),
-    (["--torch", "log2=exact"], "use table \\(nano-egg\\) or mitchell \\(egg.c\\)"),
-    (["--profile", "eggc"], "unknown int8 profile 'eggc'"),
-    (["--size", "paper"], "--size 'paper': use one of selftest, quick"),
-    (["--epochs", "9", "--size", "selftest"], "--epochs 9: the trajectory runs 1..4"),
-])
-def test_bad_input_exits_2_before_any_work_and_writes_nothing(args, message, tmp_path, capsys):
-    out = tmp_path / "out"
-    code = int8_cli.main(["--out", str(out), *args])
-    err = capsys.readouterr().err
-    assert code == 2 and err.startswith("parity int8: ")
-    import re
-    assert re.search(message, err), err
-    assert not out.exists()
-
-
 def test_a_failed_c_build_exits_2_with_the_compilers_error(tmp_path, capsys, monkeypatch):
     import parity.int8.c_side
     monkeypatch.setattr(parity.int8.c_side, "unavailable_reason",
