@@ -181,33 +181,32 @@ class MM(Model):
 
 
 
-def in_out_normal(key, in_dim, out_dim, dtype, es_map) -> CommonInit:
-    """A leaf stored (in, out), drawn normal(key, (in, out), dtype) * (1 / sqrt(in)): TMM's weight, Embedding's table."""
-    scale = 1 / jnp.sqrt(in_dim)
-    return CommonInit(None, emulation.normal(key, (in_dim, out_dim), dtype) * scale, (), es_map)
+class InOutLeaf(Model):
+    """A leaf stored (in, out), drawn normal(key, (in, out), dtype) * (1 / sqrt(in)) and read through the noiser's
+    NOISER_METHOD (TMM's weight and Embedding's table differ in that method and their ES_MAP class only)."""
 
-class TMM(Model):
-    """Weight stored (in, out), used as x @ W; init normal(key, (in, out), dtype) * (1 / sqrt(in))."""
+    ES_MAP, NOISER_METHOD = MM_PARAM, "do_Tmm"
 
     @classmethod
     def rand_init(cls, key, in_dim, out_dim, dtype, *args, **kwargs):
-        return in_out_normal(key, in_dim, out_dim, dtype, MM_PARAM)
+        scale = 1 / jnp.sqrt(in_dim)
+        return CommonInit(None, emulation.normal(key, (in_dim, out_dim), dtype) * scale, (), cls.ES_MAP)
 
     @classmethod
     def _forward(cls, common_params, x, *args, **kwargs):
-        return common_params.noiser.do_Tmm(*noiser_args(common_params), x)
+        return getattr(common_params.noiser, cls.NOISER_METHOD)(*noiser_args(common_params), x)
 
 
-class Embedding(Model):
-    """Table (vocab, dim), looked up by index; the noiser leaves it unperturbed."""
+class TMM(InOutLeaf):
+    """Weight stored (in, out), used as x @ W (do_Tmm); init normal(key, (in, out), dtype) * (1 / sqrt(in))."""
 
-    @classmethod
-    def rand_init(cls, key, in_dim, out_dim, dtype, *args, **kwargs):
-        return in_out_normal(key, in_dim, out_dim, dtype, EMB_PARAM)
+    ES_MAP, NOISER_METHOD = MM_PARAM, "do_Tmm"
 
-    @classmethod
-    def _forward(cls, common_params, x, *args, **kwargs):
-        return common_params.noiser.do_emb(*noiser_args(common_params), x)
+
+class Embedding(InOutLeaf):
+    """Table (vocab, dim), looked up by index (do_emb); the noiser leaves it unperturbed."""
+
+    ES_MAP, NOISER_METHOD = EMB_PARAM, "do_emb"
 
 
 class Linear(Model):
