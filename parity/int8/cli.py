@@ -294,13 +294,13 @@ def check_results(result: dict, c_reason: str | None) -> list:
     from parity.core.verdict import FAIL, PASS, SKIP, CheckResult, Row
     case: Case = result["case"]
     reference, sides = result["rows"][0], result["rows"][1:]
-    results = []
-    for g in [g for g in GROUPS if any(group(piece) == g for piece in reference["pieces"])]:
+    results, by_group = [], {}
+    for piece, value in reference["pieces"].items():       # the reference's pieces by group, in their order
+        by_group.setdefault(group(piece), []).append((piece, value))
+    for g in [g for g in GROUPS if g in by_group]:
         rows, causes, observed = [], (), ""
         for row in sides:
-            for piece, value in reference["pieces"].items():
-                if group(piece) != g:
-                    continue
+            for piece, value in by_group[g]:
                 got = {piece: row["pieces"][piece]} if piece in row["pieces"] else {}
                 p = first_parting({piece: value}, got, case.threads)
                 first = row["parting"] is not None and row["parting"].piece == piece
@@ -316,7 +316,7 @@ def check_results(result: dict, c_reason: str | None) -> list:
         compared = [r for r in rows if r.verdict != SKIP]
         if fails and not observed:
             observed = f"{fails[0].side}: {fails[0].quantity}: {fmt(fails[0].value)} elements differ"
-        pieces = sum(group(piece) == g for piece in reference["pieces"])
+        pieces = len(by_group[g])
         observed = observed or (f"{pieces} of {pieces} pieces equal on each side "
                                 f"({', '.join(dict.fromkeys(r.side for r in compared))})")
         results.append(CheckResult(g, FAIL if fails else PASS, observed, "equality at every element of every piece",

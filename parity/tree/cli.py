@@ -40,22 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_selection(args) -> None:
-    """--checks, settled before any work: args.checks becomes the tuple of the checks to run (every check when
-    absent), or ValueError naming an unknown check and the known ones. A check left out is a skip row saying so; the
-    trajectory's lockstep, selected without the noise or the forward, runs without their verdicts to stop on."""
-    from parity.core.flags import selected_checks
-    from parity.tree.check import CHECKS
-    args.checks = selected_checks(args.checks, CHECKS)
-
-
 def parse(argv: list[str]):
     """(args with size and seed settled, knobs, bundle or None, the replayed reference or None); SystemExit from
     argparse, KnobError or ValueError (UsageError: a bundle that cannot be used) before any work."""
     args = build_parser().parse_args(argv)
     knobs = resolve_tree(args.profile, args.torch)
     check_out_dir(args.out)
-    check_selection(args)
+    from parity.core.flags import selected_checks
+    from parity.tree.check import CHECKS
+    args.checks = selected_checks(args.checks, CHECKS)     # the checks to run; each other one a 'not selected' row
     if args.port and (args.torch or args.profile != "jax"):
         raise ValueError("--torch and --profile configure torch_impl; with --port the port is checked as it is "
                          "(drop them, or drop --port)")
@@ -123,8 +116,7 @@ def main(argv: list[str]) -> int:
     seconds: dict[str, float] = {}
     try:
         rows = tree_check.run(cfg, knobs, args.seed, log, side=side, repro=collector, reference=reference,
-                              device=args.device, seconds=seconds,
-                              checks=None if len(args.checks) == len(tree_check.CHECKS) else args.checks)
+                              device=args.device, seconds=seconds, checks=args.checks)
     except PortError as err:
         print(f"parity check: {err}\n  the port breaks the tree protocol (parity/tree/adapter.py)", file=sys.stderr)
         return 2
